@@ -1,0 +1,13 @@
+"""The agentloop Django app."""
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class AgentloopConfig(AppConfig):
+    name = "agentloop"
+    verbose_name = _("Agent loop")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, receivers  # noqa: F401  (registers checks and receivers)

@@ -1,0 +1,62 @@
+"""System checks for the ``AGENTLOOP`` setting (ids ``agentloop.E0xx``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, register
+
+from .conf import DEFAULTS
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """AGENTLOOP must be a dict of known keys with sensible values."""
+    value = getattr(settings, "AGENTLOOP", {})
+    if not isinstance(value, dict):
+        return [
+            Error(
+                "AGENTLOOP must be a dict.",
+                hint="Set AGENTLOOP = {...} in your settings.",
+                id="agentloop.E001",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    unknown = sorted(set(value) - set(DEFAULTS))
+    if unknown:
+        errors.append(
+            Error(
+                f"Unknown AGENTLOOP keys: {', '.join(unknown)}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="agentloop.E002",
+            )
+        )
+    for key in ("CANCEL_POLL_INTERVAL", "LEASE_SECONDS", "RETRY_BACKOFF", "PARTIAL_SAVE_INTERVAL"):
+        number = value.get(key, DEFAULTS[key])
+        if not isinstance(number, int | float) or number < 0:
+            errors.append(
+                Error(
+                    f"AGENTLOOP[{key!r}] must be a non-negative number, not {number!r}.",
+                    id="agentloop.E003",
+                )
+            )
+    retries = value.get("MODEL_RETRIES", DEFAULTS["MODEL_RETRIES"])
+    if not isinstance(retries, int) or retries < 0:
+        errors.append(
+            Error(
+                f"AGENTLOOP['MODEL_RETRIES'] must be a non-negative integer, not {retries!r}.",
+                id="agentloop.E004",
+            )
+        )
+    concurrency = value.get("TOOL_CONCURRENCY", DEFAULTS["TOOL_CONCURRENCY"])
+    if not (concurrency is None or concurrency == "threads" or
+            (isinstance(concurrency, int) and concurrency >= 1)):  # fmt: skip
+        errors.append(
+            Error(
+                f"AGENTLOOP['TOOL_CONCURRENCY'] must be None, 'threads' or a positive integer, "
+                f"not {concurrency!r}.",
+                id="agentloop.E005",
+            )
+        )
+    return errors

@@ -1,0 +1,73 @@
+"""agentloop's settings: one ``AGENTLOOP`` dict, read late and cached.
+
+``from agentloop.conf import agentloop_settings`` then ``agentloop_settings.LEASE_SECONDS``.
+Values come from ``settings.AGENTLOOP`` when Django is configured, else the defaults,
+so the in-memory chat works in a plain script. The cache is dropped on Django's
+``setting_changed`` signal (``override_settings`` in tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEFAULTS", "AgentloopSettings", "agentloop_settings"]
+
+DEFAULTS: dict[str, Any] = {
+    #: model used when a chat names none.
+    "DEFAULT_MODEL": "gpt-4.1-mini",
+    #: per-provider settings: {"openai": {"api_key": ..., "base_url": ...}}.
+    "PROVIDERS": {},
+    #: default tool concurrency: None (one after another), "threads", or a pool size.
+    "TOOL_CONCURRENCY": None,
+    #: seconds between cancellation reads while an answer streams.
+    "CANCEL_POLL_INTERVAL": 0.2,
+    #: retries of one model call on a transient provider error.
+    "MODEL_RETRIES": 2,
+    #: first backoff in seconds (doubled each retry, with jitter); Retry-After wins.
+    "RETRY_BACKOFF": 0.5,
+    #: upper bound of one backoff sleep.
+    "RETRY_BACKOFF_MAX": 30.0,
+    #: seconds a worker's lease on a chat lasts without renewal.
+    "LEASE_SECONDS": 60,
+    #: seconds between writes of a streaming partial answer to the database.
+    "PARTIAL_SAVE_INTERVAL": 1.0,
+}
+
+
+class AgentloopSettings:
+    """Attribute access to the merged settings, cached until a setting changes."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        merged = dict(DEFAULTS)
+        try:
+            from django.conf import settings
+        except ImportError:  # pragma: no cover - Django is a dependency
+            return merged
+        if settings.configured:
+            user = getattr(settings, "AGENTLOOP", None) or {}
+            merged.update(user)
+        return merged
+
+    def as_dict(self) -> dict[str, Any]:
+        """The merged settings."""
+        if self._cache is None:
+            self._cache = self._load()
+        return self._cache
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        values = self.as_dict()
+        if name not in values:
+            raise AttributeError(f"Unknown agentloop setting {name!r}")
+        return values[name]
+
+    def reload(self) -> None:
+        """Forget cached values; the next read sees the current settings."""
+        self._cache = None
+
+
+agentloop_settings = AgentloopSettings()

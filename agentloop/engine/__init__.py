@@ -1,0 +1,21 @@
+"""The agent loop: verbs, checkpoints and tool running over a store interface.
+
+Nothing here imports Django; the Django layer is one store among others.
+"""
+
+from .config import ChatConfig, Limits, ToolOptions
+from .conversation import CANCELLED_TOOL_RESULT, Conversation, StreamCallback
+from .memory import MemoryStore
+from .store import ChatStore, UsageRecord
+
+__all__ = [
+    "CANCELLED_TOOL_RESULT",
+    "ChatConfig",
+    "ChatStore",
+    "Conversation",
+    "Limits",
+    "MemoryStore",
+    "StreamCallback",
+    "ToolOptions",
+    "UsageRecord",
+]

@@ -1,0 +1,34 @@
+"""Cancellation checkpoints: where a run looks at the cancel flag, and how often."""
+
+from __future__ import annotations
+
+import time
+
+from ..exceptions import CancelledError
+from .store import ChatStore
+
+__all__ = ["Checkpoints"]
+
+
+class Checkpoints:
+    """Reads the store's cancel flag; throttled reads cost nothing between polls.
+
+    Forced checks (start of a verb, around each tool) always read. Throttled ones
+    (before the model request, between streamed chunks) read at most once per
+    ``interval`` seconds, so a fast stream does not cost a query per chunk.
+    """
+
+    def __init__(self, store: ChatStore, interval: float) -> None:
+        self.store = store
+        self.interval = interval
+        self._last_read = float("-inf")
+
+    def check(self, *, force: bool = True) -> None:
+        """Raise :class:`CancelledError` if cancellation was requested."""
+        now = time.monotonic()
+        if not force and now - self._last_read < self.interval:
+            return
+        self._last_read = now
+        requested_at = self.store.cancel_requested_at()
+        if requested_at is not None:
+            raise CancelledError("The run was cancelled.", requested_at=requested_at)

@@ -1,0 +1,170 @@
+"""A store that keeps the chat in this process's memory (``agentloop.chat()``)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from ..exceptions import ConcurrentWriteError
+from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+from .config import ChatConfig
+from .store import ChatStore, UsageRecord
+
+__all__ = ["MemoryStore"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class MemoryStore(ChatStore):
+    """Transcript, usage and the cancel flag as Python objects; returns engine Messages."""
+
+    def __init__(self, config: ChatConfig | None = None) -> None:
+        self.config = config or ChatConfig()
+        self.tools: list[Any] = []
+        self.messages: list[Message] = []
+        self.usage: list[tuple[datetime, UsageRecord]] = []
+        self.tool_errors: dict[str, str] = {}
+        self.stop_reason: str = ""
+        self._cancel_requested_at: datetime | None = None
+        self._keys = itertools.count(1)
+        # cancel() comes from other threads; everything else from the running one.
+        self._lock = threading.Lock()
+
+    def get_config(self) -> ChatConfig:
+        return self.config
+
+    def update_config(self, **changes: Any) -> None:
+        self.config = self.config.model_copy(update=changes)
+
+    def set_tools(self, tools: list[Any]) -> None:
+        self.tools = list(tools)
+
+    def get_tools(self) -> list[Any]:
+        return self.tools
+
+    def load_transcript(self) -> list[Message]:
+        # Copies, so the engine's view can't be changed behind its back.
+        return [message.model_copy(deep=True) for message in self.messages]
+
+    def _add(self, message: Message) -> Message:
+        stored = message.model_copy(
+            update={"key": next(self._keys), "created_at": message.created_at or _now()}
+        )
+        self.messages.append(stored)
+        return stored
+
+    def _find(self, key: Any) -> Message:
+        for message in self.messages:
+            if message.key == key:
+                return message
+        raise KeyError(key)
+
+    def append_message(self, message: Message) -> Message:
+        if message.role == "user":
+            self.stop_reason = ""
+        return self._add(message)
+
+    def remove_system_messages(self) -> None:
+        self.messages = [message for message in self.messages if message.role != "system"]
+
+    def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
+        if partial_key is None:
+            partial = Message(
+                role="assistant", content=content, status=MessageStatus.PARTIAL, model=model
+            )
+            return self._add(partial).key
+        self._find(partial_key).content = content
+        return partial_key
+
+    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Message:
+        calls = [
+            call.model_copy(update={"key": f"{call.id}@{next(self._keys)}"})
+            for call in message.tool_calls
+        ]
+        message = message.model_copy(update={"tool_calls": calls})
+        if partial_key is not None:
+            index = self.messages.index(self._find(partial_key))
+            stored = message.model_copy(
+                update={"key": partial_key, "created_at": self.messages[index].created_at}
+            )
+            self.messages[index] = stored
+        else:
+            stored = self._add(message)
+        self.usage.append((_now(), usage))
+        return stored
+
+    def record_usage(self, usage: UsageRecord) -> None:
+        self.usage.append((_now(), usage))
+
+    def _call(self, call: ToolCall) -> ToolCall:
+        for message in self.messages:
+            for stored in message.tool_calls:
+                if stored.key == call.key:
+                    return stored
+        raise KeyError(call.key)
+
+    def mark_tool_running(self, call: ToolCall) -> None:
+        self._call(call).state = ToolCallState.RUNNING
+
+    def save_tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Message:
+        if any(m.role == "tool" and m.tool_call_id == call.id for m in self.messages):
+            raise ConcurrentWriteError(f"Tool call {call.id!r} already has a result.")
+        self._call(call).state = state
+        if error:
+            self.tool_errors[call.id] = error
+        return self._add(message)
+
+    def native_message(self, message: Message) -> Message:
+        return self._find(message.key)
+
+    def native_tool_call(self, call: ToolCall) -> ToolCall:
+        return call
+
+    def cancel_requested_at(self) -> datetime | None:
+        return self._cancel_requested_at
+
+    def request_cancel(self) -> None:
+        with self._lock:
+            if self._cancel_requested_at is None:
+                self._cancel_requested_at = _now()
+
+    def record_cancellation(
+        self,
+        requested_at: datetime | None,
+        *,
+        partial: Message | None,
+        partial_key: Any,
+        usage: UsageRecord | None,
+        unanswered: list[ToolCall],
+    ) -> None:
+        with self._lock:
+            flag = self._cancel_requested_at
+            if flag is not None and (requested_at is None or flag <= requested_at):
+                self._cancel_requested_at = None
+        if partial is not None:
+            if partial_key is not None:
+                stored = self._find(partial_key)
+                stored.content = partial.content
+                stored.status = MessageStatus.CANCELLED
+            else:
+                self._add(partial.model_copy(update={"status": MessageStatus.CANCELLED}))
+        if usage is not None:
+            self.usage.append((_now(), usage))
+        for call in unanswered:
+            self._call(call).state = ToolCallState.CANCELLED
+
+    def record_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+    def turn_cost(self, since: datetime) -> Decimal:
+        return sum(
+            (record.cost for at, record in self.usage if at >= since and record.cost is not None),
+            Decimal(0),
+        )

@@ -1,0 +1,139 @@
+"""The store interface the engine talks to, and the records it passes through it.
+
+A store keeps one chat: its configuration, its transcript, its usage rows and
+its cancellation flag. The engine never touches a database itself; the Django
+store (:mod:`agentloop.store`) and the in-memory store (:mod:`.memory`) do.
+Each method that writes says what must happen atomically: that is what makes a
+crash at any point resumable.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from ..messages import Message, TokenUsage, ToolCall, ToolCallState
+from .config import ChatConfig
+
+__all__ = ["ChatStore", "UsageRecord"]
+
+UsageStatus = Literal["succeeded", "failed", "cancelled"]
+
+
+@dataclass
+class UsageRecord:
+    """One provider attempt, successful or not."""
+
+    provider: str
+    model: str
+    status: UsageStatus
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    cost: Decimal | None = None
+    error: str = ""
+    duration_ms: int | None = None
+
+
+class ChatStore(ABC):
+    """Where one chat lives. Methods returning ``Any`` return the store's own records
+    (Django model instances for the Django store), which is what users get back."""
+
+    # -- configuration -------------------------------------------------------------
+    @abstractmethod
+    def get_config(self) -> ChatConfig:
+        """The chat's configuration."""
+
+    @abstractmethod
+    def update_config(self, **changes: Any) -> None:
+        """Persist the given ``ChatConfig`` fields."""
+
+    @abstractmethod
+    def set_tools(self, tools: list[Any]) -> None:
+        """Keep the chat's tools (Tool classes); persisted stores keep import paths."""
+
+    @abstractmethod
+    def get_tools(self) -> list[Any]:
+        """The chat's Tool classes."""
+
+    # -- transcript ----------------------------------------------------------------
+    @abstractmethod
+    def load_transcript(self) -> list[Message]:
+        """All messages in order, with tool calls; a constant number of queries."""
+
+    @abstractmethod
+    def append_message(self, message: Message) -> Any:
+        """Add a system or user message. A user message starts a new turn."""
+
+    @abstractmethod
+    def remove_system_messages(self) -> None:
+        """Drop the instructions (before new ones replace them)."""
+
+    @abstractmethod
+    def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
+        """Write (or update) a streaming answer marked partial; returns its key."""
+
+    @abstractmethod
+    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Any:
+        """Atomically: the assistant message (replacing the partial one, if any), its
+        tool calls and the usage row."""
+
+    @abstractmethod
+    def record_usage(self, usage: UsageRecord) -> None:
+        """A usage row for a failed attempt."""
+
+    @abstractmethod
+    def mark_tool_running(self, call: ToolCall) -> None:
+        """Note that a call started, so a crash mid-run is recognisable afterwards."""
+
+    @abstractmethod
+    def save_tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Any:
+        """Atomically: the tool message answering ``call`` and the call's final state.
+        Raises ``ConcurrentWriteError`` if the call already has a result."""
+
+    @abstractmethod
+    def native_message(self, message: Message) -> Any:
+        """The store's record for a transcript message."""
+
+    @abstractmethod
+    def native_tool_call(self, call: ToolCall) -> Any:
+        """The store's record for a tool call (no query needed)."""
+
+    # -- cancellation and stopping -------------------------------------------------
+    @abstractmethod
+    def cancel_requested_at(self) -> datetime | None:
+        """When cancellation was requested, or None. Called at every checkpoint."""
+
+    @abstractmethod
+    def request_cancel(self) -> None:
+        """Ask the running loop, wherever it runs, to stop (one write)."""
+
+    @abstractmethod
+    def record_cancellation(
+        self,
+        requested_at: datetime | None,
+        *,
+        partial: Message | None,
+        partial_key: Any,
+        usage: UsageRecord | None,
+        unanswered: list[ToolCall],
+    ) -> None:
+        """Atomically: clear the flag (if still the one read), keep the partial answer
+        marked cancelled, record the cut-short attempt, mark unanswered calls cancelled."""
+
+    @abstractmethod
+    def record_stop(self, reason: str) -> None:
+        """Remember why the turn stopped (a limit)."""
+
+    @abstractmethod
+    def turn_cost(self, since: datetime) -> Decimal:
+        """Total known cost of usage rows since the turn began."""
+
+    # -- threads -------------------------------------------------------------------
+    def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
+        """Wrap work run on a tool thread (the Django store closes its connections)."""
+        return function

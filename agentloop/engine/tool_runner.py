@@ -1,0 +1,168 @@
+"""Running a round of tool calls: one after another or on a bounded thread pool.
+
+Every result is written as soon as its tool finishes, in its own transaction, so a
+crash loses at most the tool that was running. Database writes happen on the
+calling thread; tool threads only run tools.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..exceptions import CancelledError, ToolError
+from ..messages import Message, ToolCall, ToolCallState
+from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
+from .checkpoints import Checkpoints
+from .config import ToolOptions
+from .store import ChatStore
+
+__all__ = ["ToolRunner", "execute_tool"]
+
+Emit = Callable[..., None]
+
+
+def execute_tool(tool_class: type[Tool], call: ToolCall, chat: Any = None) -> ToolOutcome:
+    """Validate the arguments and run the tool; every failure becomes an error outcome."""
+    try:
+        arguments = tool_class.parse_arguments(call.arguments)
+    except ValidationError as exc:
+        message = describe_validation_error(call.name, exc)
+        return ToolOutcome(message, is_error=True, error=message)
+    instance = tool_class()
+    instance.context = ToolContext(call, chat)
+    try:
+        value = instance.execute(**arguments)
+        return ToolOutcome(format_result(value))
+    except ToolError as exc:
+        return ToolOutcome(str(exc) or type(exc).__name__, is_error=True, error=repr(exc))
+    except Exception as exc:
+        # A bug in a tool must not crash the loop: the model hears about it,
+        # and the traceback is kept on the tool call for whoever debugs it.
+        return ToolOutcome(
+            f"Tool {call.name!r} failed: {type(exc).__name__}: {exc}",
+            is_error=True,
+            error=traceback.format_exc(),
+        )
+
+
+class ToolRunner:
+    """Runs the unanswered calls of one round and persists each result."""
+
+    def __init__(
+        self,
+        store: ChatStore,
+        tools: dict[str, type[Tool]],
+        options: ToolOptions,
+        checkpoints: Checkpoints,
+        emit: Emit,
+        chat: Any = None,
+    ) -> None:
+        self.store = store
+        self.tools = tools
+        self.options = options
+        self.checkpoints = checkpoints
+        self.emit = emit
+        self.chat = chat
+        self.results: list[Any] = []
+        self.answered: set[str] = set()
+
+    # -- outcomes that need no tool run ------------------------------------------------
+    def _refusal(self, call: ToolCall, all_calls: list[ToolCall]) -> ToolOutcome | None:
+        tool_class = self.tools.get(call.name)
+        if tool_class is None:
+            available = ", ".join(sorted(self.tools)) or "none"
+            text = f"Unknown tool {call.name!r}. Available tools: {available}."
+            return ToolOutcome(text, is_error=True, error=text)
+        if self.options.calls == "one" and call is not all_calls[0]:
+            text = "Only one tool call per answer is allowed; this call was not run."
+            return ToolOutcome(text, is_error=True)
+        if call.state == ToolCallState.RUNNING and not tool_class.idempotent:
+            text = (
+                f"Tool {call.name!r} was interrupted while running and is not run again "
+                "because it is not idempotent; its effects are unknown."
+            )
+            return ToolOutcome(text, is_error=True, error=text)
+        return None
+
+    def _save(self, call: ToolCall, outcome: ToolOutcome) -> None:
+        message = Message(
+            role="tool",
+            content=outcome.content,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            is_error=outcome.is_error,
+        )
+        state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
+        record = self.store.save_tool_result(call, message, state, outcome.error)
+        self.answered.add(call.id)
+        self.results.append(record)
+        self.emit("after_tool_result", record)
+        self.emit("after_message", record)
+
+    def _start(self, call: ToolCall) -> None:
+        self.store.mark_tool_running(call)
+        self.emit("before_tool_call", self.store.native_tool_call(call))
+
+    # -- the round ---------------------------------------------------------------------
+    def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> list[Any]:
+        """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
+        runnable: list[ToolCall] = []
+        for call in unanswered:
+            if call.state == ToolCallState.WAITING:
+                continue  # held by a person or a subagent; not ours to run
+            refusal = self._refusal(call, round_calls)
+            if refusal is not None:
+                self._save(call, refusal)
+            else:
+                runnable.append(call)
+        concurrency = self.options.concurrency
+        if concurrency is None or len(runnable) <= 1:
+            self._run_in_order(runnable)
+        else:
+            size = len(runnable) if concurrency == "threads" else int(concurrency)
+            self._run_on_threads(runnable, size)
+        return self.results
+
+    def _run_in_order(self, calls: list[ToolCall]) -> None:
+        for index, call in enumerate(calls):
+            if index == 0:
+                self.checkpoints.check()  # later tools: the previous after-check covers it
+            self._start(call)
+            self._save(call, execute_tool(self.tools[call.name], call, self.chat))
+            self.checkpoints.check()
+
+    def _run_on_threads(self, calls: list[ToolCall], size: int) -> None:
+        queue = list(calls)
+        running: dict[Future[ToolOutcome], ToolCall] = {}
+        cancelled: CancelledError | None = None
+        with ThreadPoolExecutor(max_workers=size, thread_name_prefix="agentloop-tool") as pool:
+            while queue or running:
+                while queue and len(running) < size and cancelled is None:
+                    try:
+                        self.checkpoints.check()
+                    except CancelledError as exc:
+                        cancelled = exc
+                        break
+                    call = queue.pop(0)
+                    self._start(call)
+                    work = self.store.wrap_thread(
+                        lambda call=call: execute_tool(self.tools[call.name], call, self.chat)
+                    )
+                    running[pool.submit(work)] = call
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._save(running.pop(future), future.result())
+                    if cancelled is None:
+                        try:
+                            self.checkpoints.check()
+                        except CancelledError as exc:
+                            cancelled = exc  # let the running tools finish and be saved
+        if cancelled is not None:
+            raise cancelled

@@ -1,0 +1,68 @@
+"""Reading a transcript: what is pending, whether it is settled, where the turn began.
+
+Pure functions over a list of messages, shared by every verb. Partial and
+cancelled answers are skipped everywhere: they are records, not moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..messages import Message, ToolCall, ToolCallState
+
+__all__ = ["Round", "finished", "is_complete", "is_waiting", "pending_round", "turn_start"]
+
+
+def finished(transcript: list[Message]) -> list[Message]:
+    """The messages that count: no partial or cancelled answers."""
+    return [message for message in transcript if message.is_finished]
+
+
+@dataclass
+class Round:
+    """The latest assistant message that asked for tools, and its calls without a result."""
+
+    message: Message | None = None
+    unanswered: list[ToolCall] = field(default_factory=list)
+
+
+def pending_round(transcript: list[Message]) -> Round:
+    """The open tool round, if the latest answer asked for tools not yet answered."""
+    messages = finished(transcript)
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role == "user":
+            return Round()
+        if message.role == "assistant":
+            if not message.tool_calls:
+                return Round()
+            answered = {
+                later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"
+            }
+            unanswered = [call for call in message.tool_calls if call.id not in answered]
+            return Round(message=message, unanswered=unanswered)
+    return Round()
+
+
+def is_complete(transcript: list[Message]) -> bool:
+    """Settled: no messages, or the latest is an answer that asked for no tools."""
+    for message in reversed(finished(transcript)):
+        if message.role == "system":
+            continue
+        if message.role == "assistant":
+            return not message.tool_calls
+        return False
+    return True
+
+
+def is_waiting(transcript: list[Message]) -> bool:
+    """A pending call is held by a person or a subagent."""
+    return any(call.state == ToolCallState.WAITING for call in pending_round(transcript).unanswered)
+
+
+def turn_start(transcript: list[Message]) -> int:
+    """Index of the latest user message (0 when there is none)."""
+    for index in range(len(transcript) - 1, -1, -1):
+        if transcript[index].role == "user":
+            return index
+    return 0

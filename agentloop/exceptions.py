@@ -1,0 +1,151 @@
+"""Every error agentloop raises, under one root.
+
+    AgentloopError
+    ├── ConfigurationError          a setting, model name or import path is wrong
+    │   └── UnknownProviderError    no provider is registered under that name
+    ├── CancelledError              the run stopped because cancel() was requested
+    ├── LimitReachedError           a per-turn limit stopped the turn before a model call
+    ├── PendingToolCallsError       ask_later() while tool calls still wait for results
+    ├── ConcurrentWriteError        another process wrote the same step first
+    ├── ToolError                   raised by a tool: the model sees the message as an error result
+    └── ProviderError               the model provider failed (status and redacted body attached)
+        ├── RateLimitError          429 (transient)
+        ├── ServerError             5xx (transient)
+        ├── ProviderTimeout         no answer in time (transient)
+        ├── StreamInterruptedError  the stream ended before the answer did (transient)
+        ├── AuthenticationError     401/403 (permanent)
+        ├── ContextLengthError      the conversation is too long for the model (permanent)
+        ├── BadRequestError         400 and other 4xx (permanent)
+        └── InvalidResponseError    the answer could not be parsed (permanent)
+
+Transient provider errors have ``retryable = True``; ``retry_after`` carries the
+provider's ``Retry-After`` in seconds when it sent one.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentloopError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CancelledError",
+    "ConcurrentWriteError",
+    "ConfigurationError",
+    "ContextLengthError",
+    "InvalidResponseError",
+    "LimitReachedError",
+    "PendingToolCallsError",
+    "ProviderError",
+    "ProviderTimeout",
+    "RateLimitError",
+    "ServerError",
+    "StreamInterruptedError",
+    "ToolError",
+    "UnknownProviderError",
+]
+
+
+class AgentloopError(Exception):
+    """Root of every agentloop error."""
+
+
+class ConfigurationError(AgentloopError):
+    """A setting, model name or import path cannot be used."""
+
+
+class UnknownProviderError(ConfigurationError):
+    """No provider is registered under the requested name."""
+
+
+class CancelledError(AgentloopError):
+    """The run stopped at a checkpoint because cancellation was requested."""
+
+    def __init__(self, message: str = "Cancelled", *, requested_at: object = None) -> None:
+        super().__init__(message)
+        #: when cancel() was called (the value the checkpoint read).
+        self.requested_at = requested_at
+        #: set once the engine has cleared the flag and recorded what was cut short.
+        self.recorded = False
+
+
+class LimitReachedError(AgentloopError):
+    """A per-turn limit was reached; no further model call was made this turn."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PendingToolCallsError(AgentloopError):
+    """A user message cannot be added while tool calls are unanswered."""
+
+
+class ConcurrentWriteError(AgentloopError):
+    """Another process wrote the same step first (e.g. answered the same tool call)."""
+
+
+class ToolError(AgentloopError):
+    """Raised inside a tool: the message goes back to the model as an error result."""
+
+
+class ProviderError(AgentloopError):
+    """The model provider failed.
+
+    ``status`` is the HTTP status when there was one; ``body`` is the response
+    body with anything that looks like a credential removed.
+    """
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.retry_after = retry_after
+
+
+class RateLimitError(ProviderError):
+    """The provider asked us to slow down (HTTP 429)."""
+
+    retryable = True
+
+
+class ServerError(ProviderError):
+    """The provider failed on its side (HTTP 5xx)."""
+
+    retryable = True
+
+
+class ProviderTimeout(ProviderError):
+    """The provider did not answer in time."""
+
+    retryable = True
+
+
+class StreamInterruptedError(ProviderError):
+    """The stream ended before the answer was complete."""
+
+    retryable = True
+
+
+class AuthenticationError(ProviderError):
+    """The API key is missing, wrong or not allowed (HTTP 401/403)."""
+
+
+class ContextLengthError(ProviderError):
+    """The conversation does not fit the model's context window."""
+
+
+class BadRequestError(ProviderError):
+    """The provider rejected the request (HTTP 400 and other 4xx)."""
+
+
+class InvalidResponseError(ProviderError):
+    """The provider's answer could not be understood."""

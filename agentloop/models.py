@@ -1,0 +1,428 @@
+"""Persisted chats: abstract mixins and the concrete ``Chat``, ``Message``, ``ToolCall``, ``Usage``.
+
+A project can make its own model a chat by subclassing the abstract classes, as
+long as the related names match (``messages``, ``tool_calls``, ``usage_records``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .messages import MessageStatus, ToolCallState
+
+if TYPE_CHECKING:
+    from .engine import Conversation, StreamCallback
+
+__all__ = [
+    "AbstractChat",
+    "AbstractMessage",
+    "AbstractToolCall",
+    "AbstractUsage",
+    "Chat",
+    "ChatState",
+    "Message",
+    "Role",
+    "ToolCall",
+    "Usage",
+    "UsageStatus",
+]
+
+
+class ChatState(models.TextChoices):
+    IDLE = "idle", _("idle")
+    QUEUED = "queued", _("queued")
+    RUNNING = "running", _("running")
+    WAITING = "waiting", _("waiting")
+    STOPPED = "stopped", _("stopped by a limit")
+    FAILED = "failed", _("failed")
+
+
+class Role(models.TextChoices):
+    SYSTEM = "system", _("system")
+    USER = "user", _("user")
+    ASSISTANT = "assistant", _("assistant")
+    TOOL = "tool", _("tool")
+
+
+class UsageStatus(models.TextChoices):
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+MESSAGE_STATUS_CHOICES = [(status.value, status.value) for status in MessageStatus]
+TOOL_CALL_STATE_CHOICES = [(state.value, state.value) for state in ToolCallState]
+
+
+class ChatQuerySet(models.QuerySet["AbstractChat"]):
+    def stopped(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.STOPPED)
+
+    def failed(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.FAILED)
+
+    def waiting(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.WAITING)
+
+    def cancel_requested(self) -> ChatQuerySet:
+        return self.filter(cancel_requested_at__isnull=False)
+
+    def owned_by(self, user: Any) -> ChatQuerySet:
+        return self.filter(owner=user)
+
+
+class AbstractChat(models.Model):
+    """A chat whose configuration and state live on its row; the verbs run the loop."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="%(app_label)s_%(class)s_set",
+    )
+    title = models.CharField(_("title"), max_length=200, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    provider = models.CharField(_("provider"), max_length=100, blank=True)
+    tools = models.JSONField(_("tools (import paths)"), default=list, blank=True)
+    tool_options = models.JSONField(_("tool options"), default=dict, blank=True)
+    temperature = models.FloatField(_("temperature"), null=True, blank=True)
+    max_output_tokens = models.PositiveIntegerField(_("max output tokens"), null=True, blank=True)
+    provider_options = models.JSONField(_("provider options"), default=dict, blank=True)
+    headers = models.JSONField(_("headers"), default=dict, blank=True)
+    output_schema = models.JSONField(_("output schema"), null=True, blank=True)
+    schema_path = models.CharField(_("schema import path"), max_length=300, blank=True)
+    limits = models.JSONField(_("limits per turn"), default=dict, blank=True)
+    agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
+    state = models.CharField(
+        _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
+    )
+    stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    objects = ChatQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.title or f"Chat {self.pk} ({self.model or 'default model'})"
+
+    # -- the engine ---------------------------------------------------------------------
+    @property
+    def conversation(self) -> Conversation:
+        """The engine driving this chat (one per instance; callbacks live on it)."""
+        cached: Conversation | None = self.__dict__.get("_conversation")
+        if cached is None:
+            from .engine import Conversation
+            from .store import DjangoStore
+
+            cached = Conversation(DjangoStore(self), owner=self)
+            _connect_signals(self, cached)
+            self.__dict__["_conversation"] = cached
+        return cached
+
+    # configuration (each persists and returns the chat)
+    def with_model(self, model: str, provider: str | None = None) -> AbstractChat:
+        self.conversation.with_model(model, provider)
+        return self
+
+    def with_instructions(self, text: str, append: bool = False) -> AbstractChat:
+        self.conversation.with_instructions(text, append)
+        return self
+
+    def with_tools(self, *tools: Any, replace: bool = False) -> AbstractChat:
+        self.conversation.with_tools(*tools, replace=replace)
+        return self
+
+    def with_tool_options(self, **options: Any) -> AbstractChat:
+        self.conversation.with_tool_options(**options)
+        return self
+
+    def with_temperature(self, temperature: float | None) -> AbstractChat:
+        self.conversation.with_temperature(temperature)
+        return self
+
+    def with_max_output_tokens(self, tokens: int | None) -> AbstractChat:
+        self.conversation.with_max_output_tokens(tokens)
+        return self
+
+    def with_provider_options(self, **options: Any) -> AbstractChat:
+        self.conversation.with_provider_options(**options)
+        return self
+
+    def with_headers(self, **headers: str) -> AbstractChat:
+        self.conversation.with_headers(**headers)
+        return self
+
+    def with_schema(self, schema: Any) -> AbstractChat:
+        self.conversation.with_schema(schema)
+        return self
+
+    def with_limits(self, **limits: Any) -> AbstractChat:
+        self.conversation.with_limits(**limits)
+        return self
+
+    # callbacks (this instance only; signals reach every chat)
+    def before_message(self, callback: Callable[[], Any]) -> AbstractChat:
+        self.conversation.before_message(callback)
+        return self
+
+    def after_message(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.after_message(callback)
+        return self
+
+    def before_tool_call(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.before_tool_call(callback)
+        return self
+
+    def after_tool_result(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.after_tool_result(callback)
+        return self
+
+    # verbs
+    def ask_later(self, content: str, attachments: Any = None) -> AbstractChat:
+        """Add a user message; no model call."""
+        self.conversation.ask_later(content, attachments)
+        return self
+
+    def ask(self, content: str, stream: StreamCallback | None = None) -> Any:
+        """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
+        return self.conversation.ask(content, stream)
+
+    def generate(self, stream: StreamCallback | None = None) -> Any:
+        """One model call; returns the saved assistant ``Message``."""
+        return self.conversation.generate(stream)
+
+    def run_tools(self) -> list[Any]:
+        """Run pending tool calls; returns the saved tool ``Message`` rows."""
+        return self.conversation.run_tools()
+
+    def step(self, stream: StreamCallback | None = None) -> Any:
+        """The next move, or None when complete or waiting."""
+        return self.conversation.step(stream)
+
+    def complete(self, stream: StreamCallback | None = None) -> Any:
+        """Step until complete or waiting; returns the last ``Message``."""
+        return self.conversation.complete(stream)
+
+    def is_complete(self) -> bool:
+        return self.conversation.is_complete()
+
+    def is_waiting(self) -> bool:
+        return self.conversation.is_waiting()
+
+    def cancel(self) -> None:
+        """Request cancellation: one UPDATE, seen by the run wherever it is."""
+        self.conversation.cancel()
+
+
+def _connect_signals(chat: AbstractChat, conversation: Conversation) -> None:
+    from . import signals
+
+    sender = type(chat)
+    conversation.on("before_message", lambda: signals.model_call_started.send(sender, chat=chat))
+    conversation.on(
+        "after_message", lambda m: signals.message_added.send(sender, chat=chat, message=m)
+    )
+    conversation.on(
+        "before_tool_call",
+        lambda call: signals.tool_call_started.send(sender, chat=chat, tool_call=call),
+    )
+    conversation.on(
+        "after_tool_result",
+        lambda m: signals.tool_call_finished.send(sender, chat=chat, message=m),
+    )
+    conversation.on("cancelled", lambda: signals.chat_cancelled.send(sender, chat=chat))
+    conversation.on(
+        "stopped", lambda reason: signals.chat_stopped.send(sender, chat=chat, reason=reason)
+    )
+
+
+class AbstractMessage(models.Model):
+    """One message of a transcript."""
+
+    role = models.CharField(_("role"), max_length=20, choices=Role.choices)
+    content = models.TextField(_("content"), blank=True)
+    status = models.CharField(
+        _("status"), max_length=20, choices=MESSAGE_STATUS_CHOICES, default=MessageStatus.COMPLETE
+    )
+    is_error = models.BooleanField(_("is an error result"), default=False)
+    parsed = models.JSONField(_("structured output"), null=True, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
+    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        text = self.content if len(self.content) <= 60 else self.content[:57] + "..."
+        return f"{self.role}: {text}"
+
+
+class AbstractToolCall(models.Model):
+    """A tool call the model asked for, and how running it went."""
+
+    call_id = models.CharField(_("provider call id"), max_length=200)
+    name = models.CharField(_("tool name"), max_length=200)
+    arguments = models.JSONField(_("arguments"), default=dict, blank=True)
+    state = models.CharField(
+        _("state"), max_length=20, choices=TOOL_CALL_STATE_CHOICES, default=ToolCallState.PENDING
+    )
+    error = models.TextField(_("error"), blank=True)
+    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.call_id})"
+
+
+class UsageQuerySet(models.QuerySet["AbstractUsage"]):
+    def for_owner(self, owner: Any) -> UsageQuerySet:
+        return self.filter(owner=owner)
+
+    def totals(self) -> dict[str, Any]:
+        """Token sums, the known cost, and attempts by status."""
+        return self.aggregate(
+            input_tokens=Sum("input_tokens", default=0),
+            output_tokens=Sum("output_tokens", default=0),
+            cached_tokens=Sum("cached_tokens", default=0),
+            reasoning_tokens=Sum("reasoning_tokens", default=0),
+            cost=Sum("cost", default=Decimal(0)),
+            attempts=Count("id"),
+            failed=Count("id", filter=Q(status=UsageStatus.FAILED)),
+            cancelled=Count("id", filter=Q(status=UsageStatus.CANCELLED)),
+        )
+
+
+class AbstractUsage(models.Model):
+    """One provider attempt: tokens, cost when the price is known, and how it ended."""
+
+    provider = models.CharField(_("provider"), max_length=100, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    status = models.CharField(_("status"), max_length=20, choices=UsageStatus.choices)
+    input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
+    output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
+    cached_tokens = models.PositiveIntegerField(_("cached tokens"), default=0)
+    reasoning_tokens = models.PositiveIntegerField(_("reasoning tokens"), default=0)
+    cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    duration_ms = models.PositiveIntegerField(_("duration (ms)"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    objects = UsageQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.status} ({self.input_tokens}+{self.output_tokens} tokens)"
+
+
+class Chat(AbstractChat):
+    class Meta(AbstractChat.Meta):
+        abstract = False
+        verbose_name = _("chat")
+        verbose_name_plural = _("chats")
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["state"], name="agentloop_chat_state_idx"),
+            models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
+        ]
+
+
+class Message(AbstractMessage):
+    chat = models.ForeignKey(
+        Chat, verbose_name=_("chat"), on_delete=models.CASCADE, related_name="messages"
+    )
+    #: for a tool message, the call it answers (one result per call, enforced).
+    tool_call = models.OneToOneField(
+        "ToolCall",
+        verbose_name=_("tool call"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="result",
+    )
+
+    class Meta(AbstractMessage.Meta):
+        abstract = False
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
+        ordering = ["id"]
+        indexes = [models.Index(fields=["chat", "id"], name="agentloop_message_chat_idx")]
+
+
+class ToolCall(AbstractToolCall):
+    chat = models.ForeignKey(
+        Chat, verbose_name=_("chat"), on_delete=models.CASCADE, related_name="tool_calls"
+    )
+    message = models.ForeignKey(
+        Message, verbose_name=_("message"), on_delete=models.CASCADE, related_name="tool_calls"
+    )
+
+    class Meta(AbstractToolCall.Meta):
+        abstract = False
+        verbose_name = _("tool call")
+        verbose_name_plural = _("tool calls")
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["chat", "call_id"], name="agentloop_toolcall_unique_call_id"
+            )
+        ]
+
+
+class Usage(AbstractUsage):
+    chat = models.ForeignKey(
+        Chat,
+        verbose_name=_("chat"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    message = models.ForeignKey(
+        Message,
+        verbose_name=_("message"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agentloop_usage",
+    )
+
+    class Meta(AbstractUsage.Meta):
+        abstract = False
+        verbose_name = _("usage")
+        verbose_name_plural = _("usage")
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["owner", "created_at"], name="agentloop_usage_owner_idx"),
+            models.Index(fields=["chat", "created_at"], name="agentloop_usage_chat_idx"),
+        ]

@@ -1,0 +1,28 @@
+"""Signals sent by persisted chats; they mirror the engine's callbacks.
+
+Each is sent with ``sender`` = the chat model class and ``chat`` = the instance.
+"""
+
+from django.dispatch import Signal
+
+__all__ = [
+    "chat_cancelled",
+    "chat_stopped",
+    "message_added",
+    "model_call_started",
+    "tool_call_finished",
+    "tool_call_started",
+]
+
+#: before each model call (``before_message``).
+model_call_started = Signal()
+#: a message was saved: ``message`` (``after_message``).
+message_added = Signal()
+#: a tool is about to run: ``tool_call`` (``before_tool_call``).
+tool_call_started = Signal()
+#: a tool result was saved: ``message`` (``after_tool_result``).
+tool_call_finished = Signal()
+#: a run stopped at a checkpoint because cancel() was requested.
+chat_cancelled = Signal()
+#: a limit stopped the turn: ``reason``.
+chat_stopped = Signal()

@@ -1,0 +1,373 @@
+"""The Django store: a chat's transcript, usage and cancel flag in the database.
+
+Queries per verb don't grow with the history: the transcript is one SELECT
+(messages joined with their tool calls, no model instances), and each write is
+a short transaction in the order DESIGN §2 gives (answer + its tool calls +
+usage together; each tool result on its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from .engine import ChatConfig, ChatStore, UsageRecord
+from .exceptions import ConcurrentWriteError
+from .messages import Message, MessageStatus, ToolCall, ToolCallState
+from .tools import Tool, import_path_of, load_by_path
+
+if TYPE_CHECKING:
+    from .models import AbstractChat
+
+__all__ = ["DjangoStore"]
+
+_MESSAGE_COLUMNS = (
+    "id",
+    "role",
+    "content",
+    "status",
+    "is_error",
+    "parsed",
+    "model",
+    "finish_reason",
+    "provider_data",
+    "created_at",
+    "tool_call__call_id",
+    "tool_call__name",
+    "tool_calls__id",
+    "tool_calls__call_id",
+    "tool_calls__name",
+    "tool_calls__arguments",
+    "tool_calls__state",
+    "tool_calls__provider_data",
+)
+
+# ChatConfig field -> chat column
+_CONFIG_COLUMNS = {
+    "model": "model",
+    "provider": "provider",
+    "tool_paths": "tools",
+    "tool_options": "tool_options",
+    "temperature": "temperature",
+    "max_output_tokens": "max_output_tokens",
+    "provider_options": "provider_options",
+    "headers": "headers",
+    "output_schema": "output_schema",
+    "schema_path": "schema_path",
+    "limits": "limits",
+}
+
+
+class DjangoStore(ChatStore):
+    """Keeps one chat row's transcript; the models come from its related managers."""
+
+    def __init__(self, chat: AbstractChat) -> None:
+        self.chat = chat
+        self.message_model: Any = chat._meta.get_field("messages").related_model
+        self.tool_call_model: Any = chat._meta.get_field("tool_calls").related_model
+        self.usage_model: Any = chat._meta.get_field("usage_records").related_model
+        self.chat_model: Any = type(chat)
+        self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
+
+    def _saved_chat(self) -> Any:
+        if self.chat.pk is None:
+            self.chat.save()
+        return self.chat
+
+    # -- configuration -------------------------------------------------------------------
+    def get_config(self) -> ChatConfig:
+        chat = self.chat
+        return ChatConfig.model_validate(
+            {
+                "model": chat.model,
+                "provider": chat.provider or None,
+                "tool_paths": chat.tools or [],
+                "tool_options": chat.tool_options or {},
+                "temperature": chat.temperature,
+                "max_output_tokens": chat.max_output_tokens,
+                "provider_options": chat.provider_options or {},
+                "headers": chat.headers or {},
+                "output_schema": chat.output_schema,
+                "schema_path": chat.schema_path or None,
+                "limits": chat.limits or {},
+            }
+        )
+
+    def update_config(self, **changes: Any) -> None:
+        columns = []
+        for field, value in changes.items():
+            column = _CONFIG_COLUMNS[field]
+            if hasattr(value, "model_dump"):
+                value = value.model_dump(mode="json", exclude_none=True)
+            if value is None and column in {"provider", "schema_path"}:
+                value = ""
+            setattr(self.chat, column, value)
+            columns.append(column)
+        if self.chat.pk is None:
+            self.chat.save()
+        else:
+            self.chat.save(update_fields=[*columns, "updated_at"])
+
+    def set_tools(self, tools: list[Any]) -> None:
+        paths = [import_path_of(tool) for tool in tools]
+        self.update_config(tool_paths=paths)
+        self._tools = (tuple(paths), list(tools))
+
+    def get_tools(self) -> list[type[Tool]]:
+        paths = tuple(self.chat.tools or ())
+        if self._tools is None or self._tools[0] != paths:
+            # The chat row names its tools; any process can load them again.
+            self._tools = (paths, [load_by_path(path) for path in paths])
+        return self._tools[1]
+
+    # -- transcript ----------------------------------------------------------------------
+    def load_transcript(self) -> list[Message]:
+        if self.chat.pk is None:
+            return []
+        rows = (
+            self.message_model.objects.filter(chat_id=self.chat.pk)
+            .order_by("id", "tool_calls__id")
+            .values_list(*_MESSAGE_COLUMNS)
+        )
+        messages: list[Message] = []
+        last: Message | None = None
+        for row in rows:
+            (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
+             created_at, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
+             call_state, call_provider_data) = row  # fmt: skip
+            if last is None or last.key != key:
+                last = Message.model_construct(
+                    key=key,
+                    role=role,
+                    content=content,
+                    status=MessageStatus(status),
+                    is_error=is_error,
+                    parsed=parsed,
+                    model=model or None,
+                    finish_reason=finish_reason or None,
+                    provider_data=provider_data or {},
+                    created_at=created_at,
+                    tool_call_id=answers_id,
+                    tool_name=answers_name,
+                    tool_calls=[],
+                )
+                messages.append(last)
+            if call_key is not None:
+                last.tool_calls.append(
+                    ToolCall.model_construct(
+                        key=call_key,
+                        id=call_id,
+                        name=call_name,
+                        arguments=call_arguments or {},
+                        state=ToolCallState(call_state),
+                        provider_data=call_provider_data or {},
+                    )
+                )
+        return messages
+
+    def _message_row(self, message: Message, **extra: Any) -> Any:
+        return self.message_model(
+            chat=self._saved_chat(),
+            role=message.role,
+            content=message.content,
+            status=message.status,
+            is_error=message.is_error,
+            parsed=message.parsed,
+            model=message.model or "",
+            finish_reason=message.finish_reason or "",
+            provider_data=message.provider_data,
+            **extra,
+        )
+
+    def append_message(self, message: Message) -> Any:
+        record = self._message_row(message)
+        if message.role == "user" and (self.chat.stop_reason or self.chat.state == "stopped"):
+            with transaction.atomic(using=self._db):
+                record.save()
+                self._update_chat(stop_reason="", state="idle")
+        else:
+            record.save()
+        return record
+
+    @property
+    def _db(self) -> str:
+        return self.chat._state.db or "default"
+
+    def _update_chat(self, **values: Any) -> None:
+        self.chat_model.objects.filter(pk=self.chat.pk).update(**values)
+        for field, value in values.items():
+            setattr(self.chat, field, value)
+
+    def remove_system_messages(self) -> None:
+        if self.chat.pk is not None:
+            self.message_model.objects.filter(chat_id=self.chat.pk, role="system").delete()
+
+    def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
+        if partial_key is not None:
+            self.message_model.objects.filter(pk=partial_key).update(content=content)
+            return partial_key
+        record = self._message_row(
+            Message(role="assistant", content=content, status=MessageStatus.PARTIAL, model=model)
+        )
+        record.save()
+        return record.pk
+
+    def _usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
+        return self.usage_model(
+            chat_id=self.chat.pk,
+            message=message,
+            owner_id=self.chat.owner_id,
+            provider=usage.provider,
+            model=usage.model,
+            status=usage.status,
+            input_tokens=usage.usage.input_tokens,
+            output_tokens=usage.usage.output_tokens,
+            cached_tokens=usage.usage.cached_tokens,
+            reasoning_tokens=usage.usage.reasoning_tokens,
+            cost=usage.cost,
+            error=usage.error,
+            duration_ms=usage.duration_ms,
+        )
+
+    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Any:
+        with transaction.atomic(using=self._db):
+            record = self._message_row(message)
+            if partial_key is not None:
+                # The streamed partial becomes the finished answer, keeping its place.
+                record.pk = partial_key
+                record.save(force_update=True)
+            else:
+                record.save()
+            if message.tool_calls:
+                self.tool_call_model.objects.bulk_create(
+                    [
+                        self.tool_call_model(
+                            chat_id=self.chat.pk,
+                            message=record,
+                            call_id=call.id,
+                            name=call.name,
+                            arguments=call.arguments,
+                            state=call.state,
+                            provider_data=call.provider_data,
+                        )
+                        for call in message.tool_calls
+                    ]
+                )
+            self._usage_row(usage, record).save()
+        return record
+
+    def record_usage(self, usage: UsageRecord) -> None:
+        self._usage_row(usage).save()
+
+    def mark_tool_running(self, call: ToolCall) -> None:
+        self.tool_call_model.objects.filter(pk=call.key).update(
+            state=ToolCallState.RUNNING, started_at=timezone.now()
+        )
+
+    def save_tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Any:
+        try:
+            with transaction.atomic(using=self._db):
+                record = self._message_row(message, tool_call_id=call.key)
+                record.save()
+                self.tool_call_model.objects.filter(pk=call.key).update(
+                    state=state, error=error or "", finished_at=timezone.now()
+                )
+        except IntegrityError as exc:
+            raise ConcurrentWriteError(
+                f"Tool call {call.id!r} ({call.name}) already has a result: "
+                "another process answered it first."
+            ) from exc
+        return record
+
+    def native_message(self, message: Message) -> Any:
+        return self.message_model.objects.get(pk=message.key)
+
+    def native_tool_call(self, call: ToolCall) -> Any:
+        return self.tool_call_model(
+            pk=call.key,
+            chat_id=self.chat.pk,
+            call_id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            state=call.state,
+        )
+
+    # -- cancellation and stopping ----------------------------------------------------------
+    def cancel_requested_at(self) -> datetime | None:
+        if self.chat.pk is None:
+            return None
+        value: datetime | None = (
+            self.chat_model.objects.filter(pk=self.chat.pk)
+            .values_list("cancel_requested_at", flat=True)
+            .first()
+        )
+        return value
+
+    def request_cancel(self) -> None:
+        # Keep the first request's time: clearing compares against it.
+        self.chat_model.objects.filter(pk=self._saved_chat().pk).update(
+            cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
+        )
+
+    def record_cancellation(
+        self,
+        requested_at: datetime | None,
+        *,
+        partial: Message | None,
+        partial_key: Any,
+        usage: UsageRecord | None,
+        unanswered: list[ToolCall],
+    ) -> None:
+        with transaction.atomic(using=self._db):
+            flag = self.chat_model.objects.filter(pk=self.chat.pk)
+            if requested_at is not None:
+                # A cancel requested after the one we saw stays for the next run.
+                flag = flag.filter(cancel_requested_at__lte=requested_at)
+            flag.update(cancel_requested_at=None)
+            message = None
+            if partial is not None:
+                message = self._message_row(partial.model_copy(update={"status": "cancelled"}))
+                if partial_key is not None:
+                    message.pk = partial_key
+                    message.save(force_update=True)
+                else:
+                    message.save()
+            elif partial_key is not None:
+                self.message_model.objects.filter(pk=partial_key).update(status="cancelled")
+            if usage is not None:
+                self._usage_row(usage, message).save()
+            if unanswered:
+                self.tool_call_model.objects.filter(
+                    pk__in=[call.key for call in unanswered]
+                ).update(state=ToolCallState.CANCELLED)
+        self.chat.cancel_requested_at = None
+
+    def record_stop(self, reason: str) -> None:
+        self._update_chat(stop_reason=reason[:300], state="stopped")
+
+    def turn_cost(self, since: datetime) -> Decimal:
+        total = self.usage_model.objects.filter(chat_id=self.chat.pk, created_at__gte=since)
+        value = total.aggregate(total=Sum("cost", default=Decimal(0)))["total"]
+        return Decimal(value)
+
+    # -- threads -----------------------------------------------------------------------------
+    def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            try:
+                return function()
+            finally:
+                # A tool thread that used the ORM opened its own connections.
+                connections.close_all()
+
+        return run
+
+

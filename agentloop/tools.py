@@ -1,0 +1,300 @@
+"""Tools the model can call: ``Tool`` classes, the ``@tool`` decorator, and how they run.
+
+A tool is a class with a pydantic ``Params`` model and an ``execute`` method::
+
+    class Weather(Tool):
+        \"\"\"Gets the current weather for a city.\"\"\"
+
+        class Params(BaseModel):
+            city: str = Field(description="City name")
+
+        def execute(self, city: str) -> str:
+            ...
+
+or a plain function with ``@tool`` (the schema comes from its signature and docstring).
+The return value becomes the result text: ``str`` as is, anything else as JSON.
+Raise :class:`~agentloop.ToolError` to send the model an error result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, ClassVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic.fields import FieldInfo
+
+from .exceptions import ConfigurationError, ToolError
+from .messages import ToolCall, ToolDefinition
+
+__all__ = [
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolOutcome",
+    "format_result",
+    "import_path_of",
+    "load_by_path",
+    "snake_case",
+    "tool",
+]
+
+
+def snake_case(name: str) -> str:
+    """``GetWeather`` -> ``get_weather``; ``HTTPFetch`` -> ``http_fetch``."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return name.replace("-", "_").lower()
+
+
+class _NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolContext:
+    """What a running tool knows about its call.
+
+    ``tool_call.id`` is the provider's call id, stable across retries of the
+    round: use it as an idempotency key for side effects.
+    """
+
+    def __init__(self, tool_call: ToolCall, chat: Any = None) -> None:
+        self.tool_call = tool_call
+        self.chat = chat
+
+
+class Tool:
+    """Base class of tools. Subclasses set ``Params`` and implement ``execute``.
+
+    Class attributes:
+        name: the name the model calls (default: snake case of the class name).
+        description: what the tool does (default: the class docstring).
+        Params: pydantic model of the arguments (default: no arguments).
+        idempotent: ``False`` means: if a run was interrupted by a crash, don't
+            run it again; the model gets an error result saying so.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Params: ClassVar[type[BaseModel]] = _NoParams
+    idempotent: ClassVar[bool] = True
+
+    #: set on the instance before ``execute`` runs.
+    context: ToolContext
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            cls.name = snake_case(cls.__name__)
+        if not cls.__dict__.get("description"):
+            cls.description = inspect.cleandoc(cls.__doc__ or "")
+
+    def execute(self, **arguments: Any) -> Any:
+        """Run the tool with validated arguments; return ``str`` or anything JSON-able."""
+        raise NotImplementedError(f"{type(self).__name__}.execute() is not implemented")
+
+    @property
+    def tool_call(self) -> ToolCall:
+        """The call being answered (``.id`` is a good idempotency key)."""
+        return self.context.tool_call
+
+    @classmethod
+    def definition(cls) -> ToolDefinition:
+        """The name, description and JSON schema sent to providers."""
+        return _definition(cls)
+
+    @classmethod
+    def parse_arguments(cls, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Validate raw model arguments; raises ``pydantic.ValidationError``."""
+        params = cls.Params.model_validate(arguments)
+        # Keep nested models as models: execute() gets what Params declares.
+        return {name: getattr(params, name) for name in type(params).model_fields}
+
+
+@lru_cache(maxsize=512)
+def _definition(cls: type[Tool]) -> ToolDefinition:
+    schema = cls.Params.model_json_schema()
+    schema.pop("title", None)
+    _strip_titles(schema)
+    schema.setdefault("properties", {})
+    schema.setdefault("type", "object")
+    return ToolDefinition(name=cls.name, description=cls.description, parameters=schema)
+
+
+def _strip_titles(node: Any) -> None:
+    # pydantic adds a "title" to every property; providers don't need them and
+    # they cost tokens. A property *named* "title" is kept (it's under "properties").
+    if isinstance(node, dict):
+        for key, value in list(node.items()):
+            if key == "properties" and isinstance(value, dict):
+                for prop in value.values():
+                    if isinstance(prop, dict):
+                        prop.pop("title", None)
+                    _strip_titles(prop)
+            elif key == "title" and isinstance(value, str):
+                del node[key]
+            else:
+                _strip_titles(value)
+    elif isinstance(node, list):
+        for item in node:
+            _strip_titles(item)
+
+
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """The summary and the ``Args:`` descriptions of a Google-style docstring."""
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in inspect.cleandoc(doc).splitlines():
+        stripped = line.strip()
+        if stripped.lower() in {"args:", "arguments:", "parameters:", "params:"}:
+            in_args = True
+            continue
+        if in_args:
+            if stripped.endswith(":") and not line.startswith(" "):
+                in_args = False  # another section (Returns:, Raises:) begins
+                continue
+            match = _ARG_LINE.match(line)
+            if match and line.startswith(" ") and not line.startswith("        "):
+                current = match.group(1)
+                params[current] = match.group(2).strip()
+            elif current and stripped:
+                params[current] += " " + stripped
+            continue
+        summary.append(line)
+    return "\n".join(summary).strip(), params
+
+
+class FunctionTool(Tool):
+    """A tool made from a function by ``@tool``; the function is ``.function``."""
+
+    function: ClassVar[Callable[..., Any]]
+
+    def execute(self, **arguments: Any) -> Any:
+        return type(self).function(**arguments)
+
+
+def tool(
+    function: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = True,
+) -> Any:
+    """Make a tool from a function: ``@tool`` or ``@tool(name=..., idempotent=False)``.
+
+    The arguments' schema comes from the type hints and defaults; descriptions
+    come from the docstring's summary and its ``Args:`` section.
+    """
+
+    def build(fn: Callable[..., Any]) -> type[FunctionTool]:
+        summary, arg_docs = _split_docstring(fn.__doc__ or "")
+        hints = get_type_hints(fn)
+        fields: dict[str, Any] = {}
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ConfigurationError(f"@tool {fn.__name__}: *args and **kwargs can't be described")
+            annotation = hints.get(param.name, Any)
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (
+                annotation,
+                FieldInfo(default=default, description=arg_docs.get(param.name)),
+            )
+        params_model = create_model(  # type: ignore[call-overload]
+            f"{fn.__name__}_params",
+            __config__=ConfigDict(extra="forbid"),
+            **fields,
+        )
+        attrs: dict[str, Any] = {
+            "name": name or fn.__name__,
+            "description": description if description is not None else summary,
+            "Params": params_model,
+            "idempotent": idempotent,
+            "function": staticmethod(fn),
+            "__module__": fn.__module__,
+            "__qualname__": fn.__qualname__,
+            "__doc__": fn.__doc__,
+        }
+        return type(fn.__name__, (FunctionTool,), attrs)
+
+    if function is not None:
+        return build(function)
+    return build
+
+
+def format_result(value: Any) -> str:
+    """A tool's return value as result text: ``str`` as is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+class ToolOutcome:
+    """The result of running one call: text for the model, and what went wrong, if anything."""
+
+    __slots__ = ("content", "error", "is_error")
+
+    def __init__(self, content: str, *, is_error: bool = False, error: str | None = None) -> None:
+        self.content = content
+        self.is_error = is_error
+        #: the exception (type, message and traceback) for the record, not for the model.
+        self.error = error
+
+
+def describe_validation_error(tool_name: str, error: ValidationError) -> str:
+    """A short, model-readable account of invalid arguments."""
+    problems = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"]) or "arguments"
+        problems.append(f"{where}: {item['msg']}")
+    return f"Invalid arguments for tool {tool_name!r}: " + "; ".join(problems)
+
+
+def import_path_of(obj: Any) -> str:
+    """The dotted path that loads ``obj`` again, or ConfigurationError if there is none."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname or "<locals>" in qualname or module == "__main__":
+        raise ConfigurationError(
+            f"{obj!r} can't be stored by import path: define it at module level in an "
+            "importable module so a worker in another process can load it."
+        )
+    path = f"{module}.{qualname}"
+    try:
+        loaded = load_by_path(path)
+    except ConfigurationError:
+        loaded = None
+    if loaded is not obj:
+        raise ConfigurationError(f"{obj!r} is not importable as {path!r}.")
+    return path
+
+
+def load_by_path(path: str) -> Any:
+    """Import ``package.module.Name`` (nested names allowed); errors name the path."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            target: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # this prefix is not a module; try a shorter one
+            raise ConfigurationError(f"Could not import {path!r}: {exc}") from exc
+        try:
+            for attribute in parts[split:]:
+                target = getattr(target, attribute)
+        except AttributeError as exc:
+            raise ConfigurationError(f"Could not import {path!r}: {exc}") from exc
+        return target
+    raise ConfigurationError(f"Could not import {path!r}: no such module")

@@ -1,0 +1,1 @@
+"""A small site that uses agentloop: chat page, demo agents and tools."""

@@ -1,0 +1,84 @@
+"""Settings for the test suite: SQLite by default, PostgreSQL when DATABASE_URL is set."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = "agentloop-tests"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver", "localhost"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "agentloop",
+    "example_project",  # the demo agents and tools that tests drive
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Test databases are real files or servers, never in-memory: tests start subprocesses (workers,
+# a second writer) that must open the very database the test process created.
+DATABASES: dict[str, dict[str, Any]]
+if os.environ.get("DATABASE_URL"):
+    import dj_database_url
+
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    DATABASES["default"]["TEST"] = {"NAME": "test_agentloop"}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(BASE_DIR / ".pytest_db.sqlite3"),
+            # Several processes write at once: take the write lock up front and wait for it.
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+            "TEST": {"NAME": str(BASE_DIR / ".test_db.sqlite3")},
+        }
+    }
+
+# Subprocesses started by tests set this to the test database's NAME (path or database name)
+# so they connect to the database the parent already created instead of the non-test one.
+if os.environ.get("AGENTLOOP_TEST_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["AGENTLOOP_TEST_DB_NAME"]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user fixtures
+
+TIME_ZONE = "UTC"
+USE_TZ = True
+STATIC_URL = "static/"
+LOGIN_URL = "/admin/login/"
+
+# Fast polling keeps cancellation tests short.
+AGENTLOOP = {"CANCEL_POLL_INTERVAL": 0.05}
