@@ -59,4 +59,3 @@ def chat(
     if tools:
         conversation.with_tools(*tools)
     return conversation
-

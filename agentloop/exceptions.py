@@ -123,7 +123,7 @@ class ServerError(ProviderError):
     retryable = True
 
 
-class ProviderTimeout(ProviderError):
+class ProviderTimeout(ProviderError):  # noqa: N818 - reads better than ProviderTimeoutError
     """The provider did not answer in time."""
 
     retryable = True

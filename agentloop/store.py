@@ -70,9 +70,11 @@ class DjangoStore(ChatStore):
 
     def __init__(self, chat: AbstractChat) -> None:
         self.chat = chat
-        self.message_model: Any = chat._meta.get_field("messages").related_model
-        self.tool_call_model: Any = chat._meta.get_field("tool_calls").related_model
-        self.usage_model: Any = chat._meta.get_field("usage_records").related_model
+        # A project's own chat model brings its own message models: find them by relation.
+        meta: Any = chat._meta
+        self.message_model: Any = meta.get_field("messages").related_model
+        self.tool_call_model: Any = meta.get_field("tool_calls").related_model
+        self.usage_model: Any = meta.get_field("usage_records").related_model
         self.chat_model: Any = type(chat)
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
 
@@ -369,5 +371,3 @@ class DjangoStore(ChatStore):
                 connections.close_all()
 
         return run
-
-

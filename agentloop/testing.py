@@ -49,7 +49,9 @@ __all__ = [
 ]
 
 
-def tool_call(name: str, arguments: dict[str, Any] | None = None, *, id: str | None = None) -> ToolCall:  # noqa: A002
+def tool_call(
+    name: str, arguments: dict[str, Any] | None = None, *, id: str | None = None
+) -> ToolCall:  # noqa: A002
     """A tool call for a scripted reply (the id is made up when not given)."""
     return ToolCall(id=id or f"call_{uuid.uuid4().hex[:10]}", name=name, arguments=arguments or {})
 
@@ -238,7 +240,7 @@ def block_network() -> Iterator[None]:
             raise NetworkBlockedError(f"Network access to {address!r} is blocked in tests")
         return original(sock, address)
 
-    socket.socket.connect = guarded  # type: ignore[method-assign]
+    socket.socket.connect = guarded  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

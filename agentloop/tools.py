@@ -106,7 +106,7 @@ class Tool:
     @classmethod
     def definition(cls) -> ToolDefinition:
         """The name, description and JSON schema sent to providers."""
-        return _definition(cls)
+        return _definition(cls)  # type: ignore[arg-type]
 
     @classmethod
     def parse_arguments(cls, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -202,14 +202,16 @@ def tool(
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise ConfigurationError(f"@tool {fn.__name__}: *args and **kwargs can't be described")
+                raise ConfigurationError(
+                    f"@tool {fn.__name__}: *args and **kwargs can't be described"
+                )
             annotation = hints.get(param.name, Any)
             default = ... if param.default is param.empty else param.default
             fields[param.name] = (
                 annotation,
                 FieldInfo(default=default, description=arg_docs.get(param.name)),
             )
-        params_model = create_model(  # type: ignore[call-overload]
+        params_model = create_model(
             f"{fn.__name__}_params",
             __config__=ConfigDict(extra="forbid"),
             **fields,

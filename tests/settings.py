@@ -54,7 +54,7 @@ DATABASES: dict[str, dict[str, Any]]
 if os.environ.get("DATABASE_URL"):
     import dj_database_url
 
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    DATABASES = {"default": dict(dj_database_url.parse(os.environ["DATABASE_URL"]))}
     DATABASES["default"]["TEST"] = {"NAME": "test_agentloop"}
 else:
     DATABASES = {

@@ -303,9 +303,7 @@ class Conversation:
                     tool_name=call.name,
                     is_error=True,
                 )
-                record = self.store.save_tool_result(
-                    call, result, ToolCallState.CANCELLED, None
-                )
+                record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
                 self._emit("after_message", record)
         record = self.store.append_message(Message(role="user", content=content))
         self._emit("after_message", record)
@@ -524,9 +522,7 @@ class Conversation:
             return record
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _answer(
-        self, response: ModelResponse, transcript: list[Message], model_id: str
-    ) -> Message:
+    def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:
         """The assistant message for a response: unique call ids, parsed structured output."""
         seen = {call.id for message in transcript for call in message.tool_calls}
         calls = []
@@ -570,4 +566,3 @@ def _backoff(attempt: int, retry_after: float | None) -> float:
     base = float(agentloop_settings.RETRY_BACKOFF) * (2**attempt)
     # "Full jitter": spreads retries of many workers hitting the same limit.
     return min(random.uniform(0, base), float(agentloop_settings.RETRY_BACKOFF_MAX))  # noqa: S311
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -104,6 +105,9 @@ class ToolRunner:
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
 
+    def _execute(self, call: ToolCall) -> ToolOutcome:
+        return execute_tool(self.tools[call.name], call, self.chat)
+
     def _start(self, call: ToolCall) -> None:
         self.store.mark_tool_running(call)
         self.emit("before_tool_call", self.store.native_tool_call(call))
@@ -133,7 +137,7 @@ class ToolRunner:
             if index == 0:
                 self.checkpoints.check()  # later tools: the previous after-check covers it
             self._start(call)
-            self._save(call, execute_tool(self.tools[call.name], call, self.chat))
+            self._save(call, self._execute(call))
             self.checkpoints.check()
 
     def _run_on_threads(self, calls: list[ToolCall], size: int) -> None:
@@ -150,9 +154,7 @@ class ToolRunner:
                         break
                     call = queue.pop(0)
                     self._start(call)
-                    work = self.store.wrap_thread(
-                        lambda call=call: execute_tool(self.tools[call.name], call, self.chat)
-                    )
+                    work = self.store.wrap_thread(partial(self._execute, call))
                     running[pool.submit(work)] = call
                 if not running:
                     break

@@ -64,7 +64,7 @@ def get(name: str) -> Provider:
 
 
 def split_model(model: str, provider: str | None = None) -> tuple[str, str]:
-    """``("openai", "gpt-4.1")`` from ``"openai:gpt-4.1"``, an explicit provider, or a known prefix."""
+    """Provider name and model id from "name:model", an explicit provider, or a known prefix."""
     if provider:
         return provider, model
     if ":" in model:
