@@ -29,8 +29,24 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX": 30.0,
     #: seconds a worker's lease on a chat lasts without renewal.
     "LEASE_SECONDS": 60,
+    #: Redis for live events and fast cancellation (e.g. "redis://127.0.0.1:6379/0"); None: DB.
+    "REDIS_URL": None,
+    #: events kept per chat in Redis (a reconnecting page can catch up on these).
+    "EVENTS_MAXLEN": 1000,
+    #: how background steps run: "celery", "embedded" (in-process threads) or "auto"
+    #: (Celery when its app has a broker configured, else embedded).
+    "BACKGROUND": "auto",
+    #: threads of the embedded runner.
+    "EMBEDDED_WORKERS": 2,
+    #: retries of a step after a transient provider error, in the background.
+    "STEP_RETRIES": 5,
+    #: a queued chat with no lease for this long is re-enqueued by the sweeper.
+    "STALE_QUEUED_SECONDS": 300,
     #: seconds between writes of a streaming partial answer to the database.
     "PARTIAL_SAVE_INTERVAL": 1.0,
+    #: what `manage.py agentloop demo` runs: a dict (or its import path) with "instructions",
+    #: "tools" (import paths), "questions" and optionally "title"; None: give them as options.
+    "DEMO": None,
 }
 
 

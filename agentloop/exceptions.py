@@ -7,6 +7,7 @@
     ├── LimitReachedError           a per-turn limit stopped the turn before a model call
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
+    │   └── LeaseLostError          this worker's lease on the chat expired and was taken over
     ├── ToolError                   raised by a tool: the model sees the message as an error result
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthError",
     "InvalidResponseError",
+    "LeaseLostError",
     "LimitReachedError",
     "PendingToolCallsError",
     "ProviderError",
@@ -82,6 +84,10 @@ class PendingToolCallsError(AgentloopError):
 
 class ConcurrentWriteError(AgentloopError):
     """Another process wrote the same step first (e.g. answered the same tool call)."""
+
+
+class LeaseLostError(ConcurrentWriteError):
+    """This worker no longer holds the chat's lease: it must not write anything."""
 
 
 class ToolError(AgentloopError):

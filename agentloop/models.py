@@ -109,6 +109,9 @@ class AbstractChat(models.Model):
     stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
     error = models.TextField(_("error"), blank=True)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
+    #: the one worker allowed to write (see agentloop.leases).
+    lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
@@ -228,6 +231,22 @@ class AbstractChat(models.Model):
         """Request cancellation: one UPDATE, seen by the run wherever it is."""
         self.conversation.cancel()
 
+    def complete_later(self) -> AbstractChat:
+        """Run the conversation in the background, one step per job, from the next commit.
+
+        Also the way to resume a failed or stopped chat (after raising its limits).
+        """
+        from .background import enqueue
+
+        if self.pk is None:
+            self.save()
+        type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(
+            state=ChatState.QUEUED, error="", updated_at=timezone.now()
+        )
+        self.refresh_from_db(fields=["state", "error", "updated_at"])
+        enqueue(self.pk, self._meta.label, using=self._state.db)
+        return self
+
 
 def _connect_signals(chat: AbstractChat, conversation: Conversation) -> None:
     from . import signals
@@ -346,6 +365,7 @@ class Chat(AbstractChat):
         indexes = [
             models.Index(fields=["state"], name="agentloop_chat_state_idx"),
             models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
+            models.Index(fields=["lease_expires_at"], name="agentloop_chat_lease_idx"),
         ]
 
 

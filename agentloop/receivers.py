@@ -12,4 +12,7 @@ from .conf import agentloop_settings
 def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
     """Drop cached settings when ``AGENTLOOP`` changes (``override_settings``)."""
     if setting == "AGENTLOOP":
+        from . import providers
+
         agentloop_settings.reload()
+        providers.forget_configured()

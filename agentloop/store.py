@@ -8,7 +8,8 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from .messages import Message, MessageStatus, ToolCall, ToolCallState
 from .tools import Tool, import_path_of, load_by_path
 
 if TYPE_CHECKING:
+    from .leases import Lease
     from .models import AbstractChat
 
 __all__ = ["DjangoStore"]
@@ -77,6 +79,20 @@ class DjangoStore(ChatStore):
         self.usage_model: Any = meta.get_field("usage_records").related_model
         self.chat_model: Any = type(chat)
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
+        #: set by a background worker: every write then happens only while the lease is ours.
+        self.lease: Lease | None = None
+
+    @contextmanager
+    def _writing(self, *, atomic: bool = True) -> Iterator[None]:
+        """A write. Under a lease it is always a transaction that first renews the lease,
+        so a worker that lost its chat writes nothing; else a transaction if ``atomic``."""
+        if self.lease is None and not atomic:
+            yield
+            return
+        with transaction.atomic(using=self._db):
+            if self.lease is not None:
+                self.lease.ensure()
+            yield
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
@@ -190,12 +206,13 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         record = self._message_row(message)
-        if message.role == "user" and (self.chat.stop_reason or self.chat.state == "stopped"):
-            with transaction.atomic(using=self._db):
-                record.save()
-                self._update_chat(stop_reason="", state="idle")
-        else:
+        clear_stop = message.role == "user" and (
+            self.chat.stop_reason or self.chat.state == "stopped"
+        )
+        with self._writing(atomic=bool(clear_stop)):
             record.save()
+            if clear_stop:
+                self._update_chat(stop_reason="", state="idle")
         return record
 
     @property
@@ -209,17 +226,21 @@ class DjangoStore(ChatStore):
 
     def remove_system_messages(self) -> None:
         if self.chat.pk is not None:
-            self.message_model.objects.filter(chat_id=self.chat.pk, role="system").delete()
+            with self._writing(atomic=False):
+                self.message_model.objects.filter(chat_id=self.chat.pk, role="system").delete()
 
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
-        if partial_key is not None:
-            self.message_model.objects.filter(pk=partial_key).update(content=content)
-            return partial_key
-        record = self._message_row(
-            Message(role="assistant", content=content, status=MessageStatus.PARTIAL, model=model)
-        )
-        record.save()
-        return record.pk
+        with self._writing(atomic=False):
+            if partial_key is not None:
+                self.message_model.objects.filter(pk=partial_key).update(content=content)
+                return partial_key
+            record = self._message_row(
+                Message(
+                    role="assistant", content=content, status=MessageStatus.PARTIAL, model=model
+                )
+            )
+            record.save()
+            return record.pk
 
     def _usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
         return self.usage_model(
@@ -239,7 +260,7 @@ class DjangoStore(ChatStore):
         )
 
     def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Any:
-        with transaction.atomic(using=self._db):
+        with self._writing():
             record = self._message_row(message)
             if partial_key is not None:
                 # The streamed partial becomes the finished answer, keeping its place.
@@ -266,18 +287,20 @@ class DjangoStore(ChatStore):
         return record
 
     def record_usage(self, usage: UsageRecord) -> None:
-        self._usage_row(usage).save()
+        with self._writing(atomic=False):
+            self._usage_row(usage).save()
 
     def mark_tool_running(self, call: ToolCall) -> None:
-        self.tool_call_model.objects.filter(pk=call.key).update(
-            state=ToolCallState.RUNNING, started_at=timezone.now()
-        )
+        with self._writing(atomic=False):
+            self.tool_call_model.objects.filter(pk=call.key).update(
+                state=ToolCallState.RUNNING, started_at=timezone.now()
+            )
 
     def save_tool_result(
         self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
     ) -> Any:
         try:
-            with transaction.atomic(using=self._db):
+            with self._writing():
                 record = self._message_row(message, tool_call_id=call.key)
                 record.save()
                 self.tool_call_model.objects.filter(pk=call.key).update(
@@ -329,7 +352,7 @@ class DjangoStore(ChatStore):
         usage: UsageRecord | None,
         unanswered: list[ToolCall],
     ) -> None:
-        with transaction.atomic(using=self._db):
+        with self._writing():
             flag = self.chat_model.objects.filter(pk=self.chat.pk)
             if requested_at is not None:
                 # A cancel requested after the one we saw stays for the next run.
@@ -354,7 +377,8 @@ class DjangoStore(ChatStore):
         self.chat.cancel_requested_at = None
 
     def record_stop(self, reason: str) -> None:
-        self._update_chat(stop_reason=reason[:300], state="stopped")
+        with self._writing(atomic=False):
+            self._update_chat(stop_reason=reason[:300], state="stopped")
 
     def turn_cost(self, since: datetime) -> Decimal:
         total = self.usage_model.objects.filter(chat_id=self.chat.pk, created_at__gte=since)

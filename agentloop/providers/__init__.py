@@ -7,13 +7,27 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from ..exceptions import ConfigurationError, UnknownProviderError
 from .base import ChunkCallback, Provider
 
-__all__ = ["ChunkCallback", "Provider", "get", "register", "registered", "resolve", "unregister"]
+__all__ = [
+    "BUILTINS",
+    "ChunkCallback",
+    "Provider",
+    "forget_configured",
+    "get",
+    "register",
+    "registered",
+    "resolve",
+    "split_model",
+    "unregister",
+]
 
 _registry: dict[str, Provider] = {}
+#: names whose provider was made from settings or the built-ins (dropped when settings change).
+_made: set[str] = set()
 _lock = threading.Lock()
 
 # Well-known model id prefixes, for model ids given without "provider:".
@@ -35,6 +49,7 @@ def register(name: str, provider: Provider) -> Provider:
         raise ConfigurationError(f"{provider!r} is not an agentloop Provider")
     with _lock:
         _registry[name] = provider
+        _made.discard(name)
     return provider
 
 
@@ -42,6 +57,15 @@ def unregister(name: str) -> None:
     """Forget the provider registered as ``name`` (no error if there is none)."""
     with _lock:
         _registry.pop(name, None)
+        _made.discard(name)
+
+
+def forget_configured() -> None:
+    """Drop providers made from settings, so changed settings take effect."""
+    with _lock:
+        for name in _made:
+            _registry.pop(name, None)
+        _made.clear()
 
 
 def registered() -> dict[str, Provider]:
@@ -50,10 +74,43 @@ def registered() -> dict[str, Provider]:
         return dict(_registry)
 
 
+# Providers made on first use when nobody registered the name: name -> class path.
+BUILTINS: dict[str, str] = {
+    "openai": "agentloop.providers.openai.OpenAIProvider",
+    "openai-responses": "agentloop.providers.openai_responses.OpenAIResponsesProvider",
+    "openrouter": "agentloop.providers.openai.OpenRouterProvider",
+    "ollama": "agentloop.providers.openai.OllamaProvider",
+    "anthropic": "agentloop.providers.anthropic.AnthropicProvider",
+    "gemini": "agentloop.providers.gemini.GeminiProvider",
+}
+
+
+def _from_settings_or_builtin(name: str) -> Provider | None:
+    """A provider for ``name`` from ``AGENTLOOP["PROVIDERS"][name]["class"]`` or the built-ins."""
+    from ..conf import agentloop_settings
+    from ..tools import load_by_path
+
+    configured: dict[str, Any] = agentloop_settings.PROVIDERS.get(name) or {}
+    path = configured.get("class") or BUILTINS.get(name)
+    if path is None:
+        return None
+    provider_class = load_by_path(path)
+    provider = provider_class(name=name)
+    if not isinstance(provider, Provider):
+        raise ConfigurationError(f"{path!r} (provider {name!r}) is not an agentloop Provider")
+    return provider
+
+
 def get(name: str) -> Provider:
-    """The provider registered as ``name``."""
+    """The provider registered as ``name``, else a configured or built-in one (made once)."""
     with _lock:
         provider = _registry.get(name)
+    if provider is None:
+        provider = _from_settings_or_builtin(name)
+        if provider is not None:
+            with _lock:
+                provider = _registry.setdefault(name, provider)
+                _made.add(name)
     if provider is None:
         available = ", ".join(sorted(_registry)) or "none"
         raise UnknownProviderError(

@@ -1,0 +1,140 @@
+"""Running chats in the background: Celery when configured, else in-process threads.
+
+``enqueue(chat)`` schedules one ``step`` job after the current transaction commits.
+Each job runs :func:`agentloop.runner.run_step` and schedules the next one, so a
+conversation advances one step per job until it is complete, waiting, cancelled,
+stopped or failed. Without a broker (the embedded default) the same job function
+runs on a small thread pool in this process: fine for ``runserver`` and demos, not
+for production (a system check says so when ``DEBUG`` is off).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.db import close_old_connections, connections, transaction
+
+from .conf import agentloop_settings
+from .runner import StepOutcome, run_step
+
+__all__ = ["backend_name", "enqueue", "follow_up", "run_job", "wait_for_embedded_jobs"]
+
+logger = logging.getLogger(__name__)
+
+
+def backend_name() -> str:
+    """ "celery" or "embedded", from ``AGENTLOOP["BACKGROUND"]``."""
+    choice = agentloop_settings.BACKGROUND
+    if choice in ("celery", "embedded"):
+        return str(choice)
+    try:
+        from celery import current_app
+    except ImportError:
+        return "embedded"
+    return "celery" if current_app.conf.broker_url else "embedded"
+
+
+def enqueue(
+    chat_id: Any, model_label: str = "agentloop.Chat", *, countdown: float | None = None,
+    attempt: int = 0, using: str | None = None,
+) -> None:  # fmt: skip
+    """Schedule a step of the chat once the current transaction commits."""
+    transaction.on_commit(
+        lambda: _send(chat_id, model_label, countdown=countdown, attempt=attempt), using=using
+    )
+
+
+def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: int) -> None:
+    if backend_name() == "celery":
+        from .tasks import step_chat
+
+        step_chat.apply_async((chat_id, model_label, attempt), countdown=countdown)
+    else:
+        _embedded().submit(chat_id, model_label, countdown=countdown, attempt=attempt)
+
+
+def follow_up(outcome: StepOutcome, chat_id: Any, model_label: str, attempt: int) -> None:
+    """What a finished job schedules: the next step, or a retry of this one."""
+    if outcome.enqueue_next:
+        _send(chat_id, model_label, countdown=None, attempt=0)
+    elif outcome.action == "retry":
+        if attempt >= int(agentloop_settings.STEP_RETRIES):
+            _mark_failed(
+                chat_id, model_label, f"Gave up after {attempt + 1} tries: {outcome.error}"
+            )
+        else:
+            _send(chat_id, model_label, countdown=outcome.retry_in, attempt=attempt + 1)
+
+
+def _mark_failed(chat_id: Any, model_label: str, error: str) -> None:
+    from django.apps import apps
+
+    chat_model: Any = apps.get_model(model_label)
+    chat_model.objects.filter(pk=chat_id, lease_token="").update(state="failed", error=error)
+
+
+def run_job(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
+    """One job: a step under the lease; then the next job is scheduled."""
+    outcome = run_step(chat_id, model_label, attempt)
+    follow_up(outcome, chat_id, model_label, attempt)
+    return outcome
+
+
+class _EmbeddedRunner:
+    """A small thread pool that runs jobs in this process (no broker needed)."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="agentloop-job")
+        self.pending = 0
+        self.idle = threading.Condition()
+
+    def submit(
+        self, chat_id: Any, model_label: str, *, countdown: float | None, attempt: int
+    ) -> None:
+        with self.idle:
+            self.pending += 1
+        if countdown:
+            timer = threading.Timer(countdown, self._start, (chat_id, model_label, attempt))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._start(chat_id, model_label, attempt)
+
+    def _start(self, chat_id: Any, model_label: str, attempt: int) -> None:
+        self.pool.submit(self._job, chat_id, model_label, attempt)
+
+    def _job(self, chat_id: Any, model_label: str, attempt: int) -> None:
+        close_old_connections()
+        try:
+            run_job(chat_id, model_label, attempt)
+        except Exception:
+            logger.exception("Background step of chat %s failed", chat_id)
+        finally:
+            connections.close_all()
+            with self.idle:
+                self.pending -= 1
+                self.idle.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self.idle:
+            return self.idle.wait_for(lambda: self.pending == 0, timeout)
+
+
+_runner: _EmbeddedRunner | None = None
+_runner_lock = threading.Lock()
+
+
+def _embedded() -> _EmbeddedRunner:
+    global _runner
+    with _runner_lock:
+        if _runner is None:
+            _runner = _EmbeddedRunner(int(agentloop_settings.EMBEDDED_WORKERS))
+        return _runner
+
+
+def wait_for_embedded_jobs(timeout: float | None = None) -> bool:
+    """Block until the embedded runner has no jobs left (demos and tests); True if idle."""
+    return _embedded().wait(timeout)

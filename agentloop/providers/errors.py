@@ -1,0 +1,122 @@
+"""Turning HTTP failures into the ProviderError taxonomy, with secrets removed."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+import time
+from collections.abc import Mapping
+
+from ..exceptions import (
+    AuthenticationError,
+    BadRequestError,
+    ContextLengthError,
+    ProviderError,
+    ProviderTimeout,
+    RateLimitError,
+    ServerError,
+)
+
+__all__ = ["error_for_status", "parse_retry_after", "redact"]
+
+_SECRET_PATTERNS = (
+    re.compile(r"(sk-(?:ant-|proj-|or-)?)[A-Za-z0-9_\-]{8,}"),
+    re.compile(r"(AIza)[A-Za-z0-9_\-]{20,}"),
+    re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]{8,}", re.IGNORECASE),
+    re.compile(r"((?:api[_-]?key|key|token)=)[^&\s\"']+", re.IGNORECASE),
+    re.compile(
+        r"((?:\"|')(?:api[_-]?key|x-api-key|x-goog-api-key)(?:\"|')\s*:\s*(?:\"|'))[^\"']+",
+        re.IGNORECASE,
+    ),  # fmt: skip
+)
+
+# Phrases vendors use when the conversation doesn't fit the model.
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+    "maximum context",
+    "input token count",
+    "exceeds the maximum number of tokens",
+)
+
+_MAX_BODY = 2000
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` without API keys: known key shapes and the given secrets are masked."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda match: match.group(1) + "[redacted]", text)
+    return text
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms``, ``retry-after`` (seconds or an HTTP date)."""
+    lowered = {key.lower(): value for key, value in headers.items()}
+    if "retry-after-ms" in lowered:
+        try:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+def _error_message(body: str) -> str:
+    """The vendor's own error message when the body is the usual JSON envelope."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:300]
+    if isinstance(data, list) and data:
+        data = data[0]
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("type") or error)[:300]
+        if isinstance(error, str):
+            return error[:300]
+    return body.strip()[:300]
+
+
+def error_for_status(
+    provider: str,
+    status: int,
+    body: str,
+    headers: Mapping[str, str] | None = None,
+    secrets: tuple[str, ...] = (),
+) -> ProviderError:
+    """The ProviderError for an HTTP error response (never raised here, returned)."""
+    body = redact(body, secrets)[:_MAX_BODY]
+    detail = _error_message(body)
+    message = f"{provider} returned HTTP {status}: {detail}"
+    retry_after = parse_retry_after(headers or {})
+    kind: type[ProviderError]
+    lowered = body.lower()
+    if status == 429:
+        kind = RateLimitError
+    elif status in (401, 403):
+        kind = AuthenticationError
+    elif status in (408, 504):
+        kind = ProviderTimeout
+    elif status >= 500:
+        kind = ServerError  # 500, 502, 503 and Anthropic's 529 "overloaded"
+    elif any(marker in lowered for marker in _CONTEXT_MARKERS):
+        kind = ContextLengthError
+    else:
+        kind = BadRequestError
+    return kind(message, status=status, body=body, retry_after=retry_after)

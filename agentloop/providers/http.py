@@ -1,0 +1,243 @@
+"""The base of providers spoken to over HTTP: keys, clients, errors, SSE streams.
+
+Subclasses say how a request becomes a body (``build_body``), where it goes
+(``endpoint``), how a JSON answer parses (``parse_response``) and how a stream of
+server-sent events parses (``parse_stream``). Everything else lives here once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from httpx_sse import ServerSentEvent, connect_sse
+
+from ..conf import agentloop_settings
+from ..exceptions import (
+    ConfigurationError,
+    InvalidResponseError,
+    ProviderError,
+    ProviderTimeout,
+    ServerError,
+    StreamInterruptedError,
+)
+from ..messages import ModelRequest, ModelResponse, TokenUsage
+from .base import ChunkCallback, Provider
+from .errors import error_for_status, redact
+
+__all__ = ["HTTPProvider"]
+
+_DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+class HTTPProvider(Provider):
+    """A provider reached over HTTP with an API key.
+
+    Configuration, first found wins: the constructor's arguments, then
+    ``settings.AGENTLOOP["PROVIDERS"][name]`` (``api_key``, ``base_url``,
+    ``timeout``, ``headers``), then the environment variables in ``api_key_env``.
+    The key is never stored on the chat, logged, or shown in errors and reprs.
+    """
+
+    #: default base URL of the vendor's API.
+    default_base_url: str = ""
+    #: environment variables that may hold the key, in order.
+    api_key_env: tuple[str, ...] = ()
+    #: False for local servers that need no key (Ollama, vLLM).
+    requires_key: bool = True
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float | httpx.Timeout | None = None,
+        headers: Mapping[str, str] | None = None,
+        name: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        requires_key: bool | None = None,
+    ) -> None:
+        if name:
+            self.name = name
+        if requires_key is not None:
+            self.requires_key = requires_key
+        self._api_key = api_key
+        self._base_url = base_url
+        self._timeout = timeout
+        self._headers = dict(headers or {})
+        self._transport = transport
+        self._client: httpx.Client | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} base_url={self.base_url!r}>"
+
+    # -- configuration -------------------------------------------------------------------
+    def _setting(self, key: str) -> Any:
+        configured = agentloop_settings.PROVIDERS.get(self.name) or {}
+        return configured.get(key)
+
+    @property
+    def base_url(self) -> str:
+        return (self._base_url or self._setting("base_url") or self.default_base_url).rstrip("/")
+
+    def api_key(self) -> str | None:
+        """The key, or ConfigurationError naming where to set it when one is required."""
+        key = self._api_key or self._setting("api_key")
+        for variable in self.api_key_env:
+            key = key or os.environ.get(variable)
+        if not key and self.requires_key:
+            places = " or ".join(
+                f"the {variable} environment variable" for variable in self.api_key_env
+            )
+            raise ConfigurationError(
+                f"No API key for provider {self.name!r}: set "
+                f"AGENTLOOP['PROVIDERS'][{self.name!r}]['api_key']"
+                + (f" or {places}" if places else "")
+                + "."
+            )
+        return key or None
+
+    def _secrets(self) -> tuple[str, ...]:
+        try:
+            key = self.api_key()
+        except ConfigurationError:
+            return ()
+        return (key,) if key else ()
+
+    @property
+    def client(self) -> httpx.Client:
+        """One pooled client per provider instance, made on first use."""
+        with self._lock:
+            if self._client is None:
+                timeout = self._timeout or self._setting("timeout") or _DEFAULT_TIMEOUT
+                self._client = httpx.Client(
+                    base_url=self.base_url,
+                    timeout=timeout
+                    if isinstance(timeout, httpx.Timeout)
+                    else httpx.Timeout(timeout),
+                    transport=self._transport,
+                )
+            return self._client
+
+    def close(self) -> None:
+        """Close the HTTP client (a new one is made if the provider is used again)."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    # -- what subclasses provide -------------------------------------------------------------
+    def auth_headers(self, api_key: str | None) -> dict[str, str]:
+        """Headers carrying the key (default: ``Authorization: Bearer``)."""
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def endpoint(self, request: ModelRequest, stream: bool) -> str:
+        """The path (or URL) to POST to."""
+        raise NotImplementedError
+
+    def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        """The JSON body for ``request``."""
+        raise NotImplementedError
+
+    def parse_response(self, data: Any) -> ModelResponse:
+        """A ModelResponse from a JSON answer."""
+        raise NotImplementedError
+
+    def parse_stream(
+        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
+    ) -> ModelResponse:
+        """A ModelResponse from SSE events, calling ``on_chunk`` as pieces arrive."""
+        raise NotImplementedError
+
+    # -- the request ---------------------------------------------------------------------------
+    def _headers_for(self, request: ModelRequest) -> dict[str, str]:
+        headers = self.auth_headers(self.api_key())
+        headers.update(self._setting("headers") or {})
+        headers.update(self._headers)
+        headers.update(request.headers)
+        return headers
+
+    def request(
+        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
+    ) -> ModelResponse:
+        stream = on_chunk is not None
+        headers = self._headers_for(request)
+        body = self.build_body(request, stream)
+        url = self.endpoint(request, stream)
+        if on_chunk is None:
+            with self._translate_errors():
+                response = self.client.post(url, json=body, headers=headers)
+            self._raise_for_status(response)
+            try:
+                data = response.json()
+            except ValueError as exc:
+                raise InvalidResponseError(
+                    f"{self.name} answered with invalid JSON",
+                    status=response.status_code,
+                    body=redact(response.text[:2000], self._secrets()),
+                ) from exc
+            return self._parse(data)
+        with (
+            self._translate_errors(),
+            connect_sse(self.client, "POST", url, json=body, headers=headers) as source,
+        ):
+            if source.response.status_code >= 400:
+                source.response.read()
+                self._raise_for_status(source.response)
+            return self._parse_stream(source.iter_sse(), on_chunk)
+
+    def _parse(self, data: Any) -> ModelResponse:
+        try:
+            return self.parse_response(data)
+        except ProviderError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise InvalidResponseError(
+                f"{self.name} answered in an unexpected shape: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _parse_stream(
+        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
+    ) -> ModelResponse:
+        try:
+            return self.parse_stream(events, on_chunk)
+        except ProviderError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise InvalidResponseError(
+                f"{self.name} streamed an unexpected shape: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        raise error_for_status(
+            self.name, response.status_code, response.text, response.headers, self._secrets()
+        )
+
+    @contextmanager
+    def _translate_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except httpx.TimeoutException as exc:
+            raise ProviderTimeout(
+                f"{self.name} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.RemoteProtocolError as exc:
+            raise StreamInterruptedError(f"{self.name} closed the connection early: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ServerError(
+                f"Could not reach {self.name}: {redact(str(exc), self._secrets())}"
+            ) from exc
+
+    # -- prices ----------------------------------------------------------------------------------
+    def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
+        from .catalog import price_of
+
+        return price_of(model, usage, provider=self.name)

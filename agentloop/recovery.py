@@ -1,0 +1,34 @@
+"""Finding chats that stalled (a worker died, a job was lost) and sending them on."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+from django.db.models import Q
+from django.utils import timezone
+
+from .background import enqueue
+from .conf import agentloop_settings
+
+__all__ = ["resume_stalled", "stalled_chats"]
+
+
+def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
+    """Running chats whose lease expired, and queued chats nobody picked up for a while."""
+    chat_model: Any = apps.get_model(model_label)
+    now = timezone.now()
+    stale = now - timedelta(seconds=float(agentloop_settings.STALE_QUEUED_SECONDS))
+    return chat_model.objects.filter(
+        Q(state="running", lease_expires_at__lt=now)
+        | Q(state="queued", lease_token="", updated_at__lt=stale)
+    )
+
+
+def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
+    """Enqueue a step for each stalled chat; returns their primary keys."""
+    ids = list(stalled_chats(model_label).values_list("pk", flat=True))
+    for chat_id in ids:
+        enqueue(chat_id, model_label)
+    return ids

@@ -1,0 +1,33 @@
+"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop.runner`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from .background import follow_up
+from .runner import run_step
+
+__all__ = ["resume_stalled_chats", "step_chat"]
+
+
+@shared_task(
+    name="agentloop.step_chat",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def step_chat(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> str:
+    """Run one step of a chat and enqueue the next; returns what happened."""
+    outcome = run_step(chat_id, model_label, attempt)
+    follow_up(outcome, chat_id, model_label, attempt)
+    return outcome.action
+
+
+@shared_task(name="agentloop.resume_stalled_chats", ignore_result=True)
+def resume_stalled_chats() -> int:
+    """Re-enqueue chats whose worker died (expired lease) or whose job was lost."""
+    from .recovery import resume_stalled
+
+    return len(resume_stalled())

@@ -1,0 +1,126 @@
+"""Tools for tests, importable by path so persisted chats can store them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from agentloop import Tool, ToolError, tool
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+class Weather(Tool):
+    """Gets the current weather for a city."""
+
+    class Params(BaseModel):
+        city: str = Field(description="City name")
+
+    def execute(self, city: str) -> dict[str, object]:
+        return {"city": city, "temperature_c": 21, "sky": "clear"}
+
+
+@tool
+def refuse(reason: str) -> str:
+    """Always fails with a ToolError."""
+    raise ToolError(f"refused: {reason}")
+
+
+@tool
+def explode() -> str:
+    """Raises an unexpected exception."""
+    raise RuntimeError("kaboom")
+
+
+@tool
+def slow(seconds: float) -> str:
+    """Sleeps, then answers."""
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+#: threads that ran `record` (concurrency tests read it).
+RECORDED_THREADS: list[str] = []
+_lock = threading.Lock()
+
+
+@tool
+def record(label: str, seconds: float = 0.0) -> str:
+    """Notes which thread ran it."""
+    time.sleep(seconds)
+    with _lock:
+        RECORDED_THREADS.append(threading.current_thread().name)
+    return label
+
+
+def _log_run(name: str) -> None:
+    """Append a line to $AGENTLOOP_TEST_RUN_LOG so tests can count runs across processes."""
+    path = os.environ.get("AGENTLOOP_TEST_RUN_LOG")
+    if path:
+        with Path(path).open("a") as handle:
+            handle.write(f"{name}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+@tool
+def step_one() -> str:
+    """First of three."""
+    _log_run("step_one")
+    return "one done"
+
+
+@tool
+def step_two() -> str:
+    """Second of three; dies with os._exit when $AGENTLOOP_TEST_CRASH_IN is "step_two"."""
+    _log_run("step_two")
+    if os.environ.get("AGENTLOOP_TEST_CRASH_IN") == "step_two":
+        os._exit(17)
+    return "two done"
+
+
+@tool
+def step_three() -> str:
+    """Third of three."""
+    _log_run("step_three")
+    return "three done"
+
+
+@tool(idempotent=False)
+def charge_card(amount: int) -> str:
+    """Charges a card; not safe to repeat. Dies mid-run when $AGENTLOOP_TEST_CRASH_IN says so."""
+    _log_run("charge_card")
+    if os.environ.get("AGENTLOOP_TEST_CRASH_IN") == "charge_card":
+        os._exit(17)
+    return f"charged {amount}"
+
+
+class CancelChat(Tool):
+    """Asks its own chat to cancel (as a user pressing "stop" mid-round would), then answers."""
+
+    def execute(self) -> str:
+        self.context.chat.cancel()
+        return "cancel requested"
+
+
+class CancelViaDatabase(Tool):
+    """Requests cancellation through a second instance loaded from the database (as another
+    worker or a web view would), then answers."""
+
+    def execute(self) -> str:
+        chat = self.context.chat
+        type(chat).objects.get(pk=chat.pk).cancel()
+        return "cancel requested"
