@@ -6,7 +6,10 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from .models import Chat, Message, ToolCall, Usage
 
@@ -27,14 +30,32 @@ class MessageInline(admin.TabularInline):
         return super().get_queryset(request).select_related("tool_call")
 
 
+@admin.action(description=_("Cancel the running step"), permissions=["change"])
+def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    count = queryset.update(cancel_requested_at=Coalesce("cancel_requested_at", timezone.now()))
+    modeladmin.message_user(request, _("Cancellation requested for %d chat(s).") % count)
+
+
+@admin.action(description=_("Resume in the background"), permissions=["change"])
+def resume_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+    chats = list(queryset)
+    for chat in chats:
+        chat.complete_later()
+    modeladmin.message_user(request, _("%d chat(s) queued.") % len(chats))
+
+
 @admin.register(Chat)
 class ChatAdmin(admin.ModelAdmin):
+    actions = [cancel_chats, resume_chats]
     list_display = ("id", "title", "owner", "model", "state", "stop_reason", "created_at")
     list_filter = ("state", "model")
     search_fields = ("title", "model", "owner__username")
     list_select_related = ("owner",)
     raw_id_fields = ("owner",)
-    readonly_fields = ("cancel_requested_at", "stop_reason", "error", "created_at", "updated_at")
+    readonly_fields = (
+        "cancel_requested_at", "lease_expires_at", "stop_reason", "error", "created_at",
+        "updated_at",
+    )  # fmt: skip
     inlines = [MessageInline]
 
 

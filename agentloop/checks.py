@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from .conf import DEFAULTS
 
@@ -60,3 +60,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     return errors
+
+
+@register(Tags.compatibility)
+def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The embedded runner loses queued steps on restart: warn outside DEBUG."""
+    from .background import backend_name
+    from .conf import agentloop_settings
+
+    if settings.DEBUG or agentloop_settings.BACKGROUND == "embedded":
+        return []  # chosen explicitly, or development
+    if backend_name() == "embedded":
+        return [
+            Warning(
+                "Background steps run on in-process threads (no Celery broker configured).",
+                hint="Configure Celery with a broker (e.g. Redis) for production, or set "
+                "AGENTLOOP['BACKGROUND'] = 'embedded' to accept this.",
+                id="agentloop.W001",
+            )
+        ]
+    return []

@@ -29,6 +29,8 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX": 30.0,
     #: seconds a worker's lease on a chat lasts without renewal.
     "LEASE_SECONDS": 60,
+    #: the chat model the views, tasks and admin use ("app_label.Model").
+    "CHAT_MODEL": "agentloop.Chat",
     #: Redis for live events and fast cancellation (e.g. "redis://127.0.0.1:6379/0"); None: DB.
     "REDIS_URL": None,
     #: events kept per chat in Redis (a reconnecting page can catch up on these).
@@ -64,7 +66,8 @@ class AgentloopSettings:
             return merged
         if settings.configured:
             user = getattr(settings, "AGENTLOOP", None) or {}
-            merged.update(user)
+            if isinstance(user, dict):  # anything else is reported by check agentloop.E001
+                merged.update(user)
         return merged
 
     def as_dict(self) -> dict[str, Any]:

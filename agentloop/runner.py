@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from django.apps import apps
 
+from .cancel_notices import RedisCancelListener
 from .conf import agentloop_settings
 from .engine.transcript import is_complete, is_waiting
 from .exceptions import (
@@ -81,7 +82,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
         return StepOutcome("missing")
     chat.conversation.store.lease = lease
     try:
-        with Heartbeat(lease):
+        with Heartbeat(lease), RedisCancelListener(chat, chat.conversation.store.cancel_notice):
             chat.step(stream=_publisher(chat))
             transcript = chat.conversation.store.load_transcript()
             if is_waiting(transcript):

@@ -79,8 +79,12 @@ class DjangoStore(ChatStore):
         self.usage_model: Any = meta.get_field("usage_records").related_model
         self.chat_model: Any = type(chat)
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
+        self._queries: dict[str, tuple[tuple[str, Any], Any]] = {}
         #: set by a background worker: every write then happens only while the lease is ours.
         self.lease: Lease | None = None
+        from .cancel_notices import listen_locally
+
+        self.cancel_notice = listen_locally(chat)
 
     @contextmanager
     def _writing(self, *, atomic: bool = True) -> Iterator[None]:
@@ -146,14 +150,32 @@ class DjangoStore(ChatStore):
         return self._tools[1]
 
     # -- transcript ----------------------------------------------------------------------
-    def load_transcript(self) -> list[Message]:
-        if self.chat.pk is None:
-            return []
-        rows = (
+    # Building these querysets (resolving 18 columns across two joins) costs more than running
+    # them on a short chat, so each is built once per chat and cloned for every read.
+    def _query(self, name: str, build: Callable[[], Any]) -> Any:
+        key = (name, self.chat.pk)
+        cached = self._queries.get(name)
+        if cached is None or cached[0] != key:
+            cached = self._queries[name] = (key, build())
+        return cached[1].all()
+
+    def _transcript_query(self) -> Any:
+        return (
             self.message_model.objects.filter(chat_id=self.chat.pk)
             .order_by("id", "tool_calls__id")
             .values_list(*_MESSAGE_COLUMNS)
         )
+
+    def _cancel_query(self) -> Any:
+        # At most one row (by primary key): no ORDER BY/LIMIT as .first() would add.
+        return self.chat_model.objects.filter(pk=self.chat.pk).values_list(
+            "cancel_requested_at", flat=True
+        )
+
+    def load_transcript(self) -> list[Message]:
+        if self.chat.pk is None:
+            return []
+        rows = self._query("transcript", self._transcript_query)
         messages: list[Message] = []
         last: Message | None = None
         for row in rows:
@@ -330,11 +352,8 @@ class DjangoStore(ChatStore):
     def cancel_requested_at(self) -> datetime | None:
         if self.chat.pk is None:
             return None
-        value: datetime | None = (
-            self.chat_model.objects.filter(pk=self.chat.pk)
-            .values_list("cancel_requested_at", flat=True)
-            .first()
-        )
+        rows = self._query("cancel", self._cancel_query)
+        value: datetime | None = next(iter(rows), None)
         return value
 
     def request_cancel(self) -> None:
@@ -342,6 +361,9 @@ class DjangoStore(ChatStore):
         self.chat_model.objects.filter(pk=self._saved_chat().pk).update(
             cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
         )
+        from .cancel_notices import notify
+
+        notify(self.chat)
 
     def record_cancellation(
         self,

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic.fields import FieldInfo
+from pydantic_core import to_jsonable_python
 
 from .exceptions import ConfigurationError, ToolError
 from .messages import ToolCall, ToolDefinition
@@ -146,6 +147,10 @@ def _strip_titles(node: Any) -> None:
 
 
 _ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+_OTHER_SECTIONS = {
+    "returns:", "return:", "yields:", "yield:", "raises:", "examples:", "example:",
+    "notes:", "note:", "warnings:", "warning:", "see also:", "todo:", "attributes:",
+}  # fmt: skip
 
 
 def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -153,15 +158,22 @@ def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
     summary: list[str] = []
     params: dict[str, str] = {}
     in_args = False
+    in_other_section = False  # Returns:, Raises: ... are not part of the description
     current: str | None = None
     for line in inspect.cleandoc(doc).splitlines():
         stripped = line.strip()
         if stripped.lower() in {"args:", "arguments:", "parameters:", "params:"}:
-            in_args = True
+            in_args, in_other_section = True, False
+            continue
+        if stripped.lower() in _OTHER_SECTIONS and not line.startswith(" "):
+            in_args, in_other_section = False, True
+            continue
+        if in_other_section:
             continue
         if in_args:
             if stripped.endswith(":") and not line.startswith(" "):
-                in_args = False  # another section (Returns:, Raises:) begins
+                in_args = False  # another section begins
+                in_other_section = True
                 continue
             match = _ARG_LINE.match(line)
             if match and line.startswith(" ") and not line.startswith("        "):
@@ -239,7 +251,9 @@ def format_result(value: Any) -> str:
         return value
     if isinstance(value, BaseModel):
         return value.model_dump_json()
-    return json.dumps(value, default=str, ensure_ascii=False)
+    # Nested models, dates, decimals and sets become JSON too; anything pydantic can't
+    # serialise raises, and the tool runner turns that into an error result.
+    return json.dumps(value, default=to_jsonable_python, ensure_ascii=False)
 
 
 class ToolOutcome:

@@ -77,5 +77,6 @@ USE_TZ = True
 STATIC_URL = "static/"
 LOGIN_URL = "/admin/login/"
 
-# "demo:rule-based" answers offline, so the example needs no API key.
-AGENTLOOP = {"DEFAULT_MODEL": "demo:rule-based"}
+# "demo:rule-based" answers offline, so the example needs no API key; DEMO is what
+# `manage.py agentloop demo` (and `make demo`) runs.
+AGENTLOOP = {"DEFAULT_MODEL": "demo:rule-based", "DEMO": "example_project.demo.DEMO"}

@@ -26,8 +26,13 @@ class Checkpoints:
     def check(self, *, force: bool = True) -> None:
         """Raise :class:`CancelledError` if cancellation was requested."""
         now = time.monotonic()
-        if not force and now - self._last_read < self.interval:
+        notice = self.store.cancel_notice
+        # A notice (same process, or a Redis message) makes the next check read at once.
+        noticed = notice is not None and notice.is_set()
+        if not force and not noticed and now - self._last_read < self.interval:
             return
+        if noticed and notice is not None:
+            notice.clear()
         self._last_read = now
         requested_at = self.store.cancel_requested_at()
         if requested_at is not None:

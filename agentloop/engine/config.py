@@ -36,7 +36,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_model_calls: int | None = Field(default=None, ge=1)
-    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_tool_calls: int | None = Field(default=None, ge=1)
     max_seconds: float | None = Field(default=None, gt=0)
     max_cost: Decimal | None = Field(default=None, ge=0)
 

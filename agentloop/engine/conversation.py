@@ -393,10 +393,16 @@ class Conversation:
         round_ = pending_round(transcript)
         if round_.message is None or not round_.unanswered:
             return []
+        options = self.store.get_config().tool_options
+        if options.concurrency is None and agentloop_settings.TOOL_CONCURRENCY is not None:
+            # The chat didn't choose: the project-wide default applies.
+            options = options.model_copy(
+                update={"concurrency": agentloop_settings.TOOL_CONCURRENCY}
+            )
         runner = ToolRunner(
             self.store,
             self._tool_map(),
-            self.store.get_config().tool_options,
+            options,
             checkpoints,
             self._emit,
             chat=self.owner,

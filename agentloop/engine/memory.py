@@ -31,6 +31,8 @@ class MemoryStore(ChatStore):
         self.tool_errors: dict[str, str] = {}
         self.stop_reason: str = ""
         self._cancel_requested_at: datetime | None = None
+        self._notice = threading.Event()
+        self.cancel_notice = self._notice
         self._keys = itertools.count(1)
         # cancel() comes from other threads; everything else from the running one.
         self._lock = threading.Lock()
@@ -134,6 +136,7 @@ class MemoryStore(ChatStore):
         with self._lock:
             if self._cancel_requested_at is None:
                 self._cancel_requested_at = _now()
+        self._notice.set()
 
     def record_cancellation(
         self,

@@ -9,6 +9,7 @@ crash at any point resumable.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ class UsageRecord:
 class ChatStore(ABC):
     """Where one chat lives. Methods returning ``Any`` return the store's own records
     (Django model instances for the Django store), which is what users get back."""
+
+    #: set when a cancel request is known to have arrived, so throttled checkpoints
+    #: read the flag at once instead of at the next poll (None: polling only).
+    cancel_notice: threading.Event | None = None
 
     # -- configuration -------------------------------------------------------------
     @abstractmethod
