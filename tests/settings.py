@@ -50,12 +50,15 @@ TEMPLATES = [
 
 # Test databases are real files or servers, never in-memory: tests start subprocesses (workers,
 # a second writer) that must open the very database the test process created.
+# One test database per pytest process, so runs side by side don't share (and break) one.
+_RUN = os.environ.get("AGENTLOOP_TEST_RUN") or str(os.getpid())
+
 DATABASES: dict[str, dict[str, Any]]
 if os.environ.get("DATABASE_URL"):
     import dj_database_url
 
     DATABASES = {"default": dict(dj_database_url.parse(os.environ["DATABASE_URL"]))}
-    DATABASES["default"]["TEST"] = {"NAME": "test_agentloop"}
+    DATABASES["default"]["TEST"] = {"NAME": f"test_agentloop_{_RUN}"}
 else:
     DATABASES = {
         "default": {
@@ -63,7 +66,7 @@ else:
             "NAME": str(BASE_DIR / ".pytest_db.sqlite3"),
             # Several processes write at once: take the write lock up front and wait for it.
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-            "TEST": {"NAME": str(BASE_DIR / ".test_db.sqlite3")},
+            "TEST": {"NAME": str(BASE_DIR / f".test_db_{_RUN}.sqlite3")},
         }
     }
 

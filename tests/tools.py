@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentloop import Tool, ToolError, tool
 
@@ -124,3 +124,20 @@ class CancelViaDatabase(Tool):
         chat = self.context.chat
         type(chat).objects.get(pk=chat.pk).cancel()
         return "cancel requested"
+
+
+class RecordedWeather(Tool):
+    """The "weather" tool of the recorded provider traffic (tests/providers/cassettes.py):
+    same name, description and schema, same answer, so replayed conversations match."""
+
+    name = "weather"
+    description = "Gets current weather for a location"
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        latitude: str = Field(description="Latitude (e.g., 52.5200)")
+        longitude: str = Field(description="Longitude (e.g., 13.4050)")
+
+    def execute(self, latitude: str, longitude: str) -> str:
+        return f"Current weather at {latitude}, {longitude}: 15°C, Wind: 10 km/h"

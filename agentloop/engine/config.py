@@ -38,7 +38,7 @@ class Limits(BaseModel):
     max_model_calls: int | None = Field(default=None, ge=1)
     max_tool_calls: int | None = Field(default=None, ge=1)
     max_seconds: float | None = Field(default=None, gt=0)
-    max_cost: Decimal | None = Field(default=None, ge=0)
+    max_cost: Decimal | None = Field(default=None, gt=0)
 
     def is_set(self) -> bool:
         return any(value is not None for value in self.model_dump().values())

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from ..exceptions import CancelledError, ToolError
 from ..messages import Message, ToolCall, ToolCallState
+from ..providers.common import INVALID_ARGUMENTS
 from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
 from .checkpoints import Checkpoints
 from .config import ToolOptions
@@ -79,6 +80,11 @@ class ToolRunner:
             available = ", ".join(sorted(self.tools)) or "none"
             text = f"Unknown tool {call.name!r}. Available tools: {available}."
             return ToolOutcome(text, is_error=True, error=text)
+        if INVALID_ARGUMENTS in call.provider_data:
+            # The provider kept argument text that was not a JSON object: never run on a guess.
+            sent = str(call.provider_data[INVALID_ARGUMENTS])[:500]
+            text = f"Invalid arguments for tool {call.name!r}: not a JSON object: {sent}"
+            return ToolOutcome(text, is_error=True, error=text)
         if self.options.calls == "one" and call is not all_calls[0]:
             text = "Only one tool call per answer is allowed; this call was not run."
             return ToolOutcome(text, is_error=True)
@@ -115,27 +121,33 @@ class ToolRunner:
     # -- the round ---------------------------------------------------------------------
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> list[Any]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
-        runnable: list[ToolCall] = []
-        for call in unanswered:
-            if call.state == ToolCallState.WAITING:
-                continue  # held by a person or a subagent; not ours to run
-            refusal = self._refusal(call, round_calls)
-            if refusal is not None:
-                self._save(call, refusal)
-            else:
-                runnable.append(call)
+        # Calls held by a person or a subagent are not ours to run.
+        calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
+        refusals = {call.id: self._refusal(call, round_calls) for call in calls}
+        runnable = [call for call in calls if refusals[call.id] is None]
         concurrency = self.options.concurrency
         if concurrency is None or len(runnable) <= 1:
-            self._run_in_order(runnable)
+            self._run_in_order(calls, refusals)
         else:
+            for call in calls:
+                refusal = refusals[call.id]
+                if refusal is not None:
+                    self._save(call, refusal)
             size = len(runnable) if concurrency == "threads" else int(concurrency)
             self._run_on_threads(runnable, size)
         return self.results
 
-    def _run_in_order(self, calls: list[ToolCall]) -> None:
-        for index, call in enumerate(calls):
-            if index == 0:
+    def _run_in_order(self, calls: list[ToolCall], refusals: dict[str, ToolOutcome | None]) -> None:
+        """One after another, results in call order."""
+        checked = False
+        for call in calls:
+            refusal = refusals[call.id]
+            if refusal is not None:
+                self._save(call, refusal)
+                continue
+            if not checked:
                 self.checkpoints.check()  # later tools: the previous after-check covers it
+                checked = True
             self._start(call)
             self._save(call, self._execute(call))
             self.checkpoints.check()

@@ -1,0 +1,535 @@
+"""OpenAI Chat Completions (``POST {base_url}/chat/completions``) and the servers that speak it.
+
+One wire format, three presets: :class:`OpenAIProvider` (api.openai.com, or any
+OpenAI-compatible server by ``base_url``: vLLM, LM Studio, llama.cpp...),
+:class:`OpenRouterProvider` and :class:`OllamaProvider`. Servers differ in a few
+details (the role of system messages, the name of the output-token cap, strict
+tool schemas, sending thinking text back); each detail is a dialect option that
+the constructor or ``AGENTLOOP["PROVIDERS"][name]`` can override.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar
+from urllib.parse import urlparse
+
+from httpx_sse import ServerSentEvent
+
+from ..exceptions import InvalidResponseError, ProviderError, StreamInterruptedError
+from ..messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    TextDelta,
+    TokenUsage,
+    ToolCall,
+    ToolCallDelta,
+    ToolDefinition,
+)
+from .base import ChunkCallback
+from .common import ToolCallAssembler, tool_call_from_text
+from .errors import error_for_status
+from .http import HTTPProvider
+
+__all__ = [
+    "OllamaProvider",
+    "OpenAIProvider",
+    "OpenRouterProvider",
+    "strict_json_schema",
+]
+
+#: dialect of api.openai.com.
+_OPENAI_DIALECT: dict[str, Any] = {
+    "system_role": "developer",
+    "max_tokens_field": "max_completion_tokens",
+    "strict_tools": True,
+    "reasoning_field": None,
+}
+#: dialect of an unknown OpenAI-compatible server: the fields every one of them accepts.
+_COMPATIBLE_DIALECT: dict[str, Any] = {
+    "system_role": "system",
+    "max_tokens_field": "max_tokens",
+    "strict_tools": False,
+    "reasoning_field": None,
+}
+
+# JSON schema keywords OpenAI's strict mode rejects, and the string formats it accepts.
+_STRICT_UNSUPPORTED = frozenset(
+    {
+        "minLength",
+        "maxLength",
+        "patternProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "unevaluatedItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "uniqueItems",
+    }
+)
+_STRICT_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
+)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_NODES = ("items", "additionalProperties", "not")
+
+
+class _NotStrict(Exception):  # noqa: N818 - control flow inside strict_json_schema only
+    """The schema can't be made strict without changing what it accepts."""
+
+
+def strict_json_schema(schema: dict[str, Any], *, force: bool = True) -> dict[str, Any] | None:
+    """A copy of ``schema`` in the form OpenAI's strict mode requires.
+
+    Every object gets ``additionalProperties: false``; ``$ref`` with siblings becomes
+    ``anyOf: [{$ref}]``; titles go. With ``force`` (structured output) every property
+    becomes required and unsupported keywords are dropped. Without it (tool parameters)
+    the answer is None when strictness would change the schema's meaning: an optional
+    property, a default, open additional properties or an unsupported keyword.
+    """
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        node = dict(node)
+        node.pop("title", None)
+        node.pop("$schema", None)
+        if "default" in node:
+            if not force:
+                raise _NotStrict
+            node.pop("default")
+        unsupported = set(_STRICT_UNSUPPORTED.intersection(node))
+        if node.get("format") is not None and node.get("format") not in _STRICT_FORMATS:
+            unsupported.add("format")
+        if unsupported:
+            if not force:
+                raise _NotStrict
+            for key in unsupported:
+                node.pop(key)
+        if "oneOf" in node:
+            if not force:
+                raise _NotStrict
+            node["anyOf"] = node.pop("oneOf")
+        if "$ref" in node and len(node) > 1:
+            node["anyOf"] = [{"$ref": node.pop("$ref")}, *node.get("anyOf", [])]
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                node[key] = {name: walk(value) for name, value in node[key].items()}
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                node[key] = [walk(value) for value in node[key]]
+        for key in _SCHEMA_NODES:
+            if isinstance(node.get(key), dict):
+                node[key] = walk(node[key])
+        if node.get("type") == "object" or "properties" in node:
+            properties = node.setdefault("properties", {})
+            if not force and (
+                node.get("additionalProperties") not in (None, False)
+                or set(properties) - set(node.get("required", []))
+            ):
+                raise _NotStrict
+            node["additionalProperties"] = False
+            if force or "required" not in node:
+                node["required"] = list(properties)
+        return node
+
+    try:
+        return walk(schema)
+    except _NotStrict:
+        return None
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra`` merged in; nested dicts merge, ``extra`` wins."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _json_text(value: Any) -> str:
+    # Compact, like the JSON the APIs send: the argument text the model wrote reads the same.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _usage(data: Any) -> TokenUsage:
+    if not isinstance(data, dict):
+        return TokenUsage()
+    prompt_details = data.get("prompt_tokens_details") or {}
+    completion_details = data.get("completion_tokens_details") or {}
+    return TokenUsage(
+        input_tokens=int(data.get("prompt_tokens") or 0),
+        output_tokens=int(data.get("completion_tokens") or 0),
+        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+    )
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, or a list of parts (some servers send parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text") or ""
+            for part in content
+            if isinstance(part, dict) and part.get("type") in (None, "text", "output_text")
+        )
+    raise TypeError(f"message content is a {type(content).__name__}")
+
+
+def _arguments_text(arguments: Any) -> str | None:
+    # A few servers send arguments as an object instead of JSON text.
+    if arguments is None or isinstance(arguments, str):
+        return arguments
+    return _json_text(arguments)
+
+
+def _status_of(error: Any) -> int:
+    """An HTTP status for an error object sent with status 200 or inside a stream."""
+    if not isinstance(error, dict):
+        return 500
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600:
+        return int(code)
+    kind = f"{error.get('type') or ''} {code or ''}".lower()
+    if "rate_limit" in kind:
+        return 429
+    if "auth" in kind or "api_key" in kind or "permission" in kind:
+        return 401
+    if "context_length" in kind or "invalid_request" in kind:
+        return 400
+    return 500
+
+
+class OpenAIProvider(HTTPProvider):
+    """OpenAI Chat Completions; any OpenAI-compatible server by ``base_url``.
+
+    Dialect options (constructor keyword, or the same key in
+    ``AGENTLOOP["PROVIDERS"][name]``):
+
+    - ``system_role``: role of system messages, ``"developer"`` or ``"system"``.
+    - ``max_tokens_field``: ``"max_completion_tokens"`` or ``"max_tokens"``.
+    - ``strict_tools``: send tool schemas with ``strict: true`` when that keeps their meaning.
+    - ``reasoning_field``: field in which an assistant message's thinking text is sent back
+      (``"reasoning"``, ``"reasoning_content"``), or None to not send it.
+
+    On api.openai.com the defaults are ``developer``, ``max_completion_tokens`` and strict
+    tools; on any other ``base_url`` they are ``system``, ``max_tokens`` and no strict flag,
+    which every compatible server accepts.
+    """
+
+    name = "openai"
+    default_base_url = "https://api.openai.com/v1"
+    api_key_env: tuple[str, ...] = ("OPENAI_API_KEY",)
+    #: environment variables that may hold the base URL (after settings).
+    base_url_env: tuple[str, ...] = ("OPENAI_BASE_URL",)
+    #: dialect options fixed by this preset (the rest follow the base URL).
+    dialect: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self,
+        *,
+        system_role: str | None = None,
+        max_tokens_field: str | None = None,
+        strict_tools: bool | None = None,
+        reasoning_field: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._dialect = {
+            key: value
+            for key, value in {
+                "system_role": system_role,
+                "max_tokens_field": max_tokens_field,
+                "strict_tools": strict_tools,
+                "reasoning_field": reasoning_field,
+            }.items()
+            if value is not None
+        }
+
+    # -- configuration -------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        url = self._base_url or self._setting("base_url")
+        for variable in self.base_url_env:
+            url = url or os.environ.get(variable)
+        return (url or self.default_base_url).rstrip("/")
+
+    def option(self, key: str) -> Any:
+        """A dialect option: constructor, then settings, then the preset, then the base URL's."""
+        if key in self._dialect:
+            return self._dialect[key]
+        configured = self._setting(key)
+        if configured is not None:
+            return configured
+        if key in self.dialect:
+            return self.dialect[key]
+        host = urlparse(self.base_url).hostname or ""
+        defaults = _OPENAI_DIALECT if host == "api.openai.com" else _COMPATIBLE_DIALECT
+        return defaults[key]
+
+    # -- the request ---------------------------------------------------------------------
+    def endpoint(self, request: ModelRequest, stream: bool) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def request(
+        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
+    ) -> ModelResponse:
+        response = super().request(request, on_chunk=on_chunk)
+        if request.output_schema is not None and response.parsed is None and response.content:
+            try:
+                parsed = json.loads(response.content)
+            except ValueError:
+                return response  # not JSON: the text stays, parsed stays None
+            response = response.model_copy(update={"parsed": parsed})
+        return response
+
+    def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [self._message(message) for message in request.messages],
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if request.tools:
+            strict = bool(self.option("strict_tools"))
+            body["tools"] = [self._tool(tool, strict) for tool in request.tools]
+            if request.tool_choice in ("auto", "none", "required"):
+                body["tool_choice"] = request.tool_choice
+            elif request.tool_choice:
+                body["tool_choice"] = {
+                    "type": "function",
+                    "function": {"name": request.tool_choice},
+                }
+            if request.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.max_output_tokens is not None:
+            body[self.option("max_tokens_field")] = request.max_output_tokens
+        if request.output_schema is not None:
+            body["response_format"] = self._response_format(request.output_schema)
+        return _deep_merge(body, request.provider_options)
+
+    def _message(self, message: Message) -> dict[str, Any]:
+        if message.role == "system":
+            return {"role": self.option("system_role"), "content": message.content}
+        if message.role == "tool":
+            # Chat Completions has no error flag on tool results: the text says it.
+            return {
+                "role": "tool",
+                "content": message.content,
+                "tool_call_id": message.tool_call_id,
+            }
+        item: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.role == "assistant":
+            if message.tool_calls:
+                item["tool_calls"] = [self._tool_call(call) for call in message.tool_calls]
+            reasoning_field = self.option("reasoning_field")
+            reasoning = message.provider_data.get("reasoning")
+            if reasoning_field and reasoning:
+                item[reasoning_field] = reasoning
+        return item
+
+    @staticmethod
+    def _tool_call(call: ToolCall) -> dict[str, Any]:
+        # Arguments that were not valid JSON go back as the {} we kept: some servers
+        # (Ollama) reject a request whose argument text does not parse.
+        return {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": _json_text(call.arguments)},
+        }
+
+    @staticmethod
+    def _tool(tool: ToolDefinition, strict: bool) -> dict[str, Any]:
+        parameters = tool.parameters or {"type": "object", "properties": {}}
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        strict_parameters = strict_json_schema(parameters, force=False) if strict else None
+        if strict_parameters is not None:
+            function["parameters"] = strict_parameters
+            function["strict"] = True
+        else:
+            function["parameters"] = parameters
+        return {"type": "function", "function": function}
+
+    @staticmethod
+    def _response_format(schema: dict[str, Any]) -> dict[str, Any]:
+        title = schema.get("title")
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", title)[:64] if isinstance(title, str) else ""
+        return {
+            "type": "json_schema",
+            "json_schema": {
+                "name": name or "response",
+                "schema": strict_json_schema(schema, force=True),
+                "strict": True,
+            },
+        }
+
+    # -- the answer ----------------------------------------------------------------------
+    def _error(self, payload: dict[str, Any]) -> ProviderError:
+        error = payload.get("error")
+        return error_for_status(
+            self.name, _status_of(error), json.dumps(payload), {}, self._secrets()
+        )
+
+    def parse_response(self, data: Any) -> ModelResponse:
+        if not isinstance(data, dict):
+            raise InvalidResponseError(f"{self.name} answered with a {type(data).__name__}")
+        if data.get("error"):
+            raise self._error(data)  # some servers answer HTTP 200 with an error object
+        choice = data["choices"][0]
+        message = choice["message"]
+        tool_calls = [
+            tool_call_from_text(
+                call.get("id"),
+                call["function"]["name"],
+                _arguments_text(call["function"].get("arguments")),
+            )
+            for call in message.get("tool_calls") or []
+        ]
+        content = _text(message.get("content"))
+        provider_data = {
+            "id": data.get("id"),
+            "reasoning": message.get("reasoning") or message.get("reasoning_content"),
+            "refusal": message.get("refusal"),
+        }
+        return ModelResponse(
+            content=content or _text(message.get("refusal")),
+            tool_calls=tool_calls,
+            usage=_usage(data.get("usage")),
+            finish_reason=choice.get("finish_reason"),
+            model=data.get("model"),
+            provider_data={key: value for key, value in provider_data.items() if value},
+        )
+
+    def parse_stream(
+        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
+    ) -> ModelResponse:
+        text: list[str] = []
+        reasoning: list[str] = []
+        refusal: list[str] = []
+        calls = ToolCallAssembler()
+        indexes: dict[str, int] = {}  # call id -> index, for servers that send no index
+        usage = TokenUsage()
+        finish_reason = model = response_id = None
+        for event in events:
+            data = event.data.strip()
+            if not data:
+                continue
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if not isinstance(chunk, dict):
+                raise InvalidResponseError(f"{self.name} streamed a {type(chunk).__name__}")
+            if chunk.get("error"):
+                raise self._error(chunk)
+            model = chunk.get("model") or model
+            response_id = chunk.get("id") or response_id
+            if chunk.get("usage"):
+                usage = _usage(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue  # n > 1 is not asked for; only the first answer counts
+                delta = choice.get("delta") or {}
+                piece = _text(delta.get("content"))
+                if piece:
+                    text.append(piece)
+                    on_chunk(TextDelta(text=piece))
+                thinking = delta.get("reasoning") or delta.get("reasoning_content")
+                if isinstance(thinking, str):
+                    reasoning.append(thinking)
+                if isinstance(delta.get("refusal"), str):
+                    refusal.append(delta["refusal"])
+                for call in delta.get("tool_calls") or []:
+                    piece_delta = self._call_delta(call, indexes)
+                    calls.add(piece_delta)
+                    on_chunk(piece_delta)
+                finish_reason = choice.get("finish_reason") or finish_reason
+        else:
+            raise StreamInterruptedError(
+                f"{self.name} ended the stream before [DONE]"
+                + (f" (after {len(''.join(text))} characters)" if text else "")
+            )
+        provider_data = {
+            "id": response_id,
+            "reasoning": "".join(reasoning),
+            "refusal": "".join(refusal),
+        }
+        return ModelResponse(
+            content="".join(text) or "".join(refusal),
+            tool_calls=calls.calls(),
+            usage=usage,
+            finish_reason=finish_reason,
+            model=model,
+            provider_data={key: value for key, value in provider_data.items() if value},
+        )
+
+    @staticmethod
+    def _call_delta(call: dict[str, Any], indexes: dict[str, int]) -> ToolCallDelta:
+        function = call.get("function") or {}
+        index = call.get("index")
+        call_id = call.get("id")
+        if index is None:
+            if call_id and call_id not in indexes:
+                indexes[call_id] = len(indexes)
+            index = indexes[call_id] if call_id else max(indexes.values(), default=0)
+        elif call_id:
+            indexes.setdefault(call_id, int(index))
+        return ToolCallDelta(
+            index=int(index),
+            id=call_id or None,
+            name=function.get("name") or None,
+            arguments=_arguments_text(function.get("arguments")) or "",
+        )
+
+
+class OpenRouterProvider(OpenAIProvider):
+    """OpenRouter (https://openrouter.ai): many vendors' models behind Chat Completions."""
+
+    name = "openrouter"
+    default_base_url = "https://openrouter.ai/api/v1"
+    api_key_env = ("OPENROUTER_API_KEY",)
+    base_url_env = ()
+    dialect: ClassVar[dict[str, Any]] = {
+        "system_role": "developer",
+        "max_tokens_field": "max_tokens",
+        "strict_tools": True,
+        "reasoning_field": None,
+    }
+
+
+class OllamaProvider(OpenAIProvider):
+    """A local Ollama server's OpenAI-compatible endpoint (no key needed)."""
+
+    name = "ollama"
+    default_base_url = "http://localhost:11434/v1"
+    api_key_env = ("OLLAMA_API_KEY",)
+    base_url_env = ()
+    requires_key = False
+    dialect: ClassVar[dict[str, Any]] = {
+        "system_role": "system",
+        "max_tokens_field": "max_tokens",
+        "strict_tools": False,
+        # Ollama reads a thinking model's earlier thinking back from this field.
+        "reasoning_field": "reasoning",
+    }

@@ -1,0 +1,35 @@
+"""Django settings for the benchmarks: PostgreSQL from $BENCH_DATABASE_URL, DEBUG off.
+
+DEBUG stays False: with it on, Django keeps every query in memory and the RSS figure grows.
+"""
+
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/agentloop_bench"
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Django's DATABASES entry for a postgres:// URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise ValueError(f"The benchmarks need PostgreSQL; got a {parts.scheme!r} URL")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+SECRET_KEY = "agentloop-bench"
+DEBUG = False
+INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "agentloop"]
+DATABASES = {"default": database_from_url(os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+AGENTLOOP: dict[str, Any] = {}

@@ -1,0 +1,143 @@
+"""The documentation's Python examples run, offline, against the real database.
+
+Every ```python block of docs/*.md and README.md runs, except one preceded by the
+HTML comment ``<!-- no-run -->``. A page's blocks run in order in one namespace, so
+a later block uses what an earlier one defined.
+
+That namespace is a module named ``myapp.tools``, registered in ``sys.modules``
+while the page runs: the examples are written as the reader's own project code,
+and persisted chats keep their tools by import path, so a tool a page defines must
+be importable (``from myapp.tools import add`` works, and so does loading
+``myapp.tools.add`` back from a chat row).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agentloop import providers, signals
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+NO_RUN = "<!-- no-run -->"
+EXAMPLE_MODULE = "myapp.tools"
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_SIGNALS = [getattr(signals, name) for name in signals.__all__]
+
+
+@dataclass
+class Block:
+    language: str
+    code: str
+    line: int  # where the code starts in the page (1-based)
+    runs: bool
+
+
+def blocks_of(text: str) -> list[Block]:
+    """The fenced code blocks of a Markdown page, each marked run or no-run."""
+    lines = text.splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        opening = _FENCE.match(lines[index])
+        if opening is None:
+            index += 1
+            continue
+        previous = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
+        end = index + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        code = "\n".join(lines[index + 1 : end]) + "\n"
+        found.append(Block(opening.group(1), code, index + 2, previous != NO_RUN))
+        index = end + 1
+    return found
+
+
+def runnable(page: Path) -> list[Block]:
+    return [
+        block for block in blocks_of(page.read_text()) if block.language == "python" and block.runs
+    ]
+
+
+@pytest.fixture
+def example_module() -> Iterator[types.ModuleType]:
+    """A fresh ``myapp.tools`` module; providers and signal receivers are restored after."""
+    package = types.ModuleType("myapp")
+    package.__path__ = []
+    module = types.ModuleType(EXAMPLE_MODULE)
+    package.tools = module  # type: ignore[attr-defined]
+    saved_modules = {name: sys.modules.get(name) for name in ("myapp", EXAMPLE_MODULE)}
+    sys.modules["myapp"] = package
+    sys.modules[EXAMPLE_MODULE] = module
+    saved_providers = providers.registered()
+    saved_receivers = [(signal, list(signal.receivers)) for signal in _SIGNALS]
+    try:
+        yield module
+    finally:
+        for name, previous in saved_modules.items():
+            if previous is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = previous
+        for name in providers.registered():
+            if name not in saved_providers:
+                providers.unregister(name)
+        for name, provider in saved_providers.items():
+            providers.register(name, provider)
+        for signal, receivers in saved_receivers:
+            with signal.lock:
+                signal.receivers[:] = receivers
+                signal.sender_receivers_cache.clear()
+
+
+def test_blocks_of_skips_a_block_marked_no_run():
+    page = "Text\n\n<!-- no-run -->\n```python\nskipped()\n```\n\n```python\nran = 1\n```\n"
+
+    blocks = blocks_of(page)
+
+    assert [(block.code, block.runs) for block in blocks] == [
+        ("skipped()\n", False),
+        ("ran = 1\n", True),
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_page_has_a_runnable_example(page):
+    assert runnable(page), f"{page.name} has no runnable Python example"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_page_examples_run(page, example_module):
+    namespace = example_module.__dict__
+    for block in runnable(page):
+        # Compiled with padding so tracebacks name the page's own line numbers.
+        source = "\n" * (block.line - 1) + block.code
+        exec(compile(source, str(page), "exec"), namespace)  # noqa: S102
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_page_links_point_to_existing_files(page):
+    broken = []
+    for target in _LINK.findall(page.read_text()):
+        if "://" in target or target.startswith(("#", "mailto:")):
+            continue
+        path = target.split("#", 1)[0]
+        if path and not (page.parent / path).exists():
+            broken.append(target)
+    assert broken == []
+
+
+def test_index_links_every_page():
+    linked = set(_LINK.findall((ROOT / "docs" / "index.md").read_text()))
+    pages = {page.name for page in PAGES if page.parent.name == "docs"} - {"index.md"}
+    assert pages - linked == set()

@@ -1,0 +1,123 @@
+"""The public surface: ``agentloop.__all__``, and what importing the package pulls in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import agentloop
+
+REPO = Path(agentloop.__file__).resolve().parent.parent
+
+#: the promised top-level names; a change here is an API change (add it on purpose).
+EXPECTED_ALL = {
+    "AgentloopError",
+    "CancelledError",
+    "ConcurrentWriteError",
+    "ConfigurationError",
+    "Conversation",
+    "LimitReachedError",
+    "Message",
+    "PendingToolCallsError",
+    "ProviderError",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "chat",
+    "tool",
+}
+
+
+def test_all_names_exist():
+    missing = [name for name in agentloop.__all__ if not hasattr(agentloop, name)]
+    assert missing == []
+
+
+def test_all_is_the_expected_public_api():
+    assert set(agentloop.__all__) == EXPECTED_ALL
+    assert len(agentloop.__all__) == len(EXPECTED_ALL)  # no duplicates
+
+
+def test_exceptions_are_the_same_objects_as_in_agentloop_exceptions():
+    from agentloop import exceptions
+
+    for name in agentloop.__all__:
+        if name.endswith("Error"):
+            assert getattr(agentloop, name) is getattr(exceptions, name)
+
+
+def run_plain_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with no Django settings module."""
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.subprocess
+def test_importing_agentloop_does_not_import_the_models():
+    result = run_plain_python("""
+        import sys
+        import agentloop
+        assert "agentloop.models" not in sys.modules, "agentloop.models was imported"
+        assert "django.db" not in sys.modules, "django.db was imported"
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.subprocess
+def test_the_engine_imports_no_django_module():
+    result = run_plain_python("""
+        import sys
+        import agentloop.engine
+        django = sorted(name for name in sys.modules if name.split(".")[0] == "django")
+        assert django == [], django
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.subprocess
+def test_tools_testing_and_providers_import_no_django_module():
+    result = run_plain_python("""
+        import sys
+        import agentloop.tools, agentloop.testing, agentloop.providers, agentloop.messages
+        django = sorted(name for name in sys.modules if name.split(".")[0] == "django")
+        assert django == [], django
+    """)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.subprocess
+def test_an_in_memory_chat_runs_in_a_plain_script_without_django_settings():
+    result = run_plain_python("""
+        import sys
+        import agentloop
+        from agentloop import providers
+        from agentloop.testing import ScriptedProvider, tool_call
+
+        @agentloop.tool
+        def add(a: int, b: int) -> int:
+            \"\"\"Adds.\"\"\"
+            return a + b
+
+        providers.register("scripted", ScriptedProvider(tool_call("add", {"a": 2, "b": 3}), "5"))
+        answer = agentloop.chat("scripted:test", tools=[add]).ask("2+3?")
+        assert answer.content == "5", answer
+        # Settings are read through django.conf (unconfigured: the defaults); no database.
+        assert "django.db" not in sys.modules
+        assert "agentloop.models" not in sys.modules
+        print("ok")
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,137 @@
+"""SQL statements per step don't grow with the history (DESIGN §2): the same count at 10 and
+at 200 messages, and the exact count asserted so a new query shows up as a failing test.
+
+What a step costs (inside the test's transaction, so atomic blocks are SAVEPOINT/RELEASE):
+  generate, text answer:  cancel check, transcript read,
+                          SAVEPOINT, INSERT message, INSERT usage, RELEASE          = 6
+  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 7
+  run_tools, 2 calls:     cancel check, transcript read                             = 2
+                          first call: cancel check before it, UPDATE running,
+                          SAVEPOINT, INSERT result, UPDATE state, RELEASE,
+                          cancel check after it                                     = 7
+                          second call: the same without the check before it
+                          (the first call's after-check covers it)                  = 6
+The same figures on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from agentloop.messages import ToolCallState
+from agentloop.models import Chat, Message, ToolCall
+from agentloop.testing import tool_call
+from tests.tools import add
+
+pytestmark = pytest.mark.django_db
+
+# A long poll interval keeps the throttled "before the model request" check from
+# depending on how fast the machine is: only the forced checks read.
+SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SAVE_INTERVAL": 60})
+
+GENERATE_TEXT_QUERIES = 6
+GENERATE_TOOL_CALLS_QUERIES = 7
+RUN_TOOLS_QUERIES = 15
+
+
+def build_history(chat, length):
+    """Settled history of ``length`` messages: rounds of user, assistant asking for two
+    tools, two results, final answer (written directly, in bulk, for speed)."""
+    assert length % 5 == 0
+    messages = []
+    for turn in range(length // 5):
+        messages += [
+            Message(chat=chat, role="user", content=f"question {turn}"),
+            Message(chat=chat, role="assistant", content=""),
+            Message(chat=chat, role="tool", content=f"{turn}+1"),
+            Message(chat=chat, role="tool", content=f"{turn}+2"),
+            Message(chat=chat, role="assistant", content=f"answer {turn}"),
+        ]
+    Message.objects.bulk_create(messages)
+    calls = []
+    for turn in range(length // 5):
+        asking = messages[turn * 5 + 1]
+        calls += [
+            ToolCall(
+                chat=chat,
+                message=asking,
+                call_id=f"history_{turn}_{n}",
+                name="add",
+                arguments={"a": turn, "b": n},
+                state=ToolCallState.SUCCEEDED,
+            )
+            for n in (1, 2)
+        ]
+    ToolCall.objects.bulk_create(calls)
+    results = []
+    for turn in range(length // 5):
+        for n in (0, 1):
+            result = messages[turn * 5 + 2 + n]
+            result.tool_call = calls[turn * 2 + n]
+            results.append(result)
+    Message.objects.bulk_update(results, ["tool_call"])
+
+
+def make_chat(user, length):
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.with_tools(add)
+    build_history(chat, length)
+    assert chat.messages.count() == length
+    assert chat.is_complete()
+    return Chat.objects.get(pk=chat.pk)
+
+
+def count_queries(action):
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return len(captured), [query["sql"] for query in captured.captured_queries]
+
+
+def two_calls():
+    return [tool_call("add", {"a": 1, "b": 2}), tool_call("add", {"a": 3, "b": 4})]
+
+
+@SLOW_POLL
+def test_generate_with_a_text_answer_costs_the_same_queries_at_10_and_200_messages(user, scripted):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("next question")
+        scripted.add("next answer")
+        counts[length], sql = count_queries(chat.generate)
+        assert chat.messages.last().content == "next answer"
+
+    assert counts[10] == counts[200], sql
+    assert counts[200] == GENERATE_TEXT_QUERIES, sql
+
+
+@SLOW_POLL
+def test_generate_with_two_tool_calls_costs_the_same_queries_at_10_and_200_messages(user, scripted):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("add twice")
+        scripted.add(two_calls())
+        counts[length], sql = count_queries(chat.generate)
+        assert chat.messages.last().tool_calls.count() == 2
+
+    assert counts[10] == counts[200], sql
+    assert counts[200] == GENERATE_TOOL_CALLS_QUERIES, sql
+
+
+@SLOW_POLL
+def test_run_tools_with_two_calls_costs_the_same_queries_at_10_and_200_messages(user, scripted):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("add twice")
+        scripted.add(two_calls())
+        chat.generate()
+        counts[length], sql = count_queries(chat.run_tools)
+        assert [m.content for m in chat.messages.filter(role="tool")][-2:] == ["3", "7"]
+
+    assert counts[10] == counts[200], sql
+    assert counts[200] == RUN_TOOLS_QUERIES, sql

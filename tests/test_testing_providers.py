@@ -1,0 +1,359 @@
+"""The shipped test doubles (ScriptedProvider, FunctionProvider, block_network) and the
+provider registry."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from agentloop import ConfigurationError, providers
+from agentloop.exceptions import RateLimitError, StreamInterruptedError, UnknownProviderError
+from agentloop.messages import Message, ModelRequest, TextDelta, TokenUsage, ToolCallDelta
+from agentloop.providers import Provider
+from agentloop.testing import (
+    FunctionProvider,
+    NetworkBlockedError,
+    ScriptedProvider,
+    block_network,
+    reply,
+    stream,
+    tool_call,
+)
+
+
+def request(text: str = "hi", **fields) -> ModelRequest:
+    return ModelRequest(model="test", messages=[Message(role="user", content=text)], **fields)
+
+
+# -- ScriptedProvider -------------------------------------------------------------------------
+def test_scripted_provider_answers_first_in_first_out():
+    provider = ScriptedProvider("one", "two")
+    assert provider.request(request()).content == "one"
+    assert provider.request(request()).content == "two"
+
+
+def test_scripted_provider_add_queues_more_replies_after_the_first_ones():
+    provider = ScriptedProvider("one").add("two", "three")
+    assert [provider.request(request()).content for _ in range(3)] == ["one", "two", "three"]
+
+
+def test_scripted_provider_records_every_request():
+    provider = ScriptedProvider("a", "b")
+    first, second = request("first"), request("second")
+    provider.request(first)
+    provider.request(second)
+    assert provider.requests == [first, second]
+
+
+def test_scripted_provider_counts_remaining_replies():
+    provider = ScriptedProvider("a", "b")
+    provider.request(request())
+    assert provider.remaining == 1
+
+
+def test_assert_complete_fails_while_replies_are_left():
+    provider = ScriptedProvider("used", "left over", "also left")
+    provider.request(request())
+    with pytest.raises(AssertionError, match="2 scripted replies were not used"):
+        provider.assert_complete()
+
+
+def test_assert_complete_passes_when_every_reply_was_used():
+    provider = ScriptedProvider("only")
+    provider.request(request())
+    provider.assert_complete()
+
+
+def test_scripted_provider_raises_when_out_of_replies():
+    provider = ScriptedProvider("only")
+    provider.request(request())
+    with pytest.raises(AssertionError, match="request #2 but has no replies left"):
+        provider.request(request())
+    assert len(provider.requests) == 2
+
+
+def test_a_scripted_exception_is_raised():
+    error = RateLimitError("slow down", status=429, retry_after=3)
+    provider = ScriptedProvider(error, "after")
+    with pytest.raises(RateLimitError) as raised:
+        provider.request(request())
+    assert raised.value is error
+    assert provider.request(request()).content == "after"
+
+
+def test_a_scripted_tool_call_becomes_an_answer_asking_for_it():
+    call = tool_call("add", {"a": 1, "b": 2}, id="c1")
+    response = ScriptedProvider(call).request(request())
+    assert response.tool_calls == [call]
+    assert (response.content, response.finish_reason) == ("", "tool_calls")
+
+
+def test_a_scripted_list_of_tool_calls_asks_for_all_of_them():
+    calls = [tool_call("add", {"a": 1, "b": 2}), tool_call("weather", {"city": "Rome"})]
+    response = ScriptedProvider(calls).request(request())
+    assert [call.name for call in response.tool_calls] == ["add", "weather"]
+
+
+def test_tool_call_makes_up_distinct_ids():
+    assert tool_call("add").id != tool_call("add").id
+
+
+def test_reply_builds_text_tool_calls_usage_and_finish_reason():
+    usage = TokenUsage(input_tokens=5, output_tokens=7)
+    response = reply("Checking.", tool_call("add", id="c1"), usage=usage)
+    assert response.content == "Checking."
+    assert [call.id for call in response.tool_calls] == ["c1"]
+    assert response.usage == usage
+    assert response.finish_reason == "tool_calls"
+    assert reply("done").finish_reason == "stop"
+
+
+def test_a_scripted_model_response_is_returned_as_is():
+    response = reply("structured", parsed={"a": 1}, finish_reason="length")
+    assert ScriptedProvider(response).request(request()) is response
+
+
+def test_a_text_reply_is_one_chunk_when_streaming():
+    chunks = []
+    response = ScriptedProvider("all at once").request(request(), on_chunk=chunks.append)
+    assert chunks == [TextDelta(text="all at once")]
+    assert response.content == "all at once"
+
+
+def test_a_stream_sends_its_chunks_to_on_chunk():
+    chunks = []
+    response = ScriptedProvider(stream("Hel", "lo", "!")).request(request(), on_chunk=chunks.append)
+    assert chunks == [TextDelta(text="Hel"), TextDelta(text="lo"), TextDelta(text="!")]
+    assert response.content == "Hello!"
+    assert response.usage.output_tokens == 3
+
+
+def test_a_stream_is_joined_into_one_answer_without_on_chunk():
+    response = ScriptedProvider(stream("Hel", "lo", "!")).request(request())
+    assert response.content == "Hello!"
+    assert response.finish_reason == "stop"
+
+
+def test_a_stream_with_tool_calls_sends_tool_call_deltas():
+    call = tool_call("add", {"a": 1, "b": 2}, id="c1")
+    chunks = []
+    response = ScriptedProvider(stream("Adding.", tool_calls=[call])).request(
+        request(), on_chunk=chunks.append
+    )
+    assert chunks == [
+        TextDelta(text="Adding."),
+        ToolCallDelta(index=0, id="c1", name="add"),
+        ToolCallDelta(index=0, arguments='{"a": 1, "b": 2}'),
+    ]
+    assert response.tool_calls == [call]
+    assert response.finish_reason == "tool_calls"
+
+
+def test_a_stream_with_fail_after_raises_after_that_many_chunks():
+    chunks = []
+    provider = ScriptedProvider(stream("a", "b", "c", fail_after=2))
+    with pytest.raises(RuntimeError, match="stream dropped"):
+        provider.request(request(), on_chunk=chunks.append)
+    assert [chunk.text for chunk in chunks] == ["a", "b"]
+
+
+def test_a_stream_with_fail_after_raises_the_given_error():
+    dropped = StreamInterruptedError("connection reset")
+    provider = ScriptedProvider(stream("a", "b", fail_after=1, error=dropped))
+    with pytest.raises(StreamInterruptedError, match="connection reset"):
+        provider.request(request())
+
+
+def test_a_stream_can_fail_after_its_last_chunk():
+    chunks = []
+    provider = ScriptedProvider(stream("a", "b", fail_after=2))
+    with pytest.raises(RuntimeError):
+        provider.request(request(), on_chunk=chunks.append)
+    assert len(chunks) == 2
+
+
+def test_an_exception_from_on_chunk_stops_the_stream():
+    seen = []
+
+    def on_chunk(chunk):
+        seen.append(chunk)
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError):
+        ScriptedProvider(stream("a", "b", "c")).request(request(), on_chunk=on_chunk)
+    assert len(seen) == 1
+
+
+# -- FunctionProvider -------------------------------------------------------------------------
+def echo(model_request: ModelRequest):
+    last = model_request.messages[-1].content
+    if last == "add":
+        return tool_call("add", {"a": 1, "b": 2}, id="c1")
+    return f"You said {last}"
+
+
+def test_function_provider_decides_each_answer_from_the_request():
+    provider = FunctionProvider(echo)
+    assert provider.request(request("hello")).content == "You said hello"
+    assert [call.name for call in provider.request(request("add")).tool_calls] == ["add"]
+    assert [r.messages[-1].content for r in provider.requests] == ["hello", "add"]
+
+
+def test_function_provider_streams_the_text_word_by_word():
+    chunks = []
+    response = FunctionProvider(echo).request(request("big news"), on_chunk=chunks.append)
+    assert [chunk.text for chunk in chunks] == ["You ", "said ", "big ", "news"]
+    assert response.content == "You said big news"
+
+
+def test_function_provider_keeps_parsed_output_and_finish_reason_when_streaming():
+    def structured(model_request):
+        return reply('{"n": 1}', parsed={"n": 1}, finish_reason="stop")
+
+    response = FunctionProvider(structured).request(request(), on_chunk=lambda chunk: None)
+    assert (response.parsed, response.finish_reason) == ({"n": 1}, "stop")
+
+
+def test_function_provider_raises_a_returned_exception():
+    provider = FunctionProvider(lambda model_request: RateLimitError("busy"))
+    with pytest.raises(RateLimitError, match="busy"):
+        provider.request(request())
+
+
+def test_function_provider_plays_a_returned_stream():
+    chunks = []
+    FunctionProvider(lambda r: stream("x", "y")).request(request(), on_chunk=chunks.append)
+    assert [chunk.text for chunk in chunks] == ["x", "y"]
+
+
+# -- block_network ----------------------------------------------------------------------------
+def test_network_is_blocked_in_tests():
+    with pytest.raises(NetworkBlockedError, match=r"203\.0\.113\.1"):
+        socket.create_connection(("203.0.113.1", 80), timeout=1)
+
+
+def test_network_blocked_error_is_a_connection_error():
+    assert issubclass(NetworkBlockedError, ConnectionError)
+
+
+@pytest.fixture
+def loopback_server():
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    yield server
+    server.close()
+
+
+def test_block_network_allows_loopback(loopback_server):
+    with block_network():
+        client = socket.create_connection(loopback_server.getsockname(), timeout=1)
+        accepted, _ = loopback_server.accept()
+        client.sendall(b"ping")
+        assert accepted.recv(4) == b"ping"
+        client.close()
+        accepted.close()
+
+
+def test_block_network_restores_connect_when_it_exits():
+    before = socket.socket.connect
+    with block_network():
+        assert socket.socket.connect is not before
+    assert socket.socket.connect is before
+
+
+# -- registry ---------------------------------------------------------------------------------
+@pytest.fixture
+def registered_names():
+    names: list[str] = []
+    yield names
+    for name in names:
+        providers.unregister(name)
+
+
+def test_register_and_resolve_a_provider(registered_names):
+    provider = ScriptedProvider()
+    registered_names.append("mine")
+    assert providers.register("mine", provider) is provider
+    assert providers.resolve("mine:model-x") == (provider, "model-x")
+    assert providers.registered()["mine"] is provider
+
+
+def test_register_replaces_an_earlier_provider(registered_names):
+    first, second = ScriptedProvider(), ScriptedProvider()
+    registered_names.append("mine")
+    providers.register("mine", first)
+    providers.register("mine", second)
+    assert providers.get("mine") is second
+
+
+def test_unregister_forgets_the_provider(registered_names):
+    providers.register("temporary", ScriptedProvider())
+    providers.unregister("temporary")
+    with pytest.raises(UnknownProviderError):
+        providers.resolve("temporary:model")
+    providers.unregister("temporary")  # no error the second time
+
+
+def test_resolve_with_an_explicit_provider(registered_names):
+    provider = ScriptedProvider()
+    registered_names.append("local")
+    providers.register("local", provider)
+    assert providers.resolve("llama-3-8b", "local") == (provider, "llama-3-8b")
+
+
+@pytest.mark.parametrize("name", ["", "has:colon"])
+def test_register_refuses_invalid_names(name):
+    with pytest.raises(ConfigurationError, match="Invalid provider name"):
+        providers.register(name, ScriptedProvider())
+
+
+def test_register_refuses_what_is_not_a_provider():
+    with pytest.raises(ConfigurationError, match="not an agentloop Provider"):
+        providers.register("fake", object())  # type: ignore[arg-type]
+
+
+def test_unknown_provider_error_names_the_registered_providers(registered_names):
+    registered_names.extend(["alpha", "beta"])
+    providers.register("alpha", ScriptedProvider())
+    providers.register("beta", ScriptedProvider())
+    with pytest.raises(UnknownProviderError) as error:
+        providers.resolve("gamma:model")
+    message = str(error.value)
+    assert "'gamma'" in message
+    assert "alpha" in message
+    assert "beta" in message
+    assert "providers.register('gamma'" in message
+
+
+def test_unknown_provider_error_is_a_configuration_error():
+    assert issubclass(UnknownProviderError, ConfigurationError)
+
+
+@pytest.mark.parametrize(
+    ("model", "provider", "expected"),
+    [
+        ("openai:gpt-x", None, ("openai", "gpt-x")),
+        ("local:llama3:8b", None, ("local", "llama3:8b")),
+        ("gpt-4.1-mini", None, ("openai", "gpt-4.1-mini")),
+        ("o3-mini", None, ("openai", "o3-mini")),
+        ("claude-sonnet-4", None, ("anthropic", "claude-sonnet-4")),
+        ("gemini-2.5-flash", None, ("gemini", "gemini-2.5-flash")),
+        ("llama3", "ollama", ("ollama", "llama3")),
+        ("openai:gpt-x", "local", ("local", "openai:gpt-x")),
+    ],
+)
+def test_split_model(model, provider, expected):
+    assert providers.split_model(model, provider) == expected
+
+
+@pytest.mark.parametrize("model", ["llama3", "", "openai:", ":gpt-x"])
+def test_split_model_refuses_a_model_nobody_is_known_to_serve(model):
+    with pytest.raises(ConfigurationError, match="provider:model"):
+        providers.split_model(model)
+
+
+def test_provider_cost_is_unknown_by_default():
+    assert ScriptedProvider().cost("test", TokenUsage(input_tokens=10)) is None
+    assert isinstance(ScriptedProvider(), Provider)
