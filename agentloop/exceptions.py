@@ -9,6 +9,8 @@
     ├── ConcurrentWriteError        another process wrote the same step first
     │   └── LeaseLostError          this worker's lease on the chat expired and was taken over
     ├── ToolError                   raised by a tool: the model sees the message as an error result
+    ├── NeedsInput                  raised by a tool: the call waits for a person's answer
+    ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
         ├── ServerError             5xx (transient)
@@ -36,12 +38,14 @@ __all__ = [
     "InvalidResponseError",
     "LeaseLostError",
     "LimitReachedError",
+    "NeedsInput",
     "PendingToolCallsError",
     "ProviderError",
     "ProviderTimeout",
     "RateLimitError",
     "ServerError",
     "StreamInterruptedError",
+    "ToolCallNotWaitingError",
     "ToolError",
     "UnknownProviderError",
 ]
@@ -92,6 +96,21 @@ class LeaseLostError(ConcurrentWriteError):
 
 class ToolError(AgentloopError):
     """Raised inside a tool: the message goes back to the model as an error result."""
+
+
+class NeedsInput(AgentloopError):  # noqa: N818 - a request, not a failure
+    """Raised inside a tool to pause the call until a person answers ``question``.
+
+    The answer (``chat.answer(tool_call_id, text)``) becomes the call's result.
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__(question)
+        self.question = question
+
+
+class ToolCallNotWaitingError(AgentloopError):
+    """approve(), deny() or answer() named a call that is not waiting for that decision."""
 
 
 class ProviderError(AgentloopError):

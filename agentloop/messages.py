@@ -7,6 +7,8 @@ and gets a :class:`ModelResponse` back. Streamed pieces are :data:`Chunk` values
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -67,8 +69,21 @@ class ToolCall(BaseModel):
     state: ToolCallState = ToolCallState.PENDING
     #: opaque per-provider data that must be sent back (e.g. Gemini thought signatures).
     provider_data: dict[str, Any] = Field(default_factory=dict)
+    #: why a WAITING call waits: "approval", "question" or "subagent".
+    wait_reason: str | None = None
+    #: the question put to a person (wait_reason "question").
+    question: str | None = None
+    #: a person's decision: "approved", "denied" or "answered".
+    decision: str | None = None
+    #: digest of the arguments the decision was made for (see ``arguments_digest``).
+    decision_digest: str | None = None
     #: the store's key for this call (a primary key for the Django store).
     key: Any = None
+
+    def arguments_digest(self) -> str:
+        """A stable digest of the arguments: an approval holds for exactly these."""
+        canonical = json.dumps(self.arguments, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(f"{self.name}\n{canonical}".encode()).hexdigest()
 
 
 class Message(BaseModel):

@@ -231,6 +231,43 @@ class AbstractChat(models.Model):
         """Request cancellation: one UPDATE, seen by the run wherever it is."""
         self.conversation.cancel()
 
+    # people in the loop
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls (``ToolCall`` rows) waiting for approval."""
+        return self.conversation.pending_approvals()
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``.question``)."""
+        return self.conversation.pending_questions()
+
+    def approve(self, tool_call_id: Any, by: Any = None) -> None:
+        """Approve a waiting call (by call id, pk or row) for exactly its arguments."""
+        self.conversation.approve(tool_call_id, by=by)
+        self._resume_if_background()
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Deny a waiting call: the model gets an error result saying so."""
+        record = self.conversation.deny(tool_call_id, reason=reason, by=by)
+        self._resume_if_background()
+        return record
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a waiting call's question; the answer is the call's result."""
+        record = self.conversation.answer(tool_call_id, text, by=by)
+        self._resume_if_background()
+        return record
+
+    def _resume_if_background(self) -> None:
+        # A chat a worker left waiting continues in the background once nothing holds it.
+        from .engine.transcript import next_move
+
+        self.refresh_from_db(fields=["state"])
+        if self.state == ChatState.WAITING and next_move(self.conversation.messages) in (
+            "tools",
+            "generate",
+        ):
+            self.complete_later()
+
     def complete_later(self) -> AbstractChat:
         """Run the conversation in the background, one step per job, from the next commit.
 
@@ -304,6 +341,22 @@ class AbstractToolCall(models.Model):
     )
     error = models.TextField(_("error"), blank=True)
     provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    #: why a waiting call waits: approval, question or subagent.
+    wait_reason = models.CharField(_("waits for"), max_length=20, blank=True)
+    question = models.TextField(_("question"), blank=True)
+    #: a person's decision: approved, denied or answered; bound to ``decision_digest``.
+    decision = models.CharField(_("decision"), max_length=20, blank=True)
+    decision_digest = models.CharField(_("arguments digest"), max_length=64, blank=True)
+    decision_reason = models.TextField(_("decision reason"), blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("decided by"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 

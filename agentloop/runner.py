@@ -16,7 +16,7 @@ from django.apps import apps
 
 from .cancel_notices import RedisCancelListener
 from .conf import agentloop_settings
-from .engine.transcript import is_complete, is_waiting
+from .engine.transcript import next_move
 from .exceptions import (
     CancelledError,
     LeaseLostError,
@@ -64,8 +64,7 @@ def _backoff(attempt: int, error: ProviderError) -> float:
 
 
 def _work_left(chat: Any) -> bool:
-    transcript = chat.conversation.store.load_transcript()
-    return not (is_complete(transcript) or is_waiting(transcript))
+    return next_move(chat.conversation.store.load_transcript()) in ("tools", "generate")
 
 
 def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
@@ -84,13 +83,9 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     try:
         with Heartbeat(lease), RedisCancelListener(chat, chat.conversation.store.cancel_notice):
             chat.step(stream=_publisher(chat))
-            transcript = chat.conversation.store.load_transcript()
-            if is_waiting(transcript):
-                outcome = StepOutcome("waiting")
-            elif is_complete(transcript):
-                outcome = StepOutcome("done")
-            else:
-                outcome = StepOutcome("again")
+            move = next_move(chat.conversation.store.load_transcript())
+            action: Action = "done" if move == "done" else "waiting" if move == "wait" else "again"
+            outcome = StepOutcome(action)
     except LeaseLostError:
         logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)
         return StepOutcome("lost")

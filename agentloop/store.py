@@ -49,6 +49,10 @@ _MESSAGE_COLUMNS = (
     "tool_calls__arguments",
     "tool_calls__state",
     "tool_calls__provider_data",
+    "tool_calls__wait_reason",
+    "tool_calls__question",
+    "tool_calls__decision",
+    "tool_calls__decision_digest",
 )
 
 # ChatConfig field -> chat column
@@ -181,7 +185,8 @@ class DjangoStore(ChatStore):
         for row in rows:
             (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
              created_at, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
-             call_state, call_provider_data) = row  # fmt: skip
+             call_state, call_provider_data, wait_reason, question, decision,
+             decision_digest) = row  # fmt: skip
             if last is None or last.key != key:
                 last = Message.model_construct(
                     key=key,
@@ -208,6 +213,10 @@ class DjangoStore(ChatStore):
                         arguments=call_arguments or {},
                         state=ToolCallState(call_state),
                         provider_data=call_provider_data or {},
+                        wait_reason=wait_reason or None,
+                        question=question or None,
+                        decision=decision or None,
+                        decision_digest=decision_digest or None,
                     )
                 )
         return messages
@@ -335,6 +344,32 @@ class DjangoStore(ChatStore):
             ) from exc
         return record
 
+    def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
+        with self._writing(atomic=False):
+            self.tool_call_model.objects.filter(pk=call.key).update(
+                state=ToolCallState.WAITING, wait_reason=reason, question=question or ""
+            )
+
+    def record_decision(
+        self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
+    ) -> Any:
+        fields: dict[str, Any] = {
+            "decision": decision,
+            "decision_digest": call.arguments_digest(),
+            "decision_reason": reason,
+            "decided_by_id": getattr(by, "pk", None),
+            "decided_at": timezone.now(),
+        }
+        with self._writing():
+            if result is None:  # approved: the call runs at the next step
+                self.tool_call_model.objects.filter(pk=call.key).update(
+                    state=ToolCallState.PENDING, **fields
+                )
+                return None
+            self.tool_call_model.objects.filter(pk=call.key).update(**fields)
+            state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+            return self.save_tool_result(call, result, state, None)
+
     def native_message(self, message: Message) -> Any:
         return self.message_model.objects.get(pk=message.key)
 
@@ -346,6 +381,9 @@ class DjangoStore(ChatStore):
             name=call.name,
             arguments=call.arguments,
             state=call.state,
+            wait_reason=call.wait_reason or "",
+            question=call.question or "",
+            decision=call.decision or "",
         )
 
     # -- cancellation and stopping ----------------------------------------------------------

@@ -26,14 +26,16 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from .exceptions import ConfigurationError, ToolError
+from .exceptions import ConfigurationError, NeedsInput, ToolError
 from .messages import ToolCall, ToolDefinition
 
 __all__ = [
+    "AskPerson",
+    "NeedsInput",
     "Tool",
     "ToolContext",
     "ToolError",
@@ -84,6 +86,9 @@ class Tool:
     description: ClassVar[str] = ""
     Params: ClassVar[type[BaseModel]] = _NoParams
     idempotent: ClassVar[bool] = True
+    #: True, or a callable ``(arguments: dict) -> bool`` deciding per call: the call runs
+    #: only after ``chat.approve(...)`` for exactly these arguments (no decision: no run).
+    requires_approval: ClassVar[bool | Callable[[dict[str, Any]], bool]] = False
 
     #: set on the instance before ``execute`` runs.
     context: ToolContext
@@ -95,7 +100,7 @@ class Tool:
         if not cls.__dict__.get("description"):
             cls.description = inspect.cleandoc(cls.__doc__ or "")
 
-    def execute(self, **arguments: Any) -> Any:
+    def execute(self, *args: Any, **arguments: Any) -> Any:
         """Run the tool with validated arguments; return ``str`` or anything JSON-able."""
         raise NotImplementedError(f"{type(self).__name__}.execute() is not implemented")
 
@@ -108,6 +113,20 @@ class Tool:
     def definition(cls) -> ToolDefinition:
         """The name, description and JSON schema sent to providers."""
         return _definition(cls)  # type: ignore[arg-type]
+
+    @classmethod
+    def needs_approval(cls, arguments: dict[str, Any]) -> bool:
+        """Whether this call waits for a person's approval."""
+        rule = cls.__dict__.get("requires_approval", cls.requires_approval)
+        if isinstance(rule, staticmethod):
+            rule = rule.__func__
+        if callable(rule):
+            # A rule that fails must not wave a call through: fail closed.
+            try:
+                return bool(rule(arguments))
+            except Exception:
+                return True
+        return bool(rule)
 
     @classmethod
     def parse_arguments(cls, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +220,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     idempotent: bool = True,
+    requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
 ) -> Any:
     """Make a tool from a function: ``@tool`` or ``@tool(name=..., idempotent=False)``.
 
@@ -233,6 +253,9 @@ def tool(
             "description": description if description is not None else summary,
             "Params": params_model,
             "idempotent": idempotent,
+            "requires_approval": staticmethod(requires_approval)
+            if callable(requires_approval)
+            else requires_approval,
             "function": staticmethod(fn),
             "__module__": fn.__module__,
             "__qualname__": fn.__qualname__,
@@ -243,6 +266,18 @@ def tool(
     if function is not None:
         return build(function)
     return build
+
+
+class AskPerson(Tool):
+    """Asks the person using this chat a question and waits for their answer."""
+
+    name = "ask_person"
+
+    class Params(BaseModel):
+        question: str = Field(description="The question, written to stand on its own.")
+
+    def execute(self, question: str) -> str:
+        raise NeedsInput(question)
 
 
 def format_result(value: Any) -> str:
@@ -257,15 +292,29 @@ def format_result(value: Any) -> str:
 
 
 class ToolOutcome:
-    """The result of running one call: text for the model, and what went wrong, if anything."""
+    """The result of running one call: text for the model, and what went wrong, if anything.
 
-    __slots__ = ("content", "error", "is_error")
+    An outcome with ``wait_reason`` is no result: the call waits (for a person's
+    approval or answer, or for a subagent).
+    """
 
-    def __init__(self, content: str, *, is_error: bool = False, error: str | None = None) -> None:
+    __slots__ = ("content", "error", "is_error", "question", "wait_reason")
+
+    def __init__(
+        self,
+        content: str = "",
+        *,
+        is_error: bool = False,
+        error: str | None = None,
+        wait_reason: str | None = None,
+        question: str | None = None,
+    ) -> None:
         self.content = content
         self.is_error = is_error
         #: the exception (type, message and traceback) for the record, not for the model.
         self.error = error
+        self.wait_reason = wait_reason
+        self.question = question
 
 
 def describe_validation_error(tool_name: str, error: ValidationError) -> str:

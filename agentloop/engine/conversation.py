@@ -26,6 +26,7 @@ from ..exceptions import (
     LimitReachedError,
     PendingToolCallsError,
     ProviderError,
+    ToolCallNotWaitingError,
 )
 from ..messages import (
     Chunk,
@@ -41,8 +42,15 @@ from ..tools import Tool, import_path_of, load_by_path
 from .checkpoints import Checkpoints
 from .config import ChatConfig, Limits, ToolOptions
 from .store import ChatStore, UsageRecord
-from .tool_runner import ToolRunner
-from .transcript import finished, is_complete, is_waiting, pending_round, turn_start
+from .tool_runner import DENIED_RESULT, ToolRunner
+from .transcript import (
+    finished,
+    is_complete,
+    is_waiting,
+    next_move,
+    pending_round,
+    turn_start,
+)
 
 __all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "StreamCallback"]
 
@@ -273,6 +281,61 @@ class Conversation:
         """A pending tool call is held by an approval, a question or a subagent."""
         return is_waiting(self.store.load_transcript())
 
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls waiting for a person to approve or deny them."""
+        return self._waiting_calls("approval")
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
+        return self._waiting_calls("question")
+
+    def _waiting_calls(self, reason: str) -> list[Any]:
+        round_ = pending_round(self.store.load_transcript())
+        return [
+            self.store.native_tool_call(call)
+            for call in round_.unanswered
+            if call.state == ToolCallState.WAITING and call.wait_reason == reason
+        ]
+
+    def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
+        """The waiting call named by its provider id, its store key, or a store record."""
+        key = getattr(tool_call_id, "pk", tool_call_id)
+        for call in pending_round(self.store.load_transcript()).unanswered:
+            if call.id == key or call.key == key or str(call.key) == str(key):
+                if call.state != ToolCallState.WAITING or call.wait_reason != reason:
+                    raise ToolCallNotWaitingError(
+                        f"Tool call {call.id!r} ({call.name}) is not waiting for "
+                        f"{'an answer' if reason == 'question' else 'approval'}."
+                    )
+                return call
+        raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
+
+    def approve(self, tool_call_id: Any, by: Any = None) -> None:
+        """Let a call that needs approval run (at the next step), for exactly its arguments."""
+        call = self._find_waiting(tool_call_id, "approval")
+        self.store.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Refuse a call: the model gets an error result saying the user denied it."""
+        call = self._find_waiting(tool_call_id, "approval")
+        text = DENIED_RESULT + (f" Reason: {reason}" if reason else "")
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=True
+        )
+        record = self.store.record_decision(call, "denied", by=by, reason=reason, result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a call's question: the answer becomes the call's result."""
+        call = self._find_waiting(tool_call_id, "question")
+        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
+        record = self.store.record_decision(call, "answered", by=by, reason="", result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
     def tools(self) -> dict[str, type[Tool]]:
         """The chat's tools by name."""
         return {tool.name: tool for tool in self.store.get_tools()}
@@ -379,12 +442,13 @@ class Conversation:
 
     def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
         transcript = self.store.load_transcript()
-        if is_complete(transcript) or is_waiting(transcript):
-            return None
-        if pending_round(transcript).unanswered:
+        move = next_move(transcript)
+        if move == "tools":
             results = self._run_tools(transcript, checkpoints)
             return results[-1] if results else None
-        return self._generate(transcript, stream, checkpoints)
+        if move == "generate":
+            return self._generate(transcript, stream, checkpoints)
+        return None  # done, or waiting for a person or a subagent
 
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}

@@ -29,6 +29,8 @@ class MemoryStore(ChatStore):
         self.messages: list[Message] = []
         self.usage: list[tuple[datetime, UsageRecord]] = []
         self.tool_errors: dict[str, str] = {}
+        #: who decided what about waiting calls, by call id.
+        self.decisions: dict[str, dict[str, Any]] = {}
         self.stop_reason: str = ""
         self._cancel_requested_at: datetime | None = None
         self._notice = threading.Event()
@@ -122,6 +124,25 @@ class MemoryStore(ChatStore):
         if error:
             self.tool_errors[call.id] = error
         return self._add(message)
+
+    def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
+        stored = self._call(call)
+        stored.state = ToolCallState.WAITING
+        stored.wait_reason = reason
+        stored.question = question
+
+    def record_decision(
+        self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
+    ) -> Message | None:
+        stored = self._call(call)
+        stored.decision = decision
+        stored.decision_digest = call.arguments_digest()
+        self.decisions[call.id] = {"decision": decision, "by": by, "reason": reason, "at": _now()}
+        if result is None:
+            stored.state = ToolCallState.PENDING  # approved: runs at the next step
+            return None
+        state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+        return self.save_tool_result(call, result, state, None)
 
     def native_message(self, message: Message) -> Message:
         return self._find(message.key)

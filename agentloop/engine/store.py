@@ -101,6 +101,17 @@ class ChatStore(ABC):
         Raises ``ConcurrentWriteError`` if the call already has a result."""
 
     @abstractmethod
+    def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
+        """Hold the call for a person ("approval", "question") or a subagent."""
+
+    @abstractmethod
+    def record_decision(
+        self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
+    ) -> Any:
+        """Atomically: a person's decision on a waiting call (who, when, for which arguments)
+        and, for a denial or an answer, the call's result message (returned)."""
+
+    @abstractmethod
     def native_message(self, message: Message) -> Any:
         """The store's record for a transcript message."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..exceptions import CancelledError, ToolError
+from ..exceptions import CancelledError, NeedsInput, ToolError
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
@@ -23,7 +23,10 @@ from .checkpoints import Checkpoints
 from .config import ToolOptions
 from .store import ChatStore
 
-__all__ = ["ToolRunner", "execute_tool"]
+__all__ = ["DENIED_RESULT", "ToolRunner", "execute_tool"]
+
+#: what the model is told about a call a person denied.
+DENIED_RESULT = "The user denied this tool call; it was not run."
 
 Emit = Callable[..., None]
 
@@ -40,6 +43,8 @@ def execute_tool(tool_class: type[Tool], call: ToolCall, chat: Any = None) -> To
     try:
         value = instance.execute(**arguments)
         return ToolOutcome(format_result(value))
+    except NeedsInput as exc:
+        return ToolOutcome(wait_reason="question", question=exc.question)
     except ToolError as exc:
         return ToolOutcome(str(exc) or type(exc).__name__, is_error=True, error=repr(exc))
     except Exception as exc:
@@ -72,6 +77,8 @@ class ToolRunner:
         self.chat = chat
         self.results: list[Any] = []
         self.answered: set[str] = set()
+        #: calls that now wait for a person or a subagent.
+        self.waiting: list[ToolCall] = []
 
     # -- outcomes that need no tool run ------------------------------------------------
     def _refusal(self, call: ToolCall, all_calls: list[ToolCall]) -> ToolOutcome | None:
@@ -94,9 +101,24 @@ class ToolRunner:
                 "because it is not idempotent; its effects are unknown."
             )
             return ToolOutcome(text, is_error=True, error=text)
+        if tool_class.needs_approval(call.arguments):
+            return self._approval(call)
         return None
 
+    def _approval(self, call: ToolCall) -> ToolOutcome | None:
+        """Fail closed: only an approval given for exactly these arguments lets a call run."""
+        if call.decision == "denied":
+            # The denial's result was not written (a crash in between): write it now.
+            return ToolOutcome(DENIED_RESULT, is_error=True)
+        if call.decision == "approved" and call.decision_digest == call.arguments_digest():
+            return None
+        return ToolOutcome(wait_reason="approval")
+
     def _save(self, call: ToolCall, outcome: ToolOutcome) -> None:
+        if outcome.wait_reason is not None:
+            self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
+            self.waiting.append(call)
+            return
         message = Message(
             role="tool",
             content=outcome.content,

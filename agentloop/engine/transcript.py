@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 
 from ..messages import Message, ToolCall, ToolCallState
 
-__all__ = ["Round", "finished", "is_complete", "is_waiting", "pending_round", "turn_start"]
+__all__ = [
+    "Round",
+    "finished",
+    "is_complete",
+    "is_waiting",
+    "next_move",
+    "pending_round",
+    "turn_start",
+]
 
 
 def finished(transcript: list[Message]) -> list[Message]:
@@ -58,6 +66,22 @@ def is_complete(transcript: list[Message]) -> bool:
 def is_waiting(transcript: list[Message]) -> bool:
     """A pending call is held by a person or a subagent."""
     return any(call.state == ToolCallState.WAITING for call in pending_round(transcript).unanswered)
+
+
+def next_move(transcript: list[Message]) -> str:
+    """What ``step()`` would do: "done", "wait", "tools" or "generate".
+
+    Calls that can run are run even while others wait for a person; the model is
+    called only when every call of the round has a result.
+    """
+    if is_complete(transcript):
+        return "done"
+    round_ = pending_round(transcript)
+    if round_.unanswered:
+        if any(call.state != ToolCallState.WAITING for call in round_.unanswered):
+            return "tools"
+        return "wait"
+    return "generate"
 
 
 def turn_start(transcript: list[Message]) -> int:

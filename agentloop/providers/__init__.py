@@ -141,3 +141,14 @@ def resolve(model: str, provider: str | None = None) -> tuple[Provider, str]:
     """The provider instance and the model id for a chat's model setting."""
     name, model_id = split_model(model, provider)
     return get(name), model_id
+
+
+def __getattr__(name: str) -> Any:
+    """The built-in provider classes by name (``providers.OpenAIProvider``), imported on use."""
+    for path in BUILTINS.values():
+        module, _, class_name = path.rpartition(".")
+        if class_name == name:
+            import importlib
+
+            return getattr(importlib.import_module(module), class_name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -222,7 +222,7 @@ def _kept_item(item: Mapping[str, Any]) -> dict[str, Any] | None:
         kept: dict[str, Any] = {"type": "reasoning", "summary": item.get("summary") or []}
         if item.get("encrypted_content"):
             # Stateless: the item carries itself; an id would point at nothing stored.
-            kept["encrypted_content"] = item["encrypted_content"][:-1]
+            kept["encrypted_content"] = item["encrypted_content"]
         elif item.get("id"):
             kept["id"] = item["id"]  # only works with store=true (a provider option)
         return kept
