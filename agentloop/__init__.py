@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .agents import Agent
 from .engine import Conversation, MemoryStore
 from .exceptions import (
     AgentloopError,
@@ -15,6 +16,7 @@ from .exceptions import (
     ConcurrentWriteError,
     ConfigurationError,
     LimitReachedError,
+    NeedsInput,
     PendingToolCallsError,
     ProviderError,
     ToolError,
@@ -23,6 +25,7 @@ from .messages import Message, ToolCall
 from .tools import Tool, tool
 
 __all__ = [
+    "Agent",
     "AgentloopError",
     "CancelledError",
     "ConcurrentWriteError",
@@ -30,6 +33,7 @@ __all__ = [
     "Conversation",
     "LimitReachedError",
     "Message",
+    "NeedsInput",
     "PendingToolCallsError",
     "ProviderError",
     "Tool",

@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 _local: dict[str, weakref.WeakSet[threading.Event]] = {}
 _lock = threading.Lock()
+#: prune chats whose notices are all gone once ``_local`` reaches this size (keeps it bounded
+#: in a worker that steps many chats; amortised O(1) per call).
+_prune_at = 64
 
 
 class _Notice(threading.Event):
@@ -41,7 +44,17 @@ def listen_locally(chat: Any) -> threading.Event:
     if chat.pk is not None:
         with _lock:
             _local.setdefault(_key(chat), weakref.WeakSet()).add(notice)
+            _prune()
     return notice
+
+
+def _prune() -> None:
+    """Forget chats with no live notice (called with ``_lock`` held)."""
+    global _prune_at
+    if len(_local) >= _prune_at:
+        for key in [key for key, notices in _local.items() if not notices]:
+            del _local[key]
+        _prune_at = max(64, 2 * len(_local))
 
 
 def notify(chat: Any) -> None:

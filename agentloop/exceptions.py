@@ -9,7 +9,8 @@
     ├── ConcurrentWriteError        another process wrote the same step first
     │   └── LeaseLostError          this worker's lease on the chat expired and was taken over
     ├── ToolError                   raised by a tool: the model sees the message as an error result
-    ├── NeedsInput                  raised by a tool: the call waits for a person's answer
+    ├── ToolWaiting                 raised by a tool: its call waits (for a person, a subagent)
+    │   └── NeedsInput              the call waits for a person's answer to a question
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
@@ -47,6 +48,7 @@ __all__ = [
     "StreamInterruptedError",
     "ToolCallNotWaitingError",
     "ToolError",
+    "ToolWaiting",
     "UnknownProviderError",
 ]
 
@@ -98,15 +100,26 @@ class ToolError(AgentloopError):
     """Raised inside a tool: the message goes back to the model as an error result."""
 
 
-class NeedsInput(AgentloopError):  # noqa: N818 - a request, not a failure
+class ToolWaiting(AgentloopError):  # noqa: N818 - a state, not a failure
+    """Raised inside a tool: its call has no result yet and waits (``reason``)."""
+
+    reason = "subagent"
+
+    def __init__(self, message: str = "", question: str | None = None) -> None:
+        super().__init__(message or self.reason)
+        self.question = question
+
+
+class NeedsInput(ToolWaiting):  # noqa: N818 - a request, not a failure
     """Raised inside a tool to pause the call until a person answers ``question``.
 
     The answer (``chat.answer(tool_call_id, text)``) becomes the call's result.
     """
 
+    reason = "question"
+
     def __init__(self, question: str) -> None:
-        super().__init__(question)
-        self.question = question
+        super().__init__(question, question=question)
 
 
 class ToolCallNotWaitingError(AgentloopError):

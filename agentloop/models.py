@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce, TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -228,7 +229,10 @@ class AbstractChat(models.Model):
         return self.conversation.is_waiting()
 
     def cancel(self) -> None:
-        """Request cancellation: one UPDATE, seen by the run wherever it is."""
+        """Request cancellation: one UPDATE, seen by the run wherever it is.
+
+        Subagent chats still running for this one are cancelled too.
+        """
         self.conversation.cancel()
 
     # people in the loop
@@ -285,9 +289,37 @@ class AbstractChat(models.Model):
         return self
 
 
+def _settle_parent(chat: AbstractChat, message: Any) -> None:
+    """A subagent's final answer becomes its parent's tool result, and the parent goes on."""
+    call_id = getattr(chat, "parent_tool_call_id", None)
+    if call_id is None or message.role != "assistant" or message.status != "complete":
+        return
+    if message.tool_calls.exists():
+        return
+    parent = type(chat).objects.filter(pk=getattr(chat, "parent_id", None)).first()
+    if parent is None:
+        return
+    from .agents import _last_answer
+
+    settled = parent.conversation.settle_subagent(call_id, _last_answer(chat))
+    if settled and parent.state == ChatState.WAITING:
+        parent.complete_later()
+
+
+def _cancel_children(chat: AbstractChat) -> None:
+    if any(field.name == "parent" for field in chat._meta.get_fields()):
+        children: dict[str, Any] = {"parent_id": chat.pk}
+        type(chat).objects.filter(
+            state__in=[ChatState.QUEUED, ChatState.RUNNING], **children
+        ).update(cancel_requested_at=Coalesce("cancel_requested_at", timezone.now()))
+
+
 def _connect_signals(chat: AbstractChat, conversation: Conversation) -> None:
     from . import signals
 
+    conversation.on("after_message", lambda m: _settle_parent(chat, m))
+    # A cancelled chat's running subagents stop too (their own subagents follow in turn).
+    conversation.on("cancelled", lambda: _cancel_children(chat))
     sender = type(chat)
     conversation.on("before_message", lambda: signals.model_call_started.send(sender, chat=chat))
     conversation.on(
@@ -367,9 +399,33 @@ class AbstractToolCall(models.Model):
         return f"{self.name}({self.call_id})"
 
 
+_TOTALS: dict[str, Any] = {
+    "input_tokens": Sum("input_tokens", default=0),
+    "output_tokens": Sum("output_tokens", default=0),
+    "cached_tokens": Sum("cached_tokens", default=0),
+    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    "cost": Sum("cost", default=Decimal(0)),
+    "attempts": Count("id"),
+}
+
+
 class UsageQuerySet(models.QuerySet["AbstractUsage"]):
     def for_owner(self, owner: Any) -> UsageQuerySet:
         return self.filter(owner=owner)
+
+    def by_model(self) -> Any:
+        """Totals per provider and model (rows of dicts)."""
+        return self.values("provider", "model").annotate(**_TOTALS).order_by("provider", "model")
+
+    def by_period(self, period: str = "day") -> Any:
+        """Totals per ``period`` ("day", "week" or "month"), oldest first."""
+        trunc = {"day": TruncDay, "week": TruncWeek, "month": TruncMonth}[period]
+        return (
+            self.annotate(period=trunc("created_at"))
+            .values("period")
+            .annotate(**_TOTALS)
+            .order_by("period")
+        )
 
     def totals(self) -> dict[str, Any]:
         """Token sums, the known cost, and attempts by status."""
@@ -410,6 +466,24 @@ class AbstractUsage(models.Model):
 
 
 class Chat(AbstractChat):
+    #: for a subagent's chat: the chat that handed it the task, and that tool call.
+    parent = models.ForeignKey(
+        "self",
+        verbose_name=_("parent chat"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+    )
+    parent_tool_call = models.OneToOneField(
+        "ToolCall",
+        verbose_name=_("parent tool call"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="child_chat",
+    )
+
     class Meta(AbstractChat.Meta):
         abstract = False
         verbose_name = _("chat")

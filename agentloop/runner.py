@@ -80,6 +80,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     except chat_model.DoesNotExist:  # deleted between the UPDATE and here
         return StepOutcome("missing")
     chat.conversation.store.lease = lease
+    chat.conversation.store.background = True
     try:
         with Heartbeat(lease), RedisCancelListener(chat, chat.conversation.store.cancel_notice):
             chat.step(stream=_publisher(chat))

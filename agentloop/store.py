@@ -15,14 +15,14 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .engine import ChatConfig, ChatStore, UsageRecord
 from .exceptions import ConcurrentWriteError
 from .messages import Message, MessageStatus, ToolCall, ToolCallState
-from .tools import Tool, import_path_of, load_by_path
+from .tools import Tool, load_tool, tool_reference
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -82,6 +82,7 @@ class DjangoStore(ChatStore):
         self.tool_call_model: Any = meta.get_field("tool_calls").related_model
         self.usage_model: Any = meta.get_field("usage_records").related_model
         self.chat_model: Any = type(chat)
+        self._has_children = any(field.name == "parent" for field in meta.get_fields())
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
         self._queries: dict[str, tuple[tuple[str, Any], Any]] = {}
         #: set by a background worker: every write then happens only while the lease is ours.
@@ -142,7 +143,7 @@ class DjangoStore(ChatStore):
             self.chat.save(update_fields=[*columns, "updated_at"])
 
     def set_tools(self, tools: list[Any]) -> None:
-        paths = [import_path_of(tool) for tool in tools]
+        paths = [tool_reference(tool) for tool in tools]
         self.update_config(tool_paths=paths)
         self._tools = (tuple(paths), list(tools))
 
@@ -150,7 +151,7 @@ class DjangoStore(ChatStore):
         paths = tuple(self.chat.tools or ())
         if self._tools is None or self._tools[0] != paths:
             # The chat row names its tools; any process can load them again.
-            self._tools = (paths, [load_by_path(path) for path in paths])
+            self._tools = (paths, [load_tool(path) for path in paths])
         return self._tools[1]
 
     # -- transcript ----------------------------------------------------------------------
@@ -396,7 +397,12 @@ class DjangoStore(ChatStore):
 
     def request_cancel(self) -> None:
         # Keep the first request's time: clearing compares against it.
-        self.chat_model.objects.filter(pk=self._saved_chat().pk).update(
+        pk = self._saved_chat().pk
+        targets = Q(pk=pk)
+        if self._has_children:
+            # Running subagents stop too, in the same single UPDATE.
+            targets |= Q(parent_id=pk, state__in=["queued", "running"])
+        self.chat_model.objects.filter(targets).update(
             cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
         )
         from .cancel_notices import notify

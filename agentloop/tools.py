@@ -43,6 +43,8 @@ __all__ = [
     "format_result",
     "import_path_of",
     "load_by_path",
+    "load_tool",
+    "tool_reference",
     "snake_case",
     "tool",
 ]
@@ -66,9 +68,12 @@ class ToolContext:
     round: use it as an idempotency key for side effects.
     """
 
-    def __init__(self, tool_call: ToolCall, chat: Any = None) -> None:
+    def __init__(self, tool_call: ToolCall, chat: Any = None, background: bool = False) -> None:
         self.tool_call = tool_call
+        #: the chat running the tool: a persisted ``Chat`` or an in-memory Conversation.
         self.chat = chat
+        #: True when a background worker (Celery or embedded) runs this step.
+        self.background = background
 
 
 class Tool:
@@ -324,6 +329,34 @@ def describe_validation_error(tool_name: str, error: ValidationError) -> str:
         where = ".".join(str(part) for part in item["loc"]) or "arguments"
         problems.append(f"{where}: {item['msg']}")
     return f"Invalid arguments for tool {tool_name!r}: " + "; ".join(problems)
+
+
+def tool_reference(tool_class: type[Tool]) -> str:
+    """How a persisted chat names a tool: its import path (agents: ``agent:<path>``)."""
+    reference = getattr(tool_class, "reference", None)
+    if callable(reference):
+        return str(reference())
+    return import_path_of(tool_class)
+
+
+def load_tool(reference: str) -> type[Tool]:
+    """The Tool class a :func:`tool_reference` names; errors name the reference."""
+    if reference.startswith("agent:"):
+        path, _, extra = reference.removeprefix("agent:").partition("?")
+        agent = load_by_path(path)
+        bound = json.loads(extra) if extra else {}
+        name = bound.pop("__name__", None)
+        tool_class: type[Tool] = agent.as_tool(name=name, **bound)
+        return tool_class
+    loaded = load_by_path(reference)
+    if isinstance(loaded, type) and issubclass(loaded, Tool):
+        return loaded
+    as_tool = getattr(loaded, "as_tool", None)
+    if callable(as_tool):
+        converted = as_tool()
+        if isinstance(converted, type) and issubclass(converted, Tool):
+            return converted
+    raise ConfigurationError(f"{reference!r} is not a tool.")
 
 
 def import_path_of(obj: Any) -> str:

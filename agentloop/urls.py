@@ -8,4 +8,11 @@ app_name = "agentloop"
 
 urlpatterns = [
     path("chats/<int:pk>/cancel/", views.cancel_chat, name="cancel"),
+    path(
+        "chats/<int:pk>/tool-calls/<int:call_pk>/approve/",
+        views.approve_tool_call,
+        name="approve",
+    ),
+    path("chats/<int:pk>/tool-calls/<int:call_pk>/deny/", views.deny_tool_call, name="deny"),
+    path("chats/<int:pk>/tool-calls/<int:call_pk>/answer/", views.answer_tool_call, name="answer"),
 ]

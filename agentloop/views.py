@@ -15,8 +15,17 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from .conf import agentloop_settings
+from .exceptions import ToolCallNotWaitingError
 
-__all__ = ["cancel_chat", "get_chat_model", "get_chat_for_change"]
+__all__ = [
+    "answer_tool_call",
+    "approve_tool_call",
+    "cancel_chat",
+    "can_change_chat",
+    "deny_tool_call",
+    "get_chat_for_change",
+    "get_chat_model",
+]
 
 
 def get_chat_model() -> Any:
@@ -59,3 +68,41 @@ def cancel_chat(request: HttpRequest, pk: int) -> HttpResponse:
     """Ask the chat's run to stop at its next checkpoint."""
     get_chat_for_change(request, pk).cancel()
     return _done(request)
+
+
+def _decide(request: HttpRequest, pk: int, call_pk: int, decide: Any) -> HttpResponse:
+    chat = get_chat_for_change(request, pk)
+    try:
+        decide(chat, call_pk)
+    except ToolCallNotWaitingError as exc:
+        return HttpResponse(str(exc), status=409, content_type="text/plain")
+    return _done(request)
+
+
+@require_POST
+@login_required
+def approve_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
+    """Approve a call that waits for approval (for exactly its arguments)."""
+    return _decide(request, pk, call_pk, lambda chat, call: chat.approve(call, by=request.user))
+
+
+@require_POST
+@login_required
+def deny_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
+    """Deny a call; ``reason`` (optional) is passed on to the model."""
+    reason = request.POST.get("reason", "")[:2000]
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.deny(call, reason=reason, by=request.user)
+    )
+
+
+@require_POST
+@login_required
+def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
+    """Answer a call's question with ``text``."""
+    text = request.POST.get("text", "")
+    if not text.strip():
+        return HttpResponse("An answer needs some text.", status=400, content_type="text/plain")
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
+    )

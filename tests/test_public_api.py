@@ -16,6 +16,7 @@ REPO = Path(agentloop.__file__).resolve().parent.parent
 
 #: the promised top-level names; a change here is an API change (add it on purpose).
 EXPECTED_ALL = {
+    "Agent",
     "AgentloopError",
     "CancelledError",
     "ConcurrentWriteError",
@@ -23,6 +24,7 @@ EXPECTED_ALL = {
     "Conversation",
     "LimitReachedError",
     "Message",
+    "NeedsInput",
     "PendingToolCallsError",
     "ProviderError",
     "Tool",

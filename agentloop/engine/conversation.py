@@ -88,6 +88,12 @@ def _as_tool_class(obj: Any) -> type[Tool]:
     )
 
 
+def _package_name(obj: Any) -> str:
+    """``billing`` for a class in ``billing.agents`` or ``billing``."""
+    parts = [part for part in obj.__module__.split(".") if part not in {"agents", "tools"}]
+    return parts[-1] if parts else obj.__module__.split(".")[-1]
+
+
 class _StreamState:
     """Collects a streamed answer: forwards chunks, checks cancellation, saves partials."""
 
@@ -161,6 +167,16 @@ class Conversation:
         by_name = {tool.name: tool for tool in current}
         for tool in tools:
             tool_class = _as_tool_class(tool)
+            existing = by_name.get(tool_class.name)
+            agent = getattr(tool_class, "agent_class", None)
+            clash = existing is not None and existing.__module__ != tool_class.__module__
+            if clash and agent is not None:
+                # Two agents named alike (billing.Research, legal.Research): the newcomer's
+                # name takes its package's name, as in "billing_research".
+                tool_class = agent.as_tool(
+                    name=f"{_package_name(agent)}_{tool_class.name}",
+                    **getattr(tool_class, "bound_inputs", {}),
+                )
             by_name[tool_class.name] = tool_class
         self.store.set_tools(list(by_name.values()))
         return self
@@ -335,6 +351,18 @@ class Conversation:
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return record
+
+    def settle_subagent(self, tool_call_id: Any, text: str) -> bool:
+        """Give a call waiting on a subagent its result; False if it wasn't waiting."""
+        try:
+            call = self._find_waiting(tool_call_id, "subagent")
+        except ToolCallNotWaitingError:
+            return False
+        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
+        record = self.store.record_decision(call, "answered", by=None, reason="", result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return True
 
     def tools(self) -> dict[str, type[Tool]]:
         """The chat's tools by name."""
@@ -512,11 +540,17 @@ class Conversation:
     ) -> ModelRequest:
         options = config.tool_options
         tools = [tool.definition() for tool in self.store.get_tools()]
+        messages = [m for m in transcript if m.is_finished]
+        choice = options.choice
+        if choice not in (None, "auto", "none") and messages and messages[-1].role == "tool":
+            # A forced choice ("required", a tool name) applies to the turn's first call;
+            # kept after the results, the model could never answer in words.
+            choice = "auto"
         return ModelRequest(
             model=model_id,
-            messages=[m for m in transcript if m.is_finished],
+            messages=messages,
             tools=tools,
-            tool_choice=options.choice if tools else None,
+            tool_choice=choice if tools else None,
             parallel_tool_calls=(False if options.calls == "one" else None) if tools else None,
             temperature=config.temperature,
             max_output_tokens=config.max_output_tokens,

@@ -45,6 +45,9 @@ class ChatStore(ABC):
     #: set when a cancel request is known to have arrived, so throttled checkpoints
     #: read the flag at once instead of at the next poll (None: polling only).
     cancel_notice: threading.Event | None = None
+    #: True while a background worker runs the chat (tools may act differently, e.g.
+    #: a subagent is enqueued as its own jobs instead of run to completion inline).
+    background: bool = False
 
     # -- configuration -------------------------------------------------------------
     @abstractmethod

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..exceptions import CancelledError, NeedsInput, ToolError
+from ..exceptions import CancelledError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
@@ -31,7 +31,9 @@ DENIED_RESULT = "The user denied this tool call; it was not run."
 Emit = Callable[..., None]
 
 
-def execute_tool(tool_class: type[Tool], call: ToolCall, chat: Any = None) -> ToolOutcome:
+def execute_tool(
+    tool_class: type[Tool], call: ToolCall, chat: Any = None, background: bool = False
+) -> ToolOutcome:
     """Validate the arguments and run the tool; every failure becomes an error outcome."""
     try:
         arguments = tool_class.parse_arguments(call.arguments)
@@ -39,12 +41,12 @@ def execute_tool(tool_class: type[Tool], call: ToolCall, chat: Any = None) -> To
         message = describe_validation_error(call.name, exc)
         return ToolOutcome(message, is_error=True, error=message)
     instance = tool_class()
-    instance.context = ToolContext(call, chat)
+    instance.context = ToolContext(call, chat, background=background)
     try:
         value = instance.execute(**arguments)
         return ToolOutcome(format_result(value))
-    except NeedsInput as exc:
-        return ToolOutcome(wait_reason="question", question=exc.question)
+    except ToolWaiting as exc:
+        return ToolOutcome(wait_reason=exc.reason, question=exc.question)
     except ToolError as exc:
         return ToolOutcome(str(exc) or type(exc).__name__, is_error=True, error=repr(exc))
     except Exception as exc:
@@ -134,7 +136,7 @@ class ToolRunner:
         self.emit("after_message", record)
 
     def _execute(self, call: ToolCall) -> ToolOutcome:
-        return execute_tool(self.tools[call.name], call, self.chat)
+        return execute_tool(self.tools[call.name], call, self.chat, self.store.background)
 
     def _start(self, call: ToolCall) -> None:
         self.store.mark_tool_running(call)

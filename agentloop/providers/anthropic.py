@@ -108,17 +108,29 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "not", "additionalProperties")
+
+
 def _closed_objects(schema: Any) -> Any:
     """A copy of ``schema`` where every object schema says ``additionalProperties: false``.
 
     Anthropic's structured output (and strict tools) only accept closed objects;
     pydantic leaves them open unless the model forbids extra fields.
     """
-    if isinstance(schema, list):
-        return [_closed_objects(item) for item in schema]
     if not isinstance(schema, dict):
-        return schema
-    result = {key: _closed_objects(value) for key, value in schema.items()}
+        return copy.deepcopy(schema)
+    result = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            result[key] = {name: _closed_objects(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            result[key] = [_closed_objects(sub) for sub in schema[key]]
+    for key in _SCHEMA_ONES:
+        if isinstance(schema.get(key), dict):
+            result[key] = _closed_objects(schema[key])
     is_object = schema.get("type") == "object" or "properties" in schema
     if is_object and "additionalProperties" not in schema:
         result["additionalProperties"] = False

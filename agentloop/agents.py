@@ -1,0 +1,248 @@
+"""Agents: a chat's configuration as a class, and agents handed to chats as tools.
+
+::
+
+    class Research(agentloop.Agent):
+        \"\"\"Researches a question and reports back.\"\"\"
+        model = "openai:gpt-4.1-mini"
+        instructions = "You research {topic} carefully."
+        tools = [WebSearch]
+        inputs = ["topic"]
+
+    chat = Research.create(owner=user, topic="Django")     # persisted, configured
+    lead.with_tools(Research)                              # a subagent tool named "research"
+
+As a tool, an agent takes ``task`` plus its inputs not bound by ``as_tool(**bound)``,
+runs a fresh child chat (linked to the parent chat and the tool call, same owner)
+and returns the child's last answer. In a background worker the child runs as its
+own jobs while the parent's call waits; the parent resumes when the child settles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field, create_model
+
+from .exceptions import ConfigurationError, ToolError, ToolWaiting
+from .tools import Tool, import_path_of, snake_case
+
+if TYPE_CHECKING:
+    from .engine import Conversation
+
+__all__ = ["Agent", "AgentTool"]
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+class Agent:
+    """Base class of agents: class attributes configure the chats they make."""
+
+    #: "provider:model" (None: the project's DEFAULT_MODEL).
+    model: ClassVar[str | None] = None
+    provider: ClassVar[str | None] = None
+    #: the system message; ``{name}`` placeholders are filled from the inputs.
+    instructions: ClassVar[str] = ""
+    #: tools, @tool functions and other agents (as subagents).
+    tools: ClassVar[Sequence[Any]] = ()
+    #: keyword arguments of ``with_tool_options``.
+    tool_options: ClassVar[Mapping[str, Any]] = {}
+    temperature: ClassVar[float | None] = None
+    #: structured output: a pydantic model or a JSON schema.
+    schema: ClassVar[Any] = None
+    #: what the agent does, for the model choosing it as a tool (default: the docstring).
+    description: ClassVar[str] = ""
+    #: named inputs (a list of names, or names -> descriptions), strings given at creation.
+    inputs: ClassVar[Sequence[str] | Mapping[str, str]] = ()
+    #: keyword arguments of ``with_limits``.
+    limits: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("description"):
+            cls.description = (cls.__doc__ or "").strip()
+
+    # -- configuration ------------------------------------------------------------------
+    @classmethod
+    def input_names(cls) -> list[str]:
+        return list(cls.inputs)
+
+    @classmethod
+    def render_instructions(cls, inputs: Mapping[str, Any]) -> str:
+        """The instructions with ``{name}`` placeholders of known inputs filled in."""
+        missing = [name for name in cls.input_names() if name not in inputs]
+        if missing:
+            raise ConfigurationError(f"{cls.__name__} needs the input(s) {', '.join(missing)}.")
+        unknown = sorted(set(inputs) - set(cls.input_names()))
+        if unknown:
+            raise ConfigurationError(f"{cls.__name__} has no input(s) {', '.join(unknown)}.")
+
+        def fill(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return str(inputs[name]) if name in inputs else match.group(0)
+
+        return _PLACEHOLDER.sub(fill, cls.instructions)
+
+    @classmethod
+    def configure(cls, chat: Any, **inputs: Any) -> Any:
+        """Apply this agent's configuration to ``chat`` (persisted or in memory)."""
+        instructions = cls.render_instructions(inputs)
+        if cls.model:
+            chat.with_model(cls.model, cls.provider)
+        if instructions:
+            chat.with_instructions(instructions)
+        if cls.tools:
+            chat.with_tools(*cls.tools)
+        if cls.tool_options:
+            chat.with_tool_options(**cls.tool_options)
+        if cls.temperature is not None:
+            chat.with_temperature(cls.temperature)
+        if cls.schema is not None:
+            chat.with_schema(cls.schema)
+        if cls.limits:
+            chat.with_limits(**cls.limits)
+        return chat
+
+    @classmethod
+    def chat(cls, **inputs: Any) -> Conversation:
+        """An in-memory chat configured by this agent."""
+        from . import chat as new_chat
+
+        conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
+        return conversation
+
+    @classmethod
+    def create(cls, owner: Any = None, **inputs: Any) -> Any:
+        """A persisted chat configured by this agent (its import path is stored too)."""
+        from .conf import agentloop_settings
+        from .views import get_chat_model
+
+        links = ("parent", "parent_tool_call", "parent_tool_call_id")
+        extra = {key: inputs.pop(key) for key in links if key in inputs}
+        chat = get_chat_model()(
+            owner=owner,
+            model=cls.model or agentloop_settings.DEFAULT_MODEL,
+            provider=cls.provider or "",
+            agent_path=import_path_of(cls),
+            title=cls.__name__,
+            **extra,
+        )
+        cls.render_instructions(inputs)  # fail before saving anything
+        chat.save()
+        return cls.configure(chat, **inputs)
+
+    @classmethod
+    def find(cls, pk: Any) -> Any:
+        """The persisted chat ``pk`` made by this agent."""
+        from .views import get_chat_model
+
+        return get_chat_model().objects.get(pk=pk, agent_path=import_path_of(cls))
+
+    # -- as a tool ------------------------------------------------------------------------
+    @classmethod
+    def tool_name(cls) -> str:
+        """``research`` for ``Research``."""
+        return snake_case(cls.__name__)
+
+    @classmethod
+    def as_tool(cls, *, name: str | None = None, **bound: Any) -> type[AgentTool]:
+        """This agent as a tool taking ``task`` and the inputs not given in ``bound``."""
+        unknown = sorted(set(bound) - set(cls.input_names()))
+        if unknown:
+            raise ConfigurationError(f"{cls.__name__} has no input(s) {', '.join(unknown)}.")
+        descriptions = dict(cls.inputs) if isinstance(cls.inputs, Mapping) else {}
+        fields: dict[str, Any] = {
+            "task": (
+                str,
+                Field(description="The task, with everything needed written to stand alone."),
+            )
+        }
+        for input_name in cls.input_names():
+            if input_name not in bound:
+                fields[input_name] = (str, Field(description=descriptions.get(input_name)))
+        params = create_model(f"{cls.__name__}Params", **fields)
+        attrs: dict[str, Any] = {
+            "name": name or cls.tool_name(),
+            "description": cls.description or f"Hands a task to the {cls.__name__} agent.",
+            "Params": params,
+            "agent_class": cls,
+            "bound_inputs": dict(bound),
+            "__module__": cls.__module__,
+        }
+        return type(f"{cls.__name__}Tool", (AgentTool,), attrs)
+
+
+class AgentTool(Tool):
+    """The tool an agent becomes: runs a child chat on the task."""
+
+    agent_class: ClassVar[type[Agent]]
+    bound_inputs: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def reference(cls) -> str:
+        """How a persisted chat names this tool: ``agent:<path>`` (+ bound inputs, name)."""
+        extra = dict(cls.bound_inputs)
+        if cls.name != cls.agent_class.tool_name():
+            extra["__name__"] = cls.name
+        suffix = "?" + json.dumps(extra, sort_keys=True) if extra else ""
+        return f"agent:{import_path_of(cls.agent_class)}{suffix}"
+
+    def execute(self, *args: Any, task: str = "", **inputs: Any) -> str:
+        agent = type(self).agent_class
+        inputs = {**type(self).bound_inputs, **inputs}
+        parent = self.context.chat
+        if not hasattr(parent, "_meta"):
+            return self._run_in_memory(agent, task, inputs)
+        child = _child_for(parent, self.tool_call, agent, task, inputs)
+        if self.context.background:
+            # The child runs as its own jobs; our call waits and is settled when it ends.
+            from .engine.transcript import next_move
+
+            if next_move(child.conversation.messages) == "done":
+                return _last_answer(child)
+            if child.state not in ("queued", "running"):
+                child.complete_later()
+            raise ToolWaiting("subagent")
+        child.complete()
+        if child.conversation.is_complete():
+            return _last_answer(child)
+        raise ToolWaiting("subagent")  # the child waits for a person; so do we
+
+    def _run_in_memory(self, agent: type[Agent], task: str, inputs: dict[str, Any]) -> str:
+        child = agent.chat(**inputs)
+        answer = child.ask(task)
+        if child.is_waiting():
+            raise ToolError(
+                f"The {agent.__name__} agent needs a person's input, which an in-memory chat "
+                "can't wait for; use a persisted Chat."
+            )
+        return str(getattr(answer, "content", "") or "")
+
+
+def _child_for(
+    parent: Any, call: Any, agent: type[Agent], task: str, inputs: dict[str, Any]
+) -> Any:
+    """The child chat of this call: the existing one (after a crash or a wait) or a new one."""
+    chat_model = type(parent)
+    child = chat_model.objects.filter(parent_tool_call_id=call.key).first()
+    if child is None:
+        child = agent.create(
+            owner=parent.owner, parent=parent, parent_tool_call_id=call.key, **inputs
+        )
+    if not any(m.role == "user" for m in child.conversation.messages):
+        child.ask_later(task)
+    return child
+
+
+def _last_answer(child: Any) -> str:
+    from .engine.transcript import finished
+
+    for message in reversed(finished(child.conversation.messages)):
+        if message.role == "assistant":
+            if message.parsed is not None:
+                return json.dumps(message.parsed)
+            return message.content
+    return ""
