@@ -203,9 +203,8 @@ class AgentTool(Tool):
 
             if next_move(child.conversation.messages) == "done":
                 return _last_answer(child)
-            if child.state not in ("queued", "running"):
-                child.complete_later()
-            raise ToolWaiting("subagent")
+            start = None if child.state in ("queued", "running") else child.complete_later
+            raise ToolWaiting("subagent", then=start)
         child.complete()
         if child.conversation.is_complete():
             return _last_answer(child)

@@ -28,6 +28,8 @@ provider's ``Retry-After`` in seconds when it sent one.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AgentloopError",
     "AuthenticationError",
@@ -105,9 +107,12 @@ class ToolWaiting(AgentloopError):  # noqa: N818 - a state, not a failure
 
     reason = "subagent"
 
-    def __init__(self, message: str = "", question: str | None = None) -> None:
+    def __init__(self, message: str = "", question: str | None = None, then: Any = None) -> None:
         super().__init__(message or self.reason)
         self.question = question
+        #: called once the call is recorded as waiting (e.g. to start the subagent, so
+        #: it can't finish before its parent call waits for it).
+        self.then = then
 
 
 class NeedsInput(ToolWaiting):  # noqa: N818 - a request, not a failure

@@ -303,7 +303,7 @@ class ToolOutcome:
     approval or answer, or for a subagent).
     """
 
-    __slots__ = ("content", "error", "is_error", "question", "wait_reason")
+    __slots__ = ("after_wait", "content", "error", "is_error", "question", "wait_reason")
 
     def __init__(
         self,
@@ -313,6 +313,7 @@ class ToolOutcome:
         error: str | None = None,
         wait_reason: str | None = None,
         question: str | None = None,
+        after_wait: Callable[[], Any] | None = None,
     ) -> None:
         self.content = content
         self.is_error = is_error
@@ -320,6 +321,7 @@ class ToolOutcome:
         self.error = error
         self.wait_reason = wait_reason
         self.question = question
+        self.after_wait = after_wait
 
 
 def describe_validation_error(tool_name: str, error: ValidationError) -> str:

@@ -46,7 +46,7 @@ def execute_tool(
         value = instance.execute(**arguments)
         return ToolOutcome(format_result(value))
     except ToolWaiting as exc:
-        return ToolOutcome(wait_reason=exc.reason, question=exc.question)
+        return ToolOutcome(wait_reason=exc.reason, question=exc.question, after_wait=exc.then)
     except ToolError as exc:
         return ToolOutcome(str(exc) or type(exc).__name__, is_error=True, error=repr(exc))
     except Exception as exc:
@@ -120,6 +120,8 @@ class ToolRunner:
         if outcome.wait_reason is not None:
             self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
             self.waiting.append(call)
+            if outcome.after_wait is not None:
+                outcome.after_wait()
             return
         message = Message(
             role="tool",
