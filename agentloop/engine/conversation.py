@@ -7,7 +7,6 @@ driven from any process: ``step()`` here, ``step()`` in a Celery worker later.
 from __future__ import annotations
 
 import json
-import random
 import time
 import uuid
 from collections import defaultdict
@@ -26,23 +25,23 @@ from ..exceptions import (
     LimitReachedError,
     PendingToolCallsError,
     ProviderError,
-    ToolCallNotWaitingError,
 )
 from ..messages import (
-    Chunk,
     Message,
     MessageStatus,
     ModelRequest,
     ModelResponse,
-    TextDelta,
     ToolCall,
     ToolCallState,
 )
-from ..tools import Tool, import_path_of, load_by_path
+from ..tools import Tool, load_by_path
 from .checkpoints import Checkpoints
-from .config import ChatConfig, Limits, ToolOptions
+from .config import ChatConfig
+from .configuration import Configuration
+from .people import PeopleInTheLoop
 from .store import ChatStore, UsageRecord
-from .tool_runner import DENIED_RESULT, ToolRunner
+from .streaming import StreamCallback, StreamState, backoff
+from .tool_runner import ToolRunner
 from .transcript import (
     finished,
     is_complete,
@@ -54,12 +53,9 @@ from .transcript import (
 
 __all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "StreamCallback"]
 
-StreamCallback = Callable[[Chunk], None]
-
 #: the result given to calls left unanswered by a cancel when the user moves on.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
 
-_UNSET: Any = object()
 _EVENTS = (
     "before_message",
     "after_message",
@@ -74,63 +70,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _as_tool_class(obj: Any) -> type[Tool]:
-    """A Tool class from what users pass to ``with_tools``."""
-    if isinstance(obj, type) and issubclass(obj, Tool):
-        return obj
-    as_tool = getattr(obj, "as_tool", None)
-    if callable(as_tool):  # agents, and anything else that can become a tool
-        converted = as_tool()
-        if isinstance(converted, type) and issubclass(converted, Tool):
-            return converted
-    raise ConfigurationError(
-        f"{obj!r} is not a tool: pass a Tool subclass or a function decorated with @tool."
-    )
-
-
-def _package_name(obj: Any) -> str:
-    """``billing`` for a class in ``billing.agents`` or ``billing``."""
-    parts = [part for part in obj.__module__.split(".") if part not in {"agents", "tools"}]
-    return parts[-1] if parts else obj.__module__.split(".")[-1]
-
-
-class _StreamState:
-    """Collects a streamed answer: forwards chunks, checks cancellation, saves partials."""
-
-    def __init__(
-        self,
-        store: ChatStore,
-        checkpoints: Checkpoints,
-        stream: StreamCallback | None,
-        model: str,
-    ) -> None:
-        self.store = store
-        self.checkpoints = checkpoints
-        self.stream = stream
-        self.model = model
-        self.parts: list[str] = []
-        self.partial_key: Any = None
-        self.interval = float(agentloop_settings.PARTIAL_SAVE_INTERVAL)
-        self._last_save = time.monotonic()
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def on_chunk(self, chunk: Chunk) -> None:
-        if self.stream is not None:
-            self.stream(chunk)
-        if isinstance(chunk, TextDelta) and chunk.text:
-            self.parts.append(chunk.text)
-            now = time.monotonic()
-            if now - self._last_save >= self.interval:
-                # Long answers become visible (and survive a crash) as a marked partial.
-                self.partial_key = self.store.save_partial(self.text, self.partial_key, self.model)
-                self._last_save = now
-        self.checkpoints.check(force=False)
-
-
-class Conversation:
+class Conversation(Configuration, PeopleInTheLoop):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -146,114 +86,6 @@ class Conversation:
 
     def __repr__(self) -> str:
         return f"<Conversation model={self.store.get_config().model!r}>"
-
-    # -- configuration ----------------------------------------------------------------
-    def with_model(self, model: str, provider: str | None = None) -> Conversation:
-        """Use ``model`` (``"provider:model"`` or a known model id) from now on."""
-        providers.split_model(model, provider)  # fail now on a model nobody can serve
-        self.store.update_config(model=model, provider=provider)
-        return self
-
-    def with_instructions(self, text: str, append: bool = False) -> Conversation:
-        """Set the system message (replacing earlier ones unless ``append``)."""
-        if not append:
-            self.store.remove_system_messages()
-        self.store.append_message(Message(role="system", content=text))
-        return self
-
-    def with_tools(self, *tools: Any, replace: bool = False) -> Conversation:
-        """Offer these tools (Tool classes, @tool functions, agents) to the model."""
-        current = [] if replace else list(self.store.get_tools())
-        by_name = {tool.name: tool for tool in current}
-        for tool in tools:
-            tool_class = _as_tool_class(tool)
-            existing = by_name.get(tool_class.name)
-            agent = getattr(tool_class, "agent_class", None)
-            clash = existing is not None and existing.__module__ != tool_class.__module__
-            if clash and agent is not None:
-                # Two agents named alike (billing.Research, legal.Research): the newcomer's
-                # name takes its package's name, as in "billing_research".
-                tool_class = agent.as_tool(
-                    name=f"{_package_name(agent)}_{tool_class.name}",
-                    **getattr(tool_class, "bound_inputs", {}),
-                )
-            by_name[tool_class.name] = tool_class
-        self.store.set_tools(list(by_name.values()))
-        return self
-
-    def with_tool_options(
-        self,
-        *,
-        choice: str | None = _UNSET,
-        calls: str = _UNSET,
-        concurrency: str | int | None = _UNSET,
-    ) -> Conversation:
-        """``choice`` ("auto", "none", "required" or a tool name), ``calls`` ("many" or
-        "one"), ``concurrency`` (None, "threads" or a pool size)."""
-        changes = {
-            key: value
-            for key, value in {"choice": choice, "calls": calls, "concurrency": concurrency}.items()
-            if value is not _UNSET
-        }
-        current = self.store.get_config().tool_options.model_dump()
-        try:
-            options = ToolOptions.model_validate({**current, **changes})
-        except ValidationError as exc:
-            raise ConfigurationError(f"Invalid tool options: {exc}") from exc
-        self.store.update_config(tool_options=options)
-        return self
-
-    def with_temperature(self, temperature: float | None) -> Conversation:
-        """Sampling temperature (None: the provider's default)."""
-        self.store.update_config(temperature=temperature)
-        return self
-
-    def with_max_output_tokens(self, tokens: int | None) -> Conversation:
-        """Cap the length of each answer."""
-        self.store.update_config(max_output_tokens=tokens)
-        return self
-
-    def with_provider_options(self, **options: Any) -> Conversation:
-        """Raw request fields merged into what the provider is sent."""
-        merged = {**self.store.get_config().provider_options, **options}
-        self.store.update_config(provider_options=merged)
-        return self
-
-    def with_headers(self, **headers: str) -> Conversation:
-        """Extra HTTP headers for the provider (stored with the chat: no secrets)."""
-        merged = {**self.store.get_config().headers, **headers}
-        self.store.update_config(headers=merged)
-        return self
-
-    def with_schema(self, schema: type[BaseModel] | dict[str, Any] | None) -> Conversation:
-        """Ask for structured output; answers are parsed into ``message.parsed``."""
-        if schema is None:
-            self._schema_model = None
-            self.store.update_config(output_schema=None, schema_path=None)
-        elif isinstance(schema, dict):
-            self._schema_model = None
-            self.store.update_config(output_schema=schema, schema_path=None)
-        elif isinstance(schema, type) and issubclass(schema, BaseModel):
-            self._schema_model = schema
-            try:
-                path: str | None = import_path_of(schema)
-            except ConfigurationError:
-                path = None  # parsed in this process only; elsewhere as plain JSON
-            self.store.update_config(output_schema=schema.model_json_schema(), schema_path=path)
-        else:
-            raise ConfigurationError("with_schema() takes a pydantic model class or a JSON schema")
-        return self
-
-    def with_limits(self, **limits: Any) -> Conversation:
-        """Per-turn budgets: ``max_model_calls``, ``max_tool_calls``, ``max_seconds``,
-        ``max_cost``. Given keys replace earlier values; pass None to remove one."""
-        current = self.store.get_config().limits.model_dump()
-        try:
-            merged = Limits.model_validate({**current, **limits})
-        except ValidationError as exc:
-            raise ConfigurationError(f"Invalid limits: {exc}") from exc
-        self.store.update_config(limits=merged)
-        return self
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Conversation:
@@ -296,73 +128,6 @@ class Conversation:
     def is_waiting(self) -> bool:
         """A pending tool call is held by an approval, a question or a subagent."""
         return is_waiting(self.store.load_transcript())
-
-    def pending_approvals(self) -> list[Any]:
-        """Tool calls waiting for a person to approve or deny them."""
-        return self._waiting_calls("approval")
-
-    def pending_questions(self) -> list[Any]:
-        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
-        return self._waiting_calls("question")
-
-    def _waiting_calls(self, reason: str) -> list[Any]:
-        round_ = pending_round(self.store.load_transcript())
-        return [
-            self.store.native_tool_call(call)
-            for call in round_.unanswered
-            if call.state == ToolCallState.WAITING and call.wait_reason == reason
-        ]
-
-    def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
-        """The waiting call named by its provider id, its store key, or a store record."""
-        key = getattr(tool_call_id, "pk", tool_call_id)
-        for call in pending_round(self.store.load_transcript()).unanswered:
-            if call.id == key or call.key == key or str(call.key) == str(key):
-                if call.state != ToolCallState.WAITING or call.wait_reason != reason:
-                    raise ToolCallNotWaitingError(
-                        f"Tool call {call.id!r} ({call.name}) is not waiting for "
-                        f"{'an answer' if reason == 'question' else 'approval'}."
-                    )
-                return call
-        raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
-
-    def approve(self, tool_call_id: Any, by: Any = None) -> None:
-        """Let a call that needs approval run (at the next step), for exactly its arguments."""
-        call = self._find_waiting(tool_call_id, "approval")
-        self.store.record_decision(call, "approved", by=by, reason="", result=None)
-
-    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
-        """Refuse a call: the model gets an error result saying the user denied it."""
-        call = self._find_waiting(tool_call_id, "approval")
-        text = DENIED_RESULT + (f" Reason: {reason}" if reason else "")
-        result = Message(
-            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=True
-        )
-        record = self.store.record_decision(call, "denied", by=by, reason=reason, result=result)
-        self._emit("after_tool_result", record)
-        self._emit("after_message", record)
-        return record
-
-    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
-        """Answer a call's question: the answer becomes the call's result."""
-        call = self._find_waiting(tool_call_id, "question")
-        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
-        record = self.store.record_decision(call, "answered", by=by, reason="", result=result)
-        self._emit("after_tool_result", record)
-        self._emit("after_message", record)
-        return record
-
-    def settle_subagent(self, tool_call_id: Any, text: str) -> bool:
-        """Give a call waiting on a subagent its result; False if it wasn't waiting."""
-        try:
-            call = self._find_waiting(tool_call_id, "subagent")
-        except ToolCallNotWaitingError:
-            return False
-        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
-        record = self.store.record_decision(call, "answered", by=None, reason="", result=result)
-        self._emit("after_tool_result", record)
-        self._emit("after_message", record)
-        return True
 
     def tools(self) -> dict[str, type[Tool]]:
         """The chat's tools by name."""
@@ -577,7 +342,7 @@ class Conversation:
         self._emit("before_message")
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
-            state = _StreamState(self.store, checkpoints, stream, model_id)
+            state = StreamState(self.store, checkpoints, stream, model_id)
             started = time.monotonic()
             try:
                 response = provider.request(
@@ -608,7 +373,7 @@ class Conversation:
                     )
                 )
                 if isinstance(exc, ProviderError) and exc.retryable and attempt < retries:
-                    time.sleep(_backoff(attempt, exc.retry_after))
+                    time.sleep(backoff(attempt, exc.retry_after))
                     checkpoints.check()
                     continue
                 raise
@@ -637,7 +402,8 @@ class Conversation:
             seen.add(call_id)
             calls.append(call.model_copy(update={"id": call_id, "state": ToolCallState.PENDING}))
         parsed = response.parsed
-        if parsed is None and self.store.get_config().output_schema and response.content:
+        if self.store.get_config().output_schema and response.content:
+            # Our own parse validates against the pydantic model when there is one.
             parsed = self._parse(response.content)
         return Message(
             role="assistant",
@@ -662,11 +428,3 @@ class Conversation:
             return json.loads(content)
         except (ValidationError, ValueError):
             return None  # kept as text; parsed stays None so callers can tell
-
-
-def _backoff(attempt: int, retry_after: float | None) -> float:
-    if retry_after is not None:
-        return max(0.0, min(float(retry_after), float(agentloop_settings.RETRY_BACKOFF_MAX)))
-    base = float(agentloop_settings.RETRY_BACKOFF) * (2**attempt)
-    # "Full jitter": spreads retries of many workers hitting the same limit.
-    return min(random.uniform(0, base), float(agentloop_settings.RETRY_BACKOFF_MAX))  # noqa: S311

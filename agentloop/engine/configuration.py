@@ -1,0 +1,152 @@
+"""The ``with_*`` methods: a chat's configuration, persisted through its store."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from pydantic import BaseModel, ValidationError
+
+from .. import providers
+from ..exceptions import ConfigurationError
+from ..messages import Message
+from ..tools import Tool, import_path_of
+from .config import Limits, ToolOptions
+from .store import ChatStore
+
+__all__ = ["Configuration"]
+
+_UNSET: Any = object()
+
+
+def _as_tool_class(obj: Any) -> type[Tool]:
+    """A Tool class from what users pass to ``with_tools``."""
+    if isinstance(obj, type) and issubclass(obj, Tool):
+        return obj
+    as_tool = getattr(obj, "as_tool", None)
+    if callable(as_tool):  # agents, and anything else that can become a tool
+        converted = as_tool()
+        if isinstance(converted, type) and issubclass(converted, Tool):
+            return converted
+    raise ConfigurationError(
+        f"{obj!r} is not a tool: pass a Tool subclass or a function decorated with @tool."
+    )
+
+
+def _package_name(obj: Any) -> str:
+    """``billing`` for a class in ``billing.agents`` or ``billing``."""
+    parts = [part for part in obj.__module__.split(".") if part not in {"agents", "tools"}]
+    return parts[-1] if parts else obj.__module__.split(".")[-1]
+
+
+class Configuration:
+    """Chainable configuration; each method persists through the store and returns the chat."""
+
+    store: ChatStore
+    _schema_model: type[BaseModel] | None
+
+    def with_model(self, model: str, provider: str | None = None) -> Self:
+        """Use ``model`` (``"provider:model"`` or a known model id) from now on."""
+        providers.split_model(model, provider)  # fail now on a model nobody can serve
+        self.store.update_config(model=model, provider=provider)
+        return self
+
+    def with_instructions(self, text: str, append: bool = False) -> Self:
+        """Set the system message (replacing earlier ones unless ``append``)."""
+        if not append:
+            self.store.remove_system_messages()
+        self.store.append_message(Message(role="system", content=text))
+        return self
+
+    def with_tools(self, *tools: Any, replace: bool = False) -> Self:
+        """Offer these tools (Tool classes, @tool functions, agents) to the model."""
+        current = [] if replace else list(self.store.get_tools())
+        by_name = {tool.name: tool for tool in current}
+        for tool in tools:
+            tool_class = _as_tool_class(tool)
+            existing = by_name.get(tool_class.name)
+            agent = getattr(tool_class, "agent_class", None)
+            clash = existing is not None and existing.__module__ != tool_class.__module__
+            if clash and agent is not None:
+                # Two agents named alike (billing.Research, legal.Research): the newcomer's
+                # name takes its package's name, as in "billing_research".
+                tool_class = agent.as_tool(
+                    name=f"{_package_name(agent)}_{tool_class.name}",
+                    **getattr(tool_class, "bound_inputs", {}),
+                )
+            by_name[tool_class.name] = tool_class
+        self.store.set_tools(list(by_name.values()))
+        return self
+
+    def with_tool_options(
+        self,
+        *,
+        choice: str | None = _UNSET,
+        calls: str = _UNSET,
+        concurrency: str | int | None = _UNSET,
+    ) -> Self:
+        """``choice`` ("auto", "none", "required" or a tool name), ``calls`` ("many" or
+        "one"), ``concurrency`` (None, "threads" or a pool size)."""
+        changes = {
+            key: value
+            for key, value in {"choice": choice, "calls": calls, "concurrency": concurrency}.items()
+            if value is not _UNSET
+        }
+        current = self.store.get_config().tool_options.model_dump()
+        try:
+            options = ToolOptions.model_validate({**current, **changes})
+        except ValidationError as exc:
+            raise ConfigurationError(f"Invalid tool options: {exc}") from exc
+        self.store.update_config(tool_options=options)
+        return self
+
+    def with_temperature(self, temperature: float | None) -> Self:
+        """Sampling temperature (None: the provider's default)."""
+        self.store.update_config(temperature=temperature)
+        return self
+
+    def with_max_output_tokens(self, tokens: int | None) -> Self:
+        """Cap the length of each answer."""
+        self.store.update_config(max_output_tokens=tokens)
+        return self
+
+    def with_provider_options(self, **options: Any) -> Self:
+        """Raw request fields merged into what the provider is sent."""
+        merged = {**self.store.get_config().provider_options, **options}
+        self.store.update_config(provider_options=merged)
+        return self
+
+    def with_headers(self, **headers: str) -> Self:
+        """Extra HTTP headers for the provider (stored with the chat: no secrets)."""
+        merged = {**self.store.get_config().headers, **headers}
+        self.store.update_config(headers=merged)
+        return self
+
+    def with_schema(self, schema: type[BaseModel] | dict[str, Any] | None) -> Self:
+        """Ask for structured output; answers are parsed into ``message.parsed``."""
+        if schema is None:
+            self._schema_model = None
+            self.store.update_config(output_schema=None, schema_path=None)
+        elif isinstance(schema, dict):
+            self._schema_model = None
+            self.store.update_config(output_schema=schema, schema_path=None)
+        elif isinstance(schema, type) and issubclass(schema, BaseModel):
+            self._schema_model = schema
+            try:
+                path: str | None = import_path_of(schema)
+            except ConfigurationError:
+                path = None  # parsed in this process only; elsewhere as plain JSON
+            self.store.update_config(output_schema=schema.model_json_schema(), schema_path=path)
+        else:
+            raise ConfigurationError("with_schema() takes a pydantic model class or a JSON schema")
+        return self
+
+    def with_limits(self, **limits: Any) -> Self:
+        """Per-turn budgets: ``max_model_calls``, ``max_tool_calls``, ``max_seconds``,
+        ``max_cost``. Given keys replace earlier values; pass None to remove one."""
+        current = self.store.get_config().limits.model_dump()
+        try:
+            merged = Limits.model_validate({**current, **limits})
+        except ValidationError as exc:
+            raise ConfigurationError(f"Invalid limits: {exc}") from exc
+        self.store.update_config(limits=merged)
+        return self

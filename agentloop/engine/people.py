@@ -1,0 +1,88 @@
+"""People in the loop: approvals, questions, and calls waiting on subagents."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..exceptions import ToolCallNotWaitingError
+from ..messages import Message, ToolCall, ToolCallState
+from .store import ChatStore
+from .tool_runner import DENIED_RESULT
+from .transcript import pending_round
+
+__all__ = ["PeopleInTheLoop"]
+
+
+class PeopleInTheLoop:
+    """What holds a chat, and the decisions that release it."""
+
+    store: ChatStore
+    _emit: Callable[..., None]
+
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls waiting for a person to approve or deny them."""
+        return self._waiting_calls("approval")
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
+        return self._waiting_calls("question")
+
+    def _waiting_calls(self, reason: str) -> list[Any]:
+        round_ = pending_round(self.store.load_transcript())
+        return [
+            self.store.native_tool_call(call)
+            for call in round_.unanswered
+            if call.state == ToolCallState.WAITING and call.wait_reason == reason
+        ]
+
+    def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
+        """The waiting call named by its provider id, its store key, or a store record."""
+        key = getattr(tool_call_id, "pk", tool_call_id)
+        for call in pending_round(self.store.load_transcript()).unanswered:
+            if call.id == key or call.key == key or str(call.key) == str(key):
+                if call.state != ToolCallState.WAITING or call.wait_reason != reason:
+                    raise ToolCallNotWaitingError(
+                        f"Tool call {call.id!r} ({call.name}) is not waiting for "
+                        f"{'an answer' if reason == 'question' else 'approval'}."
+                    )
+                return call
+        raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
+
+    def approve(self, tool_call_id: Any, by: Any = None) -> None:
+        """Let a call that needs approval run (at the next step), for exactly its arguments."""
+        call = self._find_waiting(tool_call_id, "approval")
+        self.store.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Refuse a call: the model gets an error result saying the user denied it."""
+        call = self._find_waiting(tool_call_id, "approval")
+        text = DENIED_RESULT + (f" Reason: {reason}" if reason else "")
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=True
+        )
+        record = self.store.record_decision(call, "denied", by=by, reason=reason, result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a call's question: the answer becomes the call's result."""
+        call = self._find_waiting(tool_call_id, "question")
+        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
+        record = self.store.record_decision(call, "answered", by=by, reason="", result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def settle_subagent(self, tool_call_id: Any, text: str) -> bool:
+        """Give a call waiting on a subagent its result; False if it wasn't waiting."""
+        try:
+            call = self._find_waiting(tool_call_id, "subagent")
+        except ToolCallNotWaitingError:
+            return False
+        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
+        record = self.store.record_decision(call, "answered", by=None, reason="", result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return True
