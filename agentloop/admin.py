@@ -6,9 +6,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.db.models.functions import Coalesce
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .models import Chat, Message, ToolCall, Usage
@@ -32,8 +30,10 @@ class MessageInline(admin.TabularInline):
 
 @admin.action(description=_("Cancel the running step"), permissions=["change"])
 def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    count = queryset.update(cancel_requested_at=Coalesce("cancel_requested_at", timezone.now()))
-    modeladmin.message_user(request, _("Cancellation requested for %d chat(s).") % count)
+    chats = list(queryset)
+    for chat in chats:
+        chat.cancel()  # also wakes a run in this process, or any worker when Redis is set
+    modeladmin.message_user(request, _("Cancellation requested for %d chat(s).") % len(chats))
 
 
 @admin.action(description=_("Resume in the background"), permissions=["change"])

@@ -34,7 +34,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
     for key in ("CANCEL_POLL_INTERVAL", "LEASE_SECONDS", "RETRY_BACKOFF", "PARTIAL_SAVE_INTERVAL"):
         number = value.get(key, DEFAULTS[key])
-        if not isinstance(number, int | float) or number < 0:
+        if isinstance(number, bool) or not isinstance(number, int | float) or number < 0:
             errors.append(
                 Error(
                     f"AGENTLOOP[{key!r}] must be a non-negative number, not {number!r}.",
@@ -42,7 +42,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     retries = value.get("MODEL_RETRIES", DEFAULTS["MODEL_RETRIES"])
-    if not isinstance(retries, int) or retries < 0:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         errors.append(
             Error(
                 f"AGENTLOOP['MODEL_RETRIES'] must be a non-negative integer, not {retries!r}.",
@@ -51,7 +51,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         )
     concurrency = value.get("TOOL_CONCURRENCY", DEFAULTS["TOOL_CONCURRENCY"])
     if not (concurrency is None or concurrency == "threads" or
-            (isinstance(concurrency, int) and concurrency >= 1)):  # fmt: skip
+            (isinstance(concurrency, int) and not isinstance(concurrency, bool)
+             and concurrency >= 1)):  # fmt: skip
         errors.append(
             Error(
                 f"AGENTLOOP['TOOL_CONCURRENCY'] must be None, 'threads' or a positive integer, "

@@ -339,6 +339,16 @@ def _connect_signals(chat: AbstractChat, conversation: Conversation) -> None:
     )
 
 
+class MessageQuerySet(models.QuerySet["AbstractMessage"]):
+    def finished(self) -> MessageQuerySet:
+        """Messages that count: no streamed partials, no cancelled answers."""
+        return self.filter(status=MessageStatus.COMPLETE)
+
+    def partial(self) -> MessageQuerySet:
+        """Answers cut short (a crash mid-stream, or a cancel)."""
+        return self.exclude(status=MessageStatus.COMPLETE)
+
+
 class AbstractMessage(models.Model):
     """One message of a transcript."""
 
@@ -353,6 +363,8 @@ class AbstractMessage(models.Model):
     finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
     provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    objects = MessageQuerySet.as_manager()
 
     class Meta:
         abstract = True

@@ -173,8 +173,10 @@ class DjangoStore(ChatStore):
 
     def _cancel_query(self) -> Any:
         # At most one row (by primary key): no ORDER BY/LIMIT as .first() would add.
-        return self.chat_model.objects.filter(pk=self.chat.pk).values_list(
-            "cancel_requested_at", flat=True
+        return (
+            self.chat_model.objects.filter(pk=self.chat.pk)
+            .order_by()
+            .values_list("cancel_requested_at", flat=True)
         )
 
     def load_transcript(self) -> list[Message]:
@@ -256,10 +258,16 @@ class DjangoStore(ChatStore):
         for field, value in values.items():
             setattr(self.chat, field, value)
 
-    def remove_system_messages(self) -> None:
-        if self.chat.pk is not None:
-            with self._writing(atomic=False):
-                self.message_model.objects.filter(chat_id=self.chat.pk, role="system").delete()
+    def replace_instructions(self, text: str) -> None:
+        system = self.message_model.objects.filter(chat_id=self._saved_chat().pk, role="system")
+        with self._writing():
+            first = system.order_by("id").values_list("pk", flat=True).first()
+            if first is None:
+                self._message_row(Message(role="system", content=text)).save()
+                return
+            # The first system message keeps its place (first, normally) and takes the text.
+            system.filter(pk=first).update(content=text)
+            system.exclude(pk=first).delete()
 
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
         with self._writing(atomic=False):
@@ -316,6 +324,9 @@ class DjangoStore(ChatStore):
                     ]
                 )
             self._usage_row(usage, record).save()
+            if self.chat.stop_reason:
+                # The turn goes on (limits were raised): it is no longer stopped.
+                self._update_chat(stop_reason="", state="running" if self.lease else "idle")
         return record
 
     def record_usage(self, usage: UsageRecord) -> None:

@@ -68,12 +68,25 @@ class ToolContext:
     round: use it as an idempotency key for side effects.
     """
 
-    def __init__(self, tool_call: ToolCall, chat: Any = None, background: bool = False) -> None:
+    def __init__(
+        self,
+        tool_call: ToolCall,
+        chat: Any = None,
+        background: bool = False,
+        cancel_check: Callable[[], bool] | None = None,
+    ) -> None:
         self.tool_call = tool_call
         #: the chat running the tool: a persisted ``Chat`` or an in-memory Conversation.
         self.chat = chat
         #: True when a background worker (Celery or embedded) runs this step.
         self.background = background
+        self._cancel_check = cancel_check
+
+    def cancel_requested(self) -> bool:
+        """Whether cancel() was called for this chat: a long tool may stop early.
+
+        (The loop itself stops right after the tool returns.)"""
+        return bool(self._cancel_check and self._cancel_check())
 
 
 class Tool:
@@ -211,11 +224,19 @@ def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 class FunctionTool(Tool):
-    """A tool made from a function by ``@tool``; the function is ``.function``."""
+    """A tool made from a function by ``@tool``; the function is ``.function``.
+
+    A parameter annotated :class:`ToolContext` is not shown to the model: it receives
+    the call's context (``context.tool_call.id`` as an idempotency key, ``context.chat``).
+    """
 
     function: ClassVar[Callable[..., Any]]
+    context_parameter: ClassVar[str | None] = None
 
-    def execute(self, **arguments: Any) -> Any:
+    def execute(self, *args: Any, **arguments: Any) -> Any:
+        parameter = type(self).context_parameter
+        if parameter:
+            arguments[parameter] = self.context
         return type(self).function(**arguments)
 
 
@@ -237,7 +258,11 @@ def tool(
         summary, arg_docs = _split_docstring(fn.__doc__ or "")
         hints = get_type_hints(fn)
         fields: dict[str, Any] = {}
+        context_parameter = None
         for param in inspect.signature(fn).parameters.values():
+            if hints.get(param.name) is ToolContext:
+                context_parameter = param.name
+                continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ConfigurationError(
                     f"@tool {fn.__name__}: *args and **kwargs can't be described"
@@ -262,6 +287,7 @@ def tool(
             if callable(requires_approval)
             else requires_approval,
             "function": staticmethod(fn),
+            "context_parameter": context_parameter,
             "__module__": fn.__module__,
             "__qualname__": fn.__qualname__,
             "__doc__": fn.__doc__,

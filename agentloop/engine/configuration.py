@@ -52,9 +52,10 @@ class Configuration:
 
     def with_instructions(self, text: str, append: bool = False) -> Self:
         """Set the system message (replacing earlier ones unless ``append``)."""
-        if not append:
-            self.store.remove_system_messages()
-        self.store.append_message(Message(role="system", content=text))
+        if append:
+            self.store.append_message(Message(role="system", content=text))
+        else:
+            self.store.replace_instructions(text)
         return self
 
     def with_tools(self, *tools: Any, replace: bool = False) -> Self:

@@ -190,6 +190,7 @@ class Conversation(Configuration, PeopleInTheLoop):
                 if added is None:
                     break
                 last = added
+            self._discard_late_cancel()
         if last is None:
             transcript = finished(self.store.load_transcript())
             return self.store.native_message(transcript[-1]) if transcript else None
@@ -232,6 +233,15 @@ class Conversation(Configuration, PeopleInTheLoop):
         )
         exc.recorded = True
         self._emit("cancelled")
+
+    def _discard_late_cancel(self) -> None:
+        """A cancel that arrived while the run was finishing has nothing left to stop;
+        left set, it would stop the next run at its first checkpoint."""
+        requested_at = self.store.cancel_requested_at()
+        if requested_at is not None:
+            self.store.record_cancellation(
+                requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
+            )
 
     def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
         transcript = self.store.load_transcript()

@@ -73,8 +73,13 @@ class MemoryStore(ChatStore):
             self.stop_reason = ""
         return self._add(message)
 
-    def remove_system_messages(self) -> None:
-        self.messages = [message for message in self.messages if message.role != "system"]
+    def replace_instructions(self, text: str) -> None:
+        first = next((m for m in self.messages if m.role == "system"), None)
+        if first is None:
+            self._add(Message(role="system", content=text))
+            return
+        first.content = text
+        self.messages = [m for m in self.messages if m.role != "system" or m is first]
 
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
         if partial_key is None:
@@ -100,6 +105,7 @@ class MemoryStore(ChatStore):
         else:
             stored = self._add(message)
         self.usage.append((_now(), usage))
+        self.stop_reason = ""
         return stored
 
     def record_usage(self, usage: UsageRecord) -> None:

@@ -76,8 +76,8 @@ class ChatStore(ABC):
         """Add a system or user message. A user message starts a new turn."""
 
     @abstractmethod
-    def remove_system_messages(self) -> None:
-        """Drop the instructions (before new ones replace them)."""
+    def replace_instructions(self, text: str) -> None:
+        """Make ``text`` the only system message, keeping the first one's place."""
 
     @abstractmethod
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:

@@ -32,7 +32,11 @@ Emit = Callable[..., None]
 
 
 def execute_tool(
-    tool_class: type[Tool], call: ToolCall, chat: Any = None, background: bool = False
+    tool_class: type[Tool],
+    call: ToolCall,
+    chat: Any = None,
+    background: bool = False,
+    cancel_check: Callable[[], bool] | None = None,
 ) -> ToolOutcome:
     """Validate the arguments and run the tool; every failure becomes an error outcome."""
     try:
@@ -41,7 +45,7 @@ def execute_tool(
         message = describe_validation_error(call.name, exc)
         return ToolOutcome(message, is_error=True, error=message)
     instance = tool_class()
-    instance.context = ToolContext(call, chat, background=background)
+    instance.context = ToolContext(call, chat, background=background, cancel_check=cancel_check)
     try:
         value = instance.execute(**arguments)
         return ToolOutcome(format_result(value))
@@ -138,7 +142,13 @@ class ToolRunner:
         self.emit("after_message", record)
 
     def _execute(self, call: ToolCall) -> ToolOutcome:
-        return execute_tool(self.tools[call.name], call, self.chat, self.store.background)
+        return execute_tool(
+            self.tools[call.name],
+            call,
+            self.chat,
+            self.store.background,
+            cancel_check=lambda: self.store.cancel_requested_at() is not None,
+        )
 
     def _start(self, call: ToolCall) -> None:
         self.store.mark_tool_running(call)
@@ -172,7 +182,9 @@ class ToolRunner:
                 self._save(call, refusal)
                 continue
             if not checked:
-                self.checkpoints.check()  # later tools: the previous after-check covers it
+                # The verb's own start check usually just ran (throttled then); later tools
+                # are covered by the previous tool's after-check.
+                self.checkpoints.check(force=False)
                 checked = True
             self._start(call)
             self._save(call, self._execute(call))

@@ -11,7 +11,6 @@ back exactly as received, in their original order, as the API requires.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -29,7 +28,13 @@ from ..messages import (
     ToolCallDelta,
 )
 from .base import ChunkCallback
-from .common import INVALID_ARGUMENTS, tool_call_from_text
+from .common import (
+    INVALID_ARGUMENTS,
+    close_object_schemas,
+    deep_merge,
+    tool_call_from_text,
+    with_parsed_json,
+)
 from .errors import error_for_status
 from .http import HTTPProvider
 
@@ -97,46 +102,6 @@ def default_max_tokens(model: str) -> int:
     return best[1] if best else FALLBACK_MAX_TOKENS
 
 
-def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``; nested dicts merge, ``extra`` wins everywhere else."""
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONES = ("items", "not", "additionalProperties")
-
-
-def _closed_objects(schema: Any) -> Any:
-    """A copy of ``schema`` where every object schema says ``additionalProperties: false``.
-
-    Anthropic's structured output (and strict tools) only accept closed objects;
-    pydantic leaves them open unless the model forbids extra fields.
-    """
-    if not isinstance(schema, dict):
-        return copy.deepcopy(schema)
-    result = dict(schema)
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            result[key] = {name: _closed_objects(sub) for name, sub in schema[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            result[key] = [_closed_objects(sub) for sub in schema[key]]
-    for key in _SCHEMA_ONES:
-        if isinstance(schema.get(key), dict):
-            result[key] = _closed_objects(schema[key])
-    is_object = schema.get("type") == "object" or "properties" in schema
-    if is_object and "additionalProperties" not in schema:
-        result["additionalProperties"] = False
-    return result
-
-
 def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
 
@@ -187,13 +152,7 @@ class AnthropicProvider(HTTPProvider):
     def request(
         self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
     ) -> ModelResponse:
-        response = super().request(request, on_chunk=on_chunk)
-        if request.output_schema is not None and response.parsed is None and response.content:
-            try:
-                response.parsed = json.loads(response.content)
-            except ValueError:
-                pass  # the engine keeps the text; parsed stays None so callers can tell
-        return response
+        return with_parsed_json(request, super().request(request, on_chunk=on_chunk))
 
     # -- the request body --------------------------------------------------------------------
     def max_tokens_for(self, request: ModelRequest) -> int:
@@ -219,11 +178,10 @@ class AnthropicProvider(HTTPProvider):
             if choice is not None:
                 body["tool_choice"] = choice
         if request.output_schema is not None:
-            body["output_config"] = {
-                "format": {"type": "json_schema", "schema": _closed_objects(request.output_schema)}
-            }
+            schema = close_object_schemas(request.output_schema)
+            body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
         if request.provider_options:
-            body = _deep_merge(body, request.provider_options)
+            body = deep_merge(body, request.provider_options)
         return body
 
     def _tool(self, tool: Any) -> dict[str, Any]:
@@ -234,7 +192,7 @@ class AnthropicProvider(HTTPProvider):
         definition: dict[str, Any] = {"name": tool.name}
         if tool.description:
             definition["description"] = tool.description
-        definition["input_schema"] = _closed_objects(schema) if strict else schema
+        definition["input_schema"] = close_object_schemas(schema) if strict else schema
         if strict:
             definition["strict"] = True
         return definition

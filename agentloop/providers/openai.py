@@ -31,7 +31,14 @@ from ..messages import (
     ToolDefinition,
 )
 from .base import ChunkCallback
-from .common import ToolCallAssembler, tool_call_from_text
+from .common import (
+    ToolCallAssembler,
+    deep_merge,
+    json_text,
+    strict_json_schema,
+    tool_call_from_text,
+    with_parsed_json,
+)
 from .errors import error_for_status
 from .http import HTTPProvider
 
@@ -56,111 +63,6 @@ _COMPATIBLE_DIALECT: dict[str, Any] = {
     "strict_tools": False,
     "reasoning_field": None,
 }
-
-# JSON schema keywords OpenAI's strict mode rejects, and the string formats it accepts.
-_STRICT_UNSUPPORTED = frozenset(
-    {
-        "minLength",
-        "maxLength",
-        "patternProperties",
-        "unevaluatedProperties",
-        "propertyNames",
-        "minProperties",
-        "maxProperties",
-        "unevaluatedItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "uniqueItems",
-    }
-)
-_STRICT_FORMATS = frozenset(
-    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"}
-)
-_SCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_NODES = ("items", "additionalProperties", "not")
-
-
-class _NotStrict(Exception):  # noqa: N818 - control flow inside strict_json_schema only
-    """The schema can't be made strict without changing what it accepts."""
-
-
-def strict_json_schema(schema: dict[str, Any], *, force: bool = True) -> dict[str, Any] | None:
-    """A copy of ``schema`` in the form OpenAI's strict mode requires.
-
-    Every object gets ``additionalProperties: false``; ``$ref`` with siblings becomes
-    ``anyOf: [{$ref}]``; titles go. With ``force`` (structured output) every property
-    becomes required and unsupported keywords are dropped. Without it (tool parameters)
-    the answer is None when strictness would change the schema's meaning: an optional
-    property, a default, open additional properties or an unsupported keyword.
-    """
-
-    def walk(node: Any) -> Any:
-        if not isinstance(node, dict):
-            return node
-        node = dict(node)
-        node.pop("title", None)
-        node.pop("$schema", None)
-        if "default" in node:
-            if not force:
-                raise _NotStrict
-            node.pop("default")
-        unsupported = set(_STRICT_UNSUPPORTED.intersection(node))
-        if node.get("format") is not None and node.get("format") not in _STRICT_FORMATS:
-            unsupported.add("format")
-        if unsupported:
-            if not force:
-                raise _NotStrict
-            for key in unsupported:
-                node.pop(key)
-        if "oneOf" in node:
-            if not force:
-                raise _NotStrict
-            node["anyOf"] = node.pop("oneOf")
-        if "$ref" in node and len(node) > 1:
-            node["anyOf"] = [{"$ref": node.pop("$ref")}, *node.get("anyOf", [])]
-        for key in _SCHEMA_MAPS:
-            if isinstance(node.get(key), dict):
-                node[key] = {name: walk(value) for name, value in node[key].items()}
-        for key in _SCHEMA_LISTS:
-            if isinstance(node.get(key), list):
-                node[key] = [walk(value) for value in node[key]]
-        for key in _SCHEMA_NODES:
-            if isinstance(node.get(key), dict):
-                node[key] = walk(node[key])
-        if node.get("type") == "object" or "properties" in node:
-            properties = node.setdefault("properties", {})
-            if not force and (
-                node.get("additionalProperties") not in (None, False)
-                or set(properties) - set(node.get("required", []))
-            ):
-                raise _NotStrict
-            node["additionalProperties"] = False
-            if force or "required" not in node:
-                node["required"] = list(properties)
-        return node
-
-    try:
-        return walk(schema)
-    except _NotStrict:
-        return None
-
-
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``extra`` merged in; nested dicts merge, ``extra`` wins."""
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _json_text(value: Any) -> str:
-    # Compact, like the JSON the APIs send: the argument text the model wrote reads the same.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _usage(data: Any) -> TokenUsage:
@@ -195,7 +97,7 @@ def _arguments_text(arguments: Any) -> str | None:
     # A few servers send arguments as an object instead of JSON text.
     if arguments is None or isinstance(arguments, str):
         return arguments
-    return _json_text(arguments)
+    return json_text(arguments)
 
 
 def _status_of(error: Any) -> int:
@@ -291,14 +193,7 @@ class OpenAIProvider(HTTPProvider):
     def request(
         self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
     ) -> ModelResponse:
-        response = super().request(request, on_chunk=on_chunk)
-        if request.output_schema is not None and response.parsed is None and response.content:
-            try:
-                parsed = json.loads(response.content)
-            except ValueError:
-                return response  # not JSON: the text stays, parsed stays None
-            response = response.model_copy(update={"parsed": parsed})
-        return response
+        return with_parsed_json(request, super().request(request, on_chunk=on_chunk))
 
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -326,7 +221,7 @@ class OpenAIProvider(HTTPProvider):
             body[self.option("max_tokens_field")] = request.max_output_tokens
         if request.output_schema is not None:
             body["response_format"] = self._response_format(request.output_schema)
-        return _deep_merge(body, request.provider_options)
+        return deep_merge(body, request.provider_options)
 
     def _message(self, message: Message) -> dict[str, Any]:
         if message.role == "system":
@@ -355,7 +250,7 @@ class OpenAIProvider(HTTPProvider):
         return {
             "id": call.id,
             "type": "function",
-            "function": {"name": call.name, "arguments": _json_text(call.arguments)},
+            "function": {"name": call.name, "arguments": json_text(call.arguments)},
         }
 
     @staticmethod

@@ -18,7 +18,8 @@ Mapping, ours -> the wire:
 - tool -> ``{"type": "function_call_output", "call_id", "output"}`` (the API has
   no error flag: an error result is sent as its text);
 - tools -> ``{"type": "function", "name", "description", "parameters", "strict"}``,
-  strict when the schema already satisfies strict mode (see :func:`strict_parameters`);
+  strict when the schema already satisfies strict mode (see
+  :func:`~agentloop.providers.common.strict_json_schema`);
 - ``output_schema`` -> ``text.format`` ``json_schema`` in strict mode.
 """
 
@@ -53,11 +54,17 @@ from ..messages import (
     ToolDefinition,
 )
 from .base import ChunkCallback
-from .common import INVALID_ARGUMENTS, tool_call_from_text
+from .common import (
+    INVALID_ARGUMENTS,
+    deep_merge,
+    json_text,
+    strict_json_schema,
+    tool_call_from_text,
+)
 from .errors import redact
 from .http import HTTPProvider
 
-__all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider", "strict_output_schema", "strict_parameters"]
+__all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
 
 #: Message.provider_data key holding an answer's output items in order: reasoning items
 #: as they must be sent back, and ``{"type": "message"}`` / ``{"type": "function_call",
@@ -67,17 +74,6 @@ OUTPUT_KEY = "openai_output"
 # Model families that don't reason: the API refuses ``include: reasoning.encrypted_content``
 # for them ("Encrypted content is not supported with this model").
 _NON_REASONING_PREFIXES = ("gpt-4", "gpt-3.5", "chatgpt-4o")
-
-# Keywords strict mode accepts (the vendor's structured-outputs guide). A tool schema using
-# anything else is sent with ``strict: false`` rather than risk a 400.
-_STRICT_KEYWORDS = frozenset(
-    {
-        "type", "properties", "required", "additionalProperties", "items", "enum", "const",
-        "description", "title", "anyOf", "$ref", "$defs", "definitions", "pattern", "format",
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "minItems", "maxItems",
-    }
-)  # fmt: skip
 
 # In-stream error codes -> the ProviderError they mean (unknown codes: ServerError).
 _STREAM_ERRORS: dict[str, type[ProviderError]] = {
@@ -93,87 +89,11 @@ _STREAM_ERRORS: dict[str, type[ProviderError]] = {
 _FORMAT_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
 
-def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``; nested dicts merge, ``extra`` wins everywhere else."""
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
-def _strict_node(node: Any) -> bool:
-    """Close every object of ``node`` in place; False if strict mode can't take it."""
-    if not isinstance(node, dict) or set(node) - _STRICT_KEYWORDS:
-        return False
-    if node.get("type") == "object" or "properties" in node:
-        properties = node.get("properties") or {}
-        if set(node.get("required") or ()) != set(properties):
-            return False  # optional arguments: strict mode would force the model to send all
-        if node.get("additionalProperties", False) is not False:
-            return False
-        node["properties"] = properties
-        node.setdefault("required", list(properties))
-        node["additionalProperties"] = False
-    children: list[Any] = list((node.get("properties") or {}).values())
-    for key in ("$defs", "definitions"):
-        children.extend((node.get(key) or {}).values())
-    if "items" in node:
-        children.append(node["items"])
-    children.extend(node.get("anyOf") or ())
-    return all(_strict_node(child) for child in children)
-
-
-def strict_parameters(schema: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A strict-mode copy of a tool's parameter schema, or None when it can't be strict.
-
-    Strict mode needs every property required and no extra properties. A schema with
-    optional arguments (defaults) is not made strict: the model would have to send
-    every argument, and a tool's default would never apply.
-    """
-    copied = copy.deepcopy(dict(schema))
-    if copied.get("type") != "object" or not _strict_node(copied):
-        return None
-    return copied
-
-
-def _tighten(node: Any) -> None:
-    if isinstance(node, list):
-        for child in node:
-            _tighten(child)
-        return
-    if not isinstance(node, dict):
-        return
-    if node.get("type") == "object" or "properties" in node:
-        properties = node.get("properties") or {}
-        node["properties"] = properties
-        if set(node.get("required") or ()) != set(properties):
-            node["required"] = list(properties)
-        node["additionalProperties"] = False
-    if "default" in node and node["default"] is None:
-        del node["default"]
-    for key in ("properties", "$defs", "definitions"):
-        for child in (node.get(key) or {}).values():
-            _tighten(child)
-    for key in ("items", "anyOf", "allOf", "oneOf"):
-        if key in node:
-            _tighten(node[key])
-
-
-def strict_output_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` strict structured outputs accept: closed objects, all required."""
-    copied = copy.deepcopy(dict(schema))
-    _tighten(copied)
-    return copied
-
-
 def _arguments_text(call: ToolCall) -> str:
     invalid = call.provider_data.get(INVALID_ARGUMENTS)
     if isinstance(invalid, str):
         return invalid  # what the model sent; its error result explains the problem
-    return json.dumps(call.arguments, separators=(",", ":"), ensure_ascii=False)
+    return json_text(call.arguments)
 
 
 def _function_call(call: ToolCall) -> dict[str, Any]:
@@ -282,7 +202,7 @@ class OpenAIResponsesProvider(HTTPProvider):
         if request.max_output_tokens is not None:
             body["max_output_tokens"] = request.max_output_tokens
         if request.provider_options:
-            body = _deep_merge(body, request.provider_options)
+            body = deep_merge(body, request.provider_options)
         return body
 
     @staticmethod
@@ -309,7 +229,7 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     @staticmethod
     def _tool(tool: ToolDefinition) -> dict[str, Any]:
-        strict = strict_parameters(tool.parameters)
+        strict = strict_json_schema(tool.parameters, force=False)
         return {
             "type": "function",
             "name": tool.name,
@@ -326,11 +246,15 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     @staticmethod
     def _schema_format(schema: Mapping[str, Any]) -> dict[str, Any]:
-        strict = strict_output_schema(schema)
         # The schema's title names the format (pydantic puts the model's name there).
-        title = strict.pop("title", None)
+        title = schema.get("title")
         name = _FORMAT_NAME.sub("_", title)[:64] if isinstance(title, str) and title else ""
-        return {"type": "json_schema", "name": name or "response", "schema": strict, "strict": True}
+        return {
+            "type": "json_schema",
+            "name": name or "response",
+            "schema": strict_json_schema(schema, force=True),
+            "strict": True,
+        }
 
     # -- the answer ------------------------------------------------------------------------
     def parse_response(self, data: Any) -> ModelResponse:
