@@ -51,7 +51,7 @@ from .common import (
     tool_call_from_text,
     with_parsed_json,
 )
-from .errors import error_for_status
+from .errors import error_for_status, redact
 from .http import HTTPProvider
 
 __all__ = ["CALL_ID", "PARTS_KEY", "SIGNATURE", "GeminiProvider", "gemini_schema"]
@@ -281,13 +281,12 @@ def _is_answer_text(part: Mapping[str, Any]) -> bool:
 
 
 def _mergeable(previous: Mapping[str, Any], part: Mapping[str, Any]) -> bool:
-    """Whether streamed text ``part`` continues ``previous`` (same kind, nothing signed yet)."""
-    keys = set(part) - {"thoughtSignature"}
+    """Whether streamed text ``part`` continues ``previous``: both text of the same kind
+    (answer or thought), nothing else on them, and no signature on ``previous`` yet."""
     return (
-        "text" in previous
-        and "thoughtSignature" not in previous
-        and set(previous) - {"thoughtSignature"} == keys
-        and keys <= {"text", "thought"}
+        "thoughtSignature" not in previous
+        and set(previous) == set(part) - {"thoughtSignature"}
+        and set(previous) in ({"text"}, {"text", "thought"})
         and bool(previous.get("thought")) == bool(part.get("thought"))
     )
 
@@ -367,7 +366,10 @@ class _Answer:
         arguments = function_call.get("args")
         if arguments is None or isinstance(arguments, dict):
             return ToolCall(
-                id=vendor_id or new_call_id(), name=name, arguments=arguments or {}, provider_data=data
+                id=vendor_id or new_call_id(),
+                name=name,
+                arguments=arguments or {},
+                provider_data=data,
             )
         # ``args`` is a JSON object on the wire; anything else is kept for the error result.
         text = arguments if isinstance(arguments, str) else json_text(arguments)
@@ -396,9 +398,7 @@ class _Answer:
     @staticmethod
     def _opaque(part: Mapping[str, Any]) -> bool:
         """A part that must go back as received: anything but unsigned answer text and calls."""
-        if "functionCall" in part:
-            return False
-        return not (set(part) == {"text"})
+        return "functionCall" not in part and set(part) != {"text"}
 
     def _finish_reason(self) -> str:
         if self.finish is None and self.blocked:
@@ -465,7 +465,9 @@ class GeminiProvider(HTTPProvider):
         if config:
             body["generationConfig"] = config
         if request.tools:
-            body["tools"] = [{"functionDeclarations": [self._declaration(t) for t in request.tools]}]
+            body["tools"] = [
+                {"functionDeclarations": [self._declaration(t) for t in request.tools]}
+            ]
             tool_config = self._tool_config(request.tool_choice)
             if tool_config is not None:
                 body["toolConfig"] = tool_config
@@ -521,7 +523,10 @@ class GeminiProvider(HTTPProvider):
             elif message.role == "user":
                 add("user", [{"text": message.content}] if message.content else [])
             elif message.role == "tool":
-                add("user", [self._function_response(message, calls.get(message.tool_call_id or ""))])
+                add(
+                    "user",
+                    [self._function_response(message, calls.get(message.tool_call_id or ""))],
+                )
             else:
                 calls.update({call.id: call for call in message.tool_calls})
                 add("model", self._model_parts(message))
@@ -556,15 +561,16 @@ class GeminiProvider(HTTPProvider):
 
     def _model_parts(self, message: Message) -> list[dict[str, Any]]:
         kept = message.provider_data.get(PARTS_KEY)
-        calls = {call.id: call for call in message.tool_calls}
         opaque: list[dict[str, Any]] = []
         if isinstance(kept, list):
             text = "".join(p.get("text", "") for p in kept if _is_answer_text(p))
-            kept_ids = [p["functionCall"].get("id") for p in kept if "functionCall" in p]
-            if text == message.content and kept_ids == list(calls):
-                # As received: signatures belong to the parts they came on.
+            slots = sum("functionCall" in p for p in kept)
+            if text == message.content and slots == len(message.tool_calls):
+                # As received: signatures belong to the parts they came on. Calls fill their
+                # slots in order (the engine may have renamed a call's id meanwhile).
+                calls = iter(message.tool_calls)
                 return [
-                    self._function_call(calls[part["functionCall"]["id"]])
+                    self._function_call(next(calls))
                     if "functionCall" in part
                     else copy.deepcopy(part)
                     for part in kept
@@ -595,7 +601,7 @@ class GeminiProvider(HTTPProvider):
                 continue
             data = json.loads(event.data)
             if isinstance(data, dict) and isinstance(data.get("error"), dict):
-                raise self._error_object(data["error"], mid_stream=True)
+                raise self._error_object(data["error"])
             answer.add(data, on_chunk)
         if not answer.finished:
             raise StreamInterruptedError(f"{self.name} stream ended before a finishReason")
@@ -626,15 +632,15 @@ class GeminiProvider(HTTPProvider):
             found.retry_after = _retry_delay(details)
         return found
 
-    def _error_object(self, error: Mapping[str, Any], *, mid_stream: bool = False) -> ProviderError:
+    def _error_object(self, error: Mapping[str, Any]) -> ProviderError:
+        """The ProviderError for an error object sent in place of an answer or mid-stream."""
         code = error.get("code")
         status = code if isinstance(code, int) and 400 <= code < 600 else None
         status = status or _RPC_STATUS.get(str(error.get("status") or ""), 500)
         found = self._error(status, json.dumps({"error": dict(error)}))
-        if not mid_stream:
-            return found
+        detail = redact(str(error.get("message") or ""), self._secrets())[:300]
         return type(found)(
-            f"{self.name} reported an error mid-stream: {found}",
+            f"{self.name} reported an error ({error.get('status') or status}): {detail}",
             status=found.status,
             body=found.body,
             retry_after=found.retry_after,
