@@ -81,3 +81,47 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when a provider the settings name needs an API key that is configured nowhere.
+
+    The providers looked at: the one serving ``DEFAULT_MODEL`` and every name in
+    ``PROVIDERS``. The key itself is never read into a message (there is none to show).
+    """
+    from . import providers
+    from .conf import agentloop_settings
+    from .exceptions import ConfigurationError
+    from .providers.http import HTTPProvider
+
+    names: list[str] = []
+    default_model = agentloop_settings.DEFAULT_MODEL
+    if isinstance(default_model, str) and default_model:
+        try:
+            names.append(providers.split_model(default_model)[0])
+        except ConfigurationError:
+            pass  # a model id with no known provider fails when used, with its own message
+    configured = agentloop_settings.PROVIDERS
+    if isinstance(configured, dict):
+        names.extend(name for name in configured if isinstance(name, str))
+    warnings: list[CheckMessage] = []
+    for name in dict.fromkeys(names):
+        try:
+            provider = providers.get(name)
+        except Exception:  # noqa: BLE001,S112 - unknown or unimportable: reported when used
+            continue
+        if not isinstance(provider, HTTPProvider):
+            continue
+        try:
+            provider.api_key()
+        except ConfigurationError as exc:
+            warnings.append(
+                Warning(
+                    f"Provider {name!r} needs an API key and none is configured.",
+                    hint=str(exc),
+                    obj=name,
+                    id="agentloop.W002",
+                )
+            )
+    return warnings

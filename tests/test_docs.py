@@ -1,6 +1,6 @@
 """The documentation's Python examples run, offline, against the real database.
 
-Every ```python block of docs/*.md and README.md runs, except one preceded by the
+Every ```python block of docs/**/*.md and README.md runs, except one preceded by the
 HTML comment ``<!-- no-run -->``. A page's blocks run in order in one namespace, so
 a later block uses what an earlier one defined.
 
@@ -25,13 +25,17 @@ import pytest
 from agentloop import providers, signals
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 NO_RUN = "<!-- no-run -->"
 EXAMPLE_MODULE = "myapp.tools"
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _SIGNALS = [getattr(signals, name) for name in signals.__all__]
+
+
+def page_id(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
 
 
 @dataclass
@@ -110,13 +114,13 @@ def test_blocks_of_skips_a_block_marked_no_run():
     ]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_page_has_a_runnable_example(page):
     assert runnable(page), f"{page.name} has no runnable Python example"
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_page_examples_run(page, example_module):
     namespace = example_module.__dict__
     for block in runnable(page):
@@ -125,7 +129,7 @@ def test_page_examples_run(page, example_module):
         exec(compile(source, str(page), "exec"), namespace)  # noqa: S102
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_page_links_point_to_existing_files(page):
     broken = []
     for target in _LINK.findall(page.read_text()):
@@ -137,7 +141,9 @@ def test_page_links_point_to_existing_files(page):
     assert broken == []
 
 
-def test_index_links_every_page():
-    linked = set(_LINK.findall((ROOT / "docs" / "index.md").read_text()))
-    pages = {page.name for page in PAGES if page.parent.name == "docs"} - {"index.md"}
-    assert pages - linked == set()
+@pytest.mark.parametrize("index", sorted((ROOT / "docs").rglob("index.md")), ids=page_id)
+def test_index_links_every_page(index):
+    linked = set(_LINK.findall(index.read_text()))
+    pages = {page.name for page in PAGES if page.parent == index.parent} - {"index.md"}
+    sections = {f"{d.name}/index.md" for d in index.parent.iterdir() if (d / "index.md").is_file()}
+    assert (pages | sections) - linked == set()

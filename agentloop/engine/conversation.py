@@ -12,7 +12,9 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -34,6 +36,7 @@ from ..messages import (
     ToolCall,
     ToolCallState,
 )
+from ..providers.base import Provider
 from ..tools import Tool, load_by_path
 from .checkpoints import Checkpoints
 from .config import ChatConfig
@@ -51,7 +54,7 @@ from .transcript import (
     turn_start,
 )
 
-__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "StreamCallback"]
+__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "PreparedCall", "StreamCallback"]
 
 #: the result given to calls left unanswered by a cancel when the user moves on.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
@@ -68,6 +71,17 @@ _EVENTS = (
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass
+class PreparedCall:
+    """A model call ready to send: ``generate()`` sends it at once, a batch later."""
+
+    provider: Provider
+    provider_name: str
+    model_id: str
+    request: ModelRequest
+    transcript: list[Message]
 
 
 class Conversation(Configuration, PeopleInTheLoop):
@@ -335,24 +349,72 @@ class Conversation(Configuration, PeopleInTheLoop):
             stream=stream,
         )
 
+    def prepare_model_call(
+        self, transcript: list[Message] | None = None, *, stream: bool = False
+    ) -> PreparedCall:
+        """What ``generate()`` would send, without sending it (batches use this).
+
+        Checks the limits first (``LimitReachedError``), then resolves the provider and
+        builds the request with the same mapping as every model call.
+        """
+        if transcript is None:
+            transcript = self.store.load_transcript()
+        config = self.store.get_config()
+        self._check_limits(transcript, config)
+        model = config.model or agentloop_settings.DEFAULT_MODEL
+        provider, model_id = providers.resolve(model, config.provider)
+        return PreparedCall(
+            provider=provider,
+            provider_name=providers.split_model(model, config.provider)[0],
+            model_id=model_id,
+            request=self._request(transcript, config, model_id, stream),
+            transcript=transcript,
+        )
+
+    def accept_response(
+        self,
+        prepared: PreparedCall,
+        response: ModelResponse,
+        *,
+        cost: Decimal | None = None,
+        duration_ms: int | None = None,
+        partial_key: Any = None,
+    ) -> Any:
+        """Append the answer to a prepared call, with its usage row, as ``generate()`` does.
+
+        ``cost`` overrides the provider's price (e.g. a batch discount).
+        """
+        message = self._answer(response, prepared.transcript, prepared.model_id)
+        if cost is None:
+            cost = prepared.provider.cost(prepared.model_id, response.usage)
+        usage = UsageRecord(
+            provider=prepared.provider_name,
+            model=prepared.model_id,
+            status="succeeded",
+            usage=response.usage,
+            cost=cost,
+            duration_ms=duration_ms,
+        )
+        record = self.store.save_answer(message, usage, partial_key=partial_key)
+        self._emit("after_message", record)
+        return record
+
     def _generate(
         self,
         transcript: list[Message],
         stream: StreamCallback | None,
         checkpoints: Checkpoints,
     ) -> Any:
-        config = self.store.get_config()
-        self._check_limits(transcript, config)
-        provider, model_id = providers.resolve(
-            config.model or agentloop_settings.DEFAULT_MODEL, config.provider
-        )
-        provider_name = config.provider or providers.split_model(config.model or "", None)[0]
-        request = self._request(transcript, config, model_id, stream is not None)
+        prepared = self.prepare_model_call(transcript, stream=stream is not None)
+        provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
+        provider_name = prepared.provider_name
         retries = int(agentloop_settings.MODEL_RETRIES)
         self._emit("before_message")
+        partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
             state = StreamState(self.store, checkpoints, stream, model_id)
+            state.partial_key = partial_key
             started = time.monotonic()
             try:
                 response = provider.request(
@@ -383,22 +445,17 @@ class Conversation(Configuration, PeopleInTheLoop):
                     )
                 )
                 if isinstance(exc, ProviderError) and exc.retryable and attempt < retries:
+                    partial_key = state.partial_key
                     time.sleep(backoff(attempt, exc.retry_after))
                     checkpoints.check()
                     continue
                 raise
-            message = self._answer(response, transcript, model_id)
-            usage = UsageRecord(
-                provider=provider_name,
-                model=model_id,
-                status="succeeded",
-                usage=response.usage,
-                cost=provider.cost(model_id, response.usage),
+            return self.accept_response(
+                prepared,
+                response,
                 duration_ms=int((time.monotonic() - started) * 1000),
+                partial_key=state.partial_key,
             )
-            record = self.store.save_answer(message, usage, partial_key=state.partial_key)
-            self._emit("after_message", record)
-            return record
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:

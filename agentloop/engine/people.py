@@ -75,14 +75,18 @@ class PeopleInTheLoop:
         self._emit("after_message", record)
         return record
 
-    def settle_subagent(self, tool_call_id: Any, text: str) -> bool:
-        """Give a call waiting on a subagent its result; False if it wasn't waiting."""
+    def settle_subagent(self, tool_call_id: Any, text: str, is_error: bool = False) -> bool:
+        """Give a call waiting on a subagent its result (an error result when the subagent's
+        run was cancelled); False if it wasn't waiting."""
         try:
             call = self._find_waiting(tool_call_id, "subagent")
         except ToolCallNotWaitingError:
             return False
-        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
-        record = self.store.record_decision(call, "answered", by=None, reason="", result=result)
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=is_error
+        )
+        decision = "cancelled" if is_error else "answered"
+        record = self.store.record_decision(call, decision, by=None, reason="", result=result)
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return True

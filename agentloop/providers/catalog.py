@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
@@ -50,18 +51,21 @@ def _catalog() -> dict[str, ModelInfo]:
     return models
 
 
+# A snapshot's suffix: "-2025-04-14" (OpenAI), "-20251001" (Anthropic), "-001" (Gemini).
+_SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{3})$")
+
+
 def lookup(model: str) -> ModelInfo | None:
-    """The catalog entry for ``model`` (dated snapshots fall back to their base id)."""
+    """The catalog entry for ``model``; a dated snapshot falls back to its base id.
+
+    Only a snapshot suffix is dropped: a variant such as ``o3-pro`` or ``gpt-4o-audio-preview``
+    is priced differently from its family and stays unknown unless it has an entry.
+    """
     catalog = _catalog()
     if model in catalog:
         return catalog[model]
-    # "claude-haiku-4-5-20251001" or "gpt-4.1-2025-04-14": try shorter prefixes.
-    parts = model.split("-")
-    for end in range(len(parts) - 1, 0, -1):
-        candidate = "-".join(parts[:end])
-        if candidate in catalog:
-            return catalog[candidate]
-    return None
+    base = _SNAPSHOT.sub("", model)
+    return catalog.get(base) if base != model else None
 
 
 def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:

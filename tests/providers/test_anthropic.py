@@ -37,6 +37,7 @@ from agentloop.models import Chat, Usage
 from agentloop.providers.anthropic import AnthropicProvider, default_max_tokens
 from agentloop.providers.common import INVALID_ARGUMENTS
 from tests.providers import cassettes
+from tests.providers.wire import Recorder
 from tests.tools import RecordedWeather
 
 MODEL = "claude-haiku-4-5-20251001"
@@ -44,23 +45,6 @@ KEY = "sk-ant-api03-secretsecretsecret"
 
 
 # -- helpers -------------------------------------------------------------------------------
-class Recorder:
-    """A MockTransport handler answering from a list, keeping what was sent."""
-
-    def __init__(self, *responses: httpx.Response | Callable[[httpx.Request], Any]) -> None:
-        self.responses = list(responses)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.responses.pop(0)
-        return answer(request) if callable(answer) else answer
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(request.content) for request in self.requests]
-
-
 def make(*responses: Any, **options: Any) -> tuple[AnthropicProvider, Recorder]:
     recorder = Recorder(*responses)
     options.setdefault("api_key", KEY)
@@ -88,7 +72,12 @@ def sse(*events: dict[str, Any]) -> httpx.Response:
 
 
 def start(input_tokens: int = 10) -> dict[str, Any]:
-    message = {"id": "msg_s", "model": MODEL, "content": [], "usage": {"input_tokens": input_tokens, "output_tokens": 1}}  # fmt: skip
+    message = {
+        "id": "msg_s",
+        "model": MODEL,
+        "content": [],
+        "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+    }
     return {"type": "message_start", "message": message}
 
 
@@ -106,7 +95,7 @@ def end(stop: str = "end_turn", output_tokens: int = 7) -> list[dict[str, Any]]:
             "type": "message_delta",
             "delta": {"stop_reason": stop},
             "usage": {"output_tokens": output_tokens},
-        },  # fmt: skip
+        },
         {"type": "message_stop"},
     ]
 
@@ -150,7 +139,11 @@ def test_the_key_comes_from_the_environment(monkeypatch) -> None:
 
 
 def test_settings_give_key_base_url_and_default_max_tokens() -> None:
-    configured = {"api_key": "sk-ant-settings-1234567", "base_url": "https://proxy.test/", "max_tokens": 1000}  # fmt: skip
+    configured = {
+        "api_key": "sk-ant-settings-1234567",
+        "base_url": "https://proxy.test/",
+        "max_tokens": 1000,
+    }
     with override_settings(AGENTLOOP={"PROVIDERS": {"anthropic": configured}}):
         provider, recorder = make(answer({"type": "text", "text": "Hi"}), api_key=None)
         provider.request(ask())
@@ -172,11 +165,13 @@ def test_a_missing_key_fails_at_request_time_naming_the_setting(monkeypatch) -> 
 
 
 def test_the_builtin_name_and_claude_ids_resolve_to_this_provider() -> None:
-    provider, model = providers.resolve(MODEL)
+    try:
+        provider, model = providers.resolve(MODEL)
+    finally:
+        providers.forget_configured()
 
     assert isinstance(provider, AnthropicProvider)
     assert (provider.name, model) == ("anthropic", MODEL)
-    providers.forget_configured()
 
 
 def test_the_key_never_appears_in_the_repr() -> None:
@@ -279,13 +274,13 @@ def test_tool_results_share_one_user_turn_with_error_flags_and_following_text() 
                     "type": "tool_result",
                     "tool_use_id": "toolu_1",
                     "content": [{"type": "text", "text": "sunny"}],
-                },  # fmt: skip
+                },
                 {
                     "type": "tool_result",
                     "tool_use_id": "toolu_2",
                     "content": [{"type": "text", "text": "boom"}],
                     "is_error": True,
-                },  # fmt: skip
+                },
                 {"type": "text", "text": "And tomorrow?"},
             ],
         }
@@ -309,7 +304,7 @@ def test_an_empty_assistant_answer_is_left_out() -> None:
         {
             "role": "user",
             "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "Hello?"}],
-        },  # fmt: skip
+        },
     ]
 
 
@@ -473,7 +468,7 @@ def test_thinking_blocks_round_trip_in_order_with_signatures() -> None:
                 "name": "weather",
                 "input": {"city": "Paris"},
                 "caller": {"type": "direct"},
-            },  # fmt: skip
+            },
             stop="tool_use",
         ),
         answer({"type": "text", "text": "Sunny."}),
@@ -591,7 +586,7 @@ def test_an_exception_from_on_chunk_stops_the_stream() -> None:
             delta(0, type="text_delta", text="a"),
             delta(0, type="text_delta", text="b"),
             *end(),
-        )  # fmt: skip
+        )
     )
     seen: list[Any] = []
 
@@ -627,7 +622,7 @@ def test_429_is_a_rate_limit_error_with_retry_after() -> None:
             "invalid_request_error",
             "prompt is too long: 250000 tokens > 200000 maximum",
             ContextLengthError,
-        ),  # fmt: skip
+        ),
         (400, "invalid_request_error", "max_tokens: must be at most 64000", BadRequestError),
     ],
 )
@@ -656,7 +651,7 @@ def test_an_error_event_mid_stream_is_a_server_error_when_overloaded() -> None:
             block(0, {"type": "text", "text": ""}),
             delta(0, type="text_delta", text="Hi"),
             overloaded,
-        )  # fmt: skip
+        )
     )
 
     with pytest.raises(ServerError, match="Overloaded") as caught:
@@ -670,7 +665,7 @@ def test_a_stream_cut_before_message_stop_is_interrupted() -> None:
     provider, _ = make(
         sse(
             start(), block(0, {"type": "text", "text": ""}), delta(0, type="text_delta", text="Hal")
-        )  # fmt: skip
+        )
     )
 
     with pytest.raises(StreamInterruptedError):
@@ -697,7 +692,7 @@ def test_malformed_stream_data_is_an_invalid_response() -> None:
             200,
             headers={"content-type": "text/event-stream"},
             text="event: message_start\ndata: {oops\n\n",
-        )  # fmt: skip
+        )
     )
 
     with pytest.raises(InvalidResponseError):
@@ -715,7 +710,10 @@ def test_a_read_timeout_is_a_provider_timeout() -> None:
 
 
 def test_the_key_never_appears_in_errors() -> None:
-    echoed = {"type": "error", "error": {"type": "authentication_error", "message": f"bad key {KEY}"}}  # fmt: skip
+    echoed = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": f"bad key {KEY}"},
+    }
     provider, _ = make(httpx.Response(401, json=echoed))
 
     with pytest.raises(AuthenticationError) as caught:
@@ -771,13 +769,13 @@ def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(recorded, u
             "weather",
             {"latitude": "52.5200", "longitude": "13.4050"},
             "succeeded",
-        ),  # fmt: skip
+        ),
         (
             "toolu_015sAPcNRzx1n4KGqsukSEs3",
             "weather",
             {"latitude": "48.8575", "longitude": "2.3514"},
             "succeeded",
-        ),  # fmt: skip
+        ),
     ]
     assert rows[2].content == "Current weather at 52.5200, 13.4050: 15°C, Wind: 10 km/h"
     assert [(u.status, u.input_tokens, u.output_tokens) for u in Usage.objects.order_by("id")] == [
@@ -818,3 +816,61 @@ def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(recorded
     assert cassette.sent_bodies() == [
         without_inner_strict(i.request_body) for i in cassette.interactions
     ]
+
+
+@pytest.mark.django_db
+def test_invalid_streamed_arguments_become_an_error_result_the_model_sees(user) -> None:
+    provider, recorder = make(
+        sse(
+            start(),
+            block(0, {"type": "tool_use", "id": "toolu_bad", "name": "weather", "input": {}}),
+            delta(0, type="input_json_delta", partial_json='{"latitude": "52.52", '),
+            *end(stop="tool_use"),
+        ),
+        sse(
+            start(),
+            block(0, {"type": "text", "text": ""}),
+            delta(0, type="text_delta", text="Sorry."),
+            *end(),
+        ),
+    )
+    providers.register("anthropic", provider)
+    try:
+        chat = Chat.objects.create(model=f"anthropic:{MODEL}", owner=user)
+        chat.with_tools(RecordedWeather)
+        chat.ask("Weather in Berlin?", stream=lambda chunk: None)
+    finally:
+        providers.unregister("anthropic")
+
+    result = chat.messages.get(role="tool")
+    assert result.is_error
+    assert "not a JSON object" in result.content
+    assert result.tool_call.state == "failed"
+    sent = recorder.bodies[1]["messages"]
+    assert sent[1]["content"] == [
+        {"type": "tool_use", "id": "toolu_bad", "name": "weather", "input": {}}
+    ]
+    assert sent[2]["content"][0]["is_error"] is True
+
+
+def test_closing_objects_reaches_nested_definitions_and_leaves_property_names_alone() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "string"},
+            "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}},
+            "owner": {"anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]},
+        },
+        "$defs": {"Pet": {"type": "object", "properties": {"name": {"type": "string"}}}},
+    }
+    provider, _ = make()
+
+    sent = provider.build_body(ask(output_schema=schema), stream=False)["output_config"]
+    closed = sent["format"]["schema"]
+
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"] == {"type": "string"}
+    assert closed["$defs"]["Pet"]["additionalProperties"] is False
+    assert closed["properties"]["owner"]["anyOf"][0]["additionalProperties"] is False
+    assert closed["properties"]["owner"]["anyOf"][1] == {"type": "null"}
+    assert "additionalProperties" not in schema

@@ -8,7 +8,8 @@ For every ``anthropic_claude-haiku-4-5`` cassette (batches aside):
   must parse into the recorded text, tool calls, usage, finish reason and structured
   output; recorded error statuses must raise the matching ProviderError.
 
-Test ids are the cassette names, so ``pytest -q`` reports "N passed" per cassette.
+Test ids are the cassette names; the terminal summary says "anthropic: N of M cassettes
+pass" (a cassette passes when both its request and its response test pass).
 
 Deliberate difference, applied by ``expected_body``: RubyLLM puts ``"strict": true``
 *inside* ``input_schema``. That is neither a JSON Schema keyword nor the Messages API's
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -36,9 +38,44 @@ CASSETTES = [
 ERRORS: dict[int, type[ProviderError]] = {401: AuthenticationError, 400: ContextLengthError}
 
 
+#: cassette name -> {"request": passed, "response": passed}
+_results: dict[str, dict[str, bool]] = defaultdict(dict)
+
+
+class _PassCounts:
+    """Adds "anthropic: N of M cassettes pass" to the terminal summary."""
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not _results:
+            return
+        passed = sum(all(outcomes.values()) for outcomes in _results.values())
+        terminalreporter.section("Anthropic Messages replay")
+        terminalreporter.write_line(f"anthropic: {passed} of {len(_results)} cassettes pass")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pass_counts(request: pytest.FixtureRequest) -> None:
+    manager = request.config.pluginmanager
+    if not manager.has_plugin("agentloop-anthropic-replay-counts"):
+        manager.register(_PassCounts(), "agentloop-anthropic-replay-counts")
+
+
 @pytest.fixture(autouse=True)
 def _fixtures() -> None:
     cassettes.require_fixtures()
+
+
+@pytest.fixture
+def outcome(request: pytest.FixtureRequest) -> Any:
+    """Marks this cassette's test (request or response) failed until it reaches the end."""
+    name = request.node.callspec.params["name"]
+    kind = "request" if "request" in request.node.originalname else "response"
+    _results[name][kind] = False
+
+    def passed() -> None:
+        _results[name][kind] = True
+
+    return passed
 
 
 def test_the_anthropic_cassettes_are_there() -> None:
@@ -133,7 +170,7 @@ def interactions(name: str) -> list[cassettes.Interaction]:
 
 # -- 1. the request we build is the recorded one ---------------------------------------------
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
-def test_request_matches_recording(name: str) -> None:
+def test_request_matches_recording(name: str, outcome: Any) -> None:
     provider = AnthropicProvider(api_key="test-key")
     recorded = interactions(name)
     assert recorded
@@ -144,6 +181,7 @@ def test_request_matches_recording(name: str) -> None:
         built = provider.build_body(request, stream=body["stream"])
 
         assert built == expected_body(body)
+    outcome()
 
 
 # -- 2. the recorded answers parse into the right response -----------------------------------
@@ -201,7 +239,7 @@ FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
-def test_response_parses_like_the_recording(name: str) -> None:
+def test_response_parses_like_the_recording(name: str, outcome: Any) -> None:
     cassette = cassettes.load(name)
     provider = AnthropicProvider(api_key="test-key", transport=cassette.transport())
 
@@ -246,3 +284,4 @@ def test_response_parses_like_the_recording(name: str) -> None:
 
     sent = cassette.sent_bodies()
     assert sent == [expected_body(i.request_body) for i in interactions(name)]
+    outcome()

@@ -10,6 +10,11 @@ For every cassette (test ids are the cassette names):
 - the round trip: in multi-turn cassettes, the answer we parsed (its text, tool calls and
   the reasoning items kept in ``provider_data``), put back into the conversation, must
   produce exactly the ``input`` the next recorded request sent.
+
+Deliberate request differences, both in tool definitions: (1) RubyLLM leaks its own
+``"strict": true`` flag into the parameter schema, which is no JSON Schema keyword, and we
+don't; (2) RubyLLM sends ``"strict": false`` on every tool, we send ``true`` when the
+schema already fits strict mode. Everything else must be equal.
 """
 
 from __future__ import annotations
@@ -194,13 +199,45 @@ def recorded_calls(response: dict[str, Any]) -> list[tuple[str, str, dict[str, A
     ]
 
 
+class _PassCounts:
+    """Adds "openai-responses: N of M cassettes pass" to the terminal summary.
+
+    A cassette passes when every test of it (request, response, round trip) passed.
+    """
+
+    def __init__(self) -> None:
+        self.results: dict[str, bool] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if f"{__name__.rpartition('.')[2]}.py::" not in report.nodeid or "[" not in report.nodeid:
+            return
+        name = report.nodeid.rpartition("[")[2].rstrip("]")
+        failed = report.failed or (report.when == "call" and report.skipped)
+        self.results[name] = self.results.get(name, True) and not failed
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.results:
+            passed = sum(self.results.values())
+            terminalreporter.section("OpenAI Responses replay")
+            terminalreporter.write_line(
+                f"openai-responses: {passed} of {len(self.results)} cassettes pass"
+            )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pass_counts(request: pytest.FixtureRequest) -> None:
+    manager = request.config.pluginmanager
+    if not manager.has_plugin("agentloop-openai-responses-replay-counts"):
+        manager.register(_PassCounts(), "agentloop-openai-responses-replay-counts")
+
+
 def test_recorded_traffic_is_present():
     require_fixtures()
     assert CASSETTES, "no cassette named *openai_gpt-5-nano* in the fixtures folder"
 
 
 # -- 1. the request -------------------------------------------------------------------------
-@pytest.mark.parametrize("name", CASSETTES)
+@pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_body_matches_the_recording(name):
     for interaction in cassette(name).interactions:
         recorded = interaction.request_body
@@ -222,7 +259,7 @@ def test_request_body_matches_the_recording(name):
         assert ours == expected
 
 
-@pytest.mark.parametrize("name", CASSETTES)
+@pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_is_sent_to_the_recorded_url_with_the_key(name):
     interaction = cassette(name).interactions[0]
     provider, replay = provider_for(interaction)
@@ -246,7 +283,7 @@ def replay_response(interaction: Interaction) -> tuple[ModelResponse, list[Any]]
     return response, chunks
 
 
-@pytest.mark.parametrize("name", CASSETTES)
+@pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_recorded_response_parses(name):
     for interaction in cassette(name).interactions:
         if interaction.status >= 400:
@@ -330,7 +367,7 @@ def follow_ups(name: str) -> list[int]:
 ROUND_TRIPS = [name for name in CASSETTES if follow_ups(name)]
 
 
-@pytest.mark.parametrize("name", ROUND_TRIPS)
+@pytest.mark.parametrize("name", ROUND_TRIPS, ids=ROUND_TRIPS)
 def test_parsed_answer_becomes_the_next_recorded_input(name):
     interactions = cassette(name).interactions
     for k in follow_ups(name):
@@ -344,6 +381,7 @@ def test_parsed_answer_becomes_the_next_recorded_input(name):
             or tail[answer_items].get("type") in ("reasoning", "function_call")
         ):
             answer_items += 1
+        assert answer_items > 0, f"interaction {k + 1} doesn't start with the answer"
         answer = Message(
             role="assistant",
             content=response.content,
