@@ -301,9 +301,33 @@ def _settle_parent(chat: AbstractChat, message: Any) -> None:
         return
     from .agents import _last_answer
 
-    settled = parent.conversation.settle_subagent(call_id, _last_answer(chat))
-    if settled and parent.state == ChatState.WAITING:
+    if parent.conversation.settle_subagent(call_id, _last_answer(chat)):
+        _resume_parent(parent)
+
+
+def _resume_parent(parent: AbstractChat) -> None:
+    # The state is read after the result is written: a parent whose job is still finishing
+    # either reads the result itself (and goes on) or has already released it as waiting.
+    parent.refresh_from_db(fields=["state"])
+    if parent.state == ChatState.WAITING:
         parent.complete_later()
+
+
+#: a parent's tool result when its subagent's run was cancelled before it answered.
+SUBAGENT_CANCELLED_RESULT = "The subagent's run was cancelled before it answered."
+
+
+def _release_parent(chat: AbstractChat) -> None:
+    """A cancelled subagent releases its parent's waiting call with an error result: nothing
+    else would ever settle it, and the parent could take no new message."""
+    call_id = getattr(chat, "parent_tool_call_id", None)
+    if call_id is None:
+        return
+    parent = type(chat).objects.filter(pk=getattr(chat, "parent_id", None)).first()
+    if parent is None:
+        return
+    if parent.conversation.settle_subagent(call_id, SUBAGENT_CANCELLED_RESULT, is_error=True):
+        _resume_parent(parent)  # its own cancel, if it was cancelled too, then stops it
 
 
 def _cancel_children(chat: AbstractChat) -> None:
@@ -320,6 +344,7 @@ def _connect_signals(chat: AbstractChat, conversation: Conversation) -> None:
     conversation.on("after_message", lambda m: _settle_parent(chat, m))
     # A cancelled chat's running subagents stop too (their own subagents follow in turn).
     conversation.on("cancelled", lambda: _cancel_children(chat))
+    conversation.on("cancelled", lambda: _release_parent(chat))
     sender = type(chat)
     conversation.on("before_message", lambda: signals.model_call_started.send(sender, chat=chat))
     conversation.on(
@@ -505,6 +530,7 @@ class Chat(AbstractChat):
             models.Index(fields=["state"], name="agentloop_chat_state_idx"),
             models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
             models.Index(fields=["lease_expires_at"], name="agentloop_chat_lease_idx"),
+            models.Index(fields=["-created_at"], name="agentloop_chat_created_idx"),
         ]
 
 
