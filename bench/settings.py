@@ -28,7 +28,9 @@ def database_from_url(url: str) -> dict[str, Any]:
 SECRET_KEY = "agentloop-bench"
 DEBUG = False
 INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "agentloop"]
-DATABASES = {"default": database_from_url(os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))}
+DATABASES = {
+    "default": database_from_url(os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
