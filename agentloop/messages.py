@@ -11,7 +11,7 @@ import hashlib
 import json
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -184,3 +184,19 @@ class ModelResponse(BaseModel):
 
 
 messages_adapter: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
+    """An instance built from ``values`` that are already valid, with every field given.
+
+    For stores reading their own rows: no validation, no defaults to fill (several times
+    faster than ``model_construct``, which matters at hundreds of messages per step).
+    """
+    instance = cls.__new__(cls)
+    object.__setattr__(instance, "__dict__", values)
+    object.__setattr__(instance, "__pydantic_fields_set__", set(values))
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance

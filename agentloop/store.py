@@ -8,6 +8,7 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,7 +22,8 @@ from django.utils import timezone
 
 from .engine import ChatConfig, ChatStore, UsageRecord
 from .exceptions import ConcurrentWriteError
-from .messages import Message, MessageStatus, ToolCall, ToolCallState
+from .messages import Message, MessageStatus, ToolCall, ToolCallState, trusted
+from .sql import PreparedInsert, PreparedSelect
 from .tools import Tool, load_tool, tool_reference
 
 if TYPE_CHECKING:
@@ -40,7 +42,6 @@ _MESSAGE_COLUMNS = (
     "model",
     "finish_reason",
     "provider_data",
-    "created_at",
     "tool_call__call_id",
     "tool_call__name",
     "tool_calls__id",
@@ -71,6 +72,36 @@ _CONFIG_COLUMNS = {
 }
 
 
+# Columns of _MESSAGE_COLUMNS holding JSON: decoded by _json (most are "{}" or NULL).
+_JSON_COLUMNS = frozenset(
+    _MESSAGE_COLUMNS.index(name)
+    for name in ("parsed", "provider_data", "tool_calls__arguments", "tool_calls__provider_data")
+)
+_MESSAGE_STATUS = {status.value: status for status in MessageStatus}
+_TOOL_CALL_STATE = {state.value: state for state in ToolCallState}
+
+
+def _json(value: Any, empty: Any) -> Any:
+    """A JSON column as the driver returned it: text (decoded here), or already decoded."""
+    if value is None:
+        return None if empty is None else type(empty)()
+    if isinstance(value, str):
+        if value == "{}":
+            return {}
+        return json.loads(value)
+    return value
+
+
+_INSERTERS: dict[Any, PreparedInsert] = {}
+
+
+def _inserter(model: Any) -> PreparedInsert:
+    inserter = _INSERTERS.get(model)
+    if inserter is None:
+        inserter = _INSERTERS[model] = PreparedInsert(model)
+    return inserter
+
+
 class DjangoStore(ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
@@ -85,6 +116,9 @@ class DjangoStore(ChatStore):
         self._has_children = any(field.name == "parent" for field in meta.get_fields())
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
         self._queries: dict[str, tuple[tuple[str, Any], Any]] = {}
+        self._config: ChatConfig | None = None
+        self._message_insert = _inserter(self.message_model)
+        self._usage_insert = _inserter(self.usage_model)
         #: set by a background worker: every write then happens only while the lease is ours.
         self.lease: Lease | None = None
         from .cancel_notices import listen_locally
@@ -110,6 +144,13 @@ class DjangoStore(ChatStore):
 
     # -- configuration -------------------------------------------------------------------
     def get_config(self) -> ChatConfig:
+        # Changes made here go through update_config, which drops the cache; a chat row
+        # changed by another process is seen by loading the chat again, as with any model.
+        if self._config is None:
+            self._config = self._read_config()
+        return self._config
+
+    def _read_config(self) -> ChatConfig:
         chat = self.chat
         return ChatConfig.model_validate(
             {
@@ -128,6 +169,7 @@ class DjangoStore(ChatStore):
         )
 
     def update_config(self, **changes: Any) -> None:
+        self._config = None
         columns = []
         for field, value in changes.items():
             column = _CONFIG_COLUMNS[field]
@@ -157,18 +199,21 @@ class DjangoStore(ChatStore):
     # -- transcript ----------------------------------------------------------------------
     # Building these querysets (resolving 18 columns across two joins) costs more than running
     # them on a short chat, so each is built once per chat and cloned for every read.
-    def _query(self, name: str, build: Callable[[], Any]) -> Any:
+    def _query(self, name: str, build: Callable[[], Any]) -> list[Any]:
+        """Rows of a query compiled once per chat (see agentloop.sql)."""
         key = (name, self.chat.pk)
         cached = self._queries.get(name)
         if cached is None or cached[0] != key:
-            cached = self._queries[name] = (key, build())
-        return cached[1].all()
+            raw = _JSON_COLUMNS if name == "transcript" else frozenset()
+            cached = self._queries[name] = (key, PreparedSelect(build(), raw_columns=raw))
+        rows: list[Any] = cached[1].rows()
+        return rows
 
     def _transcript_query(self) -> Any:
         return (
             self.message_model.objects.filter(chat_id=self.chat.pk)
             .order_by("id", "tool_calls__id")
-            .values_list(*_MESSAGE_COLUMNS)
+            .values_list(*_MESSAGE_COLUMNS, "chat__cancel_requested_at")
         )
 
     def _cancel_query(self) -> Any:
@@ -180,49 +225,72 @@ class DjangoStore(ChatStore):
         )
 
     def load_transcript(self) -> list[Message]:
+        return self.read_for_step()[0]
+
+    def read_for_step(self) -> tuple[list[Message], datetime | None]:
+        # One query: the transcript, each row carrying the chat's cancel flag.
         if self.chat.pk is None:
-            return []
+            return [], None
         rows = self._query("transcript", self._transcript_query)
+        if not rows:
+            return [], self.cancel_requested_at()
         messages: list[Message] = []
         last: Message | None = None
         for row in rows:
             (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
-             created_at, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
+             answers_id, answers_name, call_key, call_id, call_name, call_arguments,
              call_state, call_provider_data, wait_reason, question, decision,
-             decision_digest) = row  # fmt: skip
+             decision_digest, _cancel) = row  # fmt: skip
             if last is None or last.key != key:
-                last = Message.model_construct(
-                    key=key,
-                    role=role,
-                    content=content,
-                    status=MessageStatus(status),
-                    is_error=is_error,
-                    parsed=parsed,
-                    model=model or None,
-                    finish_reason=finish_reason or None,
-                    provider_data=provider_data or {},
-                    created_at=created_at,
-                    tool_call_id=answers_id,
-                    tool_name=answers_name,
-                    tool_calls=[],
+                # Rows are our own: build without validation (see messages.trusted).
+                last = trusted(
+                    Message,
+                    {
+                        "role": role,
+                        "content": content,
+                        "status": _MESSAGE_STATUS[status],
+                        "tool_calls": [],
+                        "tool_call_id": answers_id,
+                        "tool_name": answers_name,
+                        "is_error": is_error,
+                        "parsed": _json(parsed, None),
+                        "model": model or None,
+                        "finish_reason": finish_reason or None,
+                        "provider_data": _json(provider_data, {}),
+                        "created_at": None,  # read on demand: turn_started_at()
+                        "key": key,
+                    },
                 )
                 messages.append(last)
             if call_key is not None:
                 last.tool_calls.append(
-                    ToolCall.model_construct(
-                        key=call_key,
-                        id=call_id,
-                        name=call_name,
-                        arguments=call_arguments or {},
-                        state=ToolCallState(call_state),
-                        provider_data=call_provider_data or {},
-                        wait_reason=wait_reason or None,
-                        question=question or None,
-                        decision=decision or None,
-                        decision_digest=decision_digest or None,
+                    trusted(
+                        ToolCall,
+                        {
+                            "id": call_id,
+                            "name": call_name,
+                            "arguments": _json(call_arguments, {}),
+                            "state": _TOOL_CALL_STATE[call_state],
+                            "provider_data": _json(call_provider_data, {}),
+                            "wait_reason": wait_reason or None,
+                            "question": question or None,
+                            "decision": decision or None,
+                            "decision_digest": decision_digest or None,
+                            "key": call_key,
+                        },
                     )
                 )
-        return messages
+        return messages, rows[-1][-1]
+
+    def turn_started_at(self, message: Message) -> datetime | None:
+        if message.created_at is not None or message.key is None:
+            return message.created_at
+        value: datetime | None = (
+            self.message_model.objects.filter(pk=message.key)
+            .values_list("created_at", flat=True)
+            .first()
+        )
+        return value
 
     def _message_row(self, message: Message, **extra: Any) -> Any:
         return self.message_model(
@@ -244,7 +312,7 @@ class DjangoStore(ChatStore):
             self.chat.stop_reason or self.chat.state == "stopped"
         )
         with self._writing(atomic=bool(clear_stop)):
-            record.save()
+            self._message_insert.insert(record, self._db)
             if clear_stop:
                 self._update_chat(stop_reason="", state="idle")
         return record
@@ -307,7 +375,7 @@ class DjangoStore(ChatStore):
                 record.pk = partial_key
                 record.save(force_update=True)
             else:
-                record.save()
+                self._message_insert.insert(record, self._db)
             if message.tool_calls:
                 self.tool_call_model.objects.bulk_create(
                     [
@@ -323,7 +391,7 @@ class DjangoStore(ChatStore):
                         for call in message.tool_calls
                     ]
                 )
-            self._usage_row(usage, record).save()
+            self._usage_insert.insert(self._usage_row(usage, record), self._db)
             if self.chat.stop_reason:
                 # The turn goes on (limits were raised): it is no longer stopped.
                 self._update_chat(stop_reason="", state="running" if self.lease else "idle")
@@ -331,7 +399,7 @@ class DjangoStore(ChatStore):
 
     def record_usage(self, usage: UsageRecord) -> None:
         with self._writing(atomic=False):
-            self._usage_row(usage).save()
+            self._usage_insert.insert(self._usage_row(usage), self._db)
 
     def mark_tool_running(self, call: ToolCall) -> None:
         with self._writing(atomic=False):
@@ -345,7 +413,7 @@ class DjangoStore(ChatStore):
         try:
             with self._writing():
                 record = self._message_row(message, tool_call_id=call.key)
-                record.save()
+                self._message_insert.insert(record, self._db)
                 self.tool_call_model.objects.filter(pk=call.key).update(
                     state=state, error=error or "", finished_at=timezone.now()
                 )
@@ -403,7 +471,7 @@ class DjangoStore(ChatStore):
         if self.chat.pk is None:
             return None
         rows = self._query("cancel", self._cancel_query)
-        value: datetime | None = next(iter(rows), None)
+        value: datetime | None = rows[0][0] if rows else None
         return value
 
     def request_cancel(self) -> None:

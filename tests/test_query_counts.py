@@ -2,10 +2,11 @@
 at 200 messages, and the exact count asserted so a new query shows up as a failing test.
 
 What a step costs (inside the test's transaction, so atomic blocks are SAVEPOINT/RELEASE):
-  generate, text answer:  cancel check, transcript read,
-                          SAVEPOINT, INSERT message, INSERT usage, RELEASE          = 6
-  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 7
-  run_tools, 2 calls:     cancel check, transcript read                             = 2
+  generate, text answer:  transcript read (each row carries the chat's cancel flag:
+                          the start-of-verb checkpoint costs no query of its own),
+                          SAVEPOINT, INSERT message, INSERT usage, RELEASE          = 5
+  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 6
+  run_tools, 2 calls:     transcript read with the cancel flag                      = 1
                           each call: UPDATE running, SAVEPOINT, INSERT result,
                           UPDATE state, RELEASE, cancel check after it              = 6
                           (before the first call the check is throttled: the verb's
@@ -32,9 +33,9 @@ pytestmark = pytest.mark.django_db
 # depending on how fast the machine is: only the forced checks read.
 SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SAVE_INTERVAL": 60})
 
-GENERATE_TEXT_QUERIES = 6
-GENERATE_TOOL_CALLS_QUERIES = 7
-RUN_TOOLS_QUERIES = 14
+GENERATE_TEXT_QUERIES = 5
+GENERATE_TOOL_CALLS_QUERIES = 6
+RUN_TOOLS_QUERIES = 13
 
 
 def build_history(chat, length):

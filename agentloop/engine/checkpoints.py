@@ -23,6 +23,13 @@ class Checkpoints:
         self.interval = interval
         self._last_read = float("-inf")
 
+    def observe(self, requested_at: object) -> None:
+        """A flag value read by someone else just now (with the transcript): count it as
+        this checkpoint's read."""
+        self._last_read = time.monotonic()
+        if requested_at is not None:
+            raise CancelledError("The run was cancelled.", requested_at=requested_at)
+
     def check(self, *, force: bool = True) -> None:
         """Raise :class:`CancelledError` if cancellation was requested."""
         now = time.monotonic()

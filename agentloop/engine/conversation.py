@@ -182,12 +182,12 @@ class Conversation(Configuration, PeopleInTheLoop):
     def generate(self, stream: StreamCallback | None = None) -> Any:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
         with self._run() as checkpoints:
-            return self._generate(self.store.load_transcript(), stream, checkpoints)
+            return self._generate(self._read(checkpoints), stream, checkpoints)
 
     def run_tools(self) -> list[Any]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
         with self._run() as checkpoints:
-            return self._run_tools(self.store.load_transcript(), checkpoints)
+            return self._run_tools(self._read(checkpoints), checkpoints)
 
     def step(self, stream: StreamCallback | None = None) -> Any:
         """Do the next move: run pending tools, else call the model. None when settled or
@@ -204,7 +204,6 @@ class Conversation(Configuration, PeopleInTheLoop):
                 if added is None:
                     break
                 last = added
-            self._discard_late_cancel()
         if last is None:
             transcript = finished(self.store.load_transcript())
             return self.store.native_message(transcript[-1]) if transcript else None
@@ -218,10 +217,10 @@ class Conversation(Configuration, PeopleInTheLoop):
     # -- internals ---------------------------------------------------------------------------
     @contextmanager
     def _run(self) -> Iterator[Checkpoints]:
-        """A run: checks cancellation first; turns any CancelledError into a recorded one."""
+        """A run; turns any CancelledError into a recorded one. Its first read (``_read``)
+        is the verb's start checkpoint."""
         checkpoints = Checkpoints(self.store, float(agentloop_settings.CANCEL_POLL_INTERVAL))
         try:
-            checkpoints.check()
             yield checkpoints
         except CancelledError as exc:
             if not exc.recorded:
@@ -257,9 +256,28 @@ class Conversation(Configuration, PeopleInTheLoop):
                 requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
             )
 
+    def _read(self, checkpoints: Checkpoints) -> list[Message]:
+        """The transcript, read together with the cancel flag: the start-of-verb checkpoint."""
+        transcript, requested_at = self.store.read_for_step()
+        checkpoints.observe(requested_at)
+        return transcript
+
     def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
-        transcript = self.store.load_transcript()
+        transcript, requested_at = self.store.read_for_step()
         move = next_move(transcript)
+        if requested_at is not None and move in ("done", "wait"):
+            # The cancel came as the run was finishing: nothing is left to stop, and
+            # left set it would stop the next run at once.
+            self.store.record_cancellation(
+                requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
+            )
+            return None
+        try:
+            checkpoints.observe(requested_at)
+        except CancelledError as exc:
+            if move == "tools":  # stopped before the round: the next ask_later answers its calls
+                self._record_cancel(exc, unanswered=pending_round(transcript).unanswered)
+            raise
         if move == "tools":
             results = self._run_tools(transcript, checkpoints)
             return results[-1] if results else None
@@ -310,7 +328,7 @@ class Conversation(Configuration, PeopleInTheLoop):
         elif limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
             reason = f"max_tool_calls reached ({tool_calls} of {limits.max_tool_calls})"
         elif limits.max_seconds is not None or limits.max_cost is not None:
-            began = transcript[start].created_at if transcript else None
+            began = self.store.turn_started_at(transcript[start]) if transcript else None
             if began is not None and limits.max_seconds is not None:
                 elapsed = (_now() - began).total_seconds()
                 if elapsed >= limits.max_seconds:
@@ -350,17 +368,23 @@ class Conversation(Configuration, PeopleInTheLoop):
         )
 
     def prepare_model_call(
-        self, transcript: list[Message] | None = None, *, stream: bool = False
+        self,
+        transcript: list[Message] | None = None,
+        *,
+        stream: bool = False,
+        check_limits: bool = True,
     ) -> PreparedCall:
         """What ``generate()`` would send, without sending it (batches use this).
 
-        Checks the limits first (``LimitReachedError``), then resolves the provider and
-        builds the request with the same mapping as every model call.
+        Checks the limits first (``LimitReachedError``; ``check_limits=False`` skips them,
+        for a call whose limits were checked when it was sent), then resolves the provider
+        and builds the request with the same mapping as every model call.
         """
         if transcript is None:
             transcript = self.store.load_transcript()
         config = self.store.get_config()
-        self._check_limits(transcript, config)
+        if check_limits:
+            self._check_limits(transcript, config)
         model = config.model or agentloop_settings.DEFAULT_MODEL
         provider, model_id = providers.resolve(model, config.provider)
         return PreparedCall(

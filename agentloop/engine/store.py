@@ -71,6 +71,15 @@ class ChatStore(ABC):
     def load_transcript(self) -> list[Message]:
         """All messages in order, with tool calls; a constant number of queries."""
 
+    def read_for_step(self) -> tuple[list[Message], datetime | None]:
+        """The transcript and the cancel flag, read together at the start of a move
+        (stores that can should do it in one query)."""
+        return self.load_transcript(), self.cancel_requested_at()
+
+    def turn_started_at(self, message: Message) -> datetime | None:
+        """When ``message`` (a turn's first) was written; stores may read it on demand."""
+        return message.created_at
+
     @abstractmethod
     def append_message(self, message: Message) -> Any:
         """Add a system or user message. A user message starts a new turn."""
