@@ -35,6 +35,11 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_URL": None,
     #: events kept per chat in Redis (a reconnecting page can catch up on these).
     "EVENTS_MAXLEN": 1000,
+    #: seconds between an event stream's reads of the chat (its state; its messages when
+    #: there is no Redis).
+    "EVENTS_POLL_INTERVAL": 0.5,
+    #: seconds of silence after which an event stream sends a keep-alive comment.
+    "EVENTS_KEEPALIVE": 15.0,
     #: how background steps run: "celery", "embedded" (in-process threads) or "auto"
     #: (Celery when its app has a broker configured, else embedded).
     "BACKGROUND": "auto",

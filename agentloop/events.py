@@ -9,6 +9,7 @@ polled; no per-chunk events). Workers publish; the SSE view reads.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from abc import ABC, abstractmethod
 from functools import lru_cache
@@ -23,6 +24,7 @@ __all__ = [
     "EventBackend",
     "RedisEvents",
     "chat_key",
+    "database_events",
     "get_backend",
     "message_payload",
     "publish_chunk",
@@ -30,6 +32,8 @@ __all__ = [
 ]
 
 Event = dict[str, Any]  # {"id": str, "type": "message" | "chunk" | ..., "data": {...}}
+
+logger = logging.getLogger(__name__)
 
 
 def chat_key(chat: Any) -> str:
@@ -110,22 +114,40 @@ class DatabaseEvents(EventBackend):
 
         label, _, pk = key.rpartition(":")
         chat_model: Any = apps.get_model(label)
-        message_model = chat_model._meta.get_field("messages").related_model
-        after_id = int(after) if after and after.isdigit() else 0
         deadline = time.monotonic() + timeout
         while True:
-            rows = list(
-                message_model.objects.filter(chat_id=pk, id__gt=after_id)
-                .exclude(status="partial")
-                .prefetch_related("tool_calls")
-                .order_by("id")
-            )
-            if rows or time.monotonic() >= deadline:
-                return [
-                    {"id": str(row.pk), "type": "message", "data": message_payload(row)}
-                    for row in rows
-                ]
+            events, _streaming = database_events(chat_model, pk, after)
+            if events or time.monotonic() >= deadline:
+                return events
             time.sleep(self.poll_interval)
+
+
+def database_events(
+    chat_model: Any, chat_pk: Any, after: str | None, limit: int = 200
+) -> tuple[list[Event], Event | None]:
+    """Message rows after id ``after`` as events, and the answer streaming now, if any.
+
+    An answer being streamed is a ``partial`` row; rows after it wait until it is
+    finished, so a reader resuming after an id never skips it. A partial row that a
+    later answer (or partial) follows was abandoned (a crash) and is passed over.
+    The streaming answer comes back as a ``partial`` event without an id.
+    """
+    message_model = chat_model._meta.get_field("messages").related_model
+    after_id = int(after) if after and after.isdigit() else 0
+    rows = list(
+        message_model.objects.filter(chat_id=chat_pk, id__gt=after_id)
+        .prefetch_related("tool_calls")
+        .order_by("id")[:limit]
+    )
+    events: list[Event] = []
+    for index, row in enumerate(rows):
+        if row.status == "partial":
+            if any(later.role == "assistant" for later in rows[index + 1 :]):
+                continue  # abandoned
+            streaming = {"type": "partial", "data": {"id": row.pk, "content": row.content}}
+            return events, streaming
+        events.append({"id": str(row.pk), "type": "message", "data": message_payload(row)})
+    return events, None
 
 
 @lru_cache(maxsize=4)
@@ -138,12 +160,20 @@ def get_backend() -> EventBackend:
     return _backend_for(agentloop_settings.REDIS_URL, int(agentloop_settings.EVENTS_MAXLEN))
 
 
+def _publish(backend: EventBackend, chat: Any, type_: str, data: dict[str, Any]) -> None:
+    # Best effort: the rows are the record, so an unreachable Redis must not fail the step.
+    try:
+        backend.publish(chat_key(chat), type_, data)
+    except Exception:
+        logger.warning("Could not publish a %s event of %s", type_, chat_key(chat), exc_info=True)
+
+
 def publish_message(chat: Any, message: Any) -> None:
     """Announce a saved message (called for every message of a persisted chat)."""
     backend = get_backend()
     if isinstance(backend, DatabaseEvents):
         return
-    backend.publish(chat_key(chat), "message", message_payload(message))
+    _publish(backend, chat, "message", message_payload(message))
 
 
 def publish_chunk(chat: Any, chunk: Any) -> None:
@@ -152,6 +182,6 @@ def publish_chunk(chat: Any, chunk: Any) -> None:
     if isinstance(backend, DatabaseEvents):
         return
     if isinstance(chunk, TextDelta):
-        backend.publish(chat_key(chat), "chunk", {"text": chunk.text})
+        _publish(backend, chat, "chunk", {"text": chunk.text})
     elif isinstance(chunk, ToolCallDelta):
-        backend.publish(chat_key(chat), "tool_call_delta", chunk.model_dump())
+        _publish(backend, chat, "tool_call_delta", chunk.model_dump())

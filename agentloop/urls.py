@@ -8,6 +8,7 @@ app_name = "agentloop"
 
 urlpatterns = [
     path("chats/<int:pk>/cancel/", views.cancel_chat, name="cancel"),
+    path("chats/<int:pk>/events/", views.chat_events, name="events"),
     path(
         "chats/<int:pk>/tool-calls/<int:call_pk>/approve/",
         views.approve_tool_call,

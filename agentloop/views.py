@@ -1,18 +1,21 @@
-"""Views that change a chat: POST only, CSRF-protected, owner or permitted staff.
+"""Views of a chat: POST views that change it (CSRF-protected), and its event stream.
 
-Anyone else gets 404 (not 403: a chat's existence is not disclosed). Answers are
-204 for ``fetch``/XHR callers and a redirect back for plain HTML forms.
+Only the owner or permitted staff get through; anyone else gets 404 (not 403: a
+chat's existence is not disclosed). POST answers are 204 for ``fetch``/XHR callers
+and a redirect back for plain HTML forms.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from .conf import agentloop_settings
 from .exceptions import ToolCallNotWaitingError
@@ -20,10 +23,13 @@ from .exceptions import ToolCallNotWaitingError
 __all__ = [
     "answer_tool_call",
     "approve_tool_call",
-    "cancel_chat",
     "can_change_chat",
+    "can_view_chat",
+    "cancel_chat",
+    "chat_events",
     "deny_tool_call",
     "get_chat_for_change",
+    "get_chat_for_view",
     "get_chat_model",
 ]
 
@@ -46,6 +52,22 @@ def get_chat_for_change(request: HttpRequest, pk: Any) -> Any:
     chat_model = get_chat_model()
     chat = chat_model.objects.filter(pk=pk).first()
     if chat is None or not can_change_chat(request.user, chat):
+        raise Http404("No such chat.")
+    return chat
+
+
+def can_view_chat(user: Any, chat: Any) -> bool:
+    """The owner, or staff holding the model's view (or change) permission."""
+    if can_change_chat(user, chat):
+        return True
+    opts = chat._meta
+    return bool(user.is_staff and user.has_perm(f"{opts.app_label}.view_{opts.model_name}"))
+
+
+def get_chat_for_view(request: HttpRequest, pk: Any) -> Any:
+    """The chat if this user may see it, else 404."""
+    chat = get_chat_model().objects.filter(pk=pk).first()
+    if chat is None or not can_view_chat(request.user, chat):
         raise Http404("No such chat.")
     return chat
 
@@ -106,3 +128,17 @@ def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     return _decide(
         request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
     )
+
+
+@require_GET
+@login_required
+async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """The chat's live events as Server-Sent Events (``agentloop.sse``).
+
+    Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
+    stream holds no thread; under WSGI the stream is a sync iterator on its thread.
+    """
+    from .sse import stream_response
+
+    chat = await sync_to_async(get_chat_for_view)(request, pk)
+    return stream_response(request, chat)

@@ -34,6 +34,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
 
 TEMPLATES = [
     {
@@ -75,8 +76,20 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 # "demo:rule-based" answers offline, so the example needs no API key; DEMO is what
-# `manage.py agentloop demo` (and `make demo`) runs.
-AGENTLOOP = {"DEFAULT_MODEL": "demo:rule-based", "DEMO": "example_project.demo.DEMO"}
+# `manage.py agentloop demo` (and `make demo`) runs. AGENTLOOP_MODEL picks a real model
+# instead, e.g. AGENTLOOP_MODEL=openai:gpt-4.1-mini with OPENAI_API_KEY set.
+AGENTLOOP = {
+    "DEFAULT_MODEL": os.environ.get("AGENTLOOP_MODEL") or "demo:rule-based",
+    "DEMO": "example_project.demo.DEMO",
+    # The chat page shows a streaming answer from its partial row (no Redis needed):
+    # saved often, read often, so the text grows smoothly.
+    "PARTIAL_SAVE_INTERVAL": 0.2,
+    "EVENTS_POLL_INTERVAL": 0.2,
+    # With Redis, pages get every streamed chunk as it comes (and cancels travel faster).
+    "REDIS_URL": os.environ.get("AGENTLOOP_REDIS_URL") or None,
+}

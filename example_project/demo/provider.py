@@ -8,12 +8,20 @@ the transcript it sums them up. It only calls tools the chat offers.
 - "weather in Paris and Tokyo"                   -> ``weather`` once per city
 - "note: ..." / "remember that ..."             -> ``save_note``
 - "notes" / "what did I note"                   -> ``list_notes``
+- "delete my notes" / "forget my notes"         -> ``delete_notes`` (it needs approval)
+- "ask me ..."                                   -> ``ask_person`` (which city?), then
+  ``weather`` for the city the person answers
+- "research ..."                                 -> the ``researcher`` subagent, given
+  the whole message as its task
+- "slowly" anywhere                             -> a long story (when no tool fits),
+  streamed one word every ``slow_delay`` seconds: time to press Cancel
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 from agentloop.messages import (
@@ -31,6 +39,10 @@ __all__ = ["RuleBasedProvider", "plan_tool_calls"]
 
 _SAVE_NOTE = re.compile(r"(?:\bnote:|\bremember(?:\s+that)?\b)\s*(?P<text>\S.*)", re.I | re.S)
 _LIST_NOTES = re.compile(r"\bnotes\b|\bwhat did i note\b", re.I)
+_DELETE_NOTES = re.compile(r"\b(?:delete|forget|clear|erase)\b[^.?!]*?\bnotes?\b", re.I)
+_ASK_ME = re.compile(r"\bask me\b", re.I)
+_RESEARCH = re.compile(r"\bresearch(?:er)?\b", re.I)
+_SLOW = re.compile(r"\bslow(?:ly)?\b", re.I)
 _CITY = r"[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*"
 _WEATHER = re.compile(
     rf"(?i:\bweather\s+(?:in|for))\s+(?P<cities>{_CITY}(?:\s*(?:,|\band\b)\s*(?:in\s+)?{_CITY})*)"
@@ -43,6 +55,19 @@ HELP = (
     "I'm the offline demo model. I can do arithmetic such as (12 + 30) * 2, tell you the "
     '(made-up) weather in a city, save a note ("remember that ...") and list your notes.'
 )
+#: what "ask me" asks.
+CITY_QUESTION = "Which city should I look up the weather for?"
+#: the slow answer: long enough to cancel halfway.
+STORY = (
+    "Once upon a time, a small agent lived in a database. Every morning it read the whole "
+    "transcript from the top, because the transcript was the only thing it could trust. "
+    "It called its tools one at a time, wrote down every result before doing anything "
+    "else, and when the power went out in the middle of a sentence it simply picked up "
+    "where the last saved line ended. People could stop it at any moment with a button, "
+    "and it would put down its pen mid-word, keep what it had written, and wait politely "
+    "for the next question. It was not a clever agent, but it was a very reliable one, "
+    "and everybody who worked with it slept well at night."
+)
 
 
 def _balanced(expression: str) -> str:
@@ -54,13 +79,26 @@ def _balanced(expression: str) -> str:
     return expression.strip()
 
 
-def plan_tool_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
-    """The ``(tool name, arguments)`` calls a user message asks for, in reading order."""
+def plan_tool_calls(text: str, offered: set[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(tool name, arguments)`` calls a user message asks for, in reading order.
+
+    ``offered`` (default: any) decides whether research goes to the ``researcher``
+    subagent, which takes the whole message as its task.
+    """
+    if _RESEARCH.search(text) and (offered is None or "researcher" in offered):
+        return [("researcher", {"task": text.strip()})]
     found: list[tuple[int, str, dict[str, Any]]] = []
     note = _SAVE_NOTE.search(text)
     if note:  # everything after "remember" is the note, not more requests
         found.append((note.start(), "save_note", {"text": note["text"].strip().rstrip(".")}))
         text = text[: note.start()]
+    deleting = _DELETE_NOTES.search(text)
+    if deleting:  # "delete my notes" is no request to list them
+        found.append((deleting.start(), "delete_notes", {}))
+        text = text[: deleting.start()] + " " * len(deleting.group()) + text[deleting.end() :]
+    asking = _ASK_ME.search(text)
+    if asking:
+        found.append((asking.start(), "ask_person", {"question": CITY_QUESTION}))
     for match in _EXPRESSION.finditer(text):
         expression = _balanced(match.group())
         if _OPERATOR.search(expression):
@@ -91,6 +129,12 @@ def _summary(call: ToolCall, result: Message) -> str:
         )
     if call.name == "save_note":
         return f"I saved your note: {call.arguments.get('text')}."
+    if call.name == "ask_person":
+        return f"You answered: {result.content.strip()}."
+    if call.name == "researcher":
+        return f"The researcher reports: {result.content}"
+    if call.name == "delete_notes":
+        return f"Done: {result.content}"
     if call.name == "list_notes" and isinstance(data, dict):
         if not data["notes"]:
             return "You have no notes yet."
@@ -117,6 +161,10 @@ class RuleBasedProvider(Provider):
 
     name = "demo"
 
+    def __init__(self, slow_delay: float = 0.1) -> None:
+        #: seconds between the words of an answer to a message that says "slowly".
+        self.slow_delay = slow_delay
+
     def request(
         self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
     ) -> ModelResponse:
@@ -124,19 +172,28 @@ class RuleBasedProvider(Provider):
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
         turn = messages[last_user + 1 :]
         results = [m for m in turn if m.role == "tool"]
+        asked_text = messages[last_user].content if last_user >= 0 else ""
         calls: list[ToolCall] = []
         if last_user < 0:
             text = HELP
-        elif results:  # the tools have answered: sum up
+        elif results:  # the tools have answered: go on with the answer, or sum up
             asked = {call.id: call for m in turn for call in m.tool_calls}
-            text = " ".join(
-                _summary(asked[r.tool_call_id], r) for r in results if r.tool_call_id in asked
-            )
+            calls = self._follow_up(request, turn, asked, results)
+            if calls:
+                text = f"Let me look up the weather in {calls[0].arguments['city']}."
+            else:
+                text = " ".join(
+                    _summary(asked[r.tool_call_id], r) for r in results if r.tool_call_id in asked
+                )
         else:
-            calls = self._calls(request, messages[last_user].content)
-            text = f"Let me use {_join([c.name for c in calls])}." if calls else HELP
+            calls = self._calls(request, asked_text)
+            if calls:
+                text = f"Let me use {_join([c.name for c in calls])}."
+            else:
+                text = STORY if _SLOW.search(asked_text) else HELP
         if on_chunk is not None:
-            self._stream(text, calls, on_chunk)
+            delay = self.slow_delay if _SLOW.search(asked_text) else 0.0
+            self._stream(text, calls, on_chunk, delay)
         return ModelResponse(
             content=text,
             tool_calls=calls,
@@ -145,13 +202,44 @@ class RuleBasedProvider(Provider):
             model=request.model,
         )
 
-    def _calls(self, request: ModelRequest, text: str) -> list[ToolCall]:
-        offered = {tool.name for tool in request.tools}
+    def _offered(self, request: ModelRequest) -> set[str]:
         if request.tool_choice == "none":
-            offered = set()
-        planned = [(name, args) for name, args in plan_tool_calls(text) if name in offered]
+            return set()
+        return {tool.name for tool in request.tools}
+
+    def _calls(self, request: ModelRequest, text: str) -> list[ToolCall]:
+        offered = self._offered(request)
+        planned = [(name, args) for name, args in plan_tool_calls(text, offered) if name in offered]
         if request.parallel_tool_calls is False:
             planned = planned[:1]
+        return self._numbered(request, planned)
+
+    def _follow_up(
+        self,
+        request: ModelRequest,
+        turn: list[Message],
+        asked: dict[str, ToolCall],
+        results: list[Message],
+    ) -> list[ToolCall]:
+        """After the person answered "which city?": the weather there (once per turn)."""
+        if "weather" not in self._offered(request):
+            return []
+        if any(call.name == "weather" for call in asked.values()):
+            return []
+        answers = [
+            r.content.strip().rstrip(".")
+            for r in results
+            if not r.is_error and r.tool_call_id in asked
+            and asked[r.tool_call_id].name == "ask_person"
+        ]  # fmt: skip
+        if not answers or not answers[-1]:
+            return []
+        return self._numbered(request, [("weather", {"city": answers[-1]})])
+
+    @staticmethod
+    def _numbered(
+        request: ModelRequest, planned: list[tuple[str, dict[str, Any]]]
+    ) -> list[ToolCall]:
         # Ids unique in the chat and the same on every run: numbered after the earlier calls.
         earlier = sum(len(m.tool_calls) for m in request.messages)
         return [
@@ -160,9 +248,13 @@ class RuleBasedProvider(Provider):
         ]
 
     @staticmethod
-    def _stream(text: str, calls: list[ToolCall], on_chunk: ChunkCallback) -> None:
+    def _stream(
+        text: str, calls: list[ToolCall], on_chunk: ChunkCallback, delay: float = 0.0
+    ) -> None:
         words = text.split(" ")
         for n, word in enumerate(words):
+            if delay:
+                time.sleep(delay)
             on_chunk(TextDelta(text=word if n == len(words) - 1 else word + " "))
         for index, call in enumerate(calls):
             on_chunk(ToolCallDelta(index=index, id=call.id, name=call.name))

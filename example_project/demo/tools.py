@@ -142,3 +142,13 @@ class ListNotes(Tool):
     def execute(self) -> dict[str, Any]:
         notes = list(_notes_of(_persisted_chat(self)).values_list("text", flat=True))
         return {"count": len(notes), "notes": notes}
+
+
+class DeleteNotes(Tool):
+    """Deletes all of the user's notes. Runs only once the user approves it."""
+
+    requires_approval = True
+
+    def execute(self) -> str:
+        deleted, _ = _notes_of(_persisted_chat(self)).delete()
+        return f"Deleted {deleted} note{'' if deleted == 1 else 's'}."

@@ -1,0 +1,520 @@
+"""The example site's live chat page in a real browser (DESIGN §9).
+
+Playwright drives Debian's Chromium (``/usr/bin/chromium``) against the example site
+served by a real server process (``manage.py runserver``, threaded WSGI; one test uses
+uvicorn, ASGI, and one Redis for the events) on the test database. The site's chats run
+on the offline demo model in the server's embedded background threads; the page follows
+them through agentloop's event stream.
+
+Skipped when Chromium or the ``playwright`` package is missing, except under
+``CI=true``, where that fails the run. With ``AGENTLOOP_SCREENSHOTS=1`` the
+screenshots the documentation shows are written to ``docs/images/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from agentloop.models import Chat, ChatState, Message
+from example_project.demo.provider import STORY
+from example_project.models import Note
+from tests.processes import REPO_ROOT, process_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+IN_CI = os.environ.get("CI") == "true"
+SCREENSHOTS = REPO_ROOT / "docs" / "images"
+TIMEOUT_MS = 30_000  # any one wait for the page; a failure, not a pause
+SERVER_SETTINGS = {
+    "DEFAULT_MODEL": "demo:rule-based",
+    "BACKGROUND": "embedded",
+    "PARTIAL_SAVE_INTERVAL": 0.2,
+    "EVENTS_POLL_INTERVAL": 0.1,
+}
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser_available() -> None:
+    reason = _missing()
+    if reason and IN_CI:
+        pytest.fail(f"{reason}; under CI=true the browser tests must run")
+    if reason:
+        pytest.skip(reason)
+
+
+# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+# plain blocking calls between page actions, which is what Django's guard is about.
+@pytest.fixture(scope="module", autouse=True)
+def _allow_orm_next_to_playwright() -> Iterator[None]:
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+# -- the servers -------------------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(
+        self, command: list[str], port: int, log: Path, settings: dict | None = None
+    ) -> None:
+        self.url = f"http://localhost:{port}"  # a host the test settings allow
+        self.port = port
+        self.log = log
+        agentloop_settings = json.dumps(settings or SERVER_SETTINGS)
+        with log.open("w") as output:
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter
+                command,
+                env=process_env(AGENTLOOP_TEST_SETTINGS=agentloop_settings),
+                cwd=REPO_ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_until_listening()
+
+    def _wait_until_listening(self) -> None:
+        import socket
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the server exited:\n{self.output()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"the server did not listen in time:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
+    """``manage.py runserver`` (threaded WSGI, no reloader) on the test database."""
+    port = free_port()
+    command = [
+        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    with django_db_blocker.unblock():
+        server = Server(command, port, tmp_path_factory.mktemp("runserver") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def asgi_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
+    """The same site under uvicorn (ASGI): event streams hold no thread."""
+    pytest.importorskip("uvicorn", reason="uvicorn is a dev dependency (pip install -e '.[dev]')")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    with django_db_blocker.unblock():
+        server = Server(command, port, tmp_path_factory.mktemp("uvicorn") / "server.log")
+    yield server
+    server.stop()
+
+
+# Streams are named by chat pk, which restarts at 1 in every test database: a Redis database
+# per test process keeps runs side by side apart (the Celery tests use 15).
+REDIS_URL = f"redis://127.0.0.1:6379/{1 + os.getpid() % 14}"
+
+
+@pytest.fixture(scope="module")
+def redis_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
+    """runserver again, with live events (and cancel notices) through Redis."""
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - the redis extra is a dev dependency
+        unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.flushdb()
+    except redis.RedisError as exc:
+        unavailable(f"Redis does not answer at {REDIS_URL}: {exc}")
+    port = free_port()
+    command = [
+        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    with django_db_blocker.unblock():
+        server = Server(
+            command,
+            port,
+            tmp_path_factory.mktemp("redis") / "server.log",
+            {**SERVER_SETTINGS, "REDIS_URL": REDIS_URL},
+        )
+    yield server
+    server.stop()
+    client.flushdb()
+    client.close()
+
+
+def unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason}; under CI=true the browser tests with Redis must run")
+    pytest.skip(f"{reason} (start it with: bash scripts/services.sh start)")
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind() -> Iterator[None]:
+    """A test ends with no chat running in the server, before its rows are flushed."""
+    yield
+    Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING]).update(
+        cancel_requested_at=timezone.now()
+    )
+    deadline = time.monotonic() + 30
+    busy = Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING])
+    while busy.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+# -- the browser -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(_browser_available) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture
+def person(django_user_model):
+    return django_user_model.objects.create_user(username="ada", password="lovelace")
+
+
+def screenshot(page, name: str, tmp_path: Path) -> Path:
+    """A screenshot for the docs (with AGENTLOOP_SCREENSHOTS=1), else a throwaway one."""
+    folder = SCREENSHOTS if os.environ.get("AGENTLOOP_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def log_in(page, site: Server, username: str, password: str) -> None:
+    page.goto(f"{site.url}/accounts/login/?next=/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site.url}/")
+
+
+def start_chat(page, text: str) -> int:
+    """A new chat with the demo assistant, asked ``text``; returns its id."""
+    page.fill("#new-chat textarea", text)
+    page.click("#new-chat button[type=submit]")
+    page.wait_for_url(re.compile(r"/chats/\d+/$"))
+    page.wait_for_selector("#chat[data-live='1']")
+    return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def send(page, text: str) -> None:
+    from playwright.sync_api import expect
+
+    button = page.locator("#send button[type=submit]")
+    expect(button).to_be_enabled()  # not while the assistant is still answering
+    page.fill("#send textarea", text)
+    button.click()
+    expect(page.locator("li.msg-user").last).to_have_text(text)
+
+
+def last_answer(page):
+    return page.locator("li.msg-assistant:not(.streaming) .text").last
+
+
+def text_lengths_as_it_grows(page, selector: str, observations: int) -> list[int]:
+    """The length of the element's text each time it grew, ``observations`` times."""
+    lengths = [0]
+    for _ in range(observations):
+        page.wait_for_function(
+            "([selector, seen]) => {"
+            "  const node = document.querySelector(selector);"
+            "  return node !== null && node.textContent.length > seen;"
+            "}",
+            arg=[selector, lengths[-1]],
+        )
+        lengths.append(len(page.locator(selector).text_content()))
+    return lengths[1:]
+
+
+STREAMING_TEXT = "li.msg-assistant.streaming .text"
+
+
+# -- streaming ---------------------------------------------------------------------------------
+def test_a_sent_message_streams_in_and_the_answer_grows(page, site, person, tmp_path):
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Tell me a story slowly")
+
+    lengths = text_lengths_as_it_grows(page, STREAMING_TEXT, observations=3)
+    shown = page.locator(STREAMING_TEXT).text_content()
+    screenshot(page, "chat-streaming.png", tmp_path)
+
+    assert lengths == sorted(set(lengths))  # three times longer than before
+    assert STORY.startswith(shown)
+
+
+def test_the_answer_of_a_quick_question_replaces_the_streamed_text(page, site, person):
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    chat_id = start_chat(page, "What is (12 + 30) * 2, and the weather in Paris and Tokyo?")
+
+    expect(last_answer(page)).to_contain_text("(12 + 30) * 2 = 84. In Paris it is")
+    calls = page.locator("li.call.done")
+    expect(calls).to_have_count(3)
+    assert calls.locator(".tool").all_text_contents() == ["calculator", "weather", "weather"]
+    expect(calls.first.locator(".result")).to_have_text("84")
+    answer = Message.objects.filter(chat_id=chat_id, role="assistant").last()
+    assert last_answer(page).text_content() == answer.content
+
+
+# -- cancel ------------------------------------------------------------------------------------
+def test_cancel_stops_a_slow_answer_and_the_chat_takes_a_new_message(page, site, person, tmp_path):
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    chat_id = start_chat(page, "Tell me a story slowly")
+    text_lengths_as_it_grows(page, STREAMING_TEXT, observations=2)
+
+    page.click("#cancel")
+    cancelled = page.locator("li.msg-assistant.cancelled")
+    expect(cancelled.locator(".marker")).to_have_text("cancelled")
+    expect(page.locator("#state")).to_have_text("idle")
+    kept = Message.objects.get(chat_id=chat_id, status="cancelled")
+    shown = cancelled.locator(".text").text_content()
+    send(page, "What is 2 + 2?")
+    expect(last_answer(page)).to_have_text("2 + 2 = 4.")
+    screenshot(page, "chat-cancelled.png", tmp_path)
+
+    assert shown == kept.content  # the page shows what was kept when it stopped...
+    assert 0 < len(shown) < len(STORY) and STORY.startswith(shown)
+    assert cancelled.locator(".text").text_content() == shown  # ...and it grew no more
+
+
+# -- people in the loop ------------------------------------------------------------------------
+def test_approving_a_call_runs_it_and_shows_its_result(page, site, person, tmp_path):
+    from playwright.sync_api import expect
+
+    Note.objects.create(owner=person, text="Pack an umbrella")
+    Note.objects.create(owner=person, text="Buy stamps")
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Delete my notes")
+
+    approval = page.locator(".decision.approval")
+    expect(approval).to_contain_text("The assistant wants to run delete_notes")
+    expect(page.locator("#state")).to_have_text("waiting")
+    expect(page.locator("#send button[type=submit]")).to_be_disabled()
+    screenshot(page, "chat-approval.png", tmp_path)
+    approval.get_by_role("button", name="Approve").click()
+
+    expect(page.locator("li.call.done .result")).to_have_text("Deleted 2 notes.")
+    expect(last_answer(page)).to_have_text("Done: Deleted 2 notes.")
+    expect(approval).to_have_count(0)
+    assert not Note.objects.filter(owner=person).exists()
+
+
+def test_denying_a_call_gives_the_model_an_error_result_and_runs_nothing(page, site, person):
+    from playwright.sync_api import expect
+
+    Note.objects.create(owner=person, text="Pack an umbrella")
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Delete my notes")
+
+    approval = page.locator(".decision.approval")
+    approval.locator("input[name=reason]").fill("I still need them")
+    approval.get_by_role("button", name="Deny").click()
+
+    result = page.locator("li.call.failed .result")
+    expect(result).to_contain_text("denied")
+    expect(last_answer(page)).to_contain_text("The delete_notes tool reported a problem")
+    assert Note.objects.filter(owner=person).count() == 1
+
+
+def test_answering_a_question_continues_the_run(page, site, person):
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Ask me where to go")
+
+    question = page.locator(".decision.question")
+    expect(question).to_contain_text("Which city should I look up the weather for?")
+    question.locator("input[name=text]").fill("Lisbon")
+    question.get_by_role("button", name="Answer").click()
+
+    expect(last_answer(page)).to_contain_text("You answered: Lisbon. In Lisbon it is")
+
+
+def test_a_subagents_work_shows_as_a_call_and_links_to_its_chat(page, site, person):
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Research the weather in Oslo")
+    expect(last_answer(page)).to_contain_text("The researcher reports: In Oslo it is")
+    page.reload()
+
+    call = page.locator("li.call.done", has=page.locator(".tool", has_text="researcher"))
+    expect(call.locator(".result")).to_contain_text("In Oslo it is")
+    call.get_by_role("link", name="Open the subagent's chat").click()
+
+    expect(page.locator("li.call.done .tool")).to_have_text("weather")
+    expect(page.locator("a.back")).to_contain_text("the chat that asked this subagent")
+
+
+# -- reloading ---------------------------------------------------------------------------------
+TRANSCRIPT_JS = """() => [...document.querySelectorAll('#transcript > li.msg')].map((item) => [
+    item.className.replace(' streaming', ''),
+    item.querySelector('.text').textContent,
+    [...item.querySelectorAll('li.call')].map((call) => [
+        call.className,
+        call.querySelector('.tool').textContent,
+        call.querySelector('.args').textContent,
+        call.querySelector('.result').textContent,
+    ]),
+])"""
+
+
+def test_a_reloaded_page_shows_the_transcript_the_live_page_drew(page, site, person, tmp_path):
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "What is (12 + 30) * 2, and the weather in Paris and Tokyo?")
+    expect(last_answer(page)).to_contain_text("In Tokyo it is")
+    send(page, "Research the weather in Oslo and Rome")
+    expect(last_answer(page)).to_contain_text("The researcher reports")
+    send(page, "Ask me where to go")
+    page.locator(".decision.question input[name=text]").fill("Lisbon")
+    page.locator(".decision.question").get_by_role("button", name="Answer").click()
+    expect(last_answer(page)).to_contain_text("You answered: Lisbon.")
+    expect(page.locator("#state")).to_have_text("idle")
+    live = page.evaluate(TRANSCRIPT_JS)
+
+    page.reload()
+    page.wait_for_selector("#chat[data-live='1']")
+    expect(page.locator("#state")).to_have_text("idle")
+    screenshot(page, "chat-page.png", tmp_path)
+
+    assert page.evaluate(TRANSCRIPT_JS) == live
+    assert [item[0] for item in live].count("msg msg-user") == 3
+
+
+# -- access ------------------------------------------------------------------------------------
+def test_another_user_gets_404_for_the_chat_page(page, site, person, django_user_model):
+    chat = Chat.objects.create(owner=person, title="Private")
+    django_user_model.objects.create_user(username="eve", password="eavesdrop")
+    log_in(page, site, "eve", "eavesdrop")
+
+    response = page.goto(f"{site.url}/chats/{chat.pk}/")
+    events = page.request.get(f"{site.url}/agentloop/chats/{chat.pk}/events/")
+
+    assert response.status == 404
+    assert events.status == 404
+
+
+def test_the_chat_list_shows_only_my_chats(page, site, person, django_user_model):
+    from playwright.sync_api import expect
+
+    other = django_user_model.objects.create_user(username="eve", password="eavesdrop")
+    Chat.objects.create(owner=person, title="Mine")
+    Chat.objects.create(owner=other, title="Not mine")
+    log_in(page, site, "ada", "lovelace")
+
+    expect(page.locator(".chat-list a")).to_have_text(["Mine"])
+
+
+# -- ASGI --------------------------------------------------------------------------------------
+def test_under_uvicorn_an_answer_streams_in_and_cancel_stops_it(page, asgi_site, person):
+    from playwright.sync_api import expect
+
+    log_in(page, asgi_site, "ada", "lovelace")
+    chat_id = start_chat(page, "Tell me a story slowly")
+    lengths = text_lengths_as_it_grows(page, STREAMING_TEXT, observations=2)
+
+    page.click("#cancel")
+    cancelled = page.locator("li.msg-assistant.cancelled .text")
+    expect(page.locator("li.msg-assistant.cancelled .marker")).to_have_text("cancelled")
+
+    assert lengths == sorted(set(lengths))
+    expect(cancelled).to_have_text(Message.objects.get(chat_id=chat_id, status="cancelled").content)
+
+
+# -- Redis ------------------------------------------------------------------------------------
+def test_with_redis_the_answer_streams_chunk_by_chunk_and_cancel_marks_it(page, redis_site, person):
+    from playwright.sync_api import expect
+
+    log_in(page, redis_site, "ada", "lovelace")
+    chat_id = start_chat(page, "Tell me a story slowly")
+    lengths = text_lengths_as_it_grows(page, STREAMING_TEXT, observations=3)
+
+    page.click("#cancel")
+    cancelled = page.locator("li.msg-assistant.cancelled .text")
+    expect(page.locator("li.msg-assistant.cancelled .marker")).to_have_text("cancelled")
+
+    assert lengths == sorted(set(lengths))
+    kept = Message.objects.get(chat_id=chat_id, status="cancelled")
+    expect(cancelled).to_have_text(kept.content)  # the chunks gave way to the saved row
+    send(page, "What is 2 + 2?")
+    expect(last_answer(page)).to_have_text("2 + 2 = 4.")
