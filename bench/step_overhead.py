@@ -385,6 +385,7 @@ class Bench:
         return result
 
     def profile(self, length: int = 200, steps: int = PROFILE_STEPS) -> str:
+        length = int(os.environ.get("AGENTLOOP_BENCH_PROFILE_LENGTH", length))
         entries = self.pool(length, tool_round=False)
         profiler = cProfile.Profile()
         for index in range(steps):
