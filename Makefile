@@ -14,9 +14,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -e ".[dev,postgres,redis]"
 	touch $@
 
+# The offline agent demo (prints its transcript), then the example site with its in-process
+# worker: demo_site prints the URL and the login; Ctrl-C stops it.
 demo: venv
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py agentloop demo
+	$(BIN)/python manage.py demo_site
 
 lint: venv
 	$(BIN)/ruff check .

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
-from .exceptions import ConfigurationError, ToolError, ToolWaiting
+from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
 from .tools import Tool, import_path_of, snake_case
 
 if TYPE_CHECKING:
@@ -205,7 +205,10 @@ class AgentTool(Tool):
                 return _last_answer(child)
             start = None if child.state in ("queued", "running") else child.complete_later
             raise ToolWaiting("subagent", then=start)
-        child.complete()
+        try:
+            child.complete()
+        except CancelledError as exc:
+            raise ToolError(f"The {agent.__name__} subagent's run was cancelled.") from exc
         if child.conversation.is_complete():
             return _last_answer(child)
         raise ToolWaiting("subagent")  # the child waits for a person; so do we

@@ -480,7 +480,10 @@ class DjangoStore(ChatStore):
         targets = Q(pk=pk)
         if self._has_children:
             # Running subagents stop too, in the same single UPDATE.
-            targets |= Q(parent_id=pk, state__in=["queued", "running"])
+            # (in the background: queued or running; in this process: their parent's call runs)
+            targets |= Q(parent_id=pk) & (
+                Q(state__in=["queued", "running"]) | Q(parent_tool_call__state="running")
+            )
         self.chat_model.objects.filter(targets).update(
             cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
         )

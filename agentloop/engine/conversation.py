@@ -259,8 +259,24 @@ class Conversation(Configuration, PeopleInTheLoop):
     def _read(self, checkpoints: Checkpoints) -> list[Message]:
         """The transcript, read together with the cancel flag: the start-of-verb checkpoint."""
         transcript, requested_at = self.store.read_for_step()
-        checkpoints.observe(requested_at)
+        self._observe(checkpoints, requested_at, transcript)
         return transcript
+
+    def _observe(
+        self, checkpoints: Checkpoints, requested_at: Any, transcript: list[Message]
+    ) -> None:
+        """Stop here if cancelled; a round not yet run is marked cancelled, so the next
+        ``ask_later`` answers its calls instead of refusing."""
+        try:
+            checkpoints.observe(requested_at)
+        except CancelledError as exc:
+            unanswered = [
+                call
+                for call in pending_round(transcript).unanswered
+                if call.state != ToolCallState.WAITING
+            ]
+            self._record_cancel(exc, unanswered=unanswered)
+            raise
 
     def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
         transcript, requested_at = self.store.read_for_step()
@@ -272,12 +288,7 @@ class Conversation(Configuration, PeopleInTheLoop):
                 requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
             )
             return None
-        try:
-            checkpoints.observe(requested_at)
-        except CancelledError as exc:
-            if move == "tools":  # stopped before the round: the next ask_later answers its calls
-                self._record_cancel(exc, unanswered=pending_round(transcript).unanswered)
-            raise
+        self._observe(checkpoints, requested_at, transcript)
         if move == "tools":
             results = self._run_tools(transcript, checkpoints)
             return results[-1] if results else None

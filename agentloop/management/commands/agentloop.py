@@ -1,18 +1,24 @@
 """``manage.py agentloop <subcommand>``: agentloop's commands in one place.
 
+    manage.py agentloop chat [--agent PATH] [--model M] [--chat ID] [--owner USERNAME]
     manage.py agentloop demo [QUESTION ...] [--model M] [--tool PATH ...] [--instructions TEXT]
+    manage.py agentloop resume [--dry-run]
+    manage.py agentloop batches [--no-poll]
 
+``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
+tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
 ``demo`` runs a persisted chat through a few questions and prints the transcript as it
 happens. What it asks and which tools it offers come from ``AGENTLOOP["DEMO"]`` (a dict or
 the import path of one: ``instructions``, ``tools``, ``questions``, ``title``), or from the
 options, which win; the model is ``--model``, else ``AGENTLOOP["DEFAULT_MODEL"]``. agentloop
 ships no demo tools of its own: a project names its own, so the command works with any model.
+``chat`` starts from the same configuration unless ``--agent`` names an agent (or
+``AGENTLOOP["DEMO"]["agent"]`` does).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -20,22 +26,59 @@ from django.db import connections
 from django.urls import NoReverseMatch, reverse
 
 from ... import providers
+from ...agents import Agent
 from ...conf import agentloop_settings
 from ...exceptions import AgentloopError
-from ...messages import Chunk, TextDelta
+from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 from ...tools import load_by_path
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
-#: longest tool result printed in full; the transcript in the admin has all of it.
-RESULT_PREVIEW = 240
 
 
 class Command(BaseCommand):
-    help = "agentloop commands. Run 'manage.py agentloop demo' for the offline demo."
+    help = (
+        "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
+        "'resume' (re-enqueue stalled chats), 'batches' (poll open batches)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         subcommands = parser.add_subparsers(
             dest="subcommand", metavar="subcommand", title="subcommands", required=True
+        )
+        chat = subcommands.add_parser(
+            "chat",
+            help="Chat in the terminal: streamed answers, tool calls, approvals, Ctrl-C cancels.",
+            description=(
+                "An interactive chat on a persisted chat, run in this process (no worker or "
+                "broker needed). Ctrl-C stops a running answer; at the prompt, Ctrl-C, Ctrl-D "
+                "or /quit leaves. /usage prints token and cost totals, /new starts a new chat."
+            ),
+        )
+        chat.add_argument(
+            "--agent",
+            metavar="IMPORT.PATH",
+            help="An agentloop.Agent class; new chats are made with Agent.create() "
+            "(default: AGENTLOOP['DEMO']['agent'], else the demo's tools and instructions).",
+        )
+        chat.add_argument(
+            "--input",
+            dest="inputs",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="An input of the agent; repeat for more.",
+        )
+        chat.add_argument(
+            "--model",
+            help="'provider:model' (default: the agent's, else AGENTLOOP['DEFAULT_MODEL']).",
+        )
+        chat.add_argument(
+            "--chat", dest="chat_id", metavar="ID", help="Continue this chat (by primary key)."
+        )
+        chat.add_argument(
+            "--owner",
+            metavar="USERNAME",
+            help="The user who owns new chats and whose decisions approvals record.",
         )
         demo = subcommands.add_parser(
             "demo",
@@ -75,10 +118,38 @@ class Command(BaseCommand):
         resume.add_argument(
             "--dry-run", action="store_true", help="List the stalled chats; enqueue nothing."
         )
+        batches = subcommands.add_parser(
+            "batches",
+            help="Poll open batches (append the answers of ended ones) and list them.",
+            description=(
+                "Refreshes every open batch from its provider; an ended batch's answers go "
+                "into their chats. The periodic task agentloop.poll_batches does the same."
+            ),
+        )
+        batches.add_argument(
+            "--no-poll", action="store_true", help="List the open batches; ask no provider."
+        )
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
-        handlers = {"demo": self.handle_demo, "resume": self.handle_resume}
+        handlers = {
+            "chat": self.handle_chat,
+            "demo": self.handle_demo,
+            "resume": self.handle_resume,
+            "batches": self.handle_batches,
+        }
         handlers[subcommand](**options)
+
+    # -- chat ------------------------------------------------------------------------------
+    def handle_chat(self, **options: Any) -> None:
+        owner = _user(options["owner"])
+        if options["chat_id"] and (options["agent"] or options["inputs"]):
+            raise CommandError("--chat continues a chat; --agent and --input start a new one.")
+        new_chat = _chat_factory(options["agent"], options["inputs"], options["model"], owner)
+        if options["chat_id"]:
+            chat = _take_over(options["chat_id"], options["model"])
+        else:
+            chat = new_chat()
+        TerminalChat(chat, out=self.stdout, style=self.style, new_chat=new_chat, by=owner).run()
 
     # -- resume ----------------------------------------------------------------------------
     def handle_resume(self, **options: Any) -> None:
@@ -98,6 +169,23 @@ class Command(BaseCommand):
         if ids and backend_name() == "embedded":
             # No broker: the steps run in this process, so wait for them before exiting.
             wait_for_embedded_jobs()
+
+    # -- batches ---------------------------------------------------------------------------
+    def handle_batches(self, **options: Any) -> None:
+        from ...batches import poll
+        from ...models import Batch
+
+        polled = not options["no_poll"]
+        batches = poll() if polled else list(Batch.objects.open())
+        noun = "open batch" if len(batches) == 1 else "open batches"
+        head = f"{'Polled ' if polled else ''}{len(batches)} {noun}"
+        self.stdout.write(head + (":" if batches else "."))
+        for batch in batches:
+            self.stdout.write(
+                f"  #{batch.pk} {batch.provider} {batch.provider_batch_id or '-'} {batch.status}:"
+                f" {batch.succeeded_count} succeeded, {batch.failed_count} failed"
+                f" of {batch.request_count}" + (f" ({batch.error})" if batch.error else "")
+            )
 
     # -- demo ------------------------------------------------------------------------------
     def handle_demo(self, **options: Any) -> None:
@@ -124,11 +212,8 @@ class Command(BaseCommand):
         except AgentloopError as exc:
             raise CommandError(str(exc)) from exc
 
-        transcript = _TranscriptPrinter(self)
-        chat.before_message(transcript.before_message)
-        chat.after_message(transcript.after_message)
-        chat.before_tool_call(transcript.before_tool_call)
-        chat.after_tool_result(transcript.after_tool_result)
+        transcript = TranscriptPrinter(self.stdout, self.style)
+        transcript.attach(chat)
 
         connection = connections[chat._state.db or "default"]
         self.stdout.write(
@@ -190,55 +275,89 @@ def _demo_config() -> dict[str, Any]:
     return dict(value)
 
 
-class _TranscriptPrinter:
-    """Writes the conversation as it happens, from the chat's callbacks and stream."""
+def _user(username: str | None) -> Any:
+    if not username:
+        return None
+    from django.contrib.auth import get_user_model
 
-    def __init__(self, command: BaseCommand) -> None:
-        self.out = command.stdout
-        self.style = command.style
-        self.streaming = False  # an answer is being written on the current line
-        self.streamed_text = False
-        self.tool_names: dict[Any, str] = {}
+    user_model = get_user_model()
+    try:
+        return user_model._default_manager.get_by_natural_key(username)
+    except user_model.DoesNotExist as exc:
+        raise CommandError(f"No user {username!r}.") from exc
 
-    def end_line(self) -> None:
-        if self.streaming:
-            self.out.write("")
-            self.streaming = False
 
-    def before_message(self) -> None:
-        self.streamed_text = False
+def _chat_factory(
+    agent_path: str | None, inputs: list[str], model: str | None, owner: Any
+) -> Callable[[], Any]:
+    """What makes each new chat (the first one, and /new): checked before any is made."""
+    config = _demo_config()
+    agent_path = agent_path or config.get("agent")
+    values = {}
+    for item in inputs:
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise CommandError(f"--input takes NAME=VALUE, not {item!r}.")
+        values[name.strip()] = value
+    try:
+        if agent_path:
+            agent = load_by_path(agent_path)
+            if not (isinstance(agent, type) and issubclass(agent, Agent)):
+                raise CommandError(f"{agent_path} is not an agentloop.Agent class.")
+            agent.render_instructions(values)  # missing or unknown inputs fail here
+            providers.resolve(model or agent.model or agentloop_settings.DEFAULT_MODEL)
 
-    def on_chunk(self, chunk: Chunk) -> None:
-        if not isinstance(chunk, TextDelta) or not chunk.text:
-            return  # tool calls are printed when they start
-        if not self.streaming:
-            self.out.write(self.style.SUCCESS("Assistant:") + " ", ending="")
-            self.streaming = self.streamed_text = True
-        self.out.write(chunk.text, ending="")
-        self.out.flush()
+            def new_agent_chat() -> Any:
+                chat = agent.create(owner=owner, **values)
+                return chat.with_model(model) if model else chat
 
-    def after_message(self, message: Any) -> None:
-        if message.role != "assistant":
-            return
-        if not self.streamed_text and message.content:  # a provider that doesn't stream
-            self.out.write(f"{self.style.SUCCESS('Assistant:')} {message.content}")
-        self.end_line()
+            return new_agent_chat
+        if values:
+            raise CommandError("--input needs --agent.")
+        model = model or config.get("model") or agentloop_settings.DEFAULT_MODEL
+        providers.resolve(model)
+        tools = [load_by_path(path) for path in config.get("tools") or []]
+    except AgentloopError as exc:
+        raise CommandError(str(exc)) from exc
+    instructions = config.get("instructions") or (DEFAULT_INSTRUCTIONS if tools else None)
 
-    def before_tool_call(self, tool_call: Any) -> None:
-        self.end_line()
-        self.tool_names[tool_call.pk] = tool_call.name
-        arguments = ", ".join(
-            f"{key}={json.dumps(value, ensure_ascii=False)}"
-            for key, value in tool_call.arguments.items()
+    def new_chat() -> Any:
+        from ...views import get_chat_model
+
+        chat = get_chat_model()(title="Terminal chat", owner=owner)
+        chat.with_model(model)
+        if instructions:
+            chat.with_instructions(instructions)
+        if tools:
+            chat.with_tools(*tools)
+        return chat
+
+    return new_chat
+
+
+def _take_over(chat_id: str, model: str | None) -> Any:
+    """The chat to continue, run from now on by this process."""
+    from ...models import ChatState
+    from ...views import get_chat_model
+
+    chat_model = get_chat_model()
+    try:
+        chat = chat_model.objects.get(pk=chat_id)
+    except (chat_model.DoesNotExist, ValueError) as exc:
+        raise CommandError(f"No chat {chat_id!r}.") from exc
+    if chat.state in (ChatState.QUEUED, ChatState.RUNNING):
+        raise CommandError(
+            f"Chat #{chat.pk} is {chat.state} in the background; wait for it, or cancel it first."
         )
-        self.out.write(self.style.NOTICE(f"  -> {tool_call.name}({arguments})"))
-
-    def after_tool_result(self, result: Any) -> None:
-        name = self.tool_names.get(result.tool_call_id, "tool")
-        text = " ".join(result.content.split())
-        if len(text) > RESULT_PREVIEW:
-            text = text[: RESULT_PREVIEW - 3] + "..."
-        if result.is_error:
-            self.out.write(self.style.ERROR(f"  <- {name} error: {text}"))
-        else:
-            self.out.write(f"  <- {name}: {text}")
+    # Decisions made here must not also send the chat (or its subagents) to a worker.
+    chat_model.objects.filter(pk__in=family_ids(chat), state=ChatState.WAITING).update(
+        state=ChatState.IDLE
+    )
+    chat.refresh_from_db(fields=["state"])
+    if model:
+        try:
+            providers.resolve(model)
+        except AgentloopError as exc:
+            raise CommandError(str(exc)) from exc
+        chat.with_model(model)
+    return chat
