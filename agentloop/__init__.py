@@ -12,6 +12,7 @@ from .agents import Agent
 from .engine import Conversation, MemoryStore
 from .exceptions import (
     AgentloopError,
+    BatchError,
     CancelledError,
     ConcurrentWriteError,
     ConfigurationError,
@@ -27,6 +28,7 @@ from .tools import Tool, tool
 __all__ = [
     "Agent",
     "AgentloopError",
+    "BatchError",
     "CancelledError",
     "ConcurrentWriteError",
     "ConfigurationError",
@@ -39,6 +41,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolError",
+    "batch",
     "chat",
     "tool",
 ]
@@ -63,3 +66,16 @@ def chat(
     if tools:
         conversation.with_tools(*tools)
     return conversation
+
+
+def batch(chats: Any, *, auto_continue: bool = False) -> Any:
+    """Send the next model call of many persisted chats as one provider batch (about half
+    the price, answered within a day); returns the ``agentloop.models.Batch``.
+
+    Every chat must be awaiting the model; ``BatchError`` names those that aren't. The
+    periodic task ``agentloop.poll_batches`` appends each answer to its chat; with
+    ``auto_continue`` chats whose answers ask for tools run them and go into the next batch.
+    """
+    from .batches import submit
+
+    return submit(chats, auto_continue=auto_continue)

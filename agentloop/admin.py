@@ -641,3 +641,6 @@ class MessageAdmin(admin.ModelAdmin):
     list_select_related = ("chat",)
     raw_id_fields = ("chat", "tool_call")
     show_full_result_count = False
+
+
+from . import admin_batches  # noqa: E402, F401  (the Batch admin lives in its own module)

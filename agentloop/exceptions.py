@@ -12,6 +12,7 @@
     ├── ToolWaiting                 raised by a tool: its call waits (for a person, a subagent)
     │   └── NeedsInput              the call waits for a person's answer to a question
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
+    ├── BatchError                  these chats can't go into one batch (or the provider has none)
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
         ├── ServerError             5xx (transient)
@@ -20,7 +21,8 @@
         ├── AuthenticationError     401/403 (permanent)
         ├── ContextLengthError      the conversation is too long for the model (permanent)
         ├── BadRequestError         400 and other 4xx (permanent)
-        └── InvalidResponseError    the answer could not be parsed (permanent)
+        ├── InvalidResponseError    the answer could not be parsed (permanent)
+        └── BatchItemNotRunError    a batch ended (cancelled, expired) before this request ran
 
 Transient provider errors have ``retryable = True``; ``retry_after`` carries the
 provider's ``Retry-After`` in seconds when it sent one.
@@ -34,6 +36,8 @@ __all__ = [
     "AgentloopError",
     "AuthenticationError",
     "BadRequestError",
+    "BatchError",
+    "BatchItemNotRunError",
     "CancelledError",
     "ConcurrentWriteError",
     "ConfigurationError",
@@ -131,6 +135,11 @@ class ToolCallNotWaitingError(AgentloopError):
     """approve(), deny() or answer() named a call that is not waiting for that decision."""
 
 
+class BatchError(AgentloopError):
+    """Chats that can't go into one batch: not awaiting the model, mixed providers or models,
+    or a provider without a batch API. The message names the chats and why."""
+
+
 class ProviderError(AgentloopError):
     """The model provider failed.
 
@@ -192,3 +201,12 @@ class BadRequestError(ProviderError):
 
 class InvalidResponseError(ProviderError):
     """The provider's answer could not be understood."""
+
+
+class BatchItemNotRunError(ProviderError):
+    """The batch ended (cancelled or expired) before the provider ran this request.
+
+    Nothing was charged and the chat is as it was: the request can be sent again.
+    """
+
+    retryable = True

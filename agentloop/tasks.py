@@ -9,7 +9,7 @@ from celery import shared_task
 from .background import follow_up
 from .runner import run_step
 
-__all__ = ["resume_stalled_chats", "step_chat"]
+__all__ = ["poll_batches", "resume_stalled_chats", "step_chat"]
 
 
 @shared_task(
@@ -31,3 +31,12 @@ def resume_stalled_chats() -> int:
     from .recovery import resume_stalled
 
     return len(resume_stalled())
+
+
+@shared_task(name="agentloop.poll_batches", ignore_result=True)
+def poll_batches() -> int:
+    """Refresh open batches; append the answers of ended ones to their chats (run it every
+    minute or so with celery beat). Returns how many batches were polled."""
+    from .batches import poll
+
+    return len(poll())

@@ -18,6 +18,7 @@ REPO = Path(agentloop.__file__).resolve().parent.parent
 EXPECTED_ALL = {
     "Agent",
     "AgentloopError",
+    "BatchError",
     "CancelledError",
     "ConcurrentWriteError",
     "ConfigurationError",
@@ -30,6 +31,7 @@ EXPECTED_ALL = {
     "Tool",
     "ToolCall",
     "ToolError",
+    "batch",
     "chat",
     "tool",
 }
