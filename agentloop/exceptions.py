@@ -7,7 +7,8 @@
     ├── LimitReachedError           a per-turn limit stopped the turn before a model call
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
-    │   └── LeaseLostError          this worker's lease on the chat expired and was taken over
+    │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
+    │   └── ChatBusyError           ask_later() while a background worker runs the chat
     ├── ToolError                   raised by a tool: the model sees the message as an error result
     ├── ToolWaiting                 raised by a tool: its call waits (for a person, a subagent)
     │   └── NeedsInput              the call waits for a person's answer to a question
@@ -39,6 +40,7 @@ __all__ = [
     "BatchError",
     "BatchItemNotRunError",
     "CancelledError",
+    "ChatBusyError",
     "ConcurrentWriteError",
     "ConfigurationError",
     "ContextLengthError",
@@ -100,6 +102,11 @@ class ConcurrentWriteError(AgentloopError):
 
 class LeaseLostError(ConcurrentWriteError):
     """This worker no longer holds the chat's lease: it must not write anything."""
+
+
+class ChatBusyError(ConcurrentWriteError):
+    """A background worker is running this chat's next move: a message added now would
+    land before its answer and never be answered. Wait for it, or cancel() it first."""
 
 
 class ToolError(AgentloopError):

@@ -84,8 +84,12 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     try:
         with Heartbeat(lease), RedisCancelListener(chat, chat.conversation.store.cancel_notice):
             chat.step(stream=_publisher(chat))
-            move = next_move(chat.conversation.store.load_transcript())
+            transcript, requested_at = chat.conversation.store.read_for_step()
+            move = next_move(transcript)
             action: Action = "done" if move == "done" else "waiting" if move == "wait" else "again"
+            if action == "done":
+                # As complete() does: a cancel that came as the turn finished is dropped.
+                chat.conversation.drop_cancel_request(requested_at)
             outcome = StepOutcome(action)
     except LeaseLostError:
         logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)

@@ -117,6 +117,7 @@ class DjangoStore(ChatStore):
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
         self._queries: dict[str, tuple[tuple[str, Any], Any]] = {}
         self._config: ChatConfig | None = None
+        self._running_elsewhere = False
         self._message_insert = _inserter(self.message_model)
         self._usage_insert = _inserter(self.usage_model)
         #: set by a background worker: every write then happens only while the lease is ours.
@@ -213,7 +214,12 @@ class DjangoStore(ChatStore):
         return (
             self.message_model.objects.filter(chat_id=self.chat.pk)
             .order_by("id", "tool_calls__id")
-            .values_list(*_MESSAGE_COLUMNS, "chat__cancel_requested_at")
+            .values_list(
+                *_MESSAGE_COLUMNS,
+                "chat__lease_token",
+                "chat__lease_expires_at",
+                "chat__cancel_requested_at",
+            )
         )
 
     def _cancel_query(self) -> Any:
@@ -233,6 +239,7 @@ class DjangoStore(ChatStore):
             return [], None
         rows = self._query("transcript", self._transcript_query)
         if not rows:
+            self._running_elsewhere = False
             return [], self.cancel_requested_at()
         messages: list[Message] = []
         last: Message | None = None
@@ -240,7 +247,7 @@ class DjangoStore(ChatStore):
             (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
              answers_id, answers_name, call_key, call_id, call_name, call_arguments,
              call_state, call_provider_data, wait_reason, question, decision,
-             decision_digest, _cancel) = row  # fmt: skip
+             decision_digest, _token, _expires, _cancel) = row  # fmt: skip
             if last is None or last.key != key:
                 # Rows are our own: build without validation (see messages.trusted).
                 last = trusted(
@@ -280,7 +287,15 @@ class DjangoStore(ChatStore):
                         },
                     )
                 )
+        token, expires = rows[-1][-3], rows[-1][-2]
+        own = self.lease.token if self.lease is not None else ""
+        self._running_elsewhere = bool(
+            token and token != own and expires is not None and expires > timezone.now()
+        )
         return messages, rows[-1][-1]
+
+    def running_elsewhere(self) -> bool:
+        return self._running_elsewhere
 
     def turn_started_at(self, message: Message) -> datetime | None:
         if message.created_at is not None or message.key is None:

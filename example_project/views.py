@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from agentloop.exceptions import PendingToolCallsError
+from agentloop.exceptions import ChatBusyError, PendingToolCallsError
 from agentloop.models import Chat, ChatState
 from agentloop.sse import resume_point
 from agentloop.views import get_chat_for_view
@@ -111,6 +111,8 @@ def send_message(request: HttpRequest, pk: int) -> HttpResponse:
         chat.ask_later(text)
     except PendingToolCallsError:
         return _refused("Decide on the waiting tool calls first.", 409)
+    except ChatBusyError:
+        return _refused("The assistant is still answering: wait, or cancel it.", 409)
     chat.complete_later()
     if "text/html" in request.headers.get("Accept", ""):
         return redirect(reverse("chat_detail", args=[chat.pk]))

@@ -1,5 +1,6 @@
 """Settings for the test suite: SQLite by default, PostgreSQL when DATABASE_URL is set."""
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -83,5 +84,13 @@ USE_TZ = True
 STATIC_URL = "static/"
 LOGIN_URL = "/admin/login/"
 
-# Fast polling keeps cancellation tests short.
-AGENTLOOP = {"CANCEL_POLL_INTERVAL": 0.05}
+# Fast polling keeps cancellation tests short. "rules:<anything>" answers deterministically
+# in any process (tests/worker_provider.py), e.g. in a Celery worker started by a test.
+AGENTLOOP: dict[str, Any] = {
+    "CANCEL_POLL_INTERVAL": 0.05,
+    "PROVIDERS": {"rules": {"class": "tests.worker_provider.RuleProvider"}},
+}
+# A subprocess started by a test (a Celery worker) takes more AGENTLOOP settings as JSON,
+# e.g. a short LEASE_SECONDS or the REDIS_URL of the test run.
+if os.environ.get("AGENTLOOP_TEST_SETTINGS"):
+    AGENTLOOP.update(json.loads(os.environ["AGENTLOOP_TEST_SETTINGS"]))

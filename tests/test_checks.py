@@ -128,11 +128,22 @@ def background_warnings():
     return [m for m in run_checks() if m.id == "agentloop.W001"]
 
 
+@pytest.fixture
+def celery_without_broker():
+    """A current Celery app with no broker (another test may have left one that has one)."""
+    from celery import Celery, current_app
+
+    previous = current_app._get_current_object()
+    Celery("no-broker", set_as_current=False).set_current()
+    yield
+    previous.set_current()
+
+
 @override_settings(DEBUG=False, AGENTLOOP={"BACKGROUND": "auto"})
-def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns():
+def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns(celery_without_broker):
     from agentloop.background import backend_name
 
-    assert backend_name() == "embedded"  # no Celery broker configured in the tests
+    assert backend_name() == "embedded"
 
     (warning,) = background_warnings()
     assert warning.hint

@@ -194,11 +194,14 @@ def test_run_tools_records_failures_as_error_results(chat, scripted):
     scripted.add([tool_call("add", {"a": "x"}, id="bad"), tool_call("nope", {}, id="unknown")])
     chat.ask_later("Go").generate()
 
-    results = {r.tool_call.call_id: r for r in chat.run_tools()}
+    results = chat.run_tools()
 
-    assert {call_id: r.is_error for call_id, r in results.items()} == {"bad": True, "unknown": True}
-    assert "Invalid arguments for tool 'add'" in results["bad"].content
-    assert results["unknown"].content == "Unknown tool 'nope'. Available tools: add."
+    assert [(r.tool_call.call_id, r.is_error) for r in results] == [
+        ("bad", True),
+        ("unknown", True),
+    ]
+    assert "Invalid arguments for tool 'add'" in results[0].content
+    assert results[1].content == "Unknown tool 'nope'. Available tools: add."
     assert [c.state for c in ToolCall.objects.order_by("id")] == [ToolCallState.FAILED] * 2
 
 

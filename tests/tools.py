@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentloop import Tool, ToolError, tool
+from agentloop import NeedsInput, Tool, ToolError, tool
 
 
 @tool
@@ -141,3 +141,78 @@ class RecordedWeather(Tool):
 
     def execute(self, latitude: str, longitude: str) -> str:
         return f"Current weather at {latitude}, {longitude}: 15°C, Wind: 10 km/h"
+
+
+def _hold_until_flag() -> None:
+    """Block while $AGENTLOOP_TEST_FLAG names a file that doesn't exist (at most 2 minutes):
+    a worker killed meanwhile never finishes the tool; one started without the variable does."""
+    flag = os.environ.get("AGENTLOOP_TEST_FLAG")
+    deadline = time.monotonic() + 120
+    while flag and not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@tool
+def wait_for_flag() -> str:
+    """Logs its run, then holds until $AGENTLOOP_TEST_FLAG exists (see _hold_until_flag)."""
+    _log_run("wait_for_flag")
+    _hold_until_flag()
+    return "flag seen"
+
+
+@tool(idempotent=False)
+def charge_card_slowly(amount: int) -> str:
+    """Charges a card (not safe to repeat), then holds until $AGENTLOOP_TEST_FLAG exists."""
+    _log_run("charge_card_slowly")
+    _hold_until_flag()
+    return f"charged {amount}"
+
+
+# -- people in the loop (tests/test_people_in_the_loop.py, tests/test_agents.py) -------------
+@tool(requires_approval=True)
+def transfer(amount: int, to: str) -> str:
+    """Transfers money; runs only once a person approves these exact arguments."""
+    _log_run("transfer")
+    return f"sent {amount} to {to}"
+
+
+def _large_amount(arguments: dict[str, object]) -> bool:
+    amount = arguments.get("amount", 0)
+    return not isinstance(amount, int) or amount > 100
+
+
+@tool(requires_approval=_large_amount)
+def refund(amount: int) -> str:
+    """Refunds an amount; amounts over 100 wait for a person's approval."""
+    _log_run("refund")
+    return f"refunded {amount}"
+
+
+def _broken_rule(arguments: dict[str, object]) -> bool:
+    raise RuntimeError("the approval rule has a bug")
+
+
+@tool(requires_approval=_broken_rule)
+def archive(name: str) -> str:
+    """Archives a record; its approval rule fails, so every call waits (fail closed)."""
+    _log_run("archive")
+    return f"archived {name}"
+
+
+class Wire(Tool):
+    """A Tool class that always needs approval."""
+
+    requires_approval = True
+
+    class Params(BaseModel):
+        iban: str
+
+    def execute(self, iban: str) -> str:
+        _log_run("wire")
+        return f"wired to {iban}"
+
+
+@tool
+def ask_manager(question: str) -> str:
+    """Asks the manager; the call waits for a person's answer."""
+    raise NeedsInput(question)

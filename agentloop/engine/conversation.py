@@ -23,6 +23,7 @@ from .. import providers
 from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
+    ChatBusyError,
     ConfigurationError,
     LimitReachedError,
     PendingToolCallsError,
@@ -158,6 +159,11 @@ class Conversation(Configuration, PeopleInTheLoop):
         if attachments:
             raise ConfigurationError("Attachments are not supported yet.")
         round_ = pending_round(self.store.load_transcript())
+        if self.store.running_elsewhere():
+            raise ChatBusyError(
+                "A background worker is running this chat; add the message when it is done "
+                "(or cancel() the run first)."
+            )
         if round_.unanswered:
             if not all(call.state == ToolCallState.CANCELLED for call in round_.unanswered):
                 names = ", ".join(f"{call.name} ({call.id})" for call in round_.unanswered)
@@ -247,10 +253,9 @@ class Conversation(Configuration, PeopleInTheLoop):
         exc.recorded = True
         self._emit("cancelled")
 
-    def _discard_late_cancel(self) -> None:
-        """A cancel that arrived while the run was finishing has nothing left to stop;
-        left set, it would stop the next run at its first checkpoint."""
-        requested_at = self.store.cancel_requested_at()
+    def drop_cancel_request(self, requested_at: datetime | None) -> None:
+        """Forget a cancel that came as the turn finished: nothing is left to stop, and left
+        set it would stop the next question at once (a newer request is kept)."""
         if requested_at is not None:
             self.store.record_cancellation(
                 requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
@@ -281,13 +286,11 @@ class Conversation(Configuration, PeopleInTheLoop):
     def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
         transcript, requested_at = self.store.read_for_step()
         move = next_move(transcript)
-        if requested_at is not None and move in ("done", "wait"):
-            # The cancel came as the run was finishing: nothing is left to stop, and
-            # left set it would stop the next run at once.
-            self.store.record_cancellation(
-                requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
-            )
+        if requested_at is not None and move == "done":
+            self.drop_cancel_request(requested_at)
             return None
+        # Waiting with a cancel requested: the cancel applies to the held round (its calls
+        # are marked cancelled), as it would when the chat is resumed later.
         self._observe(checkpoints, requested_at, transcript)
         if move == "tools":
             results = self._run_tools(transcript, checkpoints)

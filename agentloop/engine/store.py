@@ -76,6 +76,11 @@ class ChatStore(ABC):
         (stores that can should do it in one query)."""
         return self.load_transcript(), self.cancel_requested_at()
 
+    def running_elsewhere(self) -> bool:
+        """As of the last transcript read: another process holds the chat (a background
+        worker's lease). Stores without leases say False."""
+        return False
+
     def turn_started_at(self, message: Message) -> datetime | None:
         """When ``message`` (a turn's first) was written; stores may read it on demand."""
         return message.created_at

@@ -4,6 +4,11 @@ Each cassette is VCR YAML: a list of interactions with the exact request and the
 response (streamed ones keep the raw SSE text). ``Cassette.transport()`` serves the
 responses in order through ``httpx.MockTransport`` and keeps the requests we sent,
 so a test can compare our request body with the recorded one.
+
+Also here, for the replay modules: serving a cassette to a provider (:func:`serve`,
+:func:`replay`), reading recorded SSE (:func:`sse_data`), the terminal line "N of M
+cassettes pass" (:func:`pass_counts`), and the two questions of the recorded multi-turn
+weather conversations (:func:`ask_both`, :func:`stream_both`).
 """
 
 from __future__ import annotations
@@ -11,15 +16,24 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 import yaml
 
+from agentloop.messages import ModelRequest, ModelResponse
+from agentloop.models import Chat
+from agentloop.models import Message as MessageRow
+from agentloop.providers.base import Provider
+from tests.tools import RecordedWeather
+
 REPO = Path(__file__).resolve().parents[2]
+P = TypeVar("P", bound=Provider)
 FIXTURES = Path(
     os.environ.get("AGENTLOOP_FIXTURES", REPO.parent / "shared" / "fixtures" / "providers")
 )
@@ -139,3 +153,116 @@ def names(part: str) -> list[str]:
     if not FIXTURES.is_dir():
         return []
     return sorted(path.stem for path in FIXTURES.glob("*.yml") if part in path.name)
+
+
+@cache
+def cached(name: str) -> Cassette:
+    """``load(name)`` read once, for reading the recording (serve copies: see :func:`serve`)."""
+    return load(name)
+
+
+# -- serving a recording to a provider ----------------------------------------------------------
+def serve(provider_class: type[P], *interactions: Interaction) -> tuple[P, Cassette]:
+    """A ``provider_class`` (key "test-key") answered by ``interactions``, and the copy of
+    the cassette that serves them and keeps what was sent."""
+    replay = Cassette("replay", list(interactions))
+    return provider_class(api_key="test-key", transport=replay.transport()), replay
+
+
+def replay(
+    provider_class: type[Provider], interaction: Interaction, request: ModelRequest
+) -> tuple[ModelResponse, list[Any]]:
+    """The answer ``provider_class`` makes of the recorded one to ``request``, and the chunks
+    it streamed (when ``request`` streams)."""
+    provider, _ = serve(provider_class, interaction)
+    chunks: list[Any] = []
+    response = provider.request(request, on_chunk=chunks.append if request.stream else None)
+    return response, chunks
+
+
+def sse_data(text: str) -> list[Any]:
+    """The JSON payloads of a recorded SSE body, an independent, simple reading: each
+    ``data:`` line but empty ones and ``[DONE]``."""
+    return [
+        json.loads(line[len("data:") :])
+        for line in text.splitlines()
+        if line.startswith("data:") and line[len("data:") :].strip() not in ("", "[DONE]")
+    ]
+
+
+# -- "N of M cassettes pass" --------------------------------------------------------------------
+class PassCounts:
+    """Adds "<label>: N of M cassettes pass" to the terminal summary, under ``title``.
+
+    The cassette of a test is its id (``test_x[<cassette>]``) in ``module``; a cassette
+    passes when every test of it passed (an xfail does not pass). ``label`` names the
+    cassette's group: one text, or a function of the cassette's name.
+    """
+
+    def __init__(self, module: str, title: str, label: str | Callable[[str], str]) -> None:
+        self.file = f"{module.rpartition('.')[2]}.py::"
+        self.title = title
+        self.label = label if callable(label) else lambda name: label
+        self.results: dict[str, bool] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.file not in report.nodeid or "[" not in report.nodeid:
+            return
+        name = report.nodeid.rpartition("[")[2].rstrip("]")
+        failed = report.failed or (report.when == "call" and report.skipped)
+        self.results[name] = self.results.get(name, True) and not failed
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.results:
+            return
+        groups: dict[str, list[bool]] = {}
+        for name, passed in self.results.items():
+            groups.setdefault(self.label(name), []).append(passed)
+        terminalreporter.section(self.title)
+        for label, outcomes in groups.items():
+            terminalreporter.write_line(
+                f"{label}: {sum(outcomes)} of {len(outcomes)} cassettes pass"
+            )
+
+
+def pass_counts(module: str, title: str, label: str | Callable[[str], str]) -> Any:
+    """A module-scoped autouse fixture registering a :class:`PassCounts` once per session;
+    assign it to a name in the test module (``_pass_counts = pass_counts(__name__, ...)``)."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _pass_counts(request: pytest.FixtureRequest) -> None:
+        manager = request.config.pluginmanager
+        plugin = f"agentloop-pass-counts-{module}"
+        if not manager.has_plugin(plugin):
+            manager.register(PassCounts(module, title, label), plugin)
+
+    return _pass_counts
+
+
+# -- the recorded multi-turn weather conversations ----------------------------------------------
+#: what the person asks in the recorded multi-turn weather conversations, in order.
+WEATHER_QUESTIONS = (
+    "What's the weather in Berlin? (52.5200, 13.4050)",
+    "What's the weather in Paris? (48.8575, 2.3514)",
+)
+
+
+def weather_chat(model: str, owner: Any) -> Chat:
+    """A persisted chat of ``model`` with the recorded conversations' weather tool."""
+    chat = Chat.objects.create(model=model, owner=owner)
+    chat.with_tools(RecordedWeather)
+    return chat
+
+
+def ask_both(chat: Chat) -> list[MessageRow]:
+    """The chat's answers to both questions, asked one after the other."""
+    return [chat.ask(question) for question in WEATHER_QUESTIONS]
+
+
+def stream_both(chat: Chat) -> list[tuple[MessageRow, list[Any]]]:
+    """The chat's answers to both questions, each with the chunks streamed for it."""
+    answers = []
+    for question in WEATHER_QUESTIONS:
+        chunks: list[Any] = []
+        answers.append((chat.ask(question, stream=chunks.append), chunks))
+    return answers

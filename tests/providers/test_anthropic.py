@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -33,12 +32,21 @@ from agentloop.messages import (
     ToolCallDelta,
     ToolDefinition,
 )
-from agentloop.models import Chat, Usage
+from agentloop.models import Usage
 from agentloop.providers.anthropic import AnthropicProvider, default_max_tokens
 from agentloop.providers.common import INVALID_ARGUMENTS
-from tests.providers import cassettes
-from tests.providers.wire import Recorder
-from tests.tools import RecordedWeather
+from tests.providers.cassettes import ask_both, stream_both, weather_chat
+from tests.providers.wire import (
+    Recorder,
+    an_empty_answer_between_questions,
+    answering,
+    event_stream,
+    read_timeout,
+    registered,
+    shown,
+    system_messages_around_a_question,
+    two_results_then_a_question,
+)
 
 MODEL = "claude-haiku-4-5-20251001"
 KEY = "sk-ant-api03-secretsecretsecret"
@@ -46,9 +54,8 @@ KEY = "sk-ant-api03-secretsecretsecret"
 
 # -- helpers -------------------------------------------------------------------------------
 def make(*responses: Any, **options: Any) -> tuple[AnthropicProvider, Recorder]:
-    recorder = Recorder(*responses)
     options.setdefault("api_key", KEY)
-    return AnthropicProvider(transport=httpx.MockTransport(recorder), **options), recorder
+    return answering(AnthropicProvider, *responses, **options)
 
 
 def answer(*content: dict[str, Any], stop: str = "end_turn", **usage: int) -> httpx.Response:
@@ -67,8 +74,7 @@ def answer(*content: dict[str, Any], stop: str = "end_turn", **usage: int) -> ht
 
 
 def sse(*events: dict[str, Any]) -> httpx.Response:
-    text = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+    return event_stream("".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events))
 
 
 def start(input_tokens: int = 10) -> dict[str, Any]:
@@ -214,16 +220,8 @@ def test_the_constructor_max_tokens_beats_the_model_default() -> None:
 # -- request mapping -----------------------------------------------------------------------
 def test_system_messages_anywhere_become_system_blocks_in_order() -> None:
     provider, _ = make()
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="system", content="Be brief."),
-            Message(role="user", content="Hi"),
-            Message(role="system", content="Answer in French."),
-        ],
-    )
 
-    body = provider.build_body(request, stream=False)
+    body = provider.build_body(system_messages_around_a_question(MODEL), stream=False)
 
     assert body["system"] == [
         {"type": "text", "text": "Be brief."},
@@ -234,27 +232,7 @@ def test_system_messages_anywhere_become_system_blocks_in_order() -> None:
 
 def test_tool_results_share_one_user_turn_with_error_flags_and_following_text() -> None:
     provider, _ = make()
-    calls = [
-        ToolCall(id="toolu_1", name="weather", arguments={"city": "Paris"}),
-        ToolCall(id="toolu_2", name="weather", arguments={"city": "Rome"}),
-    ]
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Weather?"),
-            Message(role="assistant", content="Checking.", tool_calls=calls),
-            Message(role="tool", tool_call_id="toolu_1", tool_name="weather", content="sunny"),
-            Message(
-                role="tool",
-                tool_call_id="toolu_2",
-                tool_name="weather",
-                content="boom",
-                is_error=True,
-            ),
-            Message(role="user", content="And tomorrow?"),
-        ],
-        tools=[WEATHER],
-    )
+    request = two_results_then_a_question(MODEL, ("toolu_1", "toolu_2"), [WEATHER])
 
     messages = provider.build_body(request, stream=False)["messages"]
 
@@ -289,16 +267,10 @@ def test_tool_results_share_one_user_turn_with_error_flags_and_following_text() 
 
 def test_an_empty_assistant_answer_is_left_out() -> None:
     provider, _ = make()
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Hi"),
-            Message(role="assistant", content=""),
-            Message(role="user", content="Hello?"),
-        ],
-    )
 
-    messages = provider.build_body(request, stream=False)["messages"]
+    messages = provider.build_body(an_empty_answer_between_questions(MODEL), stream=False)[
+        "messages"
+    ]
 
     assert messages == [
         {
@@ -687,23 +659,14 @@ def test_a_json_answer_without_content_is_an_invalid_response() -> None:
 
 
 def test_malformed_stream_data_is_an_invalid_response() -> None:
-    provider, _ = make(
-        httpx.Response(
-            200,
-            headers={"content-type": "text/event-stream"},
-            text="event: message_start\ndata: {oops\n\n",
-        )
-    )
+    provider, _ = make(event_stream("event: message_start\ndata: {oops\n\n"))
 
     with pytest.raises(InvalidResponseError):
         provider.request(ask(), on_chunk=lambda chunk: None)
 
 
 def test_a_read_timeout_is_a_provider_timeout() -> None:
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("timed out", request=request)
-
-    provider, _ = make(slow)
+    provider, _ = make(read_timeout)
 
     with pytest.raises(ProviderTimeout):
         provider.request(ask())
@@ -719,26 +682,11 @@ def test_the_key_never_appears_in_errors() -> None:
     with pytest.raises(AuthenticationError) as caught:
         provider.request(ask())
 
-    shown = " ".join([str(caught.value), repr(caught.value), caught.value.body or ""])
-    assert KEY not in shown
-    assert "[redacted]" in shown
+    assert KEY not in shown(caught.value)
+    assert "[redacted]" in shown(caught.value)
 
 
 # -- end to end: a persisted chat over recorded wire data ----------------------------------
-@pytest.fixture
-def recorded() -> Iterator[Callable[[str], cassettes.Cassette]]:
-    """Registers an AnthropicProvider serving a cassette's answers as "anthropic"."""
-
-    def use(name: str) -> cassettes.Cassette:
-        cassette = cassettes.load(name)
-        provider = AnthropicProvider(api_key="test-key", transport=cassette.transport())
-        providers.register("anthropic", provider)
-        return cassette
-
-    yield use
-    providers.unregister("anthropic")
-
-
 def without_inner_strict(body: dict[str, Any]) -> dict[str, Any]:
     """A recorded body less RubyLLM's in-schema "strict" key (see test_anthropic_replay)."""
     body = copy.deepcopy(body)
@@ -748,15 +696,14 @@ def without_inner_strict(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(recorded, user) -> None:
-    cassette = recorded(
-        "chat_function_calling_anthropic_claude-haiku-4-5_can_use_tools_in_multi-turn_conversations"
+def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(replaying, user) -> None:
+    cassette = replaying(
+        "chat_function_calling_anthropic_claude-haiku-4-5_can_use_tools_in_multi-turn_conversations",
+        AnthropicProvider,
     )
-    chat = Chat.objects.create(model=f"anthropic:{MODEL}", owner=user)
-    chat.with_tools(RecordedWeather)
+    chat = weather_chat(f"anthropic:{MODEL}", user)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)")
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)")
+    first, second = ask_both(chat)
 
     assert first.content.startswith("The current weather in Berlin is:")
     assert second.content.startswith("The current weather in Paris is:")
@@ -791,17 +738,14 @@ def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(recorded, u
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(recorded, user) -> None:
-    cassette = recorded(
-        "chat_function_calling_anthropic_claude-haiku-4-5_can_use_tools_with_multi-turn_streaming_conversations"
+def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(replaying, user) -> None:
+    cassette = replaying(
+        "chat_function_calling_anthropic_claude-haiku-4-5_can_use_tools_with_multi-turn_streaming_conversations",
+        AnthropicProvider,
     )
-    chat = Chat.objects.create(model=f"anthropic:{MODEL}", owner=user)
-    chat.with_tools(RecordedWeather)
-    first_chunks: list[Any] = []
-    second_chunks: list[Any] = []
+    chat = weather_chat(f"anthropic:{MODEL}", user)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)", stream=first_chunks.append)
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)", stream=second_chunks.append)
+    (first, first_chunks), (second, second_chunks) = stream_both(chat)
 
     for answer, chunks in ((first, first_chunks), (second, second_chunks)):
         streamed = [c for c in chunks if isinstance(c, TextDelta)]
@@ -834,13 +778,9 @@ def test_invalid_streamed_arguments_become_an_error_result_the_model_sees(user) 
             *end(),
         ),
     )
-    providers.register("anthropic", provider)
-    try:
-        chat = Chat.objects.create(model=f"anthropic:{MODEL}", owner=user)
-        chat.with_tools(RecordedWeather)
+    with registered("anthropic", provider):
+        chat = weather_chat(f"anthropic:{MODEL}", user)
         chat.ask("Weather in Berlin?", stream=lambda chunk: None)
-    finally:
-        providers.unregister("anthropic")
 
     result = chat.messages.get(role="tool")
     assert result.is_error

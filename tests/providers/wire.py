@@ -1,17 +1,22 @@
-"""HTTP test doubles shared by the provider tests: a scripted server for httpx.MockTransport."""
+"""HTTP test doubles shared by the provider tests: a scripted server for httpx.MockTransport,
+the answers and failures it serves, and the requests every provider maps."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from agentloop import providers
+from agentloop.exceptions import ProviderError
+from agentloop.messages import Message, ModelRequest, ToolCall, ToolDefinition
+from agentloop.providers.base import Provider
 
 Answer = httpx.Response | Callable[[httpx.Request], Any]
+P = TypeVar("P", bound=Provider)
 
 
 class Recorder:
@@ -38,15 +43,52 @@ class Recorder:
         return httpx.MockTransport(self)
 
 
+def answering(provider_class: type[P], *responses: Answer, **options: Any) -> tuple[P, Recorder]:
+    """A ``provider_class`` talking to a Recorder that answers ``responses`` in order."""
+    recorder = Recorder(*responses)
+    return provider_class(transport=recorder.transport(), **options), recorder
+
+
+@contextmanager
+def registered(name: str, provider: Provider) -> Iterator[Provider]:
+    """``provider`` registered as ``name`` for the block."""
+    providers.register(name, provider)
+    try:
+        yield provider
+    finally:
+        providers.unregister(name)
+
+
 @contextmanager
 def serving(name: str, provider_class: type, **options: Any) -> Iterator[Recorder]:
     """A provider of ``provider_class`` registered as ``name``, answering from a Recorder."""
     recorder = Recorder()
-    providers.register(name, provider_class(name=name, transport=recorder.transport(), **options))
-    try:
+    with registered(name, provider_class(name=name, transport=recorder.transport(), **options)):
         yield recorder
-    finally:
-        providers.unregister(name)
+
+
+# -- answers and failures ----------------------------------------------------------------------
+def event_stream(text: str) -> httpx.Response:
+    """A 200 answer streaming ``text`` as server-sent events."""
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+
+
+def read_timeout(request: httpx.Request) -> httpx.Response:
+    """An answer that never comes: the read times out."""
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+def openai_error(
+    status: int, message: str, code: str | None = None, **headers: str
+) -> httpx.Response:
+    """An OpenAI error envelope (Chat Completions and Responses share it)."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+def shown(error: ProviderError) -> str:
+    """Everything of ``error`` a person or a log could see: its text, repr and body."""
+    return " ".join([str(error), repr(error), error.body or ""])
 
 
 def chat_completion(
@@ -68,4 +110,58 @@ def chat_completion(
             ],
             "usage": usage,
         },
+    )
+
+
+# -- requests every provider maps ---------------------------------------------------------------
+def system_messages_around_a_question(model: str) -> ModelRequest:
+    """System messages before and after the user's question."""
+    return ModelRequest(
+        model=model,
+        messages=[
+            Message(role="system", content="Be brief."),
+            Message(role="user", content="Hi"),
+            Message(role="system", content="Answer in French."),
+        ],
+    )
+
+
+def two_results_then_a_question(
+    model: str, call_ids: tuple[str, str], tools: list[ToolDefinition]
+) -> ModelRequest:
+    """A round of two weather calls (Paris, then Rome), the second result an error, and the
+    user's next question."""
+    first, second = call_ids
+    calls = [
+        ToolCall(id=first, name="weather", arguments={"city": "Paris"}),
+        ToolCall(id=second, name="weather", arguments={"city": "Rome"}),
+    ]
+    return ModelRequest(
+        model=model,
+        messages=[
+            Message(role="user", content="Weather?"),
+            Message(role="assistant", content="Checking.", tool_calls=calls),
+            Message(role="tool", tool_call_id=first, tool_name="weather", content="sunny"),
+            Message(
+                role="tool",
+                tool_call_id=second,
+                tool_name="weather",
+                content="boom",
+                is_error=True,
+            ),
+            Message(role="user", content="And tomorrow?"),
+        ],
+        tools=tools,
+    )
+
+
+def an_empty_answer_between_questions(model: str) -> ModelRequest:
+    """Two user questions with an empty assistant answer between them."""
+    return ModelRequest(
+        model=model,
+        messages=[
+            Message(role="user", content="Hi"),
+            Message(role="assistant", content=""),
+            Message(role="user", content="Hello?"),
+        ],
     )

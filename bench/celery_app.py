@@ -1,0 +1,42 @@
+"""The Celery app of the background benchmarks: ``celery -A bench.celery_app worker``.
+
+The same three lines as a project's ``celery.py`` (see docs/background.md). When
+``$BENCH_CANCEL_LOG`` names a file, each cancelled run appends ``<chat pk> <monotonic time>``
+to it as it stops, so bench/cancel_latency.py can time a cancel across processes; the worker
+creates ``$BENCH_WORKER_READY`` once it consumes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.background_settings")
+
+app = Celery("agentloop_bench")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+def _log_cancel(*, chat: Any, **kwargs: Any) -> None:
+    # CLOCK_MONOTONIC is system-wide on Linux: comparable with the benchmark process's clock.
+    stopped = time.monotonic()
+    with open(os.environ["BENCH_CANCEL_LOG"], "a") as log:
+        log.write(f"{chat.pk} {stopped}\n")
+
+
+if os.environ.get("BENCH_CANCEL_LOG"):
+    from agentloop.signals import chat_cancelled
+
+    chat_cancelled.connect(_log_cancel, dispatch_uid="bench-cancel-log")
+
+
+@worker_ready.connect
+def _announce_ready(**kwargs: Any) -> None:
+    if os.environ.get("BENCH_WORKER_READY"):
+        Path(os.environ["BENCH_WORKER_READY"]).touch()

@@ -1,0 +1,53 @@
+"""The Celery app of the tests: ``celery -A tests.celery_app worker`` runs agentloop's tasks.
+
+Configured like a project's ``celery.py`` (settings from ``CELERY_*`` Django settings),
+then pointed at the test run's broker and queue from the environment:
+
+* ``AGENTLOOP_TEST_BROKER_URL``: default ``redis://127.0.0.1:6379/15``;
+* ``AGENTLOOP_TEST_QUEUE``: the queue the test publishes to and the worker consumes, unique
+  per test, so messages left by another test or run never reach this worker;
+* ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes.
+
+The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
+whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
+within seconds, not the Redis transport's default hour.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_ready
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/15"
+VISIBILITY_TIMEOUT = 5
+
+app = Celery("agentloop_tests")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    broker_url=os.environ.get("AGENTLOOP_TEST_BROKER_URL", DEFAULT_BROKER_URL),
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+    task_default_queue=os.environ.get("AGENTLOOP_TEST_QUEUE", "agentloop-tests"),
+    task_ignore_result=True,
+    # One message at a time per worker process: a second job goes to another worker.
+    worker_prefetch_multiplier=1,
+    worker_send_task_events=False,
+    include=["agentloop.tasks"],
+)
+
+
+@worker_ready.connect
+def _announce_ready(**kwargs: Any) -> None:
+    path = os.environ.get("AGENTLOOP_TEST_WORKER_READY")
+    if path:
+        Path(path).touch()

@@ -1,0 +1,564 @@
+"""Background steps in the embedded runner (no broker), leases and recovery (DESIGN §3).
+
+The embedded runner runs the very job Celery runs (``agentloop.runner.run_step`` and its
+follow-up) on a thread pool of this process, so these tests drive the background loop on
+the real database without a broker; tests/test_celery_worker.py does it with real workers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from agentloop import signals
+from agentloop.background import wait_for_embedded_jobs
+from agentloop.exceptions import (
+    AuthenticationError,
+    LeaseLostError,
+    RateLimitError,
+)
+from agentloop.leases import Heartbeat, Lease
+from agentloop.messages import MessageStatus
+from agentloop.models import Chat, ChatState, Message
+from agentloop.recovery import resume_stalled, stalled_chats
+from agentloop.runner import StepOutcome, run_step
+from agentloop.testing import FunctionProvider, stream, tool_call
+from tests.tools import add, transfer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+JOB_DEADLINE = 30.0  # seconds to wait for the thread pool to run out of work
+
+
+def embedded(**agentloop):
+    """The tests' AGENTLOOP settings, in embedded mode, with ``agentloop`` on top."""
+    return override_settings(
+        AGENTLOOP={**settings.AGENTLOOP, "BACKGROUND": "embedded", **agentloop}
+    )
+
+
+@pytest.fixture(autouse=True)
+def _embedded_mode():
+    with embedded():
+        yield
+    # A job still running would hold a connection while the database is flushed.
+    assert wait_for_embedded_jobs(JOB_DEADLINE), "background jobs still running after the test"
+
+
+def settle() -> None:
+    assert wait_for_embedded_jobs(JOB_DEADLINE), "background jobs did not finish"
+
+
+@pytest.fixture
+def chat(user):
+    return Chat.objects.create(model="scripted:test", owner=user)
+
+
+def roles(chat):
+    return [(m.role, m.status) for m in chat.messages.order_by("id")]
+
+
+def expire(lease: Lease) -> None:
+    """Let the lease run out (as it would when its worker died)."""
+    Chat.objects.filter(pk=lease.chat_pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+
+def eventually(condition, what: str) -> None:
+    """Poll ``condition`` until it holds (fails at the deadline)."""
+    deadline = time.monotonic() + JOB_DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# -- the loop on the thread pool -----------------------------------------------------------
+def test_complete_later_runs_a_tool_conversation_to_the_end(chat, scripted):
+    scripted.add(tool_call("add", {"a": 2, "b": 3}), "It is 5.")
+    chat.with_tools(add).ask_later("2 + 3?")
+
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert chat.lease_token == ""
+    assert [(m.role, m.content) for m in chat.messages.order_by("id")] == [
+        ("user", "2 + 3?"),
+        ("assistant", ""),
+        ("tool", "5"),
+        ("assistant", "It is 5."),
+    ]
+    scripted.assert_complete()
+
+
+def test_complete_later_enqueues_only_when_the_transaction_commits(chat, scripted):
+    scripted.add("Hello.")
+    with transaction.atomic():
+        chat.ask_later("Hi").complete_later()
+        assert wait_for_embedded_jobs(0)  # nothing was sent yet
+        assert chat.state == ChatState.QUEUED
+
+    settle()
+    assert chat.messages.order_by("id").last().content == "Hello."
+
+
+def test_a_chat_held_for_approval_is_left_waiting_and_goes_on_once_approved(chat, scripted):
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob"}), "Sent.")
+    chat.with_tools(transfer).ask_later("Pay bob 5")
+
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.WAITING
+    (call,) = chat.pending_approvals()
+    assert chat.messages.filter(role="tool").count() == 0
+
+    chat.approve(call.pk)  # a chat a worker left waiting is enqueued again
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert [m.content for m in chat.messages.filter(role__in=["tool", "assistant"])][-2:] == [
+        "sent 5 to bob",
+        "Sent.",
+    ]
+
+
+def test_a_chat_stopped_by_a_limit_is_marked_stopped_with_the_reason(chat, scripted):
+    scripted.add(tool_call("add", {"a": 1, "b": 1}))
+    chat.with_tools(add).with_limits(max_model_calls=1).ask_later("1 + 1?")
+
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.STOPPED
+    assert "max_model_calls" in chat.stop_reason
+    assert roles(chat) == [("user", "complete"), ("assistant", "complete"), ("tool", "complete")]
+
+
+def test_a_permanent_provider_error_marks_the_chat_failed_with_the_error(chat, scripted):
+    scripted.add(AuthenticationError("invalid API key", status=401))
+    chat.ask_later("Hi")
+
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.FAILED
+    assert "AuthenticationError: invalid API key" in chat.error
+    assert chat.usage_records.get().status == "failed"
+
+
+def test_complete_later_resumes_a_failed_chat(chat, scripted):
+    scripted.add(AuthenticationError("invalid API key", status=401), "Hello.")
+    chat.ask_later("Hi").complete_later()
+    settle()
+
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert (chat.state, chat.error) == (ChatState.IDLE, "")
+    assert chat.messages.order_by("id").last().content == "Hello."
+
+
+def test_a_transient_provider_error_is_retried_by_the_job(chat, scripted):
+    scripted.add(RateLimitError("slow down", status=429, retry_after=0), "Hello.")
+    chat.ask_later("Hi")
+
+    with embedded(MODEL_RETRIES=0):  # so the retry is the job's, not the model call's
+        chat.complete_later()
+        settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert chat.messages.order_by("id").last().content == "Hello."
+    assert list(chat.usage_records.order_by("id").values_list("status", flat=True)) == [
+        "failed",
+        "succeeded",
+    ]
+
+
+def test_a_job_gives_up_after_step_retries_and_marks_the_chat_failed(chat, scripted):
+    scripted.add(*[RateLimitError("slow down", status=429, retry_after=0) for _ in range(3)])
+    chat.ask_later("Hi")
+
+    with embedded(MODEL_RETRIES=0, STEP_RETRIES=2):
+        chat.complete_later()
+        settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.FAILED
+    assert chat.error.startswith("Gave up after 3 tries: slow down")
+    assert chat.usage_records.filter(status="failed").count() == 3
+    scripted.assert_complete()
+
+
+def test_a_cancel_while_a_job_streams_stops_it_and_keeps_the_partial(chat, user):
+    started = threading.Event()
+
+    def answer(request):
+        started.set()
+        return stream(*[f"w{i} " for i in range(500)], delay=0.01)
+
+    from agentloop import providers
+
+    providers.register("slowstream", FunctionProvider(answer))
+    try:
+        chat.with_model("slowstream:test").ask_later("Tell me a long story")
+        chat.complete_later()
+        assert started.wait(JOB_DEADLINE)
+
+        Chat.objects.get(pk=chat.pk).cancel()  # another instance, as a view would
+        settle()
+    finally:
+        providers.unregister("slowstream")
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert chat.cancel_requested_at is None
+    (answer_row,) = chat.messages.filter(role="assistant")
+    assert answer_row.status == MessageStatus.CANCELLED
+    assert answer_row.content.startswith("w0 ")
+    assert list(chat.usage_records.values_list("status", flat=True)) == ["cancelled"]
+
+
+def test_a_chat_cancelled_in_the_background_completes_the_next_question(chat, scripted):
+    scripted.add("First.")
+    chat.ask_later("Hi")
+    chat.cancel()  # before the job runs: its first checkpoint stops it
+    chat.complete_later()
+    settle()
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert roles(chat) == [("user", "complete")]
+
+    chat.ask_later("Hi again").complete_later()
+    settle()
+
+    assert chat.messages.order_by("id").last().content == "First."
+
+
+def test_a_cancel_that_comes_as_the_last_answer_is_saved_does_not_stop_the_next_question(
+    chat, scripted
+):
+    """As with complete(): a Stop pressed just as the run ends has nothing left to stop."""
+    scripted.add("First answer.", "Second answer.")
+    chat.ask_later("Hi")
+
+    def stop_pressed_too_late(sender, chat, message, **kwargs):
+        if message.role == "assistant":
+            Chat.objects.get(pk=chat.pk).cancel()
+
+    signals.message_added.connect(stop_pressed_too_late)
+    try:
+        chat.complete_later()
+        settle()
+    finally:
+        signals.message_added.disconnect(stop_pressed_too_late)
+    chat.refresh_from_db()
+    assert (chat.state, chat.cancel_requested_at) == (ChatState.IDLE, None)
+
+    chat.ask_later("And then?").complete_later()
+    settle()
+
+    assert chat.messages.order_by("id").last().content == "Second answer."
+
+
+def test_a_message_saved_while_the_lease_is_released_is_not_stranded(chat, scripted, monkeypatch):
+    """The worker read a settled transcript; a user message lands before it releases the
+    chat (written by a process that checked the chat just before the lease was taken; its
+    own job found the chat leased and left): the worker answers it too."""
+    scripted.add("Hello.", "Goodbye.")
+    chat.ask_later("Hi")
+    original_release = Lease.release
+    injected = []
+
+    def release_after_a_message_arrives(lease, **fields):
+        if not injected:
+            injected.append(True)
+            # ask_later itself refuses while the lease is held (ChatBusyError), so the row
+            # is written directly, as that earlier-checking process would have.
+            Message.objects.create(chat=chat, role="user", content="Bye")
+        return original_release(lease, **fields)
+
+    monkeypatch.setattr(Lease, "release", release_after_a_message_arrives)
+    chat.complete_later()
+    settle()
+
+    chat.refresh_from_db()
+    assert [(m.role, m.content) for m in chat.messages.order_by("id")] == [
+        ("user", "Hi"),
+        ("assistant", "Hello."),
+        ("user", "Bye"),
+        ("assistant", "Goodbye."),
+    ]
+    assert chat.state == ChatState.IDLE
+
+
+def test_a_chat_completes_in_the_background_while_redis_is_unreachable(chat, scripted):
+    """Events and cancel notices are best effort: the database is the record."""
+    pytest.importorskip("redis")
+    scripted.add(stream("Still ", "here."))
+    chat.ask_later("Hi")
+
+    with embedded(REDIS_URL="redis://127.0.0.1:1/0"):  # nothing listens on port 1
+        chat.complete_later()
+        settle()
+
+    chat.refresh_from_db()
+    assert (chat.state, chat.error) == (ChatState.IDLE, "")
+    assert chat.messages.order_by("id").last().content == "Still here."
+
+
+# -- recovery ------------------------------------------------------------------------------
+def test_stalled_chats_are_running_ones_with_an_expired_lease_and_long_queued_ones(user):
+    now = timezone.now()
+    dead = Chat.objects.create(
+        owner=user, state="running", lease_token="x", lease_expires_at=now - timedelta(seconds=1)
+    )
+    alive = Chat.objects.create(
+        owner=user, state="running", lease_token="y", lease_expires_at=now + timedelta(minutes=1)
+    )
+    forgotten = Chat.objects.create(owner=user, state="queued")
+    just_queued = Chat.objects.create(owner=user, state="queued")
+    Chat.objects.create(owner=user, state="idle")
+    Chat.objects.filter(pk=forgotten.pk).update(updated_at=now - timedelta(hours=1))
+
+    assert set(stalled_chats().values_list("pk", flat=True)) == {dead.pk, forgotten.pk}
+    assert alive.pk and just_queued.pk
+
+
+def test_resume_stalled_finishes_a_chat_whose_worker_died_mid_round(chat, scripted):
+    scripted.add(tool_call("add", {"a": 1, "b": 2}), "Three.")
+    chat.with_tools(add).ask_later("1 + 2?")
+    chat.generate()
+    dead = Lease.take(Chat, chat.pk)  # the worker that died holding it
+    expire(dead)
+
+    assert resume_stalled() == [chat.pk]
+    settle()
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert [m.content for m in chat.messages.order_by("id")][-2:] == ["3", "Three."]
+
+
+def test_the_resume_command_re_enqueues_stalled_chats_and_waits_for_them(chat, scripted):
+    scripted.add("Hello.")
+    chat.ask_later("Hi")
+    expire(Lease.take(Chat, chat.pk))
+
+    from io import StringIO
+
+    out = StringIO()
+    call_command("agentloop", "resume", stdout=out)
+
+    assert f"Re-enqueued 1 chat(s): {chat.pk}" in out.getvalue()
+    chat.refresh_from_db()
+    assert chat.state == ChatState.IDLE
+    assert chat.messages.order_by("id").last().content == "Hello."
+
+
+def test_the_periodic_task_resumes_stalled_chats(chat, scripted):
+    pytest.importorskip("celery")
+    from agentloop.tasks import resume_stalled_chats
+
+    scripted.add("Hello.")
+    chat.ask_later("Hi")
+    expire(Lease.take(Chat, chat.pk))
+
+    assert resume_stalled_chats() == 1
+    settle()
+    assert chat.messages.order_by("id").last().content == "Hello."
+
+
+# -- leases ----------------------------------------------------------------------------------
+def test_a_leased_chat_cannot_be_taken_again(chat):
+    first = Lease.take(Chat, chat.pk)
+
+    assert first is not None
+    assert Lease.take(Chat, chat.pk) is None
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token) == (ChatState.RUNNING, first.token)
+
+
+def test_a_released_lease_frees_the_chat_with_the_given_state(chat):
+    lease = Lease.take(Chat, chat.pk)
+
+    assert lease.release(state="idle")
+
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token, chat.lease_expires_at) == ("idle", "", None)
+    assert Lease.take(Chat, chat.pk) is not None
+
+
+def test_renewing_pushes_the_expiry_out(chat):
+    lease = Lease.take(Chat, chat.pk, seconds=30)
+    expire(lease)
+
+    assert lease.renew()
+
+    chat.refresh_from_db()
+    assert chat.lease_expires_at > timezone.now() + timedelta(seconds=20)
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_loses_it(chat):
+    old = Lease.take(Chat, chat.pk)
+    expire(old)
+
+    new = Lease.take(Chat, chat.pk)
+
+    assert new is not None
+    assert not old.renew()
+    with pytest.raises(LeaseLostError):
+        old.ensure()
+    assert not old.release(state="idle")  # and cannot free the chat under the new holder
+    chat.refresh_from_db()
+    assert chat.lease_token == new.token
+
+
+def test_a_worker_whose_lease_was_taken_over_writes_nothing(chat, scripted):
+    scripted.add("A late answer.")
+    chat.ask_later("Hi")
+    old = Lease.take(Chat, chat.pk)
+    worker_chat = Chat.objects.get(pk=chat.pk)
+    worker_chat.conversation.store.lease = old
+    expire(old)
+    Lease.take(Chat, chat.pk)
+
+    with pytest.raises(LeaseLostError):
+        worker_chat.step()
+
+    assert roles(chat) == [("user", "complete")]
+    assert chat.usage_records.count() == 0
+
+
+def test_a_step_whose_lease_is_taken_over_mid_stream_reports_lost_and_writes_nothing(chat):
+    """Another worker takes the chat over while the answer streams (this one stalled past
+    its lease): the partial answer is never saved and the new holder keeps the chat."""
+    taken = []
+
+    def answer(request):
+        Chat.objects.filter(pk=chat.pk).update(lease_expires_at=timezone.now())
+        taken.append(Lease.take(Chat, chat.pk))
+        return stream("too ", "late")
+
+    from agentloop import providers
+
+    providers.register("slowstream", FunctionProvider(answer))
+    try:
+        chat.with_model("slowstream:test").ask_later("Hi")
+        with embedded(PARTIAL_SAVE_INTERVAL=0):
+            outcome = run_step(chat.pk)
+    finally:
+        providers.unregister("slowstream")
+
+    assert outcome == StepOutcome("lost")
+    assert roles(chat) == [("user", "complete")]
+    assert chat.usage_records.count() == 0
+    chat.refresh_from_db()
+    assert chat.lease_token == taken[0].token
+
+
+def test_two_steps_racing_for_one_chat_give_one_answer(chat):
+    entered = threading.Event()
+    go_on = threading.Event()
+    outcomes: list[str] = []
+
+    def answer(request):
+        entered.set()
+        assert go_on.wait(JOB_DEADLINE)
+        return "The one answer."
+
+    from agentloop import providers
+
+    providers.register("gated", FunctionProvider(answer))
+    try:
+        chat.with_model("gated:test").ask_later("Hi")
+        barrier = threading.Barrier(2)
+
+        def job():
+            barrier.wait()
+            try:
+                outcomes.append(run_step(chat.pk).action)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=job) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        assert entered.wait(JOB_DEADLINE)
+        # The loser comes back while the winner is still in its model call.
+        eventually(lambda: outcomes, "the second step to return")
+        assert outcomes == ["busy"]
+        go_on.set()
+        for thread in threads:
+            thread.join(JOB_DEADLINE)
+    finally:
+        go_on.set()
+        providers.unregister("gated")
+
+    assert sorted(outcomes) == ["busy", "done"]
+    assert [m.content for m in chat.messages.filter(role="assistant")] == ["The one answer."]
+    assert chat.usage_records.count() == 1
+
+
+def test_a_step_of_a_deleted_chat_reports_missing(chat):
+    pk = chat.pk
+    chat.delete()
+
+    assert run_step(pk) == StepOutcome("missing")
+
+
+def test_the_heartbeat_renews_the_lease_while_it_runs(chat):
+    lease = Lease.take(Chat, chat.pk, seconds=30)
+    expire(lease)
+
+    with Heartbeat(lease, interval=0.01) as heartbeat:
+        eventually(
+            lambda: Chat.objects.filter(pk=chat.pk, lease_expires_at__gt=timezone.now()).exists(),
+            "the heartbeat to renew the lease",
+        )
+    assert not heartbeat.lost.is_set()
+
+
+def test_the_heartbeat_notices_a_lost_lease(chat):
+    lease = Lease.take(Chat, chat.pk)
+    expire(lease)
+    Lease.take(Chat, chat.pk)
+
+    with Heartbeat(lease, interval=0.01) as heartbeat:
+        assert heartbeat.lost.wait(JOB_DEADLINE)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_added_while_a_worker_holds_the_chat_is_refused_not_stranded(scripted):
+    """A user message saved while a worker's model call runs would sort before the answer
+    and never be answered: ask_later refuses it instead (ChatBusyError), losing nothing."""
+    from agentloop.exceptions import ChatBusyError
+    from agentloop.leases import Lease
+
+    chat = Chat.objects.create(model="scripted:test")
+    chat.ask_later("first")
+    lease = Lease.take(Chat, chat.pk)
+    assert lease is not None
+    visitor = Chat.objects.get(pk=chat.pk)
+    with pytest.raises(ChatBusyError):
+        visitor.ask_later("second")
+    assert list(chat.messages.values_list("content", flat=True)) == ["first"]
+    lease.release(state="idle")
+    visitor.ask_later("second")  # free again: accepted
+    assert list(chat.messages.values_list("content", flat=True)) == ["first", "second"]
