@@ -93,6 +93,11 @@ class RedisEvents(EventBackend):
         answer: Any = self.client.xread(
             {self._stream(key): after or "0-0"}, block=max(1, int(timeout * 1000))
         )
+        return self.events_of(answer)
+
+    @staticmethod
+    def events_of(answer: Any) -> list[Event]:
+        """The events of an XREAD answer."""
         events = []
         for _stream, entries in answer or []:
             for event_id, fields in entries:

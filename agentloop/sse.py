@@ -234,12 +234,7 @@ async def _aread(client: Any, reader: ChatEventReader, timeout: float) -> list[E
     answer = await client.xread(
         {backend._stream(reader.key): reader.after or "0-0"}, block=max(1, int(timeout * 1000))
     )
-    events = []
-    for _stream, entries in answer or []:
-        for event_id, fields in entries:
-            body = json.loads(fields[b"event"])
-            events.append({"id": event_id.decode(), **body})
-    return events
+    return RedisEvents.events_of(answer)
 
 
 def resume_point(chat: Any) -> str:

@@ -33,7 +33,6 @@ from .common import (
     close_object_schemas,
     deep_merge,
     tool_call_from_text,
-    with_parsed_json,
 )
 from .errors import error_for_status
 from .http import HTTPProvider
@@ -127,6 +126,7 @@ class AnthropicProvider(HTTPProvider):
     name = "anthropic"
     default_base_url = "https://api.anthropic.com"
     api_key_env = ("ANTHROPIC_API_KEY",)
+    parses_json_text = True
 
     def __init__(
         self,
@@ -148,11 +148,6 @@ class AnthropicProvider(HTTPProvider):
 
     def endpoint(self, request: ModelRequest, stream: bool) -> str:
         return "/v1/messages"
-
-    def request(
-        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
-    ) -> ModelResponse:
-        return with_parsed_json(request, super().request(request, on_chunk=on_chunk))
 
     # -- the request body --------------------------------------------------------------------
     def max_tokens_for(self, request: ModelRequest) -> int:
@@ -304,7 +299,7 @@ class AnthropicProvider(HTTPProvider):
             data = json.loads(event.data)
             kind = data.get("type") or event.event
             if kind == "error":
-                raise self._stream_error(data)
+                raise self.error_from_body(None, data)
             if kind == "message_start":
                 message = data["message"]
                 usage.update(message.get("usage") or {})
@@ -357,10 +352,12 @@ class AnthropicProvider(HTTPProvider):
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta["citation"])
 
-    def _stream_error(self, data: dict[str, Any]) -> ProviderError:
+    def error_from_body(self, status: int | None, data: Any) -> ProviderError:
+        """An ``error`` event (mid-stream, or a batched request's outcome): its type says the
+        status when there was none."""
         error = data.get("error") or {}
         error_type = str(error.get("type") or "api_error")
-        status = _ERROR_STATUS.get(error_type, 500)
+        status = status or _ERROR_STATUS.get(error_type, 500)
         found = error_for_status(self.name, status, json.dumps(data), {}, self._secrets())
         return type(found)(
             f"{self.name} reported an error mid-stream ({error_type}): "

@@ -36,10 +36,10 @@ from ..exceptions import BatchError, BatchItemNotRunError, InvalidResponseError,
 from ..messages import ModelRequest, ModelResponse, TokenUsage
 from .anthropic import AnthropicProvider
 from .base import Provider
-from .errors import error_for_status, redact
+from .errors import redact
 from .gemini import GeminiProvider
 from .http import HTTPProvider
-from .openai import OllamaProvider, OpenAIProvider, OpenRouterProvider, _status_of
+from .openai import OllamaProvider, OpenAIProvider, OpenRouterProvider
 from .openai_responses import OpenAIResponsesProvider
 
 __all__ = [
@@ -180,10 +180,6 @@ class HTTPBatchAPI(BatchAPI):
         except ProviderError as exc:
             return exc
 
-    def error(self, status: int, payload: Any) -> ProviderError:
-        secrets = self.provider._secrets()
-        return error_for_status(self.name, status, json.dumps(payload), {}, secrets)
-
     @staticmethod
     def common_headers(items: Sequence[tuple[str, ModelRequest]]) -> dict[str, str]:
         """The requests' own headers, sent with the batch: they must agree."""
@@ -292,8 +288,8 @@ class OpenAIBatchAPI(HTTPBatchAPI):
             code = str(error.get("code") or "")
             if code in _OPENAI_NOT_RUN:
                 return BatchItemNotRunError(f"{self.name}: {error.get('message') or code}")
-            return self.error(status or _status_of(error), {"error": error})
-        return self.error(status or 500, response.get("body") or line)
+            return self.provider.error_from_body(status or None, {"error": error})
+        return self.provider.error_from_body(status or 500, response.get("body") or line)
 
     def _info(self, data: Mapping[str, Any]) -> BatchInfo:
         counts = data.get("request_counts") or {}
@@ -356,7 +352,7 @@ class AnthropicBatchAPI(HTTPBatchAPI):
         if kind == "succeeded":
             return self.parsed(result.get("message"))
         if kind == "errored":
-            return self.provider._stream_error(result.get("error") or {})
+            return self.provider.error_from_body(None, result.get("error") or {})
         return BatchItemNotRunError(f"{self.name}: the request was {kind or 'not run'}")
 
     def _info(self, data: Mapping[str, Any]) -> BatchInfo:
@@ -448,7 +444,7 @@ class GeminiBatchAPI(HTTPBatchAPI):
             # The metadata we sent comes back with each answer; the order is the requests'.
             custom_id = str((item.get("metadata") or {}).get("custom_id") or index)
             if isinstance(item.get("error"), dict):
-                results[custom_id] = self.provider._error_object(item["error"])
+                results[custom_id] = self.provider.error_from_body(None, {"error": item["error"]})
             else:
                 results[custom_id] = self.parsed(item.get("response") or {})
         return results

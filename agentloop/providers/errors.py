@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from ..exceptions import (
     AuthenticationError,
@@ -18,7 +19,7 @@ from ..exceptions import (
     ServerError,
 )
 
-__all__ = ["error_for_status", "parse_retry_after", "redact"]
+__all__ = ["error_for_status", "parse_retry_after", "redact", "status_of_error"]
 
 _SECRET_PATTERNS = (
     re.compile(r"(sk-(?:ant-|proj-|or-)?)[A-Za-z0-9_\-]{8,}"),
@@ -91,6 +92,26 @@ def _error_message(body: str) -> str:
         if isinstance(error, str):
             return error[:300]
     return body.strip()[:300]
+
+
+def status_of_error(error: Any) -> int:
+    """An HTTP status for an error object that came without one (with status 200, inside a
+    stream, or as a batched request's outcome): its numeric ``code``, else its kind."""
+    if not isinstance(error, dict):
+        return 500
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600:
+        return int(code)
+    kind = f"{error.get('type') or ''} {code or ''}".lower()
+    if "rate_limit" in kind:
+        return 429
+    if "auth" in kind or "api_key" in kind or "permission" in kind:
+        return 401
+    if "context_length" in kind or "invalid_request" in kind:
+        return 400
+    return 500
 
 
 def error_for_status(

@@ -49,7 +49,6 @@ from .common import (
     json_text,
     new_call_id,
     tool_call_from_text,
-    with_parsed_json,
 )
 from .errors import error_for_status, redact
 from .http import HTTPProvider
@@ -420,6 +419,7 @@ class GeminiProvider(HTTPProvider):
     name = "gemini"
     default_base_url = "https://generativelanguage.googleapis.com"
     api_key_env = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    parses_json_text = True
 
     def __init__(self, *, api_version: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -438,11 +438,6 @@ class GeminiProvider(HTTPProvider):
         resource = model if "/" in model else f"models/{model}"  # tunedModels/... as given
         action = "streamGenerateContent?alt=sse" if stream else "generateContent"
         return f"/{self.api_version}/{resource}:{action}"
-
-    def request(
-        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
-    ) -> ModelResponse:
-        return with_parsed_json(request, super().request(request, on_chunk=on_chunk))
 
     # -- the request body --------------------------------------------------------------------
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
@@ -585,7 +580,7 @@ class GeminiProvider(HTTPProvider):
     # -- the answer --------------------------------------------------------------------------
     def parse_response(self, data: Any) -> ModelResponse:
         if isinstance(data, dict) and isinstance(data.get("error"), dict):
-            raise self._error_object(data["error"])
+            raise self.error_from_body(None, data)
         answer = _Answer(self.name)
         answer.add(data, None)
         if not answer.seen_candidate and answer.blocked is None:
@@ -601,7 +596,7 @@ class GeminiProvider(HTTPProvider):
                 continue
             data = json.loads(event.data)
             if isinstance(data, dict) and isinstance(data.get("error"), dict):
-                raise self._error_object(data["error"])
+                raise self.error_from_body(None, data)
             answer.add(data, on_chunk)
         if not answer.finished:
             raise StreamInterruptedError(f"{self.name} stream ended before a finishReason")
@@ -632,10 +627,12 @@ class GeminiProvider(HTTPProvider):
             found.retry_after = _retry_delay(details)
         return found
 
-    def _error_object(self, error: Mapping[str, Any]) -> ProviderError:
-        """The ProviderError for an error object sent in place of an answer or mid-stream."""
+    def error_from_body(self, status: int | None, data: Any) -> ProviderError:
+        """Google's ``{"error": {...}}`` in place of an answer, mid-stream or as a batched
+        request's outcome: without a status, its ``code`` (else its RPC status) says one."""
+        error: Mapping[str, Any] = data["error"]
         code = error.get("code")
-        status = code if isinstance(code, int) and 400 <= code < 600 else None
+        status = status or (code if isinstance(code, int) and 400 <= code < 600 else None)
         status = status or _RPC_STATUS.get(str(error.get("status") or ""), 500)
         found = self._error(status, json.dumps({"error": dict(error)}))
         detail = redact(str(error.get("message") or ""), self._secrets())[:300]

@@ -7,6 +7,7 @@ server-sent events parses (``parse_stream``). Everything else lives here once.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -28,7 +29,8 @@ from ..exceptions import (
 )
 from ..messages import ModelRequest, ModelResponse, TokenUsage
 from .base import ChunkCallback, Provider
-from .errors import error_for_status, redact
+from .common import with_parsed_json
+from .errors import error_for_status, redact, status_of_error
 
 __all__ = ["HTTPProvider"]
 
@@ -50,6 +52,9 @@ class HTTPProvider(Provider):
     api_key_env: tuple[str, ...] = ()
     #: False for local servers that need no key (Ollama, vLLM).
     requires_key: bool = True
+    #: the vendor sends structured output as JSON text only: ``parsed`` is set from the
+    #: answer's text when the request has an ``output_schema``.
+    parses_json_text: bool = False
 
     def __init__(
         self,
@@ -155,6 +160,18 @@ class HTTPProvider(Provider):
         """A ModelResponse from SSE events, calling ``on_chunk`` as pieces arrive."""
         raise NotImplementedError
 
+    def error_from_body(self, status: int | None, data: Any) -> ProviderError:
+        """The ProviderError for an error body the vendor sent instead of an answer: with
+        HTTP 200, mid-stream, or as one batched request's outcome.
+
+        ``status`` is the HTTP status when there was one. Default: the usual
+        ``{"error": {...}}`` envelope, without a status mapped by the error object's code or
+        kind. Vendors whose error objects say more override this.
+        """
+        if status is None:
+            status = status_of_error(data.get("error") if isinstance(data, dict) else None)
+        return error_for_status(self.name, status, json.dumps(data), {}, self._secrets())
+
     # -- the request ---------------------------------------------------------------------------
     def _headers_for(self, request: ModelRequest) -> dict[str, str]:
         headers = self.auth_headers(self.api_key())
@@ -166,6 +183,10 @@ class HTTPProvider(Provider):
     def request(
         self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
     ) -> ModelResponse:
+        response = self._answer(request, on_chunk)
+        return with_parsed_json(request, response) if self.parses_json_text else response
+
+    def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
         stream = on_chunk is not None
         headers = self._headers_for(request)
         body = self.build_body(request, stream)
@@ -193,25 +214,25 @@ class HTTPProvider(Provider):
             return self._parse_stream(source.iter_sse(), on_chunk)
 
     def _parse(self, data: Any) -> ModelResponse:
-        try:
+        with self._unexpected_shape("answered in"):
             return self.parse_response(data)
-        except ProviderError:
-            raise
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise InvalidResponseError(
-                f"{self.name} answered in an unexpected shape: {type(exc).__name__}: {exc}"
-            ) from exc
 
     def _parse_stream(
         self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
     ) -> ModelResponse:
-        try:
+        with self._unexpected_shape("streamed"):
             return self.parse_stream(events, on_chunk)
+
+    @contextmanager
+    def _unexpected_shape(self, verb: str) -> Iterator[None]:
+        """A parser tripping over an answer's shape raises InvalidResponseError."""
+        try:
+            yield
         except ProviderError:
             raise
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise InvalidResponseError(
-                f"{self.name} streamed an unexpected shape: {type(exc).__name__}: {exc}"
+                f"{self.name} {verb} an unexpected shape: {type(exc).__name__}: {exc}"
             ) from exc
 
     def _raise_for_status(self, response: httpx.Response) -> None:

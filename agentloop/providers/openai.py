@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from httpx_sse import ServerSentEvent
 
-from ..exceptions import InvalidResponseError, ProviderError, StreamInterruptedError
+from ..exceptions import InvalidResponseError, StreamInterruptedError
 from ..messages import (
     Message,
     ModelRequest,
@@ -37,9 +37,7 @@ from .common import (
     json_text,
     strict_json_schema,
     tool_call_from_text,
-    with_parsed_json,
 )
-from .errors import error_for_status
 from .http import HTTPProvider
 
 __all__ = [
@@ -100,25 +98,6 @@ def _arguments_text(arguments: Any) -> str | None:
     return json_text(arguments)
 
 
-def _status_of(error: Any) -> int:
-    """An HTTP status for an error object sent with status 200 or inside a stream."""
-    if not isinstance(error, dict):
-        return 500
-    code = error.get("code")
-    if isinstance(code, int) and 400 <= code < 600:
-        return code
-    if isinstance(code, str) and code.isdigit() and 400 <= int(code) < 600:
-        return int(code)
-    kind = f"{error.get('type') or ''} {code or ''}".lower()
-    if "rate_limit" in kind:
-        return 429
-    if "auth" in kind or "api_key" in kind or "permission" in kind:
-        return 401
-    if "context_length" in kind or "invalid_request" in kind:
-        return 400
-    return 500
-
-
 class OpenAIProvider(HTTPProvider):
     """OpenAI Chat Completions; any OpenAI-compatible server by ``base_url``.
 
@@ -139,6 +118,7 @@ class OpenAIProvider(HTTPProvider):
     name = "openai"
     default_base_url = "https://api.openai.com/v1"
     api_key_env: tuple[str, ...] = ("OPENAI_API_KEY",)
+    parses_json_text = True
     #: environment variables that may hold the base URL (after settings).
     base_url_env: tuple[str, ...] = ("OPENAI_BASE_URL",)
     #: dialect options fixed by this preset (the rest follow the base URL).
@@ -189,11 +169,6 @@ class OpenAIProvider(HTTPProvider):
     # -- the request ---------------------------------------------------------------------
     def endpoint(self, request: ModelRequest, stream: bool) -> str:
         return f"{self.base_url}/chat/completions"
-
-    def request(
-        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
-    ) -> ModelResponse:
-        return with_parsed_json(request, super().request(request, on_chunk=on_chunk))
 
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -281,17 +256,11 @@ class OpenAIProvider(HTTPProvider):
         }
 
     # -- the answer ----------------------------------------------------------------------
-    def _error(self, payload: dict[str, Any]) -> ProviderError:
-        error = payload.get("error")
-        return error_for_status(
-            self.name, _status_of(error), json.dumps(payload), {}, self._secrets()
-        )
-
     def parse_response(self, data: Any) -> ModelResponse:
         if not isinstance(data, dict):
             raise InvalidResponseError(f"{self.name} answered with a {type(data).__name__}")
         if data.get("error"):
-            raise self._error(data)  # some servers answer HTTP 200 with an error object
+            raise self.error_from_body(None, data)  # some answer HTTP 200 with an error object
         choice = data["choices"][0]
         message = choice["message"]
         tool_calls = [
@@ -337,7 +306,7 @@ class OpenAIProvider(HTTPProvider):
             if not isinstance(chunk, dict):
                 raise InvalidResponseError(f"{self.name} streamed a {type(chunk).__name__}")
             if chunk.get("error"):
-                raise self._error(chunk)
+                raise self.error_from_body(None, chunk)
             model = chunk.get("model") or model
             response_id = chunk.get("id") or response_id
             if chunk.get("usage"):

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from agentloop.messages import ModelRequest, ModelResponse
+from agentloop.messages import ModelRequest, ModelResponse, TextDelta, ToolCallDelta
 from agentloop.models import Chat
 from agentloop.models import Message as MessageRow
 from agentloop.providers.base import Provider
@@ -180,6 +180,22 @@ def replay(
     return response, chunks
 
 
+def continued(interactions: list[Interaction], field: str) -> list[int]:
+    """Indexes k of answered requests whose conversation (the list ``field`` of the body) the
+    next recorded request repeats and extends: it carries request k's answer."""
+    found = []
+    for k in range(len(interactions) - 1):
+        before = interactions[k].request_body[field]
+        after = interactions[k + 1].request_body[field]
+        if (
+            interactions[k].status == 200
+            and len(after) > len(before)
+            and after[: len(before)] == before
+        ):
+            found.append(k)
+    return found
+
+
 def sse_data(text: str) -> list[Any]:
     """The JSON payloads of a recorded SSE body, an independent, simple reading: each
     ``data:`` line but empty ones and ``[DONE]``."""
@@ -266,3 +282,39 @@ def stream_both(chat: Chat) -> list[tuple[MessageRow, list[Any]]]:
         chunks: list[Any] = []
         answers.append((chat.ask(question, stream=chunks.append), chunks))
     return answers
+
+
+def assert_each_answer_was_streamed(answers: list[tuple[MessageRow, list[Any]]]) -> None:
+    """Each answer is the text streamed for it (the answer after a tool round is the text
+    streamed after the tool call), and one tool call was streamed in its turn."""
+    for answer, chunks in answers:
+        assert answer.content == "".join(c.text for c in chunks if isinstance(c, TextDelta))
+        assert sum(isinstance(c, ToolCallDelta) and c.id is not None for c in chunks) == 1
+
+
+def assert_two_complete_rounds(chat: Chat) -> list[MessageRow]:
+    """``chat`` holds two complete tool rounds; returns its rows."""
+    rows = list(chat.messages.order_by("id"))
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
+    assert all(m.status == "complete" for m in rows)
+    return rows
+
+
+def assert_claude_answered_both(
+    chat: Chat, answers: list[MessageRow], call_ids: tuple[str, str]
+) -> list[MessageRow]:
+    """What Claude Haiku 4.5's recorded answers to both questions leave in ``chat``, over
+    any API: a weather call (with its recorded id) and its result before each answer.
+    Returns the chat's rows."""
+    first, second = answers
+    assert first.content.startswith("The current weather in Berlin is:")
+    assert second.content.startswith("The current weather in Paris is:")
+    rows = list(chat.messages.order_by("id"))
+    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
+    calls = [(c.call_id, c.name, c.arguments, c.state) for m in rows for c in m.tool_calls.all()]
+    assert calls == [
+        (call_ids[0], "weather", {"latitude": "52.5200", "longitude": "13.4050"}, "succeeded"),
+        (call_ids[1], "weather", {"latitude": "48.8575", "longitude": "2.3514"}, "succeeded"),
+    ]
+    assert rows[2].content == "Current weather at 52.5200, 13.4050: 15°C, Wind: 10 km/h"
+    return rows

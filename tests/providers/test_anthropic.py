@@ -11,7 +11,6 @@ import httpx
 import pytest
 from django.test import override_settings
 
-from agentloop import providers
 from agentloop.exceptions import (
     AuthenticationError,
     BadRequestError,
@@ -35,14 +34,25 @@ from agentloop.messages import (
 from agentloop.models import Usage
 from agentloop.providers.anthropic import AnthropicProvider, default_max_tokens
 from agentloop.providers.common import INVALID_ARGUMENTS
-from tests.providers.cassettes import ask_both, stream_both, weather_chat
+from tests.providers.cassettes import (
+    ask_both,
+    assert_claude_answered_both,
+    assert_each_answer_was_streamed,
+    assert_two_complete_rounds,
+    stream_both,
+    weather_chat,
+)
 from tests.providers.wire import (
     Recorder,
     an_empty_answer_between_questions,
+    an_invalid_call_answered,
     answering,
+    as_message,
+    cancelling,
     event_stream,
     read_timeout,
     registered,
+    resolved,
     shown,
     system_messages_around_a_question,
     two_results_then_a_question,
@@ -171,10 +181,7 @@ def test_a_missing_key_fails_at_request_time_naming_the_setting(monkeypatch) -> 
 
 
 def test_the_builtin_name_and_claude_ids_resolve_to_this_provider() -> None:
-    try:
-        provider, model = providers.resolve(MODEL)
-    finally:
-        providers.forget_configured()
+    provider, model = resolved(MODEL)
 
     assert isinstance(provider, AnthropicProvider)
     assert (provider.name, model) == ("anthropic", MODEL)
@@ -283,18 +290,8 @@ def test_an_empty_assistant_answer_is_left_out() -> None:
 def test_a_call_with_invalid_arguments_is_sent_back_with_empty_input() -> None:
     provider, _ = make()
     call = ToolCall(id="toolu_1", name="weather", provider_data={INVALID_ARGUMENTS: "{oops"})
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Hi"),
-            Message(role="assistant", tool_calls=[call]),
-            Message(
-                role="tool", tool_call_id="toolu_1", content="Invalid arguments", is_error=True
-            ),
-        ],
-    )
 
-    messages = provider.build_body(request, stream=False)["messages"]
+    messages = provider.build_body(an_invalid_call_answered(MODEL, call), stream=False)["messages"]
 
     assert messages[1]["content"] == [
         {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {}}
@@ -446,12 +443,7 @@ def test_thinking_blocks_round_trip_in_order_with_signatures() -> None:
         answer({"type": "text", "text": "Sunny."}),
     )
     first = provider.request(ask("Weather in Paris?", tools=[WEATHER]))
-    assistant = Message(
-        role="assistant",
-        content=first.content,
-        tool_calls=first.tool_calls,
-        provider_data=first.provider_data,
-    )
+    assistant = as_message(first)
     result = Message(role="tool", tool_call_id="toolu_1", tool_name="weather", content="sunny")
 
     provider.request(
@@ -562,12 +554,8 @@ def test_an_exception_from_on_chunk_stops_the_stream() -> None:
     )
     seen: list[Any] = []
 
-    def cancel(chunk: Any) -> None:
-        seen.append(chunk)
-        raise CancelledError()
-
     with pytest.raises(CancelledError):
-        provider.request(ask(), on_chunk=cancel)
+        provider.request(ask(), on_chunk=cancelling(seen))
 
     assert seen == [TextDelta(text="a")]
 
@@ -703,28 +691,11 @@ def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(replaying, 
     )
     chat = weather_chat(f"anthropic:{MODEL}", user)
 
-    first, second = ask_both(chat)
+    answers = ask_both(chat)
 
-    assert first.content.startswith("The current weather in Berlin is:")
-    assert second.content.startswith("The current weather in Paris is:")
-    rows = list(chat.messages.order_by("id"))
-    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
-    calls = [(c.call_id, c.name, c.arguments, c.state) for m in rows for c in m.tool_calls.all()]
-    assert calls == [
-        (
-            "toolu_01HNqv4WuLBnYyX5RLKHfZjL",
-            "weather",
-            {"latitude": "52.5200", "longitude": "13.4050"},
-            "succeeded",
-        ),
-        (
-            "toolu_015sAPcNRzx1n4KGqsukSEs3",
-            "weather",
-            {"latitude": "48.8575", "longitude": "2.3514"},
-            "succeeded",
-        ),
-    ]
-    assert rows[2].content == "Current weather at 52.5200, 13.4050: 15°C, Wind: 10 km/h"
+    assert_claude_answered_both(
+        chat, answers, ("toolu_01HNqv4WuLBnYyX5RLKHfZjL", "toolu_015sAPcNRzx1n4KGqsukSEs3")
+    )
     assert [(u.status, u.input_tokens, u.output_tokens) for u in Usage.objects.order_by("id")] == [
         ("succeeded", 633, 75),
         ("succeeded", 748, 42),
@@ -745,16 +716,10 @@ def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(replayin
     )
     chat = weather_chat(f"anthropic:{MODEL}", user)
 
-    (first, first_chunks), (second, second_chunks) = stream_both(chat)
+    answers = stream_both(chat)
 
-    for answer, chunks in ((first, first_chunks), (second, second_chunks)):
-        streamed = [c for c in chunks if isinstance(c, TextDelta)]
-        # the answer after the tool round is the text streamed after the tool call
-        assert answer.content == "".join(c.text for c in streamed)
-        assert sum(isinstance(c, ToolCallDelta) and c.id is not None for c in chunks) == 1
-    rows = list(chat.messages.order_by("id"))
-    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
-    assert all(m.status == "complete" for m in rows)
+    assert_each_answer_was_streamed(answers)
+    rows = assert_two_complete_rounds(chat)
     assert [c.name for m in rows for c in m.tool_calls.all()] == ["weather", "weather"]
     assert Usage.objects.filter(status="succeeded").count() == 4
     assert cassette.sent_bodies() == [

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -37,45 +36,12 @@ CASSETTES = [
 ]
 ERRORS: dict[int, type[ProviderError]] = {401: AuthenticationError, 400: ContextLengthError}
 
-
-#: cassette name -> {"request": passed, "response": passed}
-_results: dict[str, dict[str, bool]] = defaultdict(dict)
-
-
-class _PassCounts:
-    """Adds "anthropic: N of M cassettes pass" to the terminal summary."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not _results:
-            return
-        passed = sum(all(outcomes.values()) for outcomes in _results.values())
-        terminalreporter.section("Anthropic Messages replay")
-        terminalreporter.write_line(f"anthropic: {passed} of {len(_results)} cassettes pass")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pass_counts(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("agentloop-anthropic-replay-counts"):
-        manager.register(_PassCounts(), "agentloop-anthropic-replay-counts")
+_pass_counts = cassettes.pass_counts(__name__, "Anthropic Messages replay", "anthropic")
 
 
 @pytest.fixture(autouse=True)
 def _fixtures() -> None:
     cassettes.require_fixtures()
-
-
-@pytest.fixture
-def outcome(request: pytest.FixtureRequest) -> Any:
-    """Marks this cassette's test (request or response) failed until it reaches the end."""
-    name = request.node.callspec.params["name"]
-    kind = "request" if "request" in request.node.originalname else "response"
-    _results[name][kind] = False
-
-    def passed() -> None:
-        _results[name][kind] = True
-
-    return passed
 
 
 def test_the_anthropic_cassettes_are_there() -> None:
@@ -170,7 +136,7 @@ def interactions(name: str) -> list[cassettes.Interaction]:
 
 # -- 1. the request we build is the recorded one ---------------------------------------------
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
-def test_request_matches_recording(name: str, outcome: Any) -> None:
+def test_request_matches_recording(name: str) -> None:
     provider = AnthropicProvider(api_key="test-key")
     recorded = interactions(name)
     assert recorded
@@ -181,23 +147,13 @@ def test_request_matches_recording(name: str, outcome: Any) -> None:
         built = provider.build_body(request, stream=body["stream"])
 
         assert built == expected_body(body)
-    outcome()
 
 
 # -- 2. the recorded answers parse into the right response -----------------------------------
-def _sse_payloads(text: str) -> list[dict[str, Any]]:
-    """The JSON payloads of a recorded SSE body (an independent, simple reading)."""
-    payloads = []
-    for line in text.splitlines():
-        if line.startswith("data:"):
-            payloads.append(json.loads(line[len("data:") :]))
-    return payloads
-
-
 def _expected_from_stream(text: str) -> dict[str, Any]:
     content, usage, stop = [], {}, None
     calls: dict[int, dict[str, Any]] = {}
-    for payload in _sse_payloads(text):
+    for payload in cassettes.sse_data(text):
         kind = payload["type"]
         if kind == "message_start":
             usage.update(payload["message"]["usage"])
@@ -239,7 +195,7 @@ FINISH = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
 
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
-def test_response_parses_like_the_recording(name: str, outcome: Any) -> None:
+def test_response_parses_like_the_recording(name: str) -> None:
     cassette = cassettes.load(name)
     provider = AnthropicProvider(api_key="test-key", transport=cassette.transport())
 
@@ -284,4 +240,3 @@ def test_response_parses_like_the_recording(name: str, outcome: Any) -> None:
 
     sent = cassette.sent_bodies()
     assert sent == [expected_body(i.request_body) for i in interactions(name)]
-    outcome()

@@ -35,7 +35,7 @@ from agentloop.providers.batches import batch_api
 from agentloop.providers.catalog import price_of
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.openai_responses import OpenAIResponsesProvider
-from tests.providers.cassettes import Cassette, load, names, require_fixtures
+from tests.providers.cassettes import Cassette, names, pass_counts, require_fixtures
 
 pytestmark = pytest.mark.django_db
 
@@ -59,44 +59,16 @@ def vendor_of(name: str) -> str:
 
 
 @pytest.fixture
-def replay(request: pytest.FixtureRequest):
+def replay(request: pytest.FixtureRequest, replaying):
     """The cassette of the test's id, its vendor's provider registered over it."""
     name = request.node.callspec.params["name"]
-    cassette = load(name)
     provider_name, provider_class, model = VENDORS[vendor_of(name)]
-    providers.register(
-        provider_name, provider_class(api_key="test-key", transport=cassette.transport())
-    )
-    yield cassette, f"{provider_name}:{model}"
-    providers.unregister(provider_name)
+    cassette = replaying(name, provider_class, register_as=provider_name)
+    return cassette, f"{provider_name}:{model}"
 
 
-class _PassCounts:
-    """Adds "batches: N of M cassettes pass" to the terminal summary (a cassette passes when
-    every test of it passed)."""
-
-    def __init__(self) -> None:
-        self.results: dict[str, bool] = {}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if "test_batch_replay.py::" not in report.nodeid or "[" not in report.nodeid:
-            return
-        name = report.nodeid.rpartition("[")[2].rstrip("]")
-        failed = report.failed or (report.when == "call" and report.skipped)
-        self.results[name] = self.results.get(name, True) and not failed
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.results:
-            passed = sum(self.results.values())
-            terminalreporter.section("Batch replay")
-            terminalreporter.write_line(f"batches: {passed} of {len(self.results)} cassettes pass")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pass_counts(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("agentloop-batch-replay-counts"):
-        manager.register(_PassCounts(), "agentloop-batch-replay-counts")
+# "batches: N of M cassettes pass" (a cassette passes when every test of it passed)
+_pass_counts = pass_counts(__name__, "Batch replay", "batches")
 
 
 def test_the_batch_cassettes_are_there():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import httpx
@@ -14,7 +13,6 @@ import pytest
 from django.test import override_settings
 from pydantic import BaseModel, Field
 
-from agentloop import providers
 from agentloop.exceptions import (
     AuthenticationError,
     BadRequestError,
@@ -45,7 +43,27 @@ from agentloop.providers.gemini import (
     gemini_schema,
 )
 from agentloop.tools import tool
-from tests.providers import cassettes
+from tests.providers.cassettes import (
+    ask_both,
+    assert_two_complete_rounds,
+    stream_both,
+    weather_chat,
+)
+from tests.providers.wire import (
+    Recorder,
+    an_empty_answer_between_questions,
+    an_invalid_call_answered,
+    answering,
+    as_message,
+    cancelling,
+    event_stream,
+    read_timeout,
+    registered,
+    resolved,
+    shown,
+    system_messages_around_a_question,
+    two_results_then_a_question,
+)
 from tests.tools import RecordedWeather
 
 MODEL = "gemini-2.5-flash"
@@ -57,27 +75,9 @@ STREAM_URL = (
 
 
 # -- helpers -------------------------------------------------------------------------------
-class Recorder:
-    """A MockTransport handler answering from a list, keeping what was sent."""
-
-    def __init__(self, *responses: httpx.Response | Callable[[httpx.Request], Any]) -> None:
-        self.responses = list(responses)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.responses.pop(0)
-        return answer(request) if callable(answer) else answer
-
-    @property
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(request.content) for request in self.requests]
-
-
 def make(*responses: Any, **options: Any) -> tuple[GeminiProvider, Recorder]:
-    recorder = Recorder(*responses)
     options.setdefault("api_key", KEY)
-    return GeminiProvider(transport=httpx.MockTransport(recorder), **options), recorder
+    return answering(GeminiProvider, *responses, **options)
 
 
 def usage(prompt: int = 10, output: int = 5, **more: int) -> dict[str, int]:
@@ -107,8 +107,7 @@ def answer(*parts: dict[str, Any], finish: str = "STOP", **fields: Any) -> httpx
 
 
 def sse(*chunks: dict[str, Any]) -> httpx.Response:
-    text = "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+    return event_stream("".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks))
 
 
 def call_part(name: str, args: Any, signature: str | None = None, **call: Any) -> dict[str, Any]:
@@ -229,10 +228,7 @@ def test_a_missing_key_fails_at_request_time_naming_the_setting(monkeypatch) -> 
 
 
 def test_the_builtin_name_and_gemini_ids_resolve_to_this_provider() -> None:
-    try:
-        provider, model = providers.resolve(MODEL)
-    finally:
-        providers.forget_configured()
+    provider, model = resolved(MODEL)
 
     assert isinstance(provider, GeminiProvider)
     assert (provider.name, model) == ("gemini", MODEL)
@@ -247,16 +243,8 @@ def test_the_key_never_appears_in_the_repr() -> None:
 # -- request mapping -----------------------------------------------------------------------
 def test_system_messages_anywhere_become_the_system_instruction_in_order() -> None:
     provider, _ = make()
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="system", content="Be brief."),
-            Message(role="user", content="Hi"),
-            Message(role="system", content="Answer in French."),
-        ],
-    )
 
-    body = provider.build_body(request, stream=False)
+    body = provider.build_body(system_messages_around_a_question(MODEL), stream=False)
 
     assert body["systemInstruction"] == {
         "parts": [{"text": "Be brief."}, {"text": "Answer in French."}]
@@ -267,27 +255,7 @@ def test_system_messages_anywhere_become_the_system_instruction_in_order() -> No
 
 def test_a_rounds_results_share_one_user_content_with_errors_under_the_error_key() -> None:
     provider, _ = make()
-    calls = [
-        ToolCall(id="call_a", name="weather", arguments={"city": "Paris"}),
-        ToolCall(id="call_b", name="weather", arguments={"city": "Rome"}),
-    ]
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Weather?"),
-            Message(role="assistant", content="Checking.", tool_calls=calls),
-            Message(role="tool", tool_call_id="call_a", tool_name="weather", content="sunny"),
-            Message(
-                role="tool",
-                tool_call_id="call_b",
-                tool_name="weather",
-                content="boom",
-                is_error=True,
-            ),
-            Message(role="user", content="And tomorrow?"),
-        ],
-        tools=[WEATHER],
-    )
+    request = two_results_then_a_question(MODEL, ("call_a", "call_b"), [WEATHER])
 
     contents = provider.build_body(request, stream=False)["contents"]
 
@@ -339,16 +307,10 @@ def test_a_result_without_a_tool_name_takes_the_calls_name() -> None:
 
 def test_an_empty_assistant_answer_is_left_out() -> None:
     provider, _ = make()
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Hi"),
-            Message(role="assistant", content=""),
-            Message(role="user", content="Hello?"),
-        ],
-    )
 
-    contents = provider.build_body(request, stream=False)["contents"]
+    contents = provider.build_body(an_empty_answer_between_questions(MODEL), stream=False)[
+        "contents"
+    ]
 
     assert contents == [{"role": "user", "parts": [{"text": "Hi"}, {"text": "Hello?"}]}]
 
@@ -356,20 +318,7 @@ def test_an_empty_assistant_answer_is_left_out() -> None:
 def test_a_call_with_invalid_arguments_is_sent_back_with_empty_args() -> None:
     provider, _ = make()
     call = ToolCall(id="call_1", name="weather", provider_data={INVALID_ARGUMENTS: "{oops"})
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Hi"),
-            Message(role="assistant", tool_calls=[call]),
-            Message(
-                role="tool",
-                tool_call_id="call_1",
-                tool_name="weather",
-                content="Invalid arguments",
-                is_error=True,
-            ),
-        ],
-    )
+    request = an_invalid_call_answered(MODEL, call, tool_name="weather")
 
     contents = provider.build_body(request, stream=False)["contents"]
 
@@ -740,12 +689,7 @@ def test_thought_parts_stay_out_of_the_text_and_go_back_as_received() -> None:
         answer({"text": "Sunny."}),
     )
     first = provider.request(ask("Weather in Paris?", tools=[WEATHER]))
-    assistant = Message(
-        role="assistant",
-        content=first.content,
-        tool_calls=first.tool_calls,
-        provider_data=first.provider_data,
-    )
+    assistant = as_message(first)
     result = Message(
         role="tool", tool_call_id=first.tool_calls[0].id, tool_name="weather", content="sunny"
     )
@@ -850,12 +794,8 @@ def test_an_exception_from_on_chunk_stops_the_stream() -> None:
     provider, _ = make(sse(chunk({"text": "a"}), chunk({"text": "b"}), chunk(finish="STOP")))
     seen: list[Any] = []
 
-    def cancel(piece: Any) -> None:
-        seen.append(piece)
-        raise CancelledError()
-
     with pytest.raises(CancelledError):
-        provider.request(ask(), on_chunk=cancel)
+        provider.request(ask(), on_chunk=cancelling(seen))
 
     assert seen == [TextDelta(text="a")]
 
@@ -890,9 +830,7 @@ def test_an_error_status_on_a_stream_request_maps_too() -> None:
 
 
 def test_malformed_stream_data_is_an_invalid_response() -> None:
-    provider, _ = make(
-        httpx.Response(200, headers={"content-type": "text/event-stream"}, text="data: {oops\n\n")
-    )
+    provider, _ = make(event_stream("data: {oops\n\n"))
 
     with pytest.raises(InvalidResponseError):
         provider.request(ask(), on_chunk=ignore)
@@ -987,10 +925,7 @@ def test_an_error_object_in_place_of_an_answer_maps_by_its_code() -> None:
 
 
 def test_a_read_timeout_is_a_provider_timeout() -> None:
-    def slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("timed out", request=request)
-
-    provider, _ = make(slow)
+    provider, _ = make(read_timeout)
 
     with pytest.raises(ProviderTimeout):
         provider.request(ask())
@@ -1002,9 +937,8 @@ def test_the_key_never_appears_in_errors() -> None:
     with pytest.raises(AuthenticationError) as caught:
         provider.request(ask())
 
-    shown = " ".join([str(caught.value), repr(caught.value), caught.value.body or ""])
-    assert KEY not in shown
-    assert "[redacted]" in shown
+    assert KEY not in shown(caught.value)
+    assert "[redacted]" in shown(caught.value)
 
 
 def test_the_key_never_appears_in_mid_stream_errors() -> None:
@@ -1014,39 +948,24 @@ def test_the_key_never_appears_in_mid_stream_errors() -> None:
     with pytest.raises(ServerError) as caught:
         provider.request(ask(), on_chunk=ignore)
 
-    assert KEY not in " ".join([str(caught.value), repr(caught.value), caught.value.body or ""])
+    assert KEY not in shown(caught.value)
 
 
 # -- end to end: persisted chats -------------------------------------------------------------
-@pytest.fixture
-def recorded() -> Iterator[Callable[[str], cassettes.Cassette]]:
-    """Registers a GeminiProvider serving a cassette's answers as "gemini"."""
-
-    def use(name: str) -> cassettes.Cassette:
-        cassette = cassettes.load(name)
-        provider = GeminiProvider(api_key="test-key", transport=cassette.transport())
-        providers.register("gemini", provider)
-        return cassette
-
-    yield use
-    providers.unregister("gemini")
-
-
 def without_empty_config(body: dict[str, Any]) -> dict[str, Any]:
     """A recorded body less RubyLLM's empty generationConfig (see test_gemini_replay)."""
     return {key: value for key, value in body.items() if value != {}}
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(recorded, user) -> None:
-    cassette = recorded(
-        "chat_function_calling_gemini_gemini-2_5-flash_can_use_tools_in_multi-turn_conversations"
+def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(replaying, user) -> None:
+    cassette = replaying(
+        "chat_function_calling_gemini_gemini-2_5-flash_can_use_tools_in_multi-turn_conversations",
+        GeminiProvider,
     )
-    chat = Chat.objects.create(model=f"gemini:{MODEL}", owner=user)
-    chat.with_tools(RecordedWeather)
+    chat = weather_chat(f"gemini:{MODEL}", user)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)")
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)")
+    first, second = ask_both(chat)
 
     assert first.content == "The weather in Berlin is 15°C, with wind at 10 km/h."
     assert second.content == "The weather in Paris is 15°C, with wind at 10 km/h."
@@ -1079,17 +998,14 @@ def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_traffic(recorded, u
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(recorded, user) -> None:
-    cassette = recorded(
-        "chat_function_calling_gemini_gemini-2_5-flash_can_use_tools_with_multi-turn_streaming_conversations"
+def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(replaying, user) -> None:
+    cassette = replaying(
+        "chat_function_calling_gemini_gemini-2_5-flash_can_use_tools_with_multi-turn_streaming_conversations",
+        GeminiProvider,
     )
-    chat = Chat.objects.create(model=f"gemini:{MODEL}", owner=user)
-    chat.with_tools(RecordedWeather)
-    first_chunks: list[Any] = []
-    second_chunks: list[Any] = []
+    chat = weather_chat(f"gemini:{MODEL}", user)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)", stream=first_chunks.append)
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)", stream=second_chunks.append)
+    (first, first_chunks), (second, second_chunks) = stream_both(chat)
 
     assert first.content == "The weather in Berlin is 15°C with a wind of 10 km/h."
     assert second.content == "The weather in Paris is 15°C with a wind of 10 km/h."
@@ -1097,9 +1013,7 @@ def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_traffic(recorded
         streamed = "".join(c.text for c in chunks if isinstance(c, TextDelta))
         assert streamed == answer_row.content
         assert sum(isinstance(c, ToolCallDelta) for c in chunks) == 1
-    rows = list(chat.messages.order_by("id"))
-    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
-    assert all(m.status == "complete" for m in rows)
+    rows = assert_two_complete_rounds(chat)
     assert [c.name for m in rows for c in m.tool_calls.all()] == ["weather", "weather"]
     assert Usage.objects.filter(status="succeeded").count() == 4
     assert cassette.sent_bodies() == [
@@ -1113,13 +1027,9 @@ def test_invalid_arguments_become_an_error_result_the_model_sees(user) -> None:
         answer(call_part("weather", '{"latitude": "52.52", ', signature="sig-x")),
         answer({"text": "Sorry."}),
     )
-    providers.register("gemini", provider)
-    try:
-        chat = Chat.objects.create(model=f"gemini:{MODEL}", owner=user)
-        chat.with_tools(RecordedWeather)
+    with registered("gemini", provider):
+        chat = weather_chat(f"gemini:{MODEL}", user)
         chat.ask("Weather in Berlin?")
-    finally:
-        providers.unregister("gemini")
 
     result = chat.messages.get(role="tool")
     assert result.is_error
@@ -1143,12 +1053,9 @@ def test_a_chat_retries_a_rate_limit_after_the_retry_info_delay(user) -> None:
         error(429, "RESOURCE_EXHAUSTED", "Quota exceeded.", retry_now),
         answer({"text": "Hello!"}),
     )
-    providers.register("gemini", provider)
-    try:
+    with registered("gemini", provider):
         chat = Chat.objects.create(model=f"gemini:{MODEL}", owner=user)
         reply = chat.ask("Hi")
-    finally:
-        providers.unregister("gemini")
 
     assert reply.content == "Hello!"
     assert len(recorder.requests) == 2

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 from contextlib import nullcontext
-from functools import cache
 from typing import Any
 
 import pytest
@@ -44,22 +43,14 @@ from agentloop.messages import (
     ToolDefinition,
 )
 from agentloop.providers.gemini import CALL_ID, PARTS_KEY, SIGNATURE, GeminiProvider
-from tests.providers.cassettes import Cassette, Interaction, load, names, require_fixtures
+from tests.providers import cassettes
+from tests.providers.cassettes import Interaction, cached, names, require_fixtures, sse_data
+from tests.providers.wire import as_message
 
 CASSETTES = [name for name in names("gemini_gemini-2_5-flash") if not name.startswith("batch_")]
 BASE = "https://generativelanguage.googleapis.com/v1beta/models/"
 #: the error each recorded error answer must raise
 ERRORS: dict[int, type[ProviderError]] = {400: AuthenticationError, 429: RateLimitError}
-
-
-@cache
-def cassette(name: str) -> Cassette:
-    return load(name)
-
-
-def provider_for(*interactions: Interaction) -> tuple[GeminiProvider, Cassette]:
-    replay = Cassette("replay", list(interactions))
-    return GeminiProvider(api_key="test-key", transport=replay.transport()), replay
 
 
 def is_stream(interaction: Interaction) -> bool:
@@ -217,17 +208,9 @@ def expected_body(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- what a recorded answer says, read independently of the provider --------------------------
-def sse_payloads(text: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(line[len("data:") :])
-        for line in text.splitlines()
-        if line.startswith("data:") and line[len("data:") :].strip()
-    ]
-
-
 def recorded_chunks(interaction: Interaction) -> list[dict[str, Any]]:
     if interaction.is_stream:
-        return sse_payloads(interaction.response_text)
+        return sse_data(interaction.response_text)
     return [interaction.response_json()]
 
 
@@ -261,34 +244,9 @@ def recorded_usage(interaction: Interaction) -> dict[str, Any]:
     return [c["usageMetadata"] for c in recorded_chunks(interaction) if "usageMetadata" in c][-1]
 
 
-class _PassCounts:
-    """Adds "gemini: N of M cassettes pass" to the terminal summary.
-
-    A cassette passes when every test of it (request, URL, response, round trip) passed.
-    """
-
-    def __init__(self) -> None:
-        self.results: dict[str, bool] = {}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if f"{__name__.rpartition('.')[2]}.py::" not in report.nodeid or "[" not in report.nodeid:
-            return
-        name = report.nodeid.rpartition("[")[2].rstrip("]")
-        failed = report.failed or (report.when == "call" and report.skipped)
-        self.results[name] = self.results.get(name, True) and not failed
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.results:
-            passed = sum(self.results.values())
-            terminalreporter.section("Gemini replay")
-            terminalreporter.write_line(f"gemini: {passed} of {len(self.results)} cassettes pass")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pass_counts(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("agentloop-gemini-replay-counts"):
-        manager.register(_PassCounts(), "agentloop-gemini-replay-counts")
+# "gemini: N of M cassettes pass": every test of a cassette (request, URL, response, round
+# trip) passed.
+_pass_counts = cassettes.pass_counts(__name__, "Gemini replay", "gemini")
 
 
 def test_recorded_traffic_is_present():
@@ -300,7 +258,7 @@ def test_recorded_traffic_is_present():
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_body_matches_the_recording(name):
     provider = GeminiProvider(api_key="test-key")
-    for interaction in cassette(name).interactions:
+    for interaction in cached(name).interactions:
         request = to_request(interaction)
 
         built = provider.build_body(request, stream=request.stream)
@@ -310,8 +268,8 @@ def test_request_body_matches_the_recording(name):
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_goes_to_the_recorded_url_with_the_key_header(name):
-    interactions = cassette(name).interactions
-    provider, replay = provider_for(*interactions)
+    interactions = cached(name).interactions
+    provider, replay = cassettes.serve(GeminiProvider, *interactions)
     for interaction in interactions:
         request = to_request(interaction)
         on_chunk = (lambda chunk: None) if request.stream else None
@@ -328,16 +286,12 @@ def test_request_goes_to_the_recorded_url_with_the_key_header(name):
 
 # -- 2. the response ------------------------------------------------------------------------
 def replay_response(interaction: Interaction) -> tuple[ModelResponse, list[Any]]:
-    provider, _ = provider_for(interaction)
-    request = to_request(interaction)
-    chunks: list[Any] = []
-    response = provider.request(request, on_chunk=chunks.append if request.stream else None)
-    return response, chunks
+    return cassettes.replay(GeminiProvider, interaction, to_request(interaction))
 
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_recorded_response_parses(name):
-    for interaction in cassette(name).interactions:
+    for interaction in cached(name).interactions:
         if interaction.status >= 400:
             with pytest.raises(ERRORS[interaction.status]) as raised:
                 replay_response(interaction)
@@ -398,17 +352,11 @@ def assert_chunks_match(interaction: Interaction, chunks: list[Any], response: M
 # -- 3. the round trip: a parsed answer -> the next recorded request -----------------------------
 def follow_ups(name: str) -> list[int]:
     """Indexes k whose answer the recorded request k+1 carries right after request k's."""
+    interactions = cached(name).interactions
     found = []
-    interactions = cassette(name).interactions
-    for k in range(len(interactions) - 1):
-        before = interactions[k].request_body["contents"]
-        after = interactions[k + 1].request_body["contents"]
-        if (
-            interactions[k].status == 200
-            and len(after) > len(before)
-            and after[: len(before)] == before
-            and after[len(before)]["role"] == "model"
-        ):
+    for k in cassettes.continued(interactions, "contents"):
+        answer_turn = len(interactions[k].request_body["contents"])
+        if interactions[k + 1].request_body["contents"][answer_turn]["role"] == "model":
             found.append(k)
     return found
 
@@ -430,17 +378,11 @@ def expected_model_turn(sent: dict[str, Any], answer: Interaction) -> dict[str, 
 
 @pytest.mark.parametrize("name", ROUND_TRIPS, ids=ROUND_TRIPS)
 def test_parsed_answer_becomes_the_next_recorded_model_turn(name):
-    interactions = cassette(name).interactions
+    interactions = cached(name).interactions
     for k in follow_ups(name):
         response, _ = replay_response(interactions[k])
-        answer = Message(
-            role="assistant",
-            content=response.content,
-            tool_calls=response.tool_calls,
-            provider_data=response.provider_data,
-        )
         earlier = to_request(interactions[k])
-        request = earlier.model_copy(update={"messages": [*earlier.messages, answer]})
+        request = earlier.model_copy(update={"messages": [*earlier.messages, as_message(response)]})
 
         body = GeminiProvider(api_key="test-key").build_body(request, stream=False)
 
@@ -455,7 +397,7 @@ def test_parsed_answer_becomes_the_next_recorded_model_turn(name):
 def test_a_copied_signature_is_the_only_round_trip_difference():
     """Difference 3 is real in exactly one cassette, and only on the second call."""
     name = "chat_function_calling_gemini_gemini-2_5-flash_can_use_parallel_tool_calls"
-    first, second = cassette(name).interactions[:2]
+    first, second = cached(name).interactions[:2]
     received = [p for p in recorded_parts(first) if "functionCall" in p]
     sent = [p for p in second.request_body["contents"][1]["parts"] if "functionCall" in p]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from agentloop.messages import (
     ToolCallDelta,
     ToolDefinition,
 )
-from agentloop.models import Chat, Usage
+from agentloop.models import Usage
 from agentloop.providers.common import INVALID_ARGUMENTS
 from agentloop.providers.openai import (
     OllamaProvider,
@@ -45,9 +44,24 @@ from agentloop.providers.openai import (
     strict_json_schema,
 )
 from tests import test_docs
-from tests.providers import cassettes
-from tests.providers.wire import Recorder
-from tests.tools import RecordedWeather
+from tests.providers.cassettes import (
+    ask_both,
+    assert_claude_answered_both,
+    assert_each_answer_was_streamed,
+    assert_two_complete_rounds,
+    stream_both,
+    weather_chat,
+)
+from tests.providers.wire import (
+    Recorder,
+    an_invalid_call_answered,
+    answering,
+    cancelling,
+    event_stream,
+    read_timeout,
+    shown,
+)
+from tests.providers.wire import openai_error as error
 
 MODEL = "gpt-4.1-mini"
 KEY = "sk-proj-secretsecretsecret1234"
@@ -57,9 +71,8 @@ KEY = "sk-proj-secretsecretsecret1234"
 def make(
     *responses: Any, provider_class: type[OpenAIProvider] = OpenAIProvider, **options: Any
 ) -> tuple[OpenAIProvider, Recorder]:
-    recorder = Recorder(*responses)
     options.setdefault("api_key", KEY)
-    return provider_class(transport=httpx.MockTransport(recorder), **options), recorder
+    return answering(provider_class, *responses, **options)
 
 
 def completion(
@@ -99,17 +112,11 @@ def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extr
 
 
 def sse(*data: str) -> httpx.Response:
-    text = "".join(f"data: {item}\n\n" for item in data)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
+    return event_stream("".join(f"data: {item}\n\n" for item in data))
 
 
 def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
     return ModelRequest(model=MODEL, messages=[Message(role="user", content=text)], **fields)
-
-
-def error(status: int, message: str, code: str | None = None, **headers: str) -> httpx.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    return httpx.Response(status, json=body, headers=headers)
 
 
 WEATHER = ToolDefinition(
@@ -321,16 +328,8 @@ def test_a_call_with_invalid_arguments_is_sent_back_with_empty_arguments() -> No
     call = ToolCall(
         id="call_1", name="weather", arguments={}, provider_data={INVALID_ARGUMENTS: '{"city":'}
     )
-    request = ModelRequest(
-        model=MODEL,
-        messages=[
-            Message(role="user", content="Hi"),
-            Message(role="assistant", tool_calls=[call]),
-            Message(role="tool", content="Invalid arguments", tool_call_id="call_1", is_error=True),
-        ],
-    )
 
-    body = provider.build_body(request, stream=False)
+    body = provider.build_body(an_invalid_call_answered(MODEL, call), stream=False)
 
     assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == "{}"
 
@@ -755,12 +754,8 @@ def test_an_exception_from_on_chunk_stops_the_stream() -> None:
     )
     seen: list[Any] = []
 
-    def cancel_after_first(piece: Any) -> None:
-        seen.append(piece)
-        raise CancelledError()
-
     with pytest.raises(CancelledError):
-        provider.request(ask(), on_chunk=cancel_after_first)
+        provider.request(ask(), on_chunk=cancelling(seen))
 
     assert seen == [TextDelta(text="one")]
 
@@ -870,10 +865,7 @@ def test_an_answer_without_choices_is_an_invalid_response() -> None:
 
 
 def test_a_read_timeout_is_a_provider_timeout() -> None:
-    def too_slow(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("timed out", request=request)
-
-    provider, _ = make(too_slow)
+    provider, _ = make(read_timeout)
 
     with pytest.raises(ProviderTimeout) as caught:
         provider.request(ask())
@@ -888,9 +880,8 @@ def test_the_key_never_appears_in_errors() -> None:
     with pytest.raises(AuthenticationError) as caught:
         provider.request(ask())
 
-    shown = " ".join([str(caught.value), repr(caught.value), caught.value.body or ""])
-    assert KEY not in shown
-    assert "[redacted]" in shown
+    assert KEY not in shown(caught.value)
+    assert "[redacted]" in shown(caught.value)
 
 
 def test_the_key_never_appears_in_an_in_stream_error() -> None:
@@ -899,31 +890,10 @@ def test_the_key_never_appears_in_an_in_stream_error() -> None:
     with pytest.raises(AuthenticationError) as caught:
         provider.request(ask(), on_chunk=lambda chunk: None)
 
-    assert KEY not in " ".join([str(caught.value), repr(caught.value), caught.value.body or ""])
+    assert KEY not in shown(caught.value)
 
 
 # -- end to end: persisted chats over recorded wire data ---------------------------------------
-@pytest.fixture
-def recorded(monkeypatch) -> Iterator[Callable[[str, type[OpenAIProvider]], cassettes.Cassette]]:
-    """Registers a provider serving a cassette's answers under its built-in name."""
-    monkeypatch.delenv("OLLAMA_API_KEY", raising=False)
-    names: list[str] = []
-
-    def use(name: str, provider_class: type[OpenAIProvider]) -> cassettes.Cassette:
-        cassette = cassettes.load(name)
-        key = None if provider_class is OllamaProvider else "test-key"
-        provider_name = provider_class.name
-        providers.register(
-            provider_name, provider_class(api_key=key, transport=cassette.transport())
-        )
-        names.append(provider_name)
-        return cassette
-
-    yield use
-    for name in names:
-        providers.unregister(name)
-
-
 def as_recorded(body: dict[str, Any]) -> dict[str, Any]:
     """A recorded body less what we deliberately send differently (see the replay test)."""
     body = copy.deepcopy(body)
@@ -943,38 +913,21 @@ def as_sent(body: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.django_db
 def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_openrouter_traffic(
-    recorded, user
+    replaying, user
 ) -> None:
-    cassette = recorded(
+    cassette = replaying(
         "chat_function_calling_openrouter_claude-haiku-4-5_can_use_tools_in_multi-turn_conversations",
         OpenRouterProvider,
     )
-    chat = Chat.objects.create(model="openrouter:anthropic/claude-haiku-4.5", owner=user)
-    chat.with_tools(RecordedWeather)
+    chat = weather_chat("openrouter:anthropic/claude-haiku-4.5", user)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)")
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)")
+    answers = ask_both(chat)
 
-    assert first.content.startswith("The current weather in Berlin is:")
-    assert second.content.startswith("The current weather in Paris is:")
-    rows = list(chat.messages.order_by("id"))
-    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
-    calls = [(c.call_id, c.name, c.arguments, c.state) for m in rows for c in m.tool_calls.all()]
-    assert calls == [
-        (
-            "toolu_bdrk_01Xvsi91KkVGwV6RFPx7YrSh",
-            "weather",
-            {"latitude": "52.5200", "longitude": "13.4050"},
-            "succeeded",
-        ),
-        (
-            "toolu_bdrk_01RmihE7z579kRPYYnJPwM6h",
-            "weather",
-            {"latitude": "48.8575", "longitude": "2.3514"},
-            "succeeded",
-        ),
-    ]
-    assert rows[2].content == "Current weather at 52.5200, 13.4050: 15°C, Wind: 10 km/h"
+    rows = assert_claude_answered_both(
+        chat,
+        answers,
+        ("toolu_bdrk_01Xvsi91KkVGwV6RFPx7YrSh", "toolu_bdrk_01RmihE7z579kRPYYnJPwM6h"),
+    )
     assert rows[1].finish_reason == "tool_calls"
     assert [
         (u.provider, u.status, u.input_tokens, u.output_tokens)
@@ -993,26 +946,20 @@ def test_a_persisted_chat_runs_two_tool_rounds_over_recorded_openrouter_traffic(
 
 @pytest.mark.django_db
 def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_ollama_traffic(
-    recorded, user
+    replaying, user, monkeypatch
 ) -> None:
-    cassette = recorded(
+    monkeypatch.delenv("OLLAMA_API_KEY", raising=False)
+    cassette = replaying(
         "chat_function_calling_ollama_qwen3_can_use_tools_with_multi-turn_streaming_conversations",
         OllamaProvider,
+        api_key=None,  # a local server needs no key
     )
-    chat = Chat.objects.create(model="ollama:qwen3", owner=user)
-    chat.with_tools(RecordedWeather).with_provider_options(enable_thinking=False)
-    first_chunks: list[Any] = []
-    second_chunks: list[Any] = []
+    chat = weather_chat("ollama:qwen3", user).with_provider_options(enable_thinking=False)
 
-    first = chat.ask("What's the weather in Berlin? (52.5200, 13.4050)", stream=first_chunks.append)
-    second = chat.ask("What's the weather in Paris? (48.8575, 2.3514)", stream=second_chunks.append)
+    answers = stream_both(chat)
 
-    for answer, chunks in ((first, first_chunks), (second, second_chunks)):
-        assert answer.content == "".join(c.text for c in chunks if isinstance(c, TextDelta))
-        assert sum(isinstance(c, ToolCallDelta) and c.id is not None for c in chunks) == 1
-    rows = list(chat.messages.order_by("id"))
-    assert [m.role for m in rows] == ["user", "assistant", "tool", "assistant"] * 2
-    assert all(m.status == "complete" for m in rows)
+    assert_each_answer_was_streamed(answers)
+    rows = assert_two_complete_rounds(chat)
     assert [c.call_id for m in rows for c in m.tool_calls.all()] == [
         "call_blqyt530",
         "call_velv45o4",

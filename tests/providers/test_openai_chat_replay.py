@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -41,7 +40,7 @@ from agentloop.messages import (
 )
 from agentloop.providers.openai import OllamaProvider, OpenAIProvider, OpenRouterProvider
 
-from .cassettes import Cassette, Interaction, load, names, require_fixtures
+from .cassettes import Cassette, Interaction, load, names, pass_counts, require_fixtures, sse_data
 
 PROVIDERS: dict[str, type[OpenAIProvider]] = {
     "openrouter_claude-haiku-4-5": OpenRouterProvider,
@@ -69,28 +68,13 @@ WIRE_FIELDS = {
     "response_format",
 }
 
-_results: dict[str, dict[str, bool]] = defaultdict(dict)
+
+def provider_name(cassette_name: str) -> str:
+    return next(cls.name for part, cls in PROVIDERS.items() if part in cassette_name)
 
 
-class _PassCounts:
-    """Adds "<provider>: N of M cassettes pass" to the terminal summary."""
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not _results:
-            return
-        terminalreporter.section("Chat Completions replay")
-        for part, outcomes in _results.items():
-            terminalreporter.write_line(
-                f"{PROVIDERS[part].name}: {sum(outcomes.values())} of {len(outcomes)} "
-                "cassettes pass"
-            )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pass_counts(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("agentloop-openai-chat-replay-counts"):
-        manager.register(_PassCounts(), "agentloop-openai-chat-replay-counts")
+# "<provider>: N of M cassettes pass" (an xfail does not pass)
+_pass_counts = pass_counts(__name__, "Chat Completions replay", provider_name)
 
 
 # -- the reverse mapper: a recorded body back into our ModelRequest -----------------------------
@@ -222,10 +206,7 @@ def recorded_answer(interaction: Interaction) -> dict[str, Any]:
     text = ""
     usage: dict[str, Any] = {}
     partial: dict[int, dict[str, Any]] = {}
-    for line in interaction.response_text.splitlines():
-        if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-            continue
-        chunk = json.loads(line[5:])
+    for chunk in sse_data(interaction.response_text):
         usage = chunk.get("usage") or usage
         for choice in chunk["choices"]:
             text += choice["delta"].get("content") or ""
@@ -283,7 +264,6 @@ def test_cassette(name: str, part: str, monkeypatch: pytest.MonkeyPatch) -> None
     """Our request matches the recorded one, and the recorded answer parses as recorded."""
     monkeypatch.delenv("OLLAMA_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    _results[part][name] = False
     cassette = load(name)
     provider = make_provider(part, cassette)
     gaps: list[str] = []
@@ -346,4 +326,3 @@ def test_cassette(name: str, part: str, monkeypatch: pytest.MonkeyPatch) -> None
             "agentloop messages have no attachments, so this recorded request can't be "
             "rebuilt: " + "; ".join(gaps)
         )
-    _results[part][name] = True

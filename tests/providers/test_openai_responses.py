@@ -5,7 +5,6 @@ the end-to-end conversations)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -34,35 +33,28 @@ from agentloop.messages import (
     ToolDefinition,
 )
 from agentloop.models import Chat
-from agentloop.providers import register, unregister
 from agentloop.providers.common import INVALID_ARGUMENTS
 from agentloop.providers.openai_responses import OUTPUT_KEY, OpenAIResponsesProvider
-from tests.providers.cassettes import load
+from tests.providers.wire import (
+    Recorder,
+    cancelling,
+    event_stream,
+    read_timeout,
+    registered,
+    system_messages_around_a_question,
+)
+from tests.providers.wire import openai_error as error
 from tests.tools import RecordedWeather
 
 KEY = "sk-proj-responsesTESTKEY0123456789"
 
-Handler = Callable[[httpx.Request], httpx.Response]
 
-
-class Server:
-    """A MockTransport answering from a list of responses; keeps what it was sent."""
-
-    def __init__(self, *answers: httpx.Response | Handler) -> None:
-        self.answers = list(answers)
-        self.sent: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append(request)
-        answer = self.answers.pop(0)
-        return answer(request) if callable(answer) else answer
+class Server(Recorder):
+    """A Recorder making the provider that talks to it."""
 
     def provider(self, **options: Any) -> OpenAIResponsesProvider:
         options.setdefault("api_key", KEY)
-        return OpenAIResponsesProvider(transport=httpx.MockTransport(self), **options)
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(request.content) for request in self.sent]
+        return OpenAIResponsesProvider(transport=self.transport(), **options)
 
 
 def answer(*output: dict[str, Any], status: str = "completed", **extra: Any) -> dict[str, Any]:
@@ -115,13 +107,9 @@ def reasoning_item(secret: str) -> dict[str, Any]:
 
 
 def sse(*events: dict[str, Any]) -> httpx.Response:
-    text = "".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events)
-    return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=text)
-
-
-def error(status: int, message: str, code: str | None = None, **headers: str) -> httpx.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    return httpx.Response(status, json=body, headers=headers)
+    return event_stream(
+        "".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n" for event in events)
+    )
 
 
 def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
@@ -131,15 +119,7 @@ def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
 # -- the body ----------------------------------------------------------------------------
 def test_system_messages_anywhere_become_the_instructions():
     body = OpenAIResponsesProvider(api_key=KEY).build_body(
-        ModelRequest(
-            model="gpt-5-nano",
-            messages=[
-                Message(role="system", content="Be brief."),
-                Message(role="user", content="Hi"),
-                Message(role="system", content="Answer in French."),
-            ],
-        ),
-        stream=False,
+        system_messages_around_a_question("gpt-5-nano"), stream=False
     )
 
     assert body["instructions"] == "Be brief.\n\nAnswer in French."
@@ -427,11 +407,8 @@ def test_an_answer_without_output_is_an_invalid_response_error():
 
 
 def test_a_read_timeout_is_a_provider_timeout():
-    def hang(request: httpx.Request) -> httpx.Response:
-        raise httpx.ReadTimeout("timed out", request=request)
-
     with pytest.raises(ProviderTimeout):
-        Server(hang).provider().request(ask())
+        Server(read_timeout).provider().request(ask())
 
 
 def test_the_key_never_appears_in_errors_or_reprs():
@@ -468,8 +445,8 @@ def test_key_and_base_url_come_from_settings_under_the_registry_name():
     with override_settings(AGENTLOOP=settings):
         OpenAIResponsesProvider(transport=httpx.MockTransport(server)).request(ask())
 
-    assert str(server.sent[0].url) == "http://llm.test/v1/responses"
-    assert server.sent[0].headers["authorization"] == "Bearer from-settings"
+    assert str(server.requests[0].url) == "http://llm.test/v1/responses"
+    assert server.requests[0].headers["authorization"] == "Bearer from-settings"
 
 
 # -- streams -------------------------------------------------------------------------------
@@ -527,9 +504,7 @@ def test_a_stream_without_its_completed_event_is_interrupted():
 
 
 def test_malformed_stream_data_is_an_invalid_response_error():
-    broken = httpx.Response(
-        200, headers={"content-type": "text/event-stream"}, text="data: {oops\n\n"
-    )
+    broken = event_stream("data: {oops\n\n")
 
     with pytest.raises(InvalidResponseError):
         Server(broken).provider().request(ask(), on_chunk=lambda chunk: None)
@@ -558,42 +533,24 @@ def test_an_error_event_raises_the_matching_error():
 def test_an_exception_from_the_chunk_callback_stops_the_stream():
     seen: list[Any] = []
 
-    def cancel(chunk: Any) -> None:
-        seen.append(chunk)
-        raise CancelledError()
-
     with pytest.raises(CancelledError):
-        Server(sse(*stream_events())).provider().request(ask(), on_chunk=cancel)
+        Server(sse(*stream_events())).provider().request(ask(), on_chunk=cancelling(seen))
 
     assert seen == [TextDelta(text="Hel")]
 
 
 # -- persisted chats over recorded wire data ---------------------------------------------------
-@pytest.fixture
-def recorded():
-    """Registers "replay" as the provider, serving a cassette's responses in order."""
-    providers: list[str] = []
-
-    def serve(name: str):
-        cassette = load(name)
-        register(
-            "replay", OpenAIResponsesProvider(api_key="test-key", transport=cassette.transport())
-        )
-        providers.append("replay")
-        return cassette
-
-    yield serve
-    for name in providers:
-        unregister(name)
-
-
 def transcript(chat: Chat) -> list[tuple[str, str]]:
     return [(m.role, m.content) for m in chat.messages.order_by("id")]
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_does_a_two_round_tool_conversation(recorded, user):
-    cassette = recorded("chat_function_calling_openai_gpt-5-nano_can_use_tools")
+def test_a_persisted_chat_does_a_two_round_tool_conversation(replaying, user):
+    cassette = replaying(
+        "chat_function_calling_openai_gpt-5-nano_can_use_tools",
+        OpenAIResponsesProvider,
+        register_as="replay",
+    )
     question = "What's the weather in Berlin? (52.5200, 13.4050)"
     chat = Chat.objects.create(model="replay:gpt-5-nano", owner=user)
     chat.with_tools(RecordedWeather)
@@ -632,9 +589,11 @@ def test_a_persisted_chat_does_a_two_round_tool_conversation(recorded, user):
 
 
 @pytest.mark.django_db
-def test_a_persisted_chat_streams_a_multi_turn_tool_conversation(recorded, user):
-    cassette = recorded(
-        "chat_function_calling_openai_gpt-5-nano_can_use_tools_with_multi-turn_streaming_conversations"
+def test_a_persisted_chat_streams_a_multi_turn_tool_conversation(replaying, user):
+    cassette = replaying(
+        "chat_function_calling_openai_gpt-5-nano_can_use_tools_with_multi-turn_streaming_conversations",
+        OpenAIResponsesProvider,
+        register_as="replay",
     )
     chat = Chat.objects.create(model="replay:gpt-5-nano", owner=user)
     chat.with_tools(RecordedWeather)
@@ -663,19 +622,16 @@ def test_a_rate_limited_call_is_retried_after_the_servers_delay(user):
         error(429, "Rate limit reached", "rate_limit_exceeded", **{"retry-after": "0"}),
         httpx.Response(200, json=answer(text_item("Hello again"))),
     )
-    register("replay", server.provider(api_key="test-key"))
-    try:
+    with registered("replay", server.provider(api_key="test-key")):
         chat = Chat.objects.create(model="replay:gpt-5-nano", owner=user)
         reply = chat.ask("Hello")
-    finally:
-        unregister("replay")
 
     assert reply.content == "Hello again"
     assert list(chat.usage_records.order_by("id").values_list("status", flat=True)) == [
         "failed",
         "succeeded",
     ]
-    assert len(server.sent) == 2
+    assert len(server.requests) == 2
 
 
 @pytest.mark.django_db
@@ -684,17 +640,14 @@ def test_invalid_arguments_reach_the_model_as_an_error_result(user):
         httpx.Response(200, json=answer(call_item("call_1", "weather", '{"latitude": "52.52"'))),
         httpx.Response(200, json=answer(text_item("Sorry, let me retry."))),
     )
-    register("replay", server.provider(api_key="test-key"))
-    try:
+    with registered("replay", server.provider(api_key="test-key")):
         chat = Chat.objects.create(model="replay:gpt-5-nano", owner=user)
         chat.with_tools(RecordedWeather).ask("Weather in Berlin?")
-    finally:
-        unregister("replay")
 
     result = chat.messages.get(role="tool")
     assert result.is_error
     assert "Invalid arguments" in result.content
-    second = server.bodies()[1]["input"]
+    second = server.bodies[1]["input"]
     assert second[1] == {
         "type": "function_call",
         "call_id": "call_1",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 from contextlib import nullcontext
-from functools import cache
 from typing import Any
 
 import pytest
@@ -38,19 +37,11 @@ from agentloop.messages import (
     ToolDefinition,
 )
 from agentloop.providers.openai_responses import OUTPUT_KEY, OpenAIResponsesProvider
-from tests.providers.cassettes import Cassette, Interaction, load, names, require_fixtures
+from tests.providers import cassettes
+from tests.providers.cassettes import Interaction, cached, names, require_fixtures, sse_data
+from tests.providers.wire import as_message
 
 CASSETTES = [name for name in names("openai_gpt-5-nano") if not name.startswith("batch_")]
-
-
-@cache
-def cassette(name: str) -> Cassette:
-    return load(name)
-
-
-def provider_for(*interactions: Interaction) -> tuple[OpenAIResponsesProvider, Cassette]:
-    replay = Cassette("replay", list(interactions))
-    return OpenAIResponsesProvider(api_key="test-key", transport=replay.transport()), replay
 
 
 # -- the reverse mapper: a recorded body -> our ModelRequest ---------------------------------
@@ -162,21 +153,11 @@ def expected_strict(parameters: dict[str, Any]) -> bool:
 
 
 # -- what a recorded answer says, read independently of the provider --------------------------
-def sse_events(text: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(line[len("data:") :])
-        for line in text.splitlines()
-        if line.startswith("data:") and line[len("data:") :].strip() not in ("", "[DONE]")
-    ]
-
-
 def recorded_answer(interaction: Interaction) -> dict[str, Any]:
     """The final response object of a recorded 200 answer."""
     if not interaction.is_stream:
         return interaction.response_json()
-    terminal = [
-        e for e in sse_events(interaction.response_text) if e["type"] == "response.completed"
-    ]
+    terminal = [e for e in sse_data(interaction.response_text) if e["type"] == "response.completed"]
     assert len(terminal) == 1
     return terminal[0]["response"]
 
@@ -199,36 +180,9 @@ def recorded_calls(response: dict[str, Any]) -> list[tuple[str, str, dict[str, A
     ]
 
 
-class _PassCounts:
-    """Adds "openai-responses: N of M cassettes pass" to the terminal summary.
-
-    A cassette passes when every test of it (request, response, round trip) passed.
-    """
-
-    def __init__(self) -> None:
-        self.results: dict[str, bool] = {}
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if f"{__name__.rpartition('.')[2]}.py::" not in report.nodeid or "[" not in report.nodeid:
-            return
-        name = report.nodeid.rpartition("[")[2].rstrip("]")
-        failed = report.failed or (report.when == "call" and report.skipped)
-        self.results[name] = self.results.get(name, True) and not failed
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.results:
-            passed = sum(self.results.values())
-            terminalreporter.section("OpenAI Responses replay")
-            terminalreporter.write_line(
-                f"openai-responses: {passed} of {len(self.results)} cassettes pass"
-            )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pass_counts(request: pytest.FixtureRequest) -> None:
-    manager = request.config.pluginmanager
-    if not manager.has_plugin("agentloop-openai-responses-replay-counts"):
-        manager.register(_PassCounts(), "agentloop-openai-responses-replay-counts")
+# "openai-responses: N of M cassettes pass": every test of a cassette (request, response,
+# round trip) passed.
+_pass_counts = cassettes.pass_counts(__name__, "OpenAI Responses replay", "openai-responses")
 
 
 def test_recorded_traffic_is_present():
@@ -239,7 +193,7 @@ def test_recorded_traffic_is_present():
 # -- 1. the request -------------------------------------------------------------------------
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_body_matches_the_recording(name):
-    for interaction in cassette(name).interactions:
+    for interaction in cached(name).interactions:
         recorded = interaction.request_body
         assert interaction.uri == "https://api.openai.com/v1/responses"
         provider = OpenAIResponsesProvider(api_key="test-key")
@@ -261,8 +215,8 @@ def test_request_body_matches_the_recording(name):
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_request_is_sent_to_the_recorded_url_with_the_key(name):
-    interaction = cassette(name).interactions[0]
-    provider, replay = provider_for(interaction)
+    interaction = cached(name).interactions[0]
+    provider, replay = cassettes.serve(OpenAIResponsesProvider, interaction)
     request = to_request(interaction.request_body)
 
     with pytest.raises(ProviderError) if interaction.status >= 400 else nullcontext():
@@ -276,16 +230,14 @@ def test_request_is_sent_to_the_recorded_url_with_the_key(name):
 
 # -- 2. the response ------------------------------------------------------------------------
 def replay_response(interaction: Interaction) -> tuple[ModelResponse, list[Any]]:
-    provider, _ = provider_for(interaction)
-    request = to_request(interaction.request_body)
-    chunks: list[Any] = []
-    response = provider.request(request, on_chunk=chunks.append if request.stream else None)
-    return response, chunks
+    return cassettes.replay(
+        OpenAIResponsesProvider, interaction, to_request(interaction.request_body)
+    )
 
 
 @pytest.mark.parametrize("name", CASSETTES, ids=CASSETTES)
 def test_recorded_response_parses(name):
-    for interaction in cassette(name).interactions:
+    for interaction in cached(name).interactions:
         if interaction.status >= 400:
             error = interaction.response_json()["error"]
             expected = (
@@ -329,7 +281,7 @@ def test_recorded_response_parses(name):
 
 
 def assert_chunks_match(interaction: Interaction, chunks: list[Any], response: ModelResponse):
-    events = sse_events(interaction.response_text)
+    events = sse_data(interaction.response_text)
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     text_chunks = [chunk.text for chunk in chunks if isinstance(chunk, TextDelta)]
     assert text_chunks == deltas
@@ -350,18 +302,7 @@ def assert_chunks_match(interaction: Interaction, chunks: list[Any], response: M
 # -- 3. the round trip: a parsed answer -> the next recorded request -----------------------------
 def follow_ups(name: str) -> list[int]:
     """Indexes k whose answer the recorded request k+1 carries in its input."""
-    found = []
-    interactions = cassette(name).interactions
-    for k in range(len(interactions) - 1):
-        before = interactions[k].request_body["input"]
-        after = interactions[k + 1].request_body["input"]
-        if (
-            interactions[k].status == 200
-            and len(after) > len(before)
-            and after[: len(before)] == before
-        ):
-            found.append(k)
-    return found
+    return cassettes.continued(cached(name).interactions, "input")
 
 
 ROUND_TRIPS = [name for name in CASSETTES if follow_ups(name)]
@@ -369,7 +310,7 @@ ROUND_TRIPS = [name for name in CASSETTES if follow_ups(name)]
 
 @pytest.mark.parametrize("name", ROUND_TRIPS, ids=ROUND_TRIPS)
 def test_parsed_answer_becomes_the_next_recorded_input(name):
-    interactions = cassette(name).interactions
+    interactions = cached(name).interactions
     for k in follow_ups(name):
         response, _ = replay_response(interactions[k])
         before = interactions[k].request_body
@@ -382,12 +323,7 @@ def test_parsed_answer_becomes_the_next_recorded_input(name):
         ):
             answer_items += 1
         assert answer_items > 0, f"interaction {k + 1} doesn't start with the answer"
-        answer = Message(
-            role="assistant",
-            content=response.content,
-            tool_calls=response.tool_calls,
-            provider_data=response.provider_data,
-        )
+        answer = as_message(response)
         earlier = to_messages(before["input"])
         later = to_messages(tail[answer_items:])
         request = to_request(after).model_copy(

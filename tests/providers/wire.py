@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import httpx
 
 from agentloop import providers
-from agentloop.exceptions import ProviderError
-from agentloop.messages import Message, ModelRequest, ToolCall, ToolDefinition
-from agentloop.providers.base import Provider
+from agentloop.exceptions import CancelledError, ProviderError
+from agentloop.messages import Message, ModelRequest, ModelResponse, ToolCall, ToolDefinition
+from agentloop.providers.base import ChunkCallback, Provider
 
 Answer = httpx.Response | Callable[[httpx.Request], Any]
 P = TypeVar("P", bound=Provider)
@@ -67,6 +67,34 @@ def serving(name: str, provider_class: type, **options: Any) -> Iterator[Recorde
         yield recorder
 
 
+def resolved(model: str) -> tuple[Provider, str]:
+    """What ``model`` resolves to among the built-in providers (forgotten again after)."""
+    try:
+        return providers.resolve(model)
+    finally:
+        providers.forget_configured()
+
+
+def cancelling(seen: list[Any]) -> ChunkCallback:
+    """An ``on_chunk`` that keeps the chunk it is given, then cancels."""
+
+    def cancel(chunk: Any) -> None:
+        seen.append(chunk)
+        raise CancelledError()
+
+    return cancel
+
+
+def as_message(response: ModelResponse) -> Message:
+    """The assistant message a chat keeps of ``response``, to send back."""
+    return Message(
+        role="assistant",
+        content=response.content,
+        tool_calls=response.tool_calls,
+        provider_data=response.provider_data,
+    )
+
+
 # -- answers and failures ----------------------------------------------------------------------
 def event_stream(text: str) -> httpx.Response:
     """A 200 answer streaming ``text`` as server-sent events."""
@@ -114,15 +142,17 @@ def chat_completion(
 
 
 # -- requests every provider maps ---------------------------------------------------------------
+def conversation(model: str, *turns: tuple[str, str]) -> ModelRequest:
+    """A request of ``model`` whose messages are ``(role, content)`` turns."""
+    return ModelRequest(
+        model=model, messages=[Message(role=role, content=content) for role, content in turns]
+    )
+
+
 def system_messages_around_a_question(model: str) -> ModelRequest:
     """System messages before and after the user's question."""
-    return ModelRequest(
-        model=model,
-        messages=[
-            Message(role="system", content="Be brief."),
-            Message(role="user", content="Hi"),
-            Message(role="system", content="Answer in French."),
-        ],
+    return conversation(
+        model, ("system", "Be brief."), ("user", "Hi"), ("system", "Answer in French.")
     )
 
 
@@ -155,13 +185,26 @@ def two_results_then_a_question(
     )
 
 
-def an_empty_answer_between_questions(model: str) -> ModelRequest:
-    """Two user questions with an empty assistant answer between them."""
+def an_invalid_call_answered(
+    model: str, call: ToolCall, tool_name: str | None = None
+) -> ModelRequest:
+    """``call`` (whose arguments did not parse) answered by its error result."""
     return ModelRequest(
         model=model,
         messages=[
             Message(role="user", content="Hi"),
-            Message(role="assistant", content=""),
-            Message(role="user", content="Hello?"),
+            Message(role="assistant", tool_calls=[call]),
+            Message(
+                role="tool",
+                tool_call_id=call.id,
+                tool_name=tool_name,
+                content="Invalid arguments",
+                is_error=True,
+            ),
         ],
     )
+
+
+def an_empty_answer_between_questions(model: str) -> ModelRequest:
+    """Two user questions with an empty assistant answer between them."""
+    return conversation(model, ("user", "Hi"), ("assistant", ""), ("user", "Hello?"))

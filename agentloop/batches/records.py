@@ -1,0 +1,73 @@
+"""A batch's rows: the provider's counts, one UPDATE at a time, the poller's claim, and items
+moving out of pending."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ..models import Batch, BatchItem, BatchItemStatus
+from ..providers.batches import BatchInfo
+
+__all__ = ["CLAIM_SECONDS", "claim", "counts", "finish", "release", "update"]
+
+#: how long one poller may hold a batch before another may take it over.
+CLAIM_SECONDS = 600
+
+
+def counts(info: BatchInfo) -> dict[str, Any]:
+    """The batch's fields as the provider reports them in ``info``."""
+    return {
+        "status": info.status,
+        "request_count": info.request_count,
+        "processing_count": info.processing_count,
+        "succeeded_count": info.succeeded_count,
+        "failed_count": info.failed_count,
+        "error": info.error,
+        "provider_data": info.data,
+    }
+
+
+def update(batch: Batch, **fields: Any) -> None:
+    """One UPDATE of ``fields`` (the claim columns are left to their owner)."""
+    fields["updated_at"] = timezone.now()
+    Batch.objects.filter(pk=batch.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(batch, name, value)
+
+
+# -- claims ----------------------------------------------------------------------------------
+def claim(batch: Batch) -> bool:
+    """Take ``batch`` for this process; False while another holds an unexpired claim."""
+    now = timezone.now()
+    token = secrets.token_hex(16)
+    taken = (
+        Batch.objects.filter(pk=batch.pk)
+        .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+        .update(claim_token=token, claimed_until=now + timedelta(seconds=CLAIM_SECONDS))
+    )
+    if taken:
+        batch.claim_token = token
+    return bool(taken)
+
+
+def release(batch: Batch) -> None:
+    """Give up this process's claim on ``batch``."""
+    Batch.objects.filter(pk=batch.pk, claim_token=batch.claim_token).update(
+        claim_token="", claimed_until=None
+    )
+    batch.claim_token = ""
+    batch.claimed_until = None
+
+
+def finish(item: BatchItem, status: str, error: str = "", **fields: Any) -> bool:
+    """Move ``item`` out of pending; False when another process already did."""
+    return bool(
+        BatchItem.objects.filter(pk=item.pk, status=BatchItemStatus.PENDING).update(
+            status=status, error=error, finished_at=timezone.now(), **fields
+        )
+    )
