@@ -117,8 +117,7 @@ class Agent:
     @classmethod
     def create(cls, owner: Any = None, **inputs: Any) -> Any:
         """A persisted chat configured by this agent (its import path is stored too)."""
-        from .conf import agentloop_settings
-        from .views import get_chat_model
+        from .conf import agentloop_settings, get_chat_model
 
         links = ("parent", "parent_tool_call", "parent_tool_call_id")
         extra = {key: inputs.pop(key) for key in links if key in inputs}
@@ -137,7 +136,7 @@ class Agent:
     @classmethod
     def find(cls, pk: Any) -> Any:
         """The persisted chat ``pk`` made by this agent."""
-        from .views import get_chat_model
+        from .conf import get_chat_model
 
         return get_chat_model().objects.get(pk=pk, agent_path=import_path_of(cls))
 

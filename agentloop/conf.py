@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULTS", "AgentloopSettings", "agentloop_settings"]
+__all__ = ["DEFAULTS", "AgentloopSettings", "agentloop_settings", "get_chat_model"]
 
 DEFAULTS: dict[str, Any] = {
     #: model used when a chat names none.
@@ -95,3 +95,10 @@ class AgentloopSettings:
 
 
 agentloop_settings = AgentloopSettings()
+
+
+def get_chat_model() -> Any:
+    """The chat model named by ``AGENTLOOP["CHAT_MODEL"]`` (default ``agentloop.Chat``)."""
+    from django.apps import apps
+
+    return apps.get_model(agentloop_settings.CHAT_MODEL)

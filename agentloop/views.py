@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.apps import apps
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from .conf import agentloop_settings
+from .conf import get_chat_model
 from .exceptions import ToolCallNotWaitingError
 
 __all__ = [
@@ -32,11 +31,6 @@ __all__ = [
     "get_chat_for_view",
     "get_chat_model",
 ]
-
-
-def get_chat_model() -> Any:
-    """The chat model named by ``AGENTLOOP["CHAT_MODEL"]`` (default ``agentloop.Chat``)."""
-    return apps.get_model(agentloop_settings.CHAT_MODEL)
 
 
 def can_change_chat(user: Any, chat: Any) -> bool:

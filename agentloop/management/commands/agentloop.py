@@ -322,7 +322,7 @@ def _chat_factory(
     instructions = config.get("instructions") or (DEFAULT_INSTRUCTIONS if tools else None)
 
     def new_chat() -> Any:
-        from ...views import get_chat_model
+        from ...conf import get_chat_model
 
         chat = get_chat_model()(title="Terminal chat", owner=owner)
         chat.with_model(model)
@@ -337,8 +337,8 @@ def _chat_factory(
 
 def _take_over(chat_id: str, model: str | None) -> Any:
     """The chat to continue, run from now on by this process."""
+    from ...conf import get_chat_model
     from ...models import ChatState
-    from ...views import get_chat_model
 
     chat_model = get_chat_model()
     try:
