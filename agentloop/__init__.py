@@ -22,12 +22,13 @@ from .exceptions import (
     ProviderError,
     ToolError,
 )
-from .messages import Message, ToolCall
+from .messages import Attachment, Message, ToolCall
 from .tools import Tool, tool
 
 __all__ = [
     "Agent",
     "AgentloopError",
+    "Attachment",
     "BatchError",
     "CancelledError",
     "ConcurrentWriteError",

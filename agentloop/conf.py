@@ -51,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "STALE_QUEUED_SECONDS": 300,
     #: seconds between writes of a streaming partial answer to the database.
     "PARTIAL_SAVE_INTERVAL": 1.0,
+    #: largest attachment (bytes of one image or document) ask_later accepts; None: no cap.
+    "MAX_ATTACHMENT_BYTES": 20 * 1024 * 1024,
     #: what `manage.py agentloop demo` runs: a dict (or its import path) with "instructions",
     #: "tools" (import paths), "questions" and optionally "title"; None: give them as options.
     "DEMO": None,

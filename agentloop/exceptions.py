@@ -2,7 +2,8 @@
 
     AgentloopError
     ├── ConfigurationError          a setting, model name or import path is wrong
-    │   └── UnknownProviderError    no provider is registered under that name
+    │   ├── UnknownProviderError    no provider is registered under that name
+    │   └── AttachmentError         an attachment can't be sent (its type, size or source)
     ├── CancelledError              the run stopped because cancel() was requested
     ├── LimitReachedError           a per-turn limit stopped the turn before a model call
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
@@ -35,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "AgentloopError",
+    "AttachmentError",
     "AuthenticationError",
     "BadRequestError",
     "BatchError",
@@ -71,6 +73,10 @@ class ConfigurationError(AgentloopError):
 
 class UnknownProviderError(ConfigurationError):
     """No provider is registered under the requested name."""
+
+
+class AttachmentError(ConfigurationError):
+    """An attachment can't be sent: an unsupported type, too large, or an unusable source."""
 
 
 class CancelledError(AgentloopError):

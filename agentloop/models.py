@@ -213,9 +213,11 @@ class AbstractChat(models.Model):
         self.conversation.ask_later(content, attachments)
         return self
 
-    def ask(self, content: str, stream: StreamCallback | None = None) -> Any:
+    def ask(
+        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
+    ) -> Any:
         """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
-        return self.conversation.ask(content, stream)
+        return self.conversation.ask(content, stream, attachments=attachments)
 
     def generate(self, stream: StreamCallback | None = None) -> Any:
         """One model call; returns the saved assistant ``Message``."""
@@ -398,6 +400,8 @@ class AbstractMessage(models.Model):
     model = models.CharField(_("model"), max_length=200, blank=True)
     finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
     provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
+    attachments = models.JSONField(_("attachments"), default=list, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
 
     objects = MessageQuerySet.as_manager()

@@ -22,7 +22,15 @@ from django.utils import timezone
 
 from .engine import ChatConfig, ChatStore, UsageRecord
 from .exceptions import ConcurrentWriteError
-from .messages import Message, MessageStatus, ToolCall, ToolCallState, trusted
+from .messages import (
+    Attachment,
+    Message,
+    MessageStatus,
+    ToolCall,
+    ToolCallState,
+    attachments_adapter,
+    trusted,
+)
 from .sql import PreparedInsert, PreparedSelect
 from .tools import Tool, load_tool, tool_reference
 
@@ -42,6 +50,7 @@ _MESSAGE_COLUMNS = (
     "model",
     "finish_reason",
     "provider_data",
+    "attachments",
     "tool_call__call_id",
     "tool_call__name",
     "tool_calls__id",
@@ -72,10 +81,17 @@ _CONFIG_COLUMNS = {
 }
 
 
-# Columns of _MESSAGE_COLUMNS holding JSON: decoded by _json (most are "{}" or NULL).
+# Columns of _MESSAGE_COLUMNS holding JSON: decoded by _json or _attachments (most are
+# "{}", "[]" or NULL).
 _JSON_COLUMNS = frozenset(
     _MESSAGE_COLUMNS.index(name)
-    for name in ("parsed", "provider_data", "tool_calls__arguments", "tool_calls__provider_data")
+    for name in (
+        "parsed",
+        "provider_data",
+        "attachments",
+        "tool_calls__arguments",
+        "tool_calls__provider_data",
+    )
 )
 _MESSAGE_STATUS = {status.value: status for status in MessageStatus}
 _TOOL_CALL_STATE = {state.value: state for state in ToolCallState}
@@ -88,8 +104,19 @@ def _json(value: Any, empty: Any) -> Any:
     if isinstance(value, str):
         if value == "{}":
             return {}
+        if value == "[]":
+            return []
         return json.loads(value)
     return value
+
+
+def _attachments(value: Any) -> list[Attachment]:
+    """The attachments column: nearly always empty; else validated back into Attachments."""
+    if not value or value == "[]":
+        return []
+    if isinstance(value, str):
+        return attachments_adapter.validate_json(value)
+    return attachments_adapter.validate_python(value)
 
 
 _INSERTERS: dict[Any, PreparedInsert] = {}
@@ -245,7 +272,7 @@ class DjangoStore(ChatStore):
         last: Message | None = None
         for row in rows:
             (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
-             answers_id, answers_name, call_key, call_id, call_name, call_arguments,
+             attachments, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
              call_state, call_provider_data, wait_reason, question, decision,
              decision_digest, _token, _expires, _cancel) = row  # fmt: skip
             if last is None or last.key != key:
@@ -260,6 +287,7 @@ class DjangoStore(ChatStore):
                         "tool_call_id": answers_id,
                         "tool_name": answers_name,
                         "is_error": is_error,
+                        "attachments": _attachments(attachments),
                         "parsed": _json(parsed, None),
                         "model": model or None,
                         "finish_reason": finish_reason or None,
@@ -318,6 +346,10 @@ class DjangoStore(ChatStore):
             model=message.model or "",
             finish_reason=message.finish_reason or "",
             provider_data=message.provider_data,
+            attachments=[
+                attachment.model_dump(mode="json", exclude_none=True)
+                for attachment in message.attachments
+            ],
             **extra,
         )
 

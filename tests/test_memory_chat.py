@@ -78,11 +78,6 @@ def test_ask_later_refuses_while_tool_calls_are_unanswered(chat, scripted):
     assert roles(chat) == ["user", "assistant"]
 
 
-def test_ask_later_refuses_attachments_for_now(chat):
-    with pytest.raises(ConfigurationError, match="Attachments"):
-        chat.ask_later("look", attachments=["file.png"])
-
-
 # -- generate ---------------------------------------------------------------------------------
 def test_generate_makes_exactly_one_model_call_and_returns_the_answer(chat, scripted):
     scripted.add("Hi there.", "unused")

@@ -18,6 +18,7 @@ REPO = Path(agentloop.__file__).resolve().parent.parent
 EXPECTED_ALL = {
     "Agent",
     "AgentloopError",
+    "Attachment",
     "BatchError",
     "CancelledError",
     "ConcurrentWriteError",

@@ -36,6 +36,7 @@ from ..messages import (
     ModelResponse,
     ToolCall,
     ToolCallState,
+    attachments_from,
 )
 from ..providers.base import Provider
 from ..tools import Tool, load_by_path
@@ -155,9 +156,13 @@ class Conversation(Configuration, PeopleInTheLoop):
 
     def ask_later(self, content: str, attachments: Any = None) -> Conversation:
         """Add a user message; no model call. Refuses while tool calls wait for results,
-        except calls left by a cancel, which are answered as cancelled first."""
-        if attachments:
-            raise ConfigurationError("Attachments are not supported yet.")
+        except calls left by a cancel, which are answered as cancelled first.
+
+        ``attachments``: an :class:`~agentloop.messages.Attachment`, an http(s) or ``data:``
+        URL, a ``pathlib.Path``, or a list of them (``AttachmentError`` when one can't be
+        sent; checked before anything is written)."""
+        limit = agentloop_settings.MAX_ATTACHMENT_BYTES
+        files = attachments_from(attachments, max_bytes=None if limit is None else int(limit))
         round_ = pending_round(self.store.load_transcript())
         if self.store.running_elsewhere():
             raise ChatBusyError(
@@ -181,7 +186,7 @@ class Conversation(Configuration, PeopleInTheLoop):
                 )
                 record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
                 self._emit("after_message", record)
-        record = self.store.append_message(Message(role="user", content=content))
+        record = self.store.append_message(Message(role="user", content=content, attachments=files))
         self._emit("after_message", record)
         return self
 
@@ -215,9 +220,11 @@ class Conversation(Configuration, PeopleInTheLoop):
             return self.store.native_message(transcript[-1]) if transcript else None
         return last
 
-    def ask(self, content: str, stream: StreamCallback | None = None) -> Any:
-        """``ask_later(content)`` then ``complete()``; returns the answer."""
-        self.ask_later(content)
+    def ask(
+        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
+    ) -> Any:
+        """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
+        self.ask_later(content, attachments)
         return self.complete(stream)
 
     # -- internals ---------------------------------------------------------------------------

@@ -5,6 +5,8 @@ tool results become one user message of ``tool_result`` blocks (``is_error`` kep
 assistant tool calls become ``tool_use`` blocks next to the text; ``max_tokens`` (required
 by the API) comes from the request, else the provider's ``max_tokens`` setting, else a
 per-model default; structured output uses ``output_config.format`` (JSON schema).
+Attachments follow a message's text as ``image`` and ``document`` blocks (``source`` of type
+``base64`` or ``url``), in tool results too.
 Thinking and other non-text blocks of an answer are kept in ``provider_data`` and sent
 back exactly as received, in their original order, as the API requires.
 """
@@ -19,6 +21,7 @@ from httpx_sse import ServerSentEvent
 
 from ..exceptions import InvalidResponseError, ProviderError, StreamInterruptedError
 from ..messages import (
+    Attachment,
     Message,
     ModelRequest,
     ModelResponse,
@@ -103,6 +106,30 @@ def default_max_tokens(model: str) -> int:
 
 def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
+
+
+def _attachment_block(attachment: Attachment) -> dict[str, Any]:
+    source: dict[str, Any]
+    if attachment.url is not None:
+        source = {"type": "url", "url": attachment.url}
+    else:
+        source = {
+            "type": "base64",
+            "media_type": attachment.media_type,
+            "data": attachment.base64(),
+        }
+    if attachment.kind == "image":
+        return {"type": "image", "source": source}
+    block: dict[str, Any] = {"type": "document", "source": source}
+    if attachment.name:
+        block["title"] = attachment.name
+    return block
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    """The text (no empty text block: the API rejects those), then the attachments."""
+    blocks = [_text_block(message.content)] if message.content else []
+    return blocks + [_attachment_block(attachment) for attachment in message.attachments]
 
 
 def _clean_block(block: Mapping[str, Any]) -> dict[str, Any]:
@@ -229,7 +256,7 @@ class AnthropicProvider(HTTPProvider):
                 if message.content:
                     system.append(_text_block(message.content))
             elif message.role == "user":
-                add("user", [_text_block(message.content)] if message.content else [])
+                add("user", _blocks(message))
             elif message.role == "tool":
                 add("user", [self._tool_result(message)])
             else:
@@ -239,8 +266,9 @@ class AnthropicProvider(HTTPProvider):
     @staticmethod
     def _tool_result(message: Message) -> dict[str, Any]:
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
-        if message.content:  # empty text blocks are rejected; no content is allowed
-            block["content"] = [_text_block(message.content)]
+        content = _blocks(message)
+        if content:  # empty text blocks are rejected; no content is allowed
+            block["content"] = content
         if message.is_error:
             block["is_error"] = True
         return block

@@ -7,7 +7,9 @@ parts (matched by function name, and by id when Gemini gave the call one). Tools
 ``functionDeclarations`` whose parameters are translated from JSON Schema into Gemini's
 OpenAPI dialect (upper-case types, ``nullable``); a schema that dialect can't express is
 sent as ``parametersJsonSchema`` instead. Structured output is JSON mode with the same
-translation (``responseSchema``, else ``responseJsonSchema``).
+translation (``responseSchema``, else ``responseJsonSchema``). Attachments follow a
+message's text as ``inlineData`` (bytes, base64) or ``fileData`` (``fileUri``: a URL)
+parts; a tool result's attachments follow its ``functionResponse`` in the same content.
 
 Gemini (before Gemini 3) sends calls without ids: each call gets one of ours, and the
 vendor's id, when there is one, is kept in ``ToolCall.provider_data``. Thought signatures
@@ -33,6 +35,7 @@ from ..exceptions import (
     StreamInterruptedError,
 )
 from ..messages import (
+    Attachment,
     Message,
     ModelRequest,
     ModelResponse,
@@ -279,6 +282,15 @@ def _is_answer_text(part: Mapping[str, Any]) -> bool:
     return "text" in part and not part.get("thought")
 
 
+def _attachment_part(attachment: Attachment) -> dict[str, Any]:
+    if attachment.url is not None:
+        file_data = {"fileUri": attachment.url}
+        if attachment.media_type:
+            file_data["mimeType"] = attachment.media_type
+        return {"fileData": file_data}
+    return {"inlineData": {"mimeType": attachment.media_type, "data": attachment.base64()}}
+
+
 def _mergeable(previous: Mapping[str, Any], part: Mapping[str, Any]) -> bool:
     """Whether streamed text ``part`` continues ``previous``: both text of the same kind
     (answer or thought), nothing else on them, and no signature on ``previous`` yet."""
@@ -516,11 +528,13 @@ class GeminiProvider(HTTPProvider):
                 if message.content:
                     system.append({"text": message.content})
             elif message.role == "user":
-                add("user", [{"text": message.content}] if message.content else [])
+                text = [{"text": message.content}] if message.content else []
+                add("user", text + [_attachment_part(a) for a in message.attachments])
             elif message.role == "tool":
                 add(
                     "user",
-                    [self._function_response(message, calls.get(message.tool_call_id or ""))],
+                    [self._function_response(message, calls.get(message.tool_call_id or ""))]
+                    + [_attachment_part(a) for a in message.attachments],
                 )
             else:
                 calls.update({call.id: call for call in message.tool_calls})

@@ -19,8 +19,9 @@ from urllib.parse import urlparse
 
 from httpx_sse import ServerSentEvent
 
-from ..exceptions import InvalidResponseError, StreamInterruptedError
+from ..exceptions import AttachmentError, InvalidResponseError, StreamInterruptedError
 from ..messages import (
+    Attachment,
     Message,
     ModelRequest,
     ModelResponse,
@@ -53,6 +54,7 @@ _OPENAI_DIALECT: dict[str, Any] = {
     "max_tokens_field": "max_completion_tokens",
     "strict_tools": True,
     "reasoning_field": None,
+    "file_urls": False,
 }
 #: dialect of an unknown OpenAI-compatible server: the fields every one of them accepts.
 _COMPATIBLE_DIALECT: dict[str, Any] = {
@@ -60,6 +62,7 @@ _COMPATIBLE_DIALECT: dict[str, Any] = {
     "max_tokens_field": "max_tokens",
     "strict_tools": False,
     "reasoning_field": None,
+    "file_urls": False,
 }
 
 
@@ -109,6 +112,8 @@ class OpenAIProvider(HTTPProvider):
     - ``strict_tools``: send tool schemas with ``strict: true`` when that keeps their meaning.
     - ``reasoning_field``: field in which an assistant message's thinking text is sent back
       (``"reasoning"``, ``"reasoning_content"``), or None to not send it.
+    - ``file_urls``: the server reads a document's URL in ``file.file_data`` (OpenRouter);
+      elsewhere documents go as bytes only.
 
     On api.openai.com the defaults are ``developer``, ``max_completion_tokens`` and strict
     tools; on any other ``base_url`` they are ``system``, ``max_tokens`` and no strict flag,
@@ -205,9 +210,11 @@ class OpenAIProvider(HTTPProvider):
             # Chat Completions has no error flag on tool results: the text says it.
             return {
                 "role": "tool",
-                "content": message.content,
+                "content": self._content(message),
                 "tool_call_id": message.tool_call_id,
             }
+        if message.role == "user":
+            return {"role": "user", "content": self._content(message)}
         item: dict[str, Any] = {"role": message.role, "content": message.content}
         if message.role == "assistant":
             if message.tool_calls:
@@ -217,6 +224,29 @@ class OpenAIProvider(HTTPProvider):
             if reasoning_field and reasoning:
                 item[reasoning_field] = reasoning
         return item
+
+    def _content(self, message: Message) -> str | list[dict[str, Any]]:
+        """The text, or with attachments a list of parts: the text first, then each one."""
+        if not message.attachments:
+            return message.content
+        parts = [{"type": "text", "text": message.content}] if message.content else []
+        return parts + [self._attachment(attachment) for attachment in message.attachments]
+
+    def _attachment(self, attachment: Attachment) -> dict[str, Any]:
+        if attachment.kind == "image":
+            image: dict[str, Any] = {"url": attachment.data_url()}
+            if attachment.detail:
+                image["detail"] = attachment.detail
+            return {"type": "image_url", "image_url": image}
+        if attachment.url is not None and not self.option("file_urls"):
+            raise AttachmentError(
+                f"{self.name} (Chat Completions) takes documents as bytes, not by URL "
+                f"({attachment.url[:100]}): attach the file's bytes or a pathlib.Path."
+            )
+        return {
+            "type": "file",
+            "file": {"filename": attachment.filename(), "file_data": attachment.data_url()},
+        }
 
     @staticmethod
     def _tool_call(call: ToolCall) -> dict[str, Any]:
@@ -379,6 +409,8 @@ class OpenRouterProvider(OpenAIProvider):
         "max_tokens_field": "max_tokens",
         "strict_tools": True,
         "reasoning_field": None,
+        # OpenRouter fetches a PDF from the URL given as file_data.
+        "file_urls": True,
     }
 
 
@@ -396,4 +428,5 @@ class OllamaProvider(OpenAIProvider):
         "strict_tools": False,
         # Ollama reads a thinking model's earlier thinking back from this field.
         "reasoning_field": "reasoning",
+        "file_urls": False,
     }

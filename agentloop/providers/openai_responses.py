@@ -12,11 +12,14 @@ another provider still maps.
 
 Mapping, ours -> the wire:
 - system messages (any position) -> ``instructions`` (joined by blank lines);
-- user -> ``{"role": "user", "content": text}``;
+- user -> ``{"role": "user", "content": text}``; with attachments the content is a list:
+  ``input_text``, then ``input_image`` (``image_url``: the URL or a ``data:`` URL) and
+  ``input_file`` (``file_data`` + ``filename``, or ``file_url``) parts;
 - assistant -> kept reasoning items, ``{"role": "assistant", "content":
   [{"type": "output_text", ...}]}`` and ``{"type": "function_call", ...}`` items;
 - tool -> ``{"type": "function_call_output", "call_id", "output"}`` (the API has
-  no error flag: an error result is sent as its text);
+  no error flag: an error result is sent as its text; with attachments ``output`` is
+  a list of the same parts);
 - tools -> ``{"type": "function", "name", "description", "parameters", "strict"}``,
   strict when the schema already satisfies strict mode (see
   :func:`~agentloop.providers.common.strict_json_schema`);
@@ -44,6 +47,7 @@ from ..exceptions import (
     StreamInterruptedError,
 )
 from ..messages import (
+    Attachment,
     Message,
     ModelRequest,
     ModelResponse,
@@ -103,6 +107,31 @@ def _function_call(call: ToolCall) -> dict[str, Any]:
         "name": call.name,
         "arguments": _arguments_text(call),
     }
+
+
+def _attachment(attachment: Attachment) -> dict[str, Any]:
+    if attachment.kind == "image":
+        # The API documents detail as required; "auto" is what it does without one.
+        return {
+            "type": "input_image",
+            "image_url": attachment.data_url(),
+            "detail": attachment.detail or "auto",
+        }
+    if attachment.url is not None:
+        return {"type": "input_file", "file_url": attachment.url}
+    return {
+        "type": "input_file",
+        "filename": attachment.filename(),
+        "file_data": attachment.data_url(),
+    }
+
+
+def _content(message: Message) -> str | list[dict[str, Any]]:
+    """The text, or with attachments a list of parts: the text first, then each one."""
+    if not message.attachments:
+        return message.content
+    parts = [{"type": "input_text", "text": message.content}] if message.content else []
+    return parts + [_attachment(attachment) for attachment in message.attachments]
 
 
 def _assistant_text(text: str) -> dict[str, Any]:
@@ -214,7 +243,7 @@ class OpenAIResponsesProvider(HTTPProvider):
                 if message.content:
                     instructions.append(message.content)
             elif message.role == "user":
-                items.append({"role": "user", "content": message.content})
+                items.append({"role": "user", "content": _content(message)})
             elif message.role == "assistant":
                 items.extend(_assistant_items(message))
             else:
@@ -222,7 +251,7 @@ class OpenAIResponsesProvider(HTTPProvider):
                     {
                         "type": "function_call_output",
                         "call_id": message.tool_call_id,
-                        "output": message.content,
+                        "output": _content(message),
                     }
                 )
         return "\n\n".join(instructions), items

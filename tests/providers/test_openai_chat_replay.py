@@ -30,6 +30,7 @@ from agentloop.exceptions import (
     ServerError,
 )
 from agentloop.messages import (
+    Attachment,
     Message,
     ModelRequest,
     TextDelta,
@@ -78,20 +79,29 @@ _pass_counts = pass_counts(__name__, "Chat Completions replay", provider_name)
 
 
 # -- the reverse mapper: a recorded body back into our ModelRequest -----------------------------
-def _content(content: Any, gaps: list[str]) -> str:
+def _content(content: Any, gaps: list[str]) -> tuple[str, list[Attachment]]:
+    """A message's text and attachments (image and file parts); other parts are gaps."""
     if isinstance(content, str):
-        return content
-    # A list of parts: text parts join; anything else (an image) is a gap we note.
-    kinds = sorted({part["type"] for part in content if part["type"] != "text"})
+        return content, []
+    attachments = []
+    for part in content:
+        if part["type"] == "image_url":
+            image = part["image_url"]
+            attachments.append(Attachment(url=image["url"], detail=image.get("detail")))
+        elif part["type"] == "file":
+            file = part["file"]
+            attachments.append(Attachment(url=file["file_data"], name=file.get("filename")))
+    kinds = sorted({part["type"] for part in content} - {"text", "image_url", "file"})
     if kinds:
         gaps.append(f"content parts of type {', '.join(kinds)}")
-    return "".join(part["text"] for part in content if part["type"] == "text")
+    return "".join(part["text"] for part in content if part["type"] == "text"), attachments
 
 
 def to_request(body: dict[str, Any], gaps: list[str]) -> ModelRequest:
     """The ModelRequest our provider should turn into ``body``.
 
-    What a Message can't hold (image parts) is left out and described in ``gaps``.
+    What a Message can't hold (content parts other than text, images and files) is left
+    out and described in ``gaps``.
     """
     messages: list[Message] = []
     tool_names: dict[str, str] = {}
@@ -100,7 +110,8 @@ def to_request(body: dict[str, Any], gaps: list[str]) -> ModelRequest:
         if role in ("system", "developer"):
             messages.append(Message(role="system", content=item["content"]))
         elif role == "user":
-            messages.append(Message(role="user", content=_content(item["content"], gaps)))
+            text, attachments = _content(item["content"], gaps)
+            messages.append(Message(role="user", content=text, attachments=attachments))
         elif role == "assistant":
             calls = [
                 ToolCall(
@@ -121,10 +132,12 @@ def to_request(body: dict[str, Any], gaps: list[str]) -> ModelRequest:
                 )
             )
         elif role == "tool":
+            text, attachments = _content(item["content"], gaps)
             messages.append(
                 Message(
                     role="tool",
-                    content=_content(item["content"], gaps),
+                    content=text,
+                    attachments=attachments,
                     tool_call_id=item["tool_call_id"],
                     tool_name=tool_names.get(item["tool_call_id"]),
                 )
@@ -323,6 +336,5 @@ def test_cassette(name: str, part: str, monkeypatch: pytest.MonkeyPatch) -> None
     assert len(cassette.sent) == len(cassette.interactions)
     if gaps:
         pytest.xfail(
-            "agentloop messages have no attachments, so this recorded request can't be "
-            "rebuilt: " + "; ".join(gaps)
+            "this recorded request sends content agentloop messages can't hold: " + "; ".join(gaps)
         )
