@@ -1,14 +1,13 @@
 """The Django store: a chat's transcript, usage and cancel flag in the database.
 
 Queries per verb don't grow with the history: the transcript is one SELECT
-(messages joined with their tool calls, no model instances), and each write is
-a short transaction in the order DESIGN §2 gives (answer + its tool calls +
+(messages joined with their tool calls, no model instances: see ``transcript_rows``), and
+each write is a short transaction in the order DESIGN §2 gives (answer + its tool calls +
 usage together; each tool result on its own).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -22,48 +21,16 @@ from django.utils import timezone
 
 from .engine import ChatConfig, ChatStore, UsageRecord
 from .exceptions import ConcurrentWriteError
-from .messages import (
-    Attachment,
-    Message,
-    MessageStatus,
-    ToolCall,
-    ToolCallState,
-    attachments_adapter,
-    trusted,
-)
+from .messages import Message, MessageStatus, ToolCall, ToolCallState
 from .sql import PreparedInsert, PreparedSelect
 from .tools import Tool, load_tool, tool_reference
+from .transcript_rows import JSON_COLUMNS, messages_from_rows, transcript_query
 
 if TYPE_CHECKING:
     from .leases import Lease
     from .models import AbstractChat
 
 __all__ = ["DjangoStore"]
-
-_MESSAGE_COLUMNS = (
-    "id",
-    "role",
-    "content",
-    "status",
-    "is_error",
-    "parsed",
-    "model",
-    "finish_reason",
-    "provider_data",
-    "attachments",
-    "tool_call__call_id",
-    "tool_call__name",
-    "tool_calls__id",
-    "tool_calls__call_id",
-    "tool_calls__name",
-    "tool_calls__arguments",
-    "tool_calls__state",
-    "tool_calls__provider_data",
-    "tool_calls__wait_reason",
-    "tool_calls__question",
-    "tool_calls__decision",
-    "tool_calls__decision_digest",
-)
 
 # ChatConfig field -> chat column
 _CONFIG_COLUMNS = {
@@ -79,44 +46,6 @@ _CONFIG_COLUMNS = {
     "schema_path": "schema_path",
     "limits": "limits",
 }
-
-
-# Columns of _MESSAGE_COLUMNS holding JSON: decoded by _json or _attachments (most are
-# "{}", "[]" or NULL).
-_JSON_COLUMNS = frozenset(
-    _MESSAGE_COLUMNS.index(name)
-    for name in (
-        "parsed",
-        "provider_data",
-        "attachments",
-        "tool_calls__arguments",
-        "tool_calls__provider_data",
-    )
-)
-_MESSAGE_STATUS = {status.value: status for status in MessageStatus}
-_TOOL_CALL_STATE = {state.value: state for state in ToolCallState}
-
-
-def _json(value: Any, empty: Any) -> Any:
-    """A JSON column as the driver returned it: text (decoded here), or already decoded."""
-    if value is None:
-        return None if empty is None else type(empty)()
-    if isinstance(value, str):
-        if value == "{}":
-            return {}
-        if value == "[]":
-            return []
-        return json.loads(value)
-    return value
-
-
-def _attachments(value: Any) -> list[Attachment]:
-    """The attachments column: nearly always empty; else validated back into Attachments."""
-    if not value or value == "[]":
-        return []
-    if isinstance(value, str):
-        return attachments_adapter.validate_json(value)
-    return attachments_adapter.validate_python(value)
 
 
 _INSERTERS: dict[Any, PreparedInsert] = {}
@@ -232,22 +161,13 @@ class DjangoStore(ChatStore):
         key = (name, self.chat.pk)
         cached = self._queries.get(name)
         if cached is None or cached[0] != key:
-            raw = _JSON_COLUMNS if name == "transcript" else frozenset()
+            raw = JSON_COLUMNS if name == "transcript" else frozenset()
             cached = self._queries[name] = (key, PreparedSelect(build(), raw_columns=raw))
         rows: list[Any] = cached[1].rows()
         return rows
 
     def _transcript_query(self) -> Any:
-        return (
-            self.message_model.objects.filter(chat_id=self.chat.pk)
-            .order_by("id", "tool_calls__id")
-            .values_list(
-                *_MESSAGE_COLUMNS,
-                "chat__lease_token",
-                "chat__lease_expires_at",
-                "chat__cancel_requested_at",
-            )
-        )
+        return transcript_query(self.message_model, self.chat.pk)
 
     def _cancel_query(self) -> Any:
         # At most one row (by primary key): no ORDER BY/LIMIT as .first() would add.
@@ -268,53 +188,8 @@ class DjangoStore(ChatStore):
         if not rows:
             self._running_elsewhere = False
             return [], self.cancel_requested_at()
-        messages: list[Message] = []
-        last: Message | None = None
-        for row in rows:
-            (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
-             attachments, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
-             call_state, call_provider_data, wait_reason, question, decision,
-             decision_digest, _token, _expires, _cancel) = row  # fmt: skip
-            if last is None or last.key != key:
-                # Rows are our own: build without validation (see messages.trusted).
-                last = trusted(
-                    Message,
-                    {
-                        "role": role,
-                        "content": content,
-                        "status": _MESSAGE_STATUS[status],
-                        "tool_calls": [],
-                        "tool_call_id": answers_id,
-                        "tool_name": answers_name,
-                        "is_error": is_error,
-                        "attachments": _attachments(attachments),
-                        "parsed": _json(parsed, None),
-                        "model": model or None,
-                        "finish_reason": finish_reason or None,
-                        "provider_data": _json(provider_data, {}),
-                        "created_at": None,  # read on demand: turn_started_at()
-                        "key": key,
-                    },
-                )
-                messages.append(last)
-            if call_key is not None:
-                last.tool_calls.append(
-                    trusted(
-                        ToolCall,
-                        {
-                            "id": call_id,
-                            "name": call_name,
-                            "arguments": _json(call_arguments, {}),
-                            "state": _TOOL_CALL_STATE[call_state],
-                            "provider_data": _json(call_provider_data, {}),
-                            "wait_reason": wait_reason or None,
-                            "question": question or None,
-                            "decision": decision or None,
-                            "decision_digest": decision_digest or None,
-                            "key": call_key,
-                        },
-                    )
-                )
+        messages = messages_from_rows(rows)
+        # The last three columns: the chat's lease token, lease expiry and cancel flag.
         token, expires = rows[-1][-3], rows[-1][-2]
         own = self.lease.token if self.lease is not None else ""
         self._running_elsewhere = bool(

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ..engine.conversation import PreparedCall
+from ..engine.model_calls import PreparedCall
 from ..engine.transcript import next_move
 from ..exceptions import BatchError, ConfigurationError, LimitReachedError, ProviderError
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState

@@ -67,7 +67,7 @@ def server() -> Iterator[Recorder]:
 def sleeps(monkeypatch) -> list[float]:
     """The delays the engine waited between attempts (nothing really sleeps)."""
     delays: list[float] = []
-    monkeypatch.setattr("agentloop.engine.conversation.time.sleep", delays.append)
+    monkeypatch.setattr("agentloop.engine.model_calls.time.sleep", delays.append)
     return delays
 
 

@@ -15,8 +15,8 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .exceptions import AgentloopError
-from .models import Batch, BatchItem, BatchItemStatus
+from ..exceptions import AgentloopError
+from ..models import Batch, BatchItem, BatchItemStatus
 
 __all__ = ["BatchAdmin", "BatchItemInline"]
 

@@ -1,0 +1,202 @@
+"""A chat's transcript for display (``build_timeline``): three queries, whatever its length."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, Q, Sum
+from django.utils.translation import gettext_lazy as _
+
+from ..messages import ToolCallState
+from ..models import UsageStatus
+from .relations import has_field, related_model
+
+__all__ = [
+    "DECISION_LABELS",
+    "WAIT_LABELS",
+    "CallEntry",
+    "Entry",
+    "Timeline",
+    "build_timeline",
+    "format_cost",
+]
+
+WAIT_LABELS = {
+    "approval": _("waiting for approval"),
+    "question": _("waiting for an answer"),
+    "subagent": _("waiting for its subagent"),
+}
+DECISION_LABELS = {
+    "approved": _("approved"),
+    "denied": _("denied"),
+    "answered": _("answered"),
+}
+
+
+def format_cost(value: Decimal | None) -> str:
+    """US dollars, to the micro-dollar, without trailing zeros; "—" when unknown."""
+    if value is None:
+        return "—"
+    amount = Decimal(value).quantize(Decimal("0.000001")).normalize()
+    return f"${amount:f}"
+
+
+def _pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@dataclass
+class CallEntry:
+    """A tool call with its result row, its subagent chat and what the page says about it."""
+
+    call: Any
+    arguments: str
+    result: Any = None
+    child: Any = None
+    child_url: str = ""
+    decide_url: str = ""
+
+    @property
+    def state_label(self) -> str:
+        if self.call.state == ToolCallState.WAITING:
+            return str(WAIT_LABELS.get(self.call.wait_reason, _("waiting")))
+        return str(self.call.state)
+
+    @property
+    def decision_label(self) -> str:
+        return str(DECISION_LABELS.get(self.call.decision, self.call.decision))
+
+    @property
+    def duration(self) -> str:
+        """How long the tool ran, when it ran: "17 ms", "2.4 s", "3 min 5 s"."""
+        if not (self.call.started_at and self.call.finished_at):
+            return ""
+        seconds = (self.call.finished_at - self.call.started_at).total_seconds()
+        if seconds < 1:
+            return f"{seconds * 1000:.0f} ms"
+        if seconds < 60:
+            return f"{seconds:.1f} s"
+        return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
+
+    @property
+    def error_summary(self) -> str:
+        """The last line of the stored traceback: the exception and its message."""
+        lines = [line for line in self.call.error.strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+@dataclass
+class Entry:
+    """A message of the transcript; an assistant's tool calls (and their results) hang off it."""
+
+    message: Any
+    calls: list[CallEntry] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    parsed: str = ""
+
+    @property
+    def usage_cost(self) -> str:
+        """The cost of this message's attempts; "" when no price is known."""
+        if not self.usage or self.usage["cost"] is None:
+            return ""
+        return format_cost(self.usage["cost"])
+
+
+@dataclass
+class Timeline:
+    """A chat's transcript in order, with usage per message and for the whole chat."""
+
+    chat: Any
+    entries: list[Entry]
+    totals: dict[str, Any]
+    message_count: int
+    pending_approvals: int = 0
+    pending_questions: int = 0
+
+    @property
+    def total_cost(self) -> str:
+        return format_cost(self.totals["cost"])
+
+
+_USAGE_SUMS: dict[str, Any] = {
+    "input_tokens": Sum("input_tokens", default=0),
+    "output_tokens": Sum("output_tokens", default=0),
+    "cached_tokens": Sum("cached_tokens", default=0),
+    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    # Null when no attempt of the group had a known price (not $0). Not named "cost": the
+    # "unpriced" filter below must see the field, not this sum.
+    "known_cost": Sum("cost"),
+    "attempts": Count("id"),
+    "failed": Count("id", filter=Q(status=UsageStatus.FAILED)),
+    "cancelled": Count("id", filter=Q(status=UsageStatus.CANCELLED)),
+    "unpriced": Count("id", filter=Q(cost__isnull=True)),
+}
+
+
+def _sum_usage(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    totals: dict[str, Any] = dict.fromkeys(_USAGE_SUMS, 0)
+    for row in rows:
+        for name in _USAGE_SUMS:
+            if name != "known_cost":
+                totals[name] += row[name]
+    costs = [row["cost"] for row in rows if row["cost"] is not None]
+    totals["cost"] = sum(costs, Decimal(0)) if costs else None
+    del totals["known_cost"]
+    return totals
+
+
+def build_timeline(
+    chat: Any, *, url_for_chat: Any = None, url_for_decision: Any = None
+) -> Timeline:
+    """Read a chat's transcript for display: three queries, whatever its length.
+
+    ``url_for_chat(pk)`` links a subagent's chat, ``url_for_decision(call)`` is where the
+    approve/deny/answer buttons of a waiting call post; without them there are no links.
+    """
+    chat_model = type(chat)
+    tool_call_model = related_model(chat_model, "tool_calls")
+    rows = list(chat.messages.order_by("id").defer("provider_data"))
+    calls = chat.tool_calls.order_by("id").select_related("decided_by").defer("provider_data")
+    with_children = has_field(tool_call_model, "child_chat")
+    if with_children:
+        calls = calls.select_related("child_chat")
+    usage_rows = list(chat.usage_records.order_by().values("message_id").annotate(**_USAGE_SUMS))
+    for row in usage_rows:
+        row["cost"] = row.pop("known_cost")
+    usage_by_message = {row["message_id"]: row for row in usage_rows if row["message_id"]}
+    results = {row.tool_call_id: row for row in rows if row.tool_call_id is not None}
+
+    calls_by_message: dict[Any, list[CallEntry]] = defaultdict(list)
+    call_pks = set()
+    timeline = Timeline(chat, [], _sum_usage(usage_rows), len(rows))
+    for call in calls:
+        call_pks.add(call.pk)
+        child = getattr(call, "child_chat", None) if with_children else None
+        entry = CallEntry(call, _pretty_json(call.arguments), results.get(call.pk), child)
+        if child is not None and url_for_chat is not None:
+            entry.child_url = url_for_chat(child.pk)
+        if call.state == ToolCallState.WAITING and call.pk not in results:
+            if call.wait_reason == "approval":
+                timeline.pending_approvals += 1
+            elif call.wait_reason == "question":
+                timeline.pending_questions += 1
+            if url_for_decision is not None and call.wait_reason in ("approval", "question"):
+                entry.decide_url = url_for_decision(call)
+        calls_by_message[call.message_id].append(entry)
+
+    for row in rows:
+        if row.tool_call_id in call_pks:
+            continue  # a tool result is shown under the call it answers
+        timeline.entries.append(
+            Entry(
+                row,
+                calls_by_message.get(row.pk, []),
+                usage_by_message.get(row.pk),
+                _pretty_json(row.parsed) if row.parsed is not None else "",
+            )
+        )
+    return timeline

@@ -1,0 +1,265 @@
+"""One model call: the limits checked, the request built, the provider asked (with retries),
+and the answer saved with its usage. ``Conversation.generate()`` and batches use it."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .. import providers
+from ..conf import agentloop_settings
+from ..exceptions import CancelledError, LimitReachedError, ProviderError
+from ..messages import (
+    Message,
+    MessageStatus,
+    ModelRequest,
+    ModelResponse,
+    ToolCallState,
+)
+from ..providers.base import Provider
+from ..tools import load_by_path
+from .checkpoints import Checkpoints
+from .config import ChatConfig
+from .store import ChatStore, UsageRecord
+from .streaming import StreamCallback, StreamState, backoff
+from .transcript import turn_start
+
+__all__ = ["ModelCalls", "PreparedCall"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class PreparedCall:
+    """A model call ready to send: ``generate()`` sends it at once, a batch later."""
+
+    provider: Provider
+    provider_name: str
+    model_id: str
+    request: ModelRequest
+    transcript: list[Message]
+
+
+class ModelCalls:
+    """Preparing, sending and accepting model calls (a part of ``Conversation``)."""
+
+    store: ChatStore
+    _emit: Callable[..., None]
+    _record_cancel: Callable[..., None]
+    _schema_model: type[BaseModel] | None
+
+    def _check_limits(self, transcript: list[Message], config: ChatConfig) -> None:
+        limits = config.limits
+        if not limits.is_set():
+            return
+        start = turn_start(transcript)
+        turn = [m for m in transcript[start:] if m.is_finished]
+        reason = None
+        model_calls = sum(1 for m in turn if m.role == "assistant")
+        tool_calls = sum(1 for m in turn if m.role == "tool")
+        if limits.max_model_calls is not None and model_calls >= limits.max_model_calls:
+            reason = f"max_model_calls reached ({model_calls} of {limits.max_model_calls})"
+        elif limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
+            reason = f"max_tool_calls reached ({tool_calls} of {limits.max_tool_calls})"
+        elif limits.max_seconds is not None or limits.max_cost is not None:
+            began = self.store.turn_started_at(transcript[start]) if transcript else None
+            if began is not None and limits.max_seconds is not None:
+                elapsed = (_now() - began).total_seconds()
+                if elapsed >= limits.max_seconds:
+                    reason = f"max_seconds reached ({elapsed:.1f}s of {limits.max_seconds}s)"
+            if reason is None and began is not None and limits.max_cost is not None:
+                cost = self.store.turn_cost(began)
+                if cost >= limits.max_cost:
+                    reason = f"max_cost reached ({cost} of {limits.max_cost})"
+        if reason is not None:
+            self.store.record_stop(reason)
+            self._emit("stopped", reason)
+            raise LimitReachedError(reason)
+
+    def _request(
+        self, transcript: list[Message], config: ChatConfig, model_id: str, stream: bool
+    ) -> ModelRequest:
+        options = config.tool_options
+        tools = [tool.definition() for tool in self.store.get_tools()]
+        messages = [m for m in transcript if m.is_finished]
+        choice = options.choice
+        if choice not in (None, "auto", "none") and messages and messages[-1].role == "tool":
+            # A forced choice ("required", a tool name) applies to the turn's first call;
+            # kept after the results, the model could never answer in words.
+            choice = "auto"
+        return ModelRequest(
+            model=model_id,
+            messages=messages,
+            tools=tools,
+            tool_choice=choice if tools else None,
+            parallel_tool_calls=(False if options.calls == "one" else None) if tools else None,
+            temperature=config.temperature,
+            max_output_tokens=config.max_output_tokens,
+            output_schema=config.output_schema,
+            provider_options=config.provider_options,
+            headers=config.headers,
+            stream=stream,
+        )
+
+    def prepare_model_call(
+        self,
+        transcript: list[Message] | None = None,
+        *,
+        stream: bool = False,
+        check_limits: bool = True,
+    ) -> PreparedCall:
+        """What ``generate()`` would send, without sending it (batches use this).
+
+        Checks the limits first (``LimitReachedError``; ``check_limits=False`` skips them,
+        for a call whose limits were checked when it was sent), then resolves the provider
+        and builds the request with the same mapping as every model call.
+        """
+        if transcript is None:
+            transcript = self.store.load_transcript()
+        config = self.store.get_config()
+        if check_limits:
+            self._check_limits(transcript, config)
+        model = config.model or agentloop_settings.DEFAULT_MODEL
+        provider, model_id = providers.resolve(model, config.provider)
+        return PreparedCall(
+            provider=provider,
+            provider_name=providers.split_model(model, config.provider)[0],
+            model_id=model_id,
+            request=self._request(transcript, config, model_id, stream),
+            transcript=transcript,
+        )
+
+    def accept_response(
+        self,
+        prepared: PreparedCall,
+        response: ModelResponse,
+        *,
+        cost: Decimal | None = None,
+        duration_ms: int | None = None,
+        partial_key: Any = None,
+    ) -> Any:
+        """Append the answer to a prepared call, with its usage row, as ``generate()`` does.
+
+        ``cost`` overrides the provider's price (e.g. a batch discount).
+        """
+        message = self._answer(response, prepared.transcript, prepared.model_id)
+        if cost is None:
+            cost = prepared.provider.cost(prepared.model_id, response.usage)
+        usage = UsageRecord(
+            provider=prepared.provider_name,
+            model=prepared.model_id,
+            status="succeeded",
+            usage=response.usage,
+            cost=cost,
+            duration_ms=duration_ms,
+        )
+        record = self.store.save_answer(message, usage, partial_key=partial_key)
+        self._emit("after_message", record)
+        return record
+
+    def _generate(
+        self,
+        transcript: list[Message],
+        stream: StreamCallback | None,
+        checkpoints: Checkpoints,
+    ) -> Any:
+        prepared = self.prepare_model_call(transcript, stream=stream is not None)
+        provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
+        provider_name = prepared.provider_name
+        retries = int(agentloop_settings.MODEL_RETRIES)
+        self._emit("before_message")
+        partial_key = None  # a failed attempt's streamed partial: the retry takes its place
+        for attempt in range(retries + 1):
+            checkpoints.check(force=False)  # just before the request
+            state = StreamState(self.store, checkpoints, stream, model_id)
+            state.partial_key = partial_key
+            started = time.monotonic()
+            try:
+                response = provider.request(
+                    request, on_chunk=state.on_chunk if request.stream else None
+                )
+            except CancelledError as exc:
+                partial = None
+                if state.text:
+                    partial = Message(role="assistant", content=state.text, model=model_id)
+                usage = UsageRecord(
+                    provider=provider_name,
+                    model=model_id,
+                    status="cancelled",
+                    duration_ms=int((time.monotonic() - started) * 1000),
+                )
+                self._record_cancel(
+                    exc, partial=partial, partial_key=state.partial_key, usage=usage
+                )
+                raise
+            except Exception as exc:
+                self.store.record_usage(
+                    UsageRecord(
+                        provider=provider_name,
+                        model=model_id,
+                        status="failed",
+                        error=f"{type(exc).__name__}: {exc}",
+                        duration_ms=int((time.monotonic() - started) * 1000),
+                    )
+                )
+                if isinstance(exc, ProviderError) and exc.retryable and attempt < retries:
+                    partial_key = state.partial_key
+                    time.sleep(backoff(attempt, exc.retry_after))
+                    checkpoints.check()
+                    continue
+                raise
+            return self.accept_response(
+                prepared,
+                response,
+                duration_ms=int((time.monotonic() - started) * 1000),
+                partial_key=state.partial_key,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:
+        """The assistant message for a response: unique call ids, parsed structured output."""
+        seen = {call.id for message in transcript for call in message.tool_calls}
+        calls = []
+        for call in response.tool_calls:
+            call_id = call.id or f"call_{uuid.uuid4().hex[:12]}"
+            if call_id in seen:  # some servers reuse ids across answers
+                call_id = f"{call_id}_{uuid.uuid4().hex[:8]}"
+            seen.add(call_id)
+            calls.append(call.model_copy(update={"id": call_id, "state": ToolCallState.PENDING}))
+        parsed = response.parsed
+        if self.store.get_config().output_schema and response.content:
+            # Our own parse validates against the pydantic model when there is one.
+            parsed = self._parse(response.content)
+        return Message(
+            role="assistant",
+            content=response.content,
+            tool_calls=calls,
+            parsed=parsed,
+            model=response.model or model_id,
+            finish_reason=response.finish_reason,
+            provider_data=response.provider_data,
+            status=MessageStatus.COMPLETE,
+        )
+
+    def _parse(self, content: str) -> Any:
+        model = self._schema_model
+        path = self.store.get_config().schema_path
+        if model is None and path:
+            loaded = load_by_path(path)
+            model = loaded if isinstance(loaded, type) and issubclass(loaded, BaseModel) else None
+        try:
+            if model is not None:
+                return model.model_validate_json(content).model_dump(mode="json")
+            return json.loads(content)
+        except (ValidationError, ValueError):
+            return None  # kept as text; parsed stays None so callers can tell

@@ -1,0 +1,61 @@
+"""Persisted chats: abstract mixins and the concrete ``Chat``, ``Message``, ``ToolCall``, ``Usage``.
+
+A project can make its own model a chat by subclassing the abstract classes, as
+long as the related names match (``messages``, ``tool_calls``, ``usage_records``).
+
+Each module holds one kind of row, its states, queryset and abstract mixin:
+
+- ``chat``: ``Chat`` (its verbs delegate to ``chat.conversation``);
+  ``chat_events``: signals and the subagent hooks its conversation's events fire;
+- ``messages``: ``Message`` and ``ToolCall``;
+- ``usage``: ``Usage``, one row per provider attempt;
+- ``batches``: ``Batch`` and ``BatchItem``.
+"""
+
+from .batches import (
+    AbstractBatch,
+    Batch,
+    BatchItem,
+    BatchItemStatus,
+    BatchQuerySet,
+    BatchStatus,
+)
+from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
+from .chat_events import SUBAGENT_CANCELLED_RESULT
+from .messages import (
+    MESSAGE_STATUS_CHOICES,
+    TOOL_CALL_STATE_CHOICES,
+    AbstractMessage,
+    AbstractToolCall,
+    Message,
+    MessageQuerySet,
+    Role,
+    ToolCall,
+)
+from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
+
+__all__ = [
+    "MESSAGE_STATUS_CHOICES",
+    "SUBAGENT_CANCELLED_RESULT",
+    "TOOL_CALL_STATE_CHOICES",
+    "AbstractBatch",
+    "AbstractChat",
+    "AbstractMessage",
+    "AbstractToolCall",
+    "AbstractUsage",
+    "Batch",
+    "BatchItem",
+    "BatchItemStatus",
+    "BatchQuerySet",
+    "BatchStatus",
+    "Chat",
+    "ChatQuerySet",
+    "ChatState",
+    "Message",
+    "MessageQuerySet",
+    "Role",
+    "ToolCall",
+    "Usage",
+    "UsageQuerySet",
+    "UsageStatus",
+]

@@ -1,0 +1,295 @@
+"""Chats: ``ChatState``, ``ChatQuerySet``, the abstract ``AbstractChat`` and the concrete ``Chat``.
+
+``AbstractChat`` holds a chat's configuration and state; its verbs delegate to
+``chat.conversation`` (a ``Conversation`` over a ``DjangoStore``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from ..engine import Conversation, StreamCallback
+    from .batches import Batch
+
+
+class ChatState(models.TextChoices):
+    IDLE = "idle", _("idle")
+    QUEUED = "queued", _("queued")
+    RUNNING = "running", _("running")
+    WAITING = "waiting", _("waiting")
+    STOPPED = "stopped", _("stopped by a limit")
+    FAILED = "failed", _("failed")
+
+
+class ChatQuerySet(models.QuerySet["AbstractChat"]):
+    def stopped(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.STOPPED)
+
+    def failed(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.FAILED)
+
+    def waiting(self) -> ChatQuerySet:
+        return self.filter(state=ChatState.WAITING)
+
+    def cancel_requested(self) -> ChatQuerySet:
+        return self.filter(cancel_requested_at__isnull=False)
+
+    def owned_by(self, user: Any) -> ChatQuerySet:
+        return self.filter(owner=user)
+
+    def batch(self, auto_continue: bool = False) -> Batch:
+        """Send these chats' next model call as one provider batch (``agentloop.batch``)."""
+        from ..batches import submit
+
+        return submit(self, auto_continue=auto_continue)
+
+
+class AbstractChat(models.Model):
+    """A chat whose configuration and state live on its row; the verbs run the loop."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="%(app_label)s_%(class)s_set",
+    )
+    title = models.CharField(_("title"), max_length=200, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    provider = models.CharField(_("provider"), max_length=100, blank=True)
+    tools = models.JSONField(_("tools (import paths)"), default=list, blank=True)
+    tool_options = models.JSONField(_("tool options"), default=dict, blank=True)
+    temperature = models.FloatField(_("temperature"), null=True, blank=True)
+    max_output_tokens = models.PositiveIntegerField(_("max output tokens"), null=True, blank=True)
+    provider_options = models.JSONField(_("provider options"), default=dict, blank=True)
+    headers = models.JSONField(_("headers"), default=dict, blank=True)
+    output_schema = models.JSONField(_("output schema"), null=True, blank=True)
+    schema_path = models.CharField(_("schema import path"), max_length=300, blank=True)
+    limits = models.JSONField(_("limits per turn"), default=dict, blank=True)
+    agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
+    state = models.CharField(
+        _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
+    )
+    stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
+    #: the one worker allowed to write (see agentloop.leases).
+    lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    objects = ChatQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.title or f"Chat {self.pk} ({self.model or 'default model'})"
+
+    # -- the engine ---------------------------------------------------------------------
+    @property
+    def conversation(self) -> Conversation:
+        """The engine driving this chat (one per instance; callbacks live on it)."""
+        cached: Conversation | None = self.__dict__.get("_conversation")
+        if cached is None:
+            from ..engine import Conversation
+            from ..store import DjangoStore
+            from .chat_events import connect_chat_events
+
+            cached = Conversation(DjangoStore(self), owner=self)
+            connect_chat_events(self, cached)
+            self.__dict__["_conversation"] = cached
+        return cached
+
+    # configuration (each persists and returns the chat)
+    def with_model(self, model: str, provider: str | None = None) -> AbstractChat:
+        self.conversation.with_model(model, provider)
+        return self
+
+    def with_instructions(self, text: str, append: bool = False) -> AbstractChat:
+        self.conversation.with_instructions(text, append)
+        return self
+
+    def with_tools(self, *tools: Any, replace: bool = False) -> AbstractChat:
+        self.conversation.with_tools(*tools, replace=replace)
+        return self
+
+    def with_tool_options(self, **options: Any) -> AbstractChat:
+        self.conversation.with_tool_options(**options)
+        return self
+
+    def with_temperature(self, temperature: float | None) -> AbstractChat:
+        self.conversation.with_temperature(temperature)
+        return self
+
+    def with_max_output_tokens(self, tokens: int | None) -> AbstractChat:
+        self.conversation.with_max_output_tokens(tokens)
+        return self
+
+    def with_provider_options(self, **options: Any) -> AbstractChat:
+        self.conversation.with_provider_options(**options)
+        return self
+
+    def with_headers(self, **headers: str) -> AbstractChat:
+        self.conversation.with_headers(**headers)
+        return self
+
+    def with_schema(self, schema: Any) -> AbstractChat:
+        self.conversation.with_schema(schema)
+        return self
+
+    def with_limits(self, **limits: Any) -> AbstractChat:
+        self.conversation.with_limits(**limits)
+        return self
+
+    # callbacks (this instance only; signals reach every chat)
+    def before_message(self, callback: Callable[[], Any]) -> AbstractChat:
+        self.conversation.before_message(callback)
+        return self
+
+    def after_message(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.after_message(callback)
+        return self
+
+    def before_tool_call(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.before_tool_call(callback)
+        return self
+
+    def after_tool_result(self, callback: Callable[[Any], Any]) -> AbstractChat:
+        self.conversation.after_tool_result(callback)
+        return self
+
+    # verbs
+    def ask_later(self, content: str, attachments: Any = None) -> AbstractChat:
+        """Add a user message; no model call."""
+        self.conversation.ask_later(content, attachments)
+        return self
+
+    def ask(
+        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
+    ) -> Any:
+        """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
+        return self.conversation.ask(content, stream, attachments=attachments)
+
+    def generate(self, stream: StreamCallback | None = None) -> Any:
+        """One model call; returns the saved assistant ``Message``."""
+        return self.conversation.generate(stream)
+
+    def run_tools(self) -> list[Any]:
+        """Run pending tool calls; returns the saved tool ``Message`` rows."""
+        return self.conversation.run_tools()
+
+    def step(self, stream: StreamCallback | None = None) -> Any:
+        """The next move, or None when complete or waiting."""
+        return self.conversation.step(stream)
+
+    def complete(self, stream: StreamCallback | None = None) -> Any:
+        """Step until complete or waiting; returns the last ``Message``."""
+        return self.conversation.complete(stream)
+
+    def is_complete(self) -> bool:
+        return self.conversation.is_complete()
+
+    def is_waiting(self) -> bool:
+        return self.conversation.is_waiting()
+
+    def cancel(self) -> None:
+        """Request cancellation: one UPDATE, seen by the run wherever it is.
+
+        Subagent chats still running for this one are cancelled too.
+        """
+        self.conversation.cancel()
+
+    # people in the loop
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls (``ToolCall`` rows) waiting for approval."""
+        return self.conversation.pending_approvals()
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``.question``)."""
+        return self.conversation.pending_questions()
+
+    def approve(self, tool_call_id: Any, by: Any = None) -> None:
+        """Approve a waiting call (by call id, pk or row) for exactly its arguments."""
+        self.conversation.approve(tool_call_id, by=by)
+        self._resume_if_background()
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Deny a waiting call: the model gets an error result saying so."""
+        record = self.conversation.deny(tool_call_id, reason=reason, by=by)
+        self._resume_if_background()
+        return record
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a waiting call's question; the answer is the call's result."""
+        record = self.conversation.answer(tool_call_id, text, by=by)
+        self._resume_if_background()
+        return record
+
+    def _resume_if_background(self) -> None:
+        # A chat a worker left waiting continues in the background once nothing holds it.
+        from ..engine.transcript import next_move
+
+        self.refresh_from_db(fields=["state"])
+        if self.state == ChatState.WAITING and next_move(self.conversation.messages) in (
+            "tools",
+            "generate",
+        ):
+            self.complete_later()
+
+    def complete_later(self) -> AbstractChat:
+        """Run the conversation in the background, one step per job, from the next commit.
+
+        Also the way to resume a failed or stopped chat (after raising its limits).
+        """
+        from ..background import enqueue
+
+        if self.pk is None:
+            self.save()
+        type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(
+            state=ChatState.QUEUED, error="", updated_at=timezone.now()
+        )
+        self.refresh_from_db(fields=["state", "error", "updated_at"])
+        enqueue(self.pk, self._meta.label, using=self._state.db)
+        return self
+
+
+class Chat(AbstractChat):
+    #: for a subagent's chat: the chat that handed it the task, and that tool call.
+    parent = models.ForeignKey(
+        "self",
+        verbose_name=_("parent chat"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="children",
+    )
+    parent_tool_call = models.OneToOneField(
+        "ToolCall",
+        verbose_name=_("parent tool call"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="child_chat",
+    )
+
+    class Meta(AbstractChat.Meta):
+        abstract = False
+        verbose_name = _("chat")
+        verbose_name_plural = _("chats")
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["state"], name="agentloop_chat_state_idx"),
+            models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
+            models.Index(fields=["lease_expires_at"], name="agentloop_chat_lease_idx"),
+            models.Index(fields=["-created_at"], name="agentloop_chat_created_idx"),
+        ]

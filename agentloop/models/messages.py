@@ -1,0 +1,138 @@
+"""Transcript rows: ``Message`` and ``ToolCall`` (and their abstract mixins)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ..messages import MessageStatus, ToolCallState
+from .chat import Chat
+
+
+class Role(models.TextChoices):
+    SYSTEM = "system", _("system")
+    USER = "user", _("user")
+    ASSISTANT = "assistant", _("assistant")
+    TOOL = "tool", _("tool")
+
+
+MESSAGE_STATUS_CHOICES = [(status.value, status.value) for status in MessageStatus]
+TOOL_CALL_STATE_CHOICES = [(state.value, state.value) for state in ToolCallState]
+
+
+class MessageQuerySet(models.QuerySet["AbstractMessage"]):
+    def finished(self) -> MessageQuerySet:
+        """Messages that count: no streamed partials, no cancelled answers."""
+        return self.filter(status=MessageStatus.COMPLETE)
+
+    def partial(self) -> MessageQuerySet:
+        """Answers cut short (a crash mid-stream, or a cancel)."""
+        return self.exclude(status=MessageStatus.COMPLETE)
+
+
+class AbstractMessage(models.Model):
+    """One message of a transcript."""
+
+    role = models.CharField(_("role"), max_length=20, choices=Role.choices)
+    content = models.TextField(_("content"), blank=True)
+    status = models.CharField(
+        _("status"), max_length=20, choices=MESSAGE_STATUS_CHOICES, default=MessageStatus.COMPLETE
+    )
+    is_error = models.BooleanField(_("is an error result"), default=False)
+    parsed = models.JSONField(_("structured output"), null=True, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
+    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
+    attachments = models.JSONField(_("attachments"), default=list, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        text = self.content if len(self.content) <= 60 else self.content[:57] + "..."
+        return f"{self.role}: {text}"
+
+
+class AbstractToolCall(models.Model):
+    """A tool call the model asked for, and how running it went."""
+
+    call_id = models.CharField(_("provider call id"), max_length=200)
+    name = models.CharField(_("tool name"), max_length=200)
+    arguments = models.JSONField(_("arguments"), default=dict, blank=True)
+    state = models.CharField(
+        _("state"), max_length=20, choices=TOOL_CALL_STATE_CHOICES, default=ToolCallState.PENDING
+    )
+    error = models.TextField(_("error"), blank=True)
+    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    #: why a waiting call waits: approval, question or subagent.
+    wait_reason = models.CharField(_("waits for"), max_length=20, blank=True)
+    question = models.TextField(_("question"), blank=True)
+    #: a person's decision: approved, denied or answered; bound to ``decision_digest``.
+    decision = models.CharField(_("decision"), max_length=20, blank=True)
+    decision_digest = models.CharField(_("arguments digest"), max_length=64, blank=True)
+    decision_reason = models.TextField(_("decision reason"), blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("decided by"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.call_id})"
+
+
+class Message(AbstractMessage):
+    chat = models.ForeignKey(
+        Chat, verbose_name=_("chat"), on_delete=models.CASCADE, related_name="messages"
+    )
+    #: for a tool message, the call it answers (one result per call, enforced).
+    tool_call = models.OneToOneField(
+        "ToolCall",
+        verbose_name=_("tool call"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="result",
+    )
+
+    class Meta(AbstractMessage.Meta):
+        abstract = False
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
+        ordering = ["id"]
+        indexes = [models.Index(fields=["chat", "id"], name="agentloop_message_chat_idx")]
+
+
+class ToolCall(AbstractToolCall):
+    chat = models.ForeignKey(
+        Chat, verbose_name=_("chat"), on_delete=models.CASCADE, related_name="tool_calls"
+    )
+    message = models.ForeignKey(
+        Message, verbose_name=_("message"), on_delete=models.CASCADE, related_name="tool_calls"
+    )
+
+    class Meta(AbstractToolCall.Meta):
+        abstract = False
+        verbose_name = _("tool call")
+        verbose_name_plural = _("tool calls")
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["chat", "call_id"], name="agentloop_toolcall_unique_call_id"
+            )
+        ]

@@ -1,0 +1,125 @@
+"""Usage: one row per provider attempt, and the queryset that totals them."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .chat import Chat
+from .messages import Message
+
+
+class UsageStatus(models.TextChoices):
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+_TOTALS: dict[str, Any] = {
+    "input_tokens": Sum("input_tokens", default=0),
+    "output_tokens": Sum("output_tokens", default=0),
+    "cached_tokens": Sum("cached_tokens", default=0),
+    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    "cost": Sum("cost", default=Decimal(0)),
+    "attempts": Count("id"),
+}
+
+
+class UsageQuerySet(models.QuerySet["AbstractUsage"]):
+    def for_owner(self, owner: Any) -> UsageQuerySet:
+        return self.filter(owner=owner)
+
+    def by_model(self) -> Any:
+        """Totals per provider and model (rows of dicts)."""
+        return self.values("provider", "model").annotate(**_TOTALS).order_by("provider", "model")
+
+    def by_period(self, period: str = "day") -> Any:
+        """Totals per ``period`` ("day", "week" or "month"), oldest first."""
+        trunc = {"day": TruncDay, "week": TruncWeek, "month": TruncMonth}[period]
+        return (
+            self.annotate(period=trunc("created_at"))
+            .values("period")
+            .annotate(**_TOTALS)
+            .order_by("period")
+        )
+
+    def totals(self) -> dict[str, Any]:
+        """Token sums, the known cost, and attempts by status."""
+        return self.aggregate(
+            input_tokens=Sum("input_tokens", default=0),
+            output_tokens=Sum("output_tokens", default=0),
+            cached_tokens=Sum("cached_tokens", default=0),
+            reasoning_tokens=Sum("reasoning_tokens", default=0),
+            cost=Sum("cost", default=Decimal(0)),
+            attempts=Count("id"),
+            failed=Count("id", filter=Q(status=UsageStatus.FAILED)),
+            cancelled=Count("id", filter=Q(status=UsageStatus.CANCELLED)),
+        )
+
+
+class AbstractUsage(models.Model):
+    """One provider attempt: tokens, cost when the price is known, and how it ended."""
+
+    provider = models.CharField(_("provider"), max_length=100, blank=True)
+    model = models.CharField(_("model"), max_length=200, blank=True)
+    status = models.CharField(_("status"), max_length=20, choices=UsageStatus.choices)
+    input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
+    output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
+    cached_tokens = models.PositiveIntegerField(_("cached tokens"), default=0)
+    reasoning_tokens = models.PositiveIntegerField(_("reasoning tokens"), default=0)
+    cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    duration_ms = models.PositiveIntegerField(_("duration (ms)"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    objects = UsageQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.status} ({self.input_tokens}+{self.output_tokens} tokens)"
+
+
+class Usage(AbstractUsage):
+    chat = models.ForeignKey(
+        Chat,
+        verbose_name=_("chat"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    message = models.ForeignKey(
+        Message,
+        verbose_name=_("message"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="usage_records",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="agentloop_usage",
+    )
+
+    class Meta(AbstractUsage.Meta):
+        abstract = False
+        verbose_name = _("usage")
+        verbose_name_plural = _("usage")
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["owner", "created_at"], name="agentloop_usage_owner_idx"),
+            models.Index(fields=["chat", "created_at"], name="agentloop_usage_chat_idx"),
+        ]

@@ -1,0 +1,153 @@
+"""A chat's transcript as the rows of one SELECT, and those rows as ``Message`` objects.
+
+One query reads the messages joined with their tool calls (``values_list``: no model
+instances). The rows are our own, so messages are built without validation (see
+``messages.trusted``) and JSON columns are decoded here, not by Django's converters.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .messages import (
+    Attachment,
+    Message,
+    MessageStatus,
+    ToolCall,
+    ToolCallState,
+    attachments_adapter,
+    trusted,
+)
+
+__all__ = ["JSON_COLUMNS", "MESSAGE_COLUMNS", "messages_from_rows", "transcript_query"]
+
+MESSAGE_COLUMNS = (
+    "id",
+    "role",
+    "content",
+    "status",
+    "is_error",
+    "parsed",
+    "model",
+    "finish_reason",
+    "provider_data",
+    "attachments",
+    "tool_call__call_id",
+    "tool_call__name",
+    "tool_calls__id",
+    "tool_calls__call_id",
+    "tool_calls__name",
+    "tool_calls__arguments",
+    "tool_calls__state",
+    "tool_calls__provider_data",
+    "tool_calls__wait_reason",
+    "tool_calls__question",
+    "tool_calls__decision",
+    "tool_calls__decision_digest",
+)
+
+
+# Columns of MESSAGE_COLUMNS holding JSON: read raw (the store's PreparedSelect skips their
+# converters) and decoded by _json or _attachments (most are "{}", "[]" or NULL).
+JSON_COLUMNS = frozenset(
+    MESSAGE_COLUMNS.index(name)
+    for name in (
+        "parsed",
+        "provider_data",
+        "attachments",
+        "tool_calls__arguments",
+        "tool_calls__provider_data",
+    )
+)
+_MESSAGE_STATUS = {status.value: status for status in MessageStatus}
+_TOOL_CALL_STATE = {state.value: state for state in ToolCallState}
+
+
+def _json(value: Any, empty: Any) -> Any:
+    """A JSON column as the driver returned it: text (decoded here), or already decoded."""
+    if value is None:
+        return None if empty is None else type(empty)()
+    if isinstance(value, str):
+        if value == "{}":
+            return {}
+        if value == "[]":
+            return []
+        return json.loads(value)
+    return value
+
+
+def _attachments(value: Any) -> list[Attachment]:
+    """The attachments column: nearly always empty; else validated back into Attachments."""
+    if not value or value == "[]":
+        return []
+    if isinstance(value, str):
+        return attachments_adapter.validate_json(value)
+    return attachments_adapter.validate_python(value)
+
+
+def transcript_query(message_model: Any, chat_pk: Any) -> Any:
+    """The transcript's query: ``MESSAGE_COLUMNS``, then the chat's lease token, lease expiry
+    and cancel flag (on every row: the cancel checkpoint at a verb's start costs no query)."""
+    return (
+        message_model.objects.filter(chat_id=chat_pk)
+        .order_by("id", "tool_calls__id")
+        .values_list(
+            *MESSAGE_COLUMNS,
+            "chat__lease_token",
+            "chat__lease_expires_at",
+            "chat__cancel_requested_at",
+        )
+    )
+
+
+def messages_from_rows(rows: list[Any]) -> list[Message]:
+    """The transcript's rows (see ``transcript_query``) as messages, each with its tool calls."""
+    messages: list[Message] = []
+    last: Message | None = None
+    for row in rows:
+        (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
+         attachments, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
+         call_state, call_provider_data, wait_reason, question, decision,
+         decision_digest, _token, _expires, _cancel) = row  # fmt: skip
+        if last is None or last.key != key:
+            # Rows are our own: build without validation (see messages.trusted).
+            last = trusted(
+                Message,
+                {
+                    "role": role,
+                    "content": content,
+                    "status": _MESSAGE_STATUS[status],
+                    "tool_calls": [],
+                    "tool_call_id": answers_id,
+                    "tool_name": answers_name,
+                    "is_error": is_error,
+                    "attachments": _attachments(attachments),
+                    "parsed": _json(parsed, None),
+                    "model": model or None,
+                    "finish_reason": finish_reason or None,
+                    "provider_data": _json(provider_data, {}),
+                    "created_at": None,  # read on demand: turn_started_at()
+                    "key": key,
+                },
+            )
+            messages.append(last)
+        if call_key is not None:
+            last.tool_calls.append(
+                trusted(
+                    ToolCall,
+                    {
+                        "id": call_id,
+                        "name": call_name,
+                        "arguments": _json(call_arguments, {}),
+                        "state": _TOOL_CALL_STATE[call_state],
+                        "provider_data": _json(call_provider_data, {}),
+                        "wait_reason": wait_reason or None,
+                        "question": question or None,
+                        "decision": decision or None,
+                        "decision_digest": decision_digest or None,
+                        "key": call_key,
+                    },
+                )
+            )
+    return messages
