@@ -129,7 +129,14 @@ class ChatEventReader:
         row = (
             self.chat_model.objects.filter(pk=self.chat_pk)
             .annotate(has_waiting=Exists(waiting))
-            .values("state", "error", "stop_reason", "cancel_requested_at", "has_waiting")
+            .values(
+                "state",
+                "error",
+                "stop_reason",
+                "cancel_requested_at",
+                "has_waiting",
+                "updated_at",
+            )  # fmt: skip
             .first()
         )
         if row is None:
@@ -148,6 +155,9 @@ class ChatEventReader:
             "error": row["error"][-_ERROR_SHOWN:],
             "stop_reason": row["stop_reason"],
             "pending": pending,
+            # Every run takes and releases the chat, which bumps this: a whole run that
+            # starts and ends between two polls (idle -> ... -> idle) still shows as a change.
+            "changed_at": row["updated_at"].isoformat() if row["updated_at"] else None,
         }
         if state == self._state:
             return None

@@ -248,13 +248,29 @@ def test_the_first_state_event_follows_the_messages_and_has_no_id(chat, open_str
     frames = open_stream().until(is_state)
 
     assert frames[-1].id is None
+    chat.refresh_from_db()
     assert frames[-1].data == {
         "state": "idle",
         "cancel_requested": False,
         "error": "",
         "stop_reason": "",
         "pending": [],
+        "changed_at": chat.updated_at.isoformat(),
     }
+
+
+def test_a_whole_run_between_two_polls_still_sends_a_state_event(chat, open_stream):
+    """idle -> queued -> running -> idle faster than the poll: the page must still hear of
+    it (it re-enables its Send button on a state event)."""
+    from agentloop.leases import Lease
+
+    stream = open_stream()
+    first = stream.until(is_state)[-1].data
+    lease = Lease.take(Chat, chat.pk)  # a run starts ...
+    lease.release(state="idle")  # ... and ends before the reader polls again
+    second = stream.until(is_state)[-1].data
+    assert first["state"] == second["state"] == "idle"
+    assert second["changed_at"] != first["changed_at"]
 
 
 def test_format_event_writes_one_json_data_line():
