@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field, create_model
 
 from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
-from .tools import Tool, import_path_of, snake_case
+from .importing import import_path_of
+from .tools import Tool, snake_case
 
 if TYPE_CHECKING:
     from .engine import Conversation

@@ -1,7 +1,7 @@
 """Running chats in the background: Celery when configured, else in-process threads.
 
 ``enqueue(chat)`` schedules one ``step`` job after the current transaction commits.
-Each job runs :func:`agentloop.runner.run_step` and schedules the next one, so a
+Each job runs :func:`agentloop._runner.run_step` and schedules the next one, so a
 conversation advances one step per job until it is complete, waiting, cancelled,
 stopped or failed. Without a broker (the embedded default) the same job function
 runs on a small thread pool in this process: fine for ``runserver`` and demos, not
@@ -17,8 +17,8 @@ from typing import Any
 
 from django.db import close_old_connections, connections, transaction
 
+from ._runner import StepOutcome, run_step
 from .conf import agentloop_settings
-from .runner import StepOutcome, run_step
 
 __all__ = ["backend_name", "enqueue", "follow_up", "run_job", "wait_for_embedded_jobs"]
 

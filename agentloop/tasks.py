@@ -1,4 +1,4 @@
-"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop.runner`."""
+"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop._runner`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 from celery import shared_task
 
+from ._runner import run_step
 from .background import follow_up
-from .runner import run_step
 
 __all__ = ["poll_batches", "resume_stalled_chats", "step_chat"]
 
@@ -28,7 +28,7 @@ def step_chat(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 
 @shared_task(name="agentloop.resume_stalled_chats", ignore_result=True)
 def resume_stalled_chats() -> int:
     """Re-enqueue chats whose worker died (expired lease) or whose job was lost."""
-    from .recovery import resume_stalled
+    from ._recovery import resume_stalled
 
     return len(resume_stalled())
 

@@ -6,7 +6,7 @@ Every chat asks ``tools:add`` of a zero-latency provider (tests/worker_provider.
 steps each (the model asks for the ``add`` tool; the tool runs; the model answers), on
 PostgreSQL, with Redis as the broker. Measured, after a warm-up, on fresh chats each time:
 
-* in-process: this process runs each step with ``agentloop.runner.run_step`` (a job's body:
+* in-process: this process runs each step with ``agentloop._runner.run_step`` (a job's body:
   take the lease, one ``step()``, release), chat after chat; no broker;
 * in-process, no lease: ``chat.complete()`` on each chat (what a view would do);
 * celery: ``complete_later()`` on every chat in one transaction, then ``--workers`` pool
@@ -75,7 +75,7 @@ def check(ids: list[int]) -> None:
 
 def in_process(count: int) -> float:
     """Seconds to run every step of ``count`` chats with run_step, one after another."""
-    from agentloop.runner import run_step
+    from agentloop._runner import run_step
 
     ids = make_chats(count)
     started = time.perf_counter()

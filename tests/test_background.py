@@ -1,6 +1,6 @@
 """Background steps in the embedded runner (no broker), leases and recovery (DESIGN §3).
 
-The embedded runner runs the very job Celery runs (``agentloop.runner.run_step`` and its
+The embedded runner runs the very job Celery runs (``agentloop._runner.run_step`` and its
 follow-up) on a thread pool of this process, so these tests drive the background loop on
 the real database without a broker; tests/test_celery_worker.py does it with real workers.
 """
@@ -19,17 +19,17 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentloop import signals
+from agentloop._leases import Heartbeat, Lease
+from agentloop._recovery import resume_stalled, stalled_chats
+from agentloop._runner import StepOutcome, run_step
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.exceptions import (
     AuthenticationError,
     LeaseLostError,
     RateLimitError,
 )
-from agentloop.leases import Heartbeat, Lease
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState, Message
-from agentloop.recovery import resume_stalled, stalled_chats
-from agentloop.runner import StepOutcome, run_step
 from agentloop.testing import FunctionProvider, stream, tool_call
 from tests.tools import add, transfer
 
@@ -548,8 +548,8 @@ def test_the_heartbeat_notices_a_lost_lease(chat):
 def test_a_message_added_while_a_worker_holds_the_chat_is_refused_not_stranded(scripted):
     """A user message saved while a worker's model call runs would sort before the answer
     and never be answered: ask_later refuses it instead (ChatBusyError), losing nothing."""
+    from agentloop._leases import Lease
     from agentloop.exceptions import ChatBusyError
-    from agentloop.leases import Lease
 
     chat = Chat.objects.create(model="scripted:test")
     chat.ask_later("first")

@@ -19,8 +19,8 @@ from django.test.utils import CaptureQueriesContext
 
 import agentloop
 from agentloop import providers, signals
+from agentloop._leases import Lease
 from agentloop.exceptions import BatchError
-from agentloop.leases import Lease
 from agentloop.messages import TokenUsage
 from agentloop.models import (
     Batch,
@@ -30,7 +30,7 @@ from agentloop.models import (
     ChatState,
 )
 from agentloop.providers.anthropic import AnthropicProvider
-from agentloop.providers.batches import batch_api
+from agentloop.providers.batch_apis import batch_api
 from agentloop.providers.catalog import price_of
 from agentloop.testing import reply, tool_call
 from tests.batch_server import USAGE, FakeBatches

@@ -11,8 +11,9 @@ from pydantic import BaseModel, Field
 
 from agentloop import ConfigurationError, Tool, tool
 from agentloop.engine.tool_runner import execute_tool
+from agentloop.importing import import_path_of, load_by_path
 from agentloop.messages import ToolCall
-from agentloop.tools import format_result, import_path_of, load_by_path
+from agentloop.tools import format_result
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 

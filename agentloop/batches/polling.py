@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import providers
+from .._leases import Heartbeat, Lease
 from ..engine.store import UsageRecord
 from ..engine.transcript import next_move
 from ..exceptions import (
@@ -19,10 +20,9 @@ from ..exceptions import (
     LeaseLostError,
     ProviderError,
 )
-from ..leases import Heartbeat, Lease
 from ..messages import ModelResponse
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState
-from ..providers.batches import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
+from ..providers.batch_apis import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
 from . import records, sending
 
 __all__ = ["cancel", "poll", "refresh"]

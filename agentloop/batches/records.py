@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..models import Batch, BatchItem, BatchItemStatus
-from ..providers.batches import BatchInfo
+from ..providers.batch_apis import BatchInfo
 
 __all__ = ["CLAIM_SECONDS", "claim", "counts", "finish", "release", "update"]
 

@@ -17,7 +17,7 @@ from ..engine.model_calls import PreparedCall
 from ..engine.transcript import next_move
 from ..exceptions import BatchError, ConfigurationError, LimitReachedError, ProviderError
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState
-from ..providers.batches import BatchAPI, batch_api
+from ..providers.batch_apis import BatchAPI, batch_api
 from . import records
 
 __all__ = ["Call", "create", "grouped", "prepare", "send_or_leave", "submit"]

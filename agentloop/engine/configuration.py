@@ -1,19 +1,78 @@
-"""The ``with_*`` methods: a chat's configuration, persisted through its store."""
+"""A chat's configuration: the data a worker in any process needs to continue it
+(``ChatConfig``), and the ``with_*`` methods that persist it through the store."""
 
 from __future__ import annotations
 
-from typing import Any, Self
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import providers
 from ..exceptions import ConfigurationError
+from ..importing import import_path_of
 from ..messages import Message
-from ..tools import Tool, import_path_of
-from .config import Limits, ToolOptions
-from .store import ChatStore
+from ..tools import Tool
 
-__all__ = ["Configuration"]
+if TYPE_CHECKING:
+    from .store import ChatStore
+
+__all__ = ["ChatConfig", "Configuration", "Limits", "ToolOptions"]
+
+
+class ToolOptions(BaseModel):
+    """How tools are offered and run (``with_tool_options``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: "auto" (default), "none", "required", or the name of one tool.
+    choice: str | None = None
+    #: "one" asks the provider for one tool call per answer and runs only the first.
+    calls: Literal["many", "one"] = "many"
+    #: None: one after another; "threads": one thread per call; int: a pool of that size.
+    concurrency: Literal["threads"] | int | None = None
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("concurrency must be at least 1")
+        return value
+
+
+class Limits(BaseModel):
+    """Per-turn budgets (a turn starts at the last user message)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_model_calls: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    max_seconds: float | None = Field(default=None, gt=0)
+    max_cost: Decimal | None = Field(default=None, gt=0)
+
+    def is_set(self) -> bool:
+        return any(value is not None for value in self.model_dump().values())
+
+
+class ChatConfig(BaseModel):
+    """Everything about a chat that is not its transcript."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = ""
+    provider: str | None = None
+    #: tools by import path (persisted chats) ...
+    tool_paths: list[str] = Field(default_factory=list)
+    tool_options: ToolOptions = Field(default_factory=ToolOptions)
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    #: JSON schema of the structured output, and the pydantic model's path when there is one.
+    output_schema: dict[str, Any] | None = None
+    schema_path: str | None = None
+    limits: Limits = Field(default_factory=Limits)
+
 
 _UNSET: Any = object()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
@@ -21,12 +22,7 @@ from ..exceptions import (
     ConfigurationError,
     PendingToolCallsError,
 )
-from ..messages import (
-    Message,
-    ToolCall,
-    ToolCallState,
-    attachments_from,
-)
+from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
 from .checkpoints import Checkpoints
 from .configuration import Configuration

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..exceptions import ConcurrentWriteError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
-from .config import ChatConfig
+from .configuration import ChatConfig
 from .store import ChatStore, UsageRecord
 
 __all__ = ["MemoryStore"]

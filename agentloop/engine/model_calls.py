@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from .. import providers
 from ..conf import agentloop_settings
 from ..exceptions import CancelledError, LimitReachedError, ProviderError
+from ..importing import load_by_path
 from ..messages import (
     Message,
     MessageStatus,
@@ -25,9 +26,8 @@ from ..messages import (
     ToolCallState,
 )
 from ..providers.base import Provider
-from ..tools import load_by_path
 from .checkpoints import Checkpoints
-from .config import ChatConfig
+from .configuration import ChatConfig
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState, backoff
 from .transcript import turn_start

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
-from .config import ChatConfig
+from .configuration import ChatConfig
 
 __all__ = ["ChatStore", "UsageRecord"]
 

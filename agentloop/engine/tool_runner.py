@@ -20,7 +20,7 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
 from .checkpoints import Checkpoints
-from .config import ToolOptions
+from .configuration import ToolOptions
 from .store import ChatStore
 
 __all__ = ["DENIED_RESULT", "ToolRunner", "execute_tool"]

@@ -81,7 +81,7 @@ class AbstractChat(models.Model):
     stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
     error = models.TextField(_("error"), blank=True)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
-    #: the one worker allowed to write (see agentloop.leases).
+    #: the one worker allowed to write (see agentloop._leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
@@ -101,8 +101,8 @@ class AbstractChat(models.Model):
         """The engine driving this chat (one per instance; callbacks live on it)."""
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
+            from ..django_store import DjangoStore
             from ..engine import Conversation
-            from ..store import DjangoStore
             from .chat_events import connect_chat_events
 
             cached = Conversation(DjangoStore(self), owner=self)

@@ -88,7 +88,7 @@ BUILTINS: dict[str, str] = {
 def _from_settings_or_builtin(name: str) -> Provider | None:
     """A provider for ``name`` from ``AGENTLOOP["PROVIDERS"][name]["class"]`` or the built-ins."""
     from ..conf import agentloop_settings
-    from ..tools import load_by_path
+    from ..importing import load_by_path
 
     configured: dict[str, Any] = agentloop_settings.PROVIDERS.get(name) or {}
     path = configured.get("class") or BUILTINS.get(name)

@@ -31,7 +31,7 @@ from agentloop import providers
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Batch, BatchStatus, Chat
 from agentloop.providers.anthropic import AnthropicProvider
-from agentloop.providers.batches import batch_api
+from agentloop.providers.batch_apis import batch_api
 from agentloop.providers.catalog import price_of
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.openai_responses import OpenAIResponsesProvider

@@ -19,7 +19,7 @@ from agentloop.exceptions import (
 )
 from agentloop.messages import Message, ModelRequest, ModelResponse
 from agentloop.providers.anthropic import AnthropicProvider
-from agentloop.providers.batches import (
+from agentloop.providers.batch_apis import (
     AnthropicBatchAPI,
     GeminiBatchAPI,
     OpenAIBatchAPI,

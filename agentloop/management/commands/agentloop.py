@@ -29,8 +29,8 @@ from ... import providers
 from ...agents import Agent
 from ...conf import agentloop_settings
 from ...exceptions import AgentloopError
+from ...importing import load_by_path
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
-from ...tools import load_by_path
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -154,7 +154,7 @@ class Command(BaseCommand):
     # -- resume ----------------------------------------------------------------------------
     def handle_resume(self, **options: Any) -> None:
         from ...background import backend_name, wait_for_embedded_jobs
-        from ...recovery import resume_stalled, stalled_chats
+        from ..._recovery import resume_stalled, stalled_chats
 
         label = agentloop_settings.CHAT_MODEL
         if options["dry_run"]:

@@ -2,25 +2,43 @@
 
 One query reads the messages joined with their tool calls (``values_list``: no model
 instances). The rows are our own, so messages are built without validation (see
-``messages.trusted``) and JSON columns are decoded here, not by Django's converters.
+:func:`trusted`) and JSON columns are decoded here, not by Django's converters.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
-from .messages import (
-    Attachment,
-    Message,
-    MessageStatus,
-    ToolCall,
-    ToolCallState,
-    attachments_adapter,
-    trusted,
-)
+from pydantic import BaseModel
 
-__all__ = ["JSON_COLUMNS", "MESSAGE_COLUMNS", "messages_from_rows", "transcript_query"]
+from ..attachments import Attachment, attachments_adapter
+from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+
+__all__ = [
+    "JSON_COLUMNS",
+    "MESSAGE_COLUMNS",
+    "messages_from_rows",
+    "transcript_query",
+    "trusted",
+]
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
+    """An instance built from ``values`` that are already valid, with every field given.
+
+    For stores reading their own rows: no validation, no defaults to fill (several times
+    faster than ``model_construct``, which matters at hundreds of messages per step).
+    """
+    instance = cls.__new__(cls)
+    object.__setattr__(instance, "__dict__", values)
+    object.__setattr__(instance, "__pydantic_fields_set__", set(values))
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance
+
 
 MESSAGE_COLUMNS = (
     "id",
@@ -111,7 +129,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
          call_state, call_provider_data, wait_reason, question, decision,
          decision_digest, _token, _expires, _cancel) = row  # fmt: skip
         if last is None or last.key != key:
-            # Rows are our own: build without validation (see messages.trusted).
+            # Rows are our own: build without validation (see trusted).
             last = trusted(
                 Message,
                 {

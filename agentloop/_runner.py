@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from django.apps import apps
 
+from ._leases import Heartbeat, Lease
 from .cancel_notices import RedisCancelListener
 from .conf import agentloop_settings
 from .engine.transcript import next_move
@@ -23,7 +24,6 @@ from .exceptions import (
     LimitReachedError,
     ProviderError,
 )
-from .leases import Heartbeat, Lease
 
 __all__ = ["StepOutcome", "run_step"]
 

@@ -19,16 +19,16 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .engine import ChatConfig, ChatStore, UsageRecord
-from .exceptions import ConcurrentWriteError
-from .messages import Message, MessageStatus, ToolCall, ToolCallState
+from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..exceptions import ConcurrentWriteError
+from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+from ..tools import Tool, load_tool, tool_reference
+from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect
-from .tools import Tool, load_tool, tool_reference
-from .transcript_rows import JSON_COLUMNS, messages_from_rows, transcript_query
 
 if TYPE_CHECKING:
-    from .leases import Lease
-    from .models import AbstractChat
+    from .._leases import Lease
+    from ..models import AbstractChat
 
 __all__ = ["DjangoStore"]
 
@@ -78,7 +78,7 @@ class DjangoStore(ChatStore):
         self._usage_insert = _inserter(self.usage_model)
         #: set by a background worker: every write then happens only while the lease is ours.
         self.lease: Lease | None = None
-        from .cancel_notices import listen_locally
+        from ..cancel_notices import listen_locally
 
         self.cancel_notice = listen_locally(chat)
 
@@ -157,7 +157,7 @@ class DjangoStore(ChatStore):
     # Building these querysets (resolving 18 columns across two joins) costs more than running
     # them on a short chat, so each is built once per chat and cloned for every read.
     def _query(self, name: str, build: Callable[[], Any]) -> list[Any]:
-        """Rows of a query compiled once per chat (see agentloop.sql)."""
+        """Rows of a query compiled once per chat (see agentloop.django_store.sql)."""
         key = (name, self.chat.pk)
         cached = self._queries.get(name)
         if cached is None or cached[0] != key:
@@ -409,7 +409,7 @@ class DjangoStore(ChatStore):
         self.chat_model.objects.filter(targets).update(
             cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
         )
-        from .cancel_notices import notify
+        from ..cancel_notices import notify
 
         notify(self.chat)
 
