@@ -1,117 +1,321 @@
-"""One writer per chat: a lease (token + expiry) on the chat row.
+"""One writer per chat: a lease (token + expiry) on the chat row, taken by every writing verb.
 
-Taking, renewing and releasing are each one conditional UPDATE, so two workers
-can never both believe they hold a chat. While a lease is held, every write
-transaction of the Django store starts by renewing it (:meth:`Lease.ensure`):
-a worker whose lease expired and was taken over fails that UPDATE and writes
-nothing (``LeaseLostError``). On PostgreSQL the renewal's row lock also makes a
-would-be taker wait until the writer's transaction ends.
+Taking a lease is one conditional UPDATE that also returns the chat row (``claim``), so a
+job loads its chat in the same statement that makes it the only writer. While the lease is
+held, each write transaction of the Django store starts by renewing it (:meth:`Lease.ensure`,
+which locks the row until the transaction ends), and the verb's last write releases it in the
+same transaction (:meth:`Lease.release`). A process whose lease was taken over fails that
+UPDATE and writes nothing (``LeaseLostError``).
+
+A single heartbeat thread per process renews every lease held here while a long model call or
+tool runs. It rides out transient database errors, retrying until the lease would expire; just
+before that it marks the lease lost, so the step writes nothing more and a takeover can't make
+a tool run twice.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import sqlite3
 import threading
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
-from django.db.models import Q
 from django.utils import timezone
 
 from .conf import agentloop_settings
 from .exceptions import LeaseLostError
 
-__all__ = ["Heartbeat", "Lease"]
+__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats"]
 
 logger = logging.getLogger(__name__)
+
+
+class _ClaimStatement:
+    """``UPDATE chat SET lease ... WHERE free RETURNING every column``, compiled once per
+    (chat model, database); the returned row goes through Django's converters."""
+
+    def __init__(self, chat_model: Any, using: str) -> None:
+        connection = connections[using]
+        meta = chat_model._meta
+        self.attnames = [field.attname for field in meta.concrete_fields]
+        # The converters of a plain SELECT of the same columns turn the RETURNING row into
+        # Python values exactly as the ORM would (JSON, datetimes on SQLite, ...).
+        query = chat_model._default_manager.using(using).values_list(*self.attnames).query
+        self.compiler = query.get_compiler(using=using)
+        self.compiler.setup_query()
+        columns = [selected[0] for selected in self.compiler.select]
+        self.converters = self.compiler.get_converters(columns)
+        quote = connection.ops.quote_name
+        table = quote(meta.db_table)
+        pk = quote(meta.pk.column)
+        self.returning = connection.vendor == "postgresql" or (
+            connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+        )
+        selected = ", ".join(quote(field.column) for field in meta.concrete_fields)
+        assignments = (
+            f"{quote('lease_token')} = %s, {quote('lease_expires_at')} = %s, "
+            f"{quote('updated_at')} = %s"
+        )
+        condition = (
+            f"{pk} = %s AND ({quote('lease_token')} = '' OR {quote('lease_expires_at')} < %s)"
+        )
+        # Only quoted identifiers from the model's metadata go into the text; values are
+        # always parameters.
+        returning = f" RETURNING {selected}" if self.returning else ""
+        # Two forms: a job's claim also marks the chat running; a verb in-process keeps it.
+        self.update_sql = {
+            True: f"UPDATE {table} SET {assignments}, {quote('state')} = %s "  # noqa: S608
+            f"WHERE {condition}{returning}",
+            False: f"UPDATE {table} SET {assignments} WHERE {condition}{returning}",  # noqa: S608
+        }
+        self.renew_sql = (
+            f"UPDATE {table} SET {quote('lease_expires_at')} = %s "  # noqa: S608
+            f"WHERE {pk} = %s AND {quote('lease_token')} = %s"
+        )
+        if self.returning:
+            self.renew_sql += f" RETURNING {quote('cancel_requested_at')}"
+        self.select_sql = f"SELECT {selected} FROM {table} WHERE {pk} = %s"  # noqa: S608
+
+    def convert(self, attname: str, value: Any) -> Any:
+        """One column's raw value as the ORM would return it."""
+        index = self.attnames.index(attname)
+        converters = {index: self.converters[index]} if index in self.converters else {}
+        if not converters:
+            return value
+        row = [None] * len(self.attnames)
+        row[index] = value
+        return next(iter(self.compiler.apply_converters([row], converters)))[index]
+
+    def run(self, using: str, pk: Any, token: str, expires: datetime, state: str | None) -> Any:
+        """The claimed row's values (converted), or None when the chat is held or missing."""
+        connection = connections[using]
+        now = timezone.now()
+        params: list[Any] = [token, expires, now]
+        if state is not None:
+            params.append(state)
+        params += [pk, now]
+        with connection.cursor() as cursor:
+            cursor.execute(self.update_sql[state is not None], params)
+            if self.returning:
+                row = cursor.fetchone()
+            elif cursor.rowcount:
+                cursor.execute(self.select_sql, [pk])
+                row = cursor.fetchone()
+            else:
+                row = None
+        if row is None:
+            return None
+        if self.converters:
+            row = next(iter(self.compiler.apply_converters([row], self.converters)))
+        return row
+
+
+_STATEMENTS: dict[tuple[Any, str], _ClaimStatement] = {}
+#: a renewal's answer when the database can't return the cancel flag with it.
+UNREAD: Any = object()
+_LOST: Any = object()
+
+
+def _statement(chat_model: Any, using: str) -> _ClaimStatement:
+    key = (chat_model, using)
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        statement = _STATEMENTS[key] = _ClaimStatement(chat_model, using)
+    return statement
+
+
+def attnames(chat_model: Any, using: str) -> list[str]:
+    """The chat's column attributes in the order a claim returns them."""
+    return _statement(chat_model, using).attnames
 
 
 class Lease:
     """A held lease on one chat row."""
 
-    def __init__(self, chat_model: Any, chat_pk: Any, token: str, seconds: float) -> None:
+    def __init__(
+        self, chat_model: Any, chat_pk: Any, token: str, seconds: float, using: str = "default"
+    ) -> None:
         self.chat_model = chat_model
         self.chat_pk = chat_pk
         self.token = token
         self.seconds = seconds
+        self.using = using
+        #: set when the lease can't be trusted any more (expired unrenewed, or taken over).
+        self.lost = threading.Event()
+        #: monotonic time of the last successful renewal (or the take).
+        self.renewed_at = time.monotonic()
 
     def __repr__(self) -> str:
         return f"<Lease chat={self.chat_pk} token={self.token[:6]}…>"
 
-    @classmethod
-    def take(cls, chat_model: Any, chat_pk: Any, seconds: float | None = None) -> Lease | None:
-        """The lease if the chat is free (no lease, or an expired one), else None."""
-        seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
-        token = secrets.token_hex(16)
-        now = timezone.now()
-        taken = (
-            chat_model.objects.filter(pk=chat_pk)
-            .filter(Q(lease_token="") | Q(lease_expires_at__lt=now))
-            .update(
-                lease_token=token,
-                lease_expires_at=now + timedelta(seconds=seconds),
-                state="running",
-                updated_at=now,
-            )
+    @property
+    def _rows(self) -> Any:
+        return self.chat_model._default_manager.using(self.using).filter(
+            pk=self.chat_pk, lease_token=self.token
         )
-        return cls(chat_model, chat_pk, token, seconds) if taken else None
+
+    @classmethod
+    def take(
+        cls, chat_model: Any, chat_pk: Any, seconds: float | None = None, using: str = "default"
+    ) -> Lease | None:
+        """The lease if the chat is free (no lease, or an expired one), else None."""
+        claimed = claim_row(chat_model, chat_pk, seconds=seconds, using=using)
+        return claimed[0] if claimed is not None else None
 
     def renew(self) -> bool:
         """Push the expiry out; False if the lease is no longer ours."""
-        return bool(
-            self.chat_model.objects.filter(pk=self.chat_pk, lease_token=self.token).update(
-                lease_expires_at=timezone.now() + timedelta(seconds=self.seconds)
-            )
-        )
+        return self._renew() is not _LOST
 
-    def ensure(self) -> None:
-        """Renew, or raise :class:`LeaseLostError` (call first in a write transaction)."""
-        if not self.renew():
+    def _renew(self) -> Any:
+        """Renew; the chat's cancel flag as read by the same statement (``UNREAD`` where the
+        database can't return it), or ``_LOST`` when the lease is no longer ours."""
+        statement = _statement(self.chat_model, self.using)
+        expires = timezone.now() + timedelta(seconds=self.seconds)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(statement.renew_sql, [expires, self.chat_pk, self.token])
+            if statement.returning:
+                row = cursor.fetchone()
+                if row is None:
+                    return _LOST
+                # As the ORM would read it (SQLite gives naive datetimes or text).
+                flag = statement.convert("cancel_requested_at", row[0])
+            elif not cursor.rowcount:
+                return _LOST
+            else:
+                flag = UNREAD
+        self.renewed_at = time.monotonic()
+        return flag
+
+    def ensure(self) -> Any:
+        """Renew, or raise :class:`LeaseLostError` (call first in a write transaction: the
+        renewal's row lock makes a would-be taker wait for the commit). Returns the cancel
+        flag read by the same statement (``UNREAD`` where it can't be)."""
+        flag = _LOST if self.lost.is_set() else self._renew()
+        if flag is _LOST:
+            self.lost.set()
             raise LeaseLostError(
-                f"The lease on chat {self.chat_pk} expired and was taken over; "
-                "this worker stops without writing."
+                f"The lease on chat {self.chat_pk} was lost (expired or taken over); "
+                "this process stops without writing."
             )
+        return flag
 
     def release(self, **fields: Any) -> bool:
         """Give the chat up, setting ``fields`` (e.g. state) in the same UPDATE."""
-        return bool(
-            self.chat_model.objects.filter(pk=self.chat_pk, lease_token=self.token).update(
+        if self.lost.is_set():
+            return False
+        released = bool(
+            self._rows.update(
                 lease_token="", lease_expires_at=None, updated_at=timezone.now(), **fields
             )
         )
+        heartbeats.stop(self)
+        return released
 
 
-class Heartbeat:
-    """Renews a lease from a background thread while a long model call or tool runs."""
+def claim_row(
+    chat_model: Any,
+    chat_pk: Any,
+    *,
+    seconds: float | None = None,
+    using: str = "default",
+    state: str | None = "running",
+) -> tuple[Lease, Any] | None:
+    """Take the lease on a free chat and read its row, in one statement.
 
-    def __init__(self, lease: Lease, interval: float | None = None) -> None:
-        self.lease = lease
-        self.interval = interval if interval is not None else max(lease.seconds / 3, 0.5)
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"agentloop-lease-{lease.chat_pk}", daemon=True
-        )
+    Returns the lease and the row's values (in ``concrete_fields`` order), or None when
+    another process holds the chat (or it does not exist).
+    """
+    seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
+    token = secrets.token_hex(16)
+    statement = _statement(chat_model, using)
+    expires = timezone.now() + timedelta(seconds=seconds)
+    row = statement.run(using, chat_pk, token, expires, state)
+    if row is None:
+        return None
+    return Lease(chat_model, chat_pk, token, seconds, using), row
 
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def claim(chat_model: Any, chat_pk: Any, *, using: str = "default") -> tuple[Lease, Any] | None:
+    """Take the lease and load the chat (one statement): ``(lease, chat)`` or None if held."""
+    claimed = claim_row(chat_model, chat_pk, using=using)
+    if claimed is None:
+        return None
+    lease, row = claimed
+    chat = chat_model.from_db(using, _statement(chat_model, using).attnames, row)
+    return lease, chat
+
+
+class _Heartbeats:
+    """One daemon thread per process renewing every lease held here."""
+
+    def __init__(self) -> None:
+        self._leases: set[Lease] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, lease: Lease) -> None:
+        """Keep ``lease`` alive until :meth:`stop` (or its release)."""
+        with self._lock:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="agentloop-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+
+    def _due(self) -> list[Lease]:
+        now = time.monotonic()
+        with self._lock:
+            return [lease for lease in self._leases if now - lease.renewed_at >= lease.seconds / 3]
 
     def _run(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                close_old_connections()
-                if not self.lease.renew():
-                    self.lost.set()
-                    logger.warning("Lost the lease on chat %s", self.lease.chat_pk)
+        while True:
+            with self._lock:
+                if not self._leases:
+                    self._thread = None
+                    connections.close_all()
                     return
-        except Exception:  # a heartbeat must never take the worker down
-            logger.exception("Lease heartbeat for chat %s failed", self.lease.chat_pk)
-        finally:
-            connections.close_all()
+                tick = min(lease.seconds for lease in self._leases) / 6
+            self._wake.wait(max(0.05, min(tick, 1.0)))
+            for lease in self._due():
+                beat(lease)
+
+
+def beat(lease: Lease) -> None:
+    """Renew ``lease`` once; on a database error retry later, and mark it lost before it
+    would expire (the step then writes nothing more)."""
+    try:
+        close_old_connections()
+        if not lease.renew():
+            lease.lost.set()
+            heartbeats.stop(lease)
+            logger.warning("Lost the lease on chat %s (taken over)", lease.chat_pk)
+    except Exception:
+        # A transient error (a restarted server, a dropped connection): drop the connection
+        # so the next try opens a new one, and keep trying while the lease still holds.
+        logger.warning("Lease renewal for chat %s failed; retrying", lease.chat_pk, exc_info=True)
+        try:
+            connections[lease.using].close()
+        except Exception:  # noqa: S110 - closing a broken connection may fail too
+            pass
+        margin = max(lease.seconds / 6, 0.1)
+        if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
+            lease.lost.set()
+            heartbeats.stop(lease)
+            logger.error(
+                "Chat %s: the lease could not be renewed before it expires; the step is "
+                "abandoned and writes nothing more",
+                lease.chat_pk,
+            )
+
+
+heartbeats = _Heartbeats()

@@ -20,9 +20,13 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
     chat_model: Any = apps.get_model(model_label)
     now = timezone.now()
     stale = now - timedelta(seconds=float(agentloop_settings.STALE_QUEUED_SECONDS))
-    return chat_model.objects.filter(
+    # Both arms match the partial index on (state, updated_at) of chats in flight.
+    return chat_model._default_manager.filter(
         Q(state="running", lease_expires_at__lt=now)
-        | Q(state="queued", lease_token="", updated_at__lt=stale)
+        | (
+            Q(state="queued", lease_token="", updated_at__lt=stale)
+            & (Q(retry_at__isnull=True) | Q(retry_at__lt=now))
+        )
     )
 
 

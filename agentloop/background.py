@@ -56,30 +56,19 @@ def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: i
         _embedded().submit(chat_id, model_label, countdown=countdown, attempt=attempt)
 
 
-def follow_up(outcome: StepOutcome, chat_id: Any, model_label: str, attempt: int) -> None:
-    """What a finished job schedules: the next step, or a retry of this one."""
+def follow_up(outcome: StepOutcome, chat_id: Any, model_label: str, attempt: int = 0) -> None:
+    """What a finished job schedules: the next step, or a retry of this one (the chat counts
+    its attempts and fails once ``STEP_RETRIES`` are used up)."""
     if outcome.enqueue_next:
         _send(chat_id, model_label, countdown=None, attempt=0)
     elif outcome.action == "retry":
-        if attempt >= int(agentloop_settings.STEP_RETRIES):
-            _mark_failed(
-                chat_id, model_label, f"Gave up after {attempt + 1} tries: {outcome.error}"
-            )
-        else:
-            _send(chat_id, model_label, countdown=outcome.retry_in, attempt=attempt + 1)
-
-
-def _mark_failed(chat_id: Any, model_label: str, error: str) -> None:
-    from django.apps import apps
-
-    chat_model: Any = apps.get_model(model_label)
-    chat_model.objects.filter(pk=chat_id, lease_token="").update(state="failed", error=error)
+        _send(chat_id, model_label, countdown=outcome.retry_in, attempt=0)
 
 
 def run_job(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
     """One job: a step under the lease; then the next job is scheduled."""
-    outcome = run_step(chat_id, model_label, attempt)
-    follow_up(outcome, chat_id, model_label, attempt)
+    outcome = run_step(chat_id, model_label)
+    follow_up(outcome, chat_id, model_label)
     return outcome
 
 

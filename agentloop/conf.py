@@ -25,8 +25,11 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_RETRIES": 2,
     #: first backoff in seconds (doubled each retry, with jitter); Retry-After wins.
     "RETRY_BACKOFF": 0.5,
-    #: upper bound of one backoff sleep.
+    #: upper bound of one backoff sleep inside a step; a longer Retry-After ends the step and
+    #: (in the background) schedules the next attempt instead of holding the worker.
     "RETRY_BACKOFF_MAX": 30.0,
+    #: the longest Retry-After honoured; a provider asking for more waits this long.
+    "RETRY_AFTER_MAX": 300.0,
     #: seconds a worker's lease on a chat lasts without renewal.
     "LEASE_SECONDS": 60,
     #: the chat model the views, tasks and admin use ("app_label.Model").
@@ -45,7 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "BACKGROUND": "auto",
     #: threads of the embedded runner.
     "EMBEDDED_WORKERS": 2,
-    #: retries of a step after a transient provider error, in the background.
+    #: attempts of a step after a transient provider error, in the background; the count is
+    #: kept on the chat (re-enqueues by the sweeper don't reset it); then the chat fails.
     "STEP_RETRIES": 5,
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
     "STALE_QUEUED_SECONDS": 300,

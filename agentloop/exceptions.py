@@ -9,11 +9,12 @@
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
-    │   └── ChatBusyError           ask_later() while a background worker runs the chat
+    │   └── ChatBusyError           another process (or thread) runs a verb of this chat now
     ├── ToolError                   raised by a tool: the model sees the message as an error result
     ├── ToolWaiting                 raised by a tool: its call waits (for a person, a subagent)
     │   └── NeedsInput              the call waits for a person's answer to a question
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
+    │   └── DecisionConflictError   someone else decided that call first (a race: views say 409)
     ├── BatchError                  these chats can't go into one batch (or the provider has none)
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
@@ -46,6 +47,7 @@ __all__ = [
     "ConcurrentWriteError",
     "ConfigurationError",
     "ContextLengthError",
+    "DecisionConflictError",
     "InvalidResponseError",
     "LeaseLostError",
     "LimitReachedError",
@@ -111,8 +113,8 @@ class LeaseLostError(ConcurrentWriteError):
 
 
 class ChatBusyError(ConcurrentWriteError):
-    """A background worker is running this chat's next move: a message added now would
-    land before its answer and never be answered. Wait for it, or cancel() it first."""
+    """Another process or thread holds the chat's claim (a worker's job, another request):
+    one writer at a time, so this verb did nothing. Wait for it, or cancel() its run."""
 
 
 class ToolError(AgentloopError):
@@ -146,6 +148,11 @@ class NeedsInput(ToolWaiting):  # noqa: N818 - a request, not a failure
 
 class ToolCallNotWaitingError(AgentloopError):
     """approve(), deny() or answer() named a call that is not waiting for that decision."""
+
+
+class DecisionConflictError(ToolCallNotWaitingError):
+    """The call stopped waiting while this decision was made: another decision (an approve
+    racing a deny, two answers) or the run itself got there first. Nothing was written."""
 
 
 class BatchError(AgentloopError):

@@ -45,6 +45,8 @@ class MessageStatus(StrEnum):
     PARTIAL = "partial"
     #: a streamed answer cut short by cancel(); kept for the record.
     CANCELLED = "cancelled"
+    #: a streamed answer whose model call then failed for good; kept for the record.
+    FAILED = "failed"
 
 
 class ToolCallState(StrEnum):

@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
+from ._recovery import resume_stalled
 from ._runner import run_step
 from .background import follow_up
 
@@ -20,16 +21,14 @@ __all__ = ["poll_batches", "resume_stalled_chats", "step_chat"]
 )
 def step_chat(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> str:
     """Run one step of a chat and enqueue the next; returns what happened."""
-    outcome = run_step(chat_id, model_label, attempt)
-    follow_up(outcome, chat_id, model_label, attempt)
+    outcome = run_step(chat_id, model_label)
+    follow_up(outcome, chat_id, model_label)
     return outcome.action
 
 
 @shared_task(name="agentloop.resume_stalled_chats", ignore_result=True)
 def resume_stalled_chats() -> int:
     """Re-enqueue chats whose worker died (expired lease) or whose job was lost."""
-    from ._recovery import resume_stalled
-
     return len(resume_stalled())
 
 

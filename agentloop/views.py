@@ -81,8 +81,14 @@ def _done(request: HttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def cancel_chat(request: HttpRequest, pk: int) -> HttpResponse:
-    """Ask the chat's run to stop at its next checkpoint."""
-    get_chat_for_change(request, pk).cancel()
+    """Ask the chat's run to stop at its next checkpoint; 409 when no run is in progress,
+    queued or waiting for a person (nothing is set, so the next message isn't stopped)."""
+    if not get_chat_for_change(request, pk).cancel():
+        return HttpResponse(
+            "This chat has no run in progress: nothing to cancel.",
+            status=409,
+            content_type="text/plain",
+        )
     return _done(request)
 
 

@@ -525,6 +525,7 @@ def run_action(client, action, chats):
 
 
 def test_the_cancel_action_sets_the_flag(admin_client, chat):
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.RUNNING)
     response = run_action(admin_client, "cancel_chats", [chat])
 
     assert response.status_code == 302

@@ -16,6 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import agentloop
 from agentloop import providers, signals
@@ -183,7 +184,8 @@ def test_a_chat_running_in_the_background_is_refused(fake, user):
 
 def test_a_chat_with_a_pending_cancel_is_refused(fake, user):
     chat = new_chat(user, "hello")
-    chat.cancel()
+    # A cancel that reached a run which stopped without seeing it (a crash): still pending.
+    Chat.objects.filter(pk=chat.pk).update(cancel_requested_at=timezone.now())
 
     with pytest.raises(BatchError, match=f"chat #{chat.pk} has a cancel request pending"):
         agentloop.batch([chat])

@@ -37,14 +37,23 @@ def rows(chat):
     return [(m.role, m.content, m.status) for m in chat.messages.all()]
 
 
+def cancel_queued(chat):
+    """Cancel a run that is queued (a job on its way): the next verb's first checkpoint
+    stops it. A chat with no run can't be cancelled (see test_a_cancel_with_nothing_...)."""
+    Chat.objects.filter(pk=chat.pk).update(state="queued")
+    assert Chat.objects.get(pk=chat.pk).cancel() is True
+
+
 # -- (a) at the start of a verb -----------------------------------------------------------
 @pytest.mark.django_db
 def test_cancel_is_one_update_of_the_flag(chat):
+    Chat.objects.filter(pk=chat.pk).update(state="queued")
     with CaptureQueriesContext(connection) as captured:
-        Chat.objects.get(pk=chat.pk).cancel()
+        assert Chat.objects.get(pk=chat.pk).cancel() is True
 
-    assert len(captured) == 2  # the get, then one UPDATE
-    assert captured.captured_queries[1]["sql"].startswith("UPDATE")
+    # the get, one UPDATE of the chat's flag, one of its running subagents' flags
+    assert len(captured) == 3
+    assert [q["sql"].split()[0] for q in captured.captured_queries[1:]] == ["UPDATE", "UPDATE"]
     assert flag(chat) is not None
 
 
@@ -53,7 +62,7 @@ def test_cancel_is_one_update_of_the_flag(chat):
 def test_a_cancel_before_a_verb_stops_it_at_once_and_writes_nothing(chat, scripted, verb):
     chat.ask_later("Hello")
     scripted.add("never sent")
-    Chat.objects.get(pk=chat.pk).cancel()
+    cancel_queued(chat)
 
     with pytest.raises(CancelledError):
         getattr(chat, verb)()
@@ -67,7 +76,7 @@ def test_a_cancel_before_a_verb_stops_it_at_once_and_writes_nothing(chat, script
 @pytest.mark.django_db
 def test_after_a_cancel_at_the_start_the_chat_works_again(chat, scripted):
     chat.ask_later("Hello")
-    Chat.objects.get(pk=chat.pk).cancel()
+    cancel_queued(chat)
     with pytest.raises(CancelledError):
         chat.step()
     scripted.add("Hi")
@@ -76,6 +85,17 @@ def test_after_a_cancel_at_the_start_the_chat_works_again(chat, scripted):
 
     assert answer.content == "Hi"
     assert chat.is_complete()
+
+
+@pytest.mark.django_db
+def test_a_cancel_with_nothing_running_sets_nothing_and_says_so(chat, scripted):
+    chat.ask_later("Hello")
+
+    assert Chat.objects.get(pk=chat.pk).cancel() is False
+
+    assert flag(chat) is None
+    scripted.add("Hi")
+    assert chat.step().content == "Hi"  # the next run is not stopped by a stale cancel
 
 
 # -- (b) before the model request ---------------------------------------------------------
@@ -321,4 +341,4 @@ def test_streaming_costs_the_same_queries_for_10_and_100_chunks(user, scripted):
         assert len(received) == chunks
         counts[chunks] = len(captured)
 
-    assert counts[10] == counts[100] == 5  # see test_query_counts: generate with a text answer
+    assert counts[10] == counts[100] == 7  # see test_query_counts: generate with a text answer

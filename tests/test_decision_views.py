@@ -168,7 +168,7 @@ def test_approving_twice_is_409(owner_client, chat):
     response = owner_client.post(url("approve", chat))
 
     assert response.status_code == 409
-    assert b"not waiting for approval" in response.content
+    assert b"already approved" in response.content
 
 
 @pytest.mark.parametrize("view", VIEWS)

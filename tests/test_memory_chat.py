@@ -689,10 +689,18 @@ def test_the_chat_works_again_right_after_a_cancel(chat, scripted):
     assert [(m.role, m.content) for m in sent] == [("user", "Talk"), ("user", "Shorter please")]
 
 
-def test_cancel_before_a_verb_stops_it_before_the_model_call(chat, scripted):
+def test_cancel_with_nothing_running_sets_nothing(chat, scripted):
+    scripted.add("answer")
+    chat.ask_later("hi")
+    assert chat.cancel() is False
+    assert chat.store.cancel_requested_at() is None
+    assert chat.complete().content == "answer"
+
+
+def test_cancel_before_the_model_call_stops_it_before_the_request(chat, scripted):
     scripted.add("unused")
     chat.ask_later("hi")
-    chat.cancel()
+    chat.before_message(lambda: chat.cancel())
     with pytest.raises(CancelledError):
         chat.complete()
     assert scripted.requests == []

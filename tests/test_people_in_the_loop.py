@@ -13,7 +13,7 @@ from django.test import override_settings
 from agentloop import PendingToolCallsError
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.tool_runner import DENIED_RESULT
-from agentloop.exceptions import ToolCallNotWaitingError
+from agentloop.exceptions import DecisionConflictError, ToolCallNotWaitingError
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
@@ -434,10 +434,10 @@ def test_a_tool_raising_needs_input_waits_for_an_answer(chat, scripted, user):
 
 # -- decisions for calls that don't wait for them ---------------------------------------------
 @pytest.mark.django_db
-def test_approving_a_call_twice_raises_not_waiting(waiting, user):
+def test_approving_a_call_twice_is_a_decision_conflict(waiting, user):
     waiting.approve("t1", by=user)
 
-    with pytest.raises(ToolCallNotWaitingError, match="not waiting for approval"):
+    with pytest.raises(DecisionConflictError, match="already approved"):
         waiting.approve("t1", by=user)
 
 

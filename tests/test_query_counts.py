@@ -1,17 +1,21 @@
-"""SQL statements per step don't grow with the history (DESIGN §2): the same count at 10 and
-at 200 messages, and the exact count asserted so a new query shows up as a failing test.
+"""SQL statements per step don't grow with the history (DESIGN §2, §13): the same count at 10
+and at 200 messages, and the exact count asserted so a new query shows up as a failing test.
 
-What a step costs (inside the test's transaction, so atomic blocks are SAVEPOINT/RELEASE):
-  generate, text answer:  transcript read (each row carries the chat's cancel flag:
-                          the start-of-verb checkpoint costs no query of its own),
-                          SAVEPOINT, INSERT message, INSERT usage, RELEASE          = 5
-  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 6
-  run_tools, 2 calls:     transcript read with the cancel flag                      = 1
-                          each call: UPDATE running, SAVEPOINT, INSERT result,
-                          UPDATE state, RELEASE, cancel check after it              = 6
-                          (before the first call the check is throttled: the verb's
-                          start check just read; before later ones the previous
-                          call's after-check covers it)                     2 x 6 = 12
+Every writing verb runs under the chat's claim (DESIGN §12). Inside the test's transaction
+atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn't log):
+  generate, text answer:  claim (UPDATE ... RETURNING the chat row), transcript read (each
+                          row carries the cancel flag: the start checkpoint is free),
+                          SAVEPOINT, release (UPDATE: the verb's last write gives the claim
+                          up, with the chat's next state), INSERT message, INSERT usage,
+                          RELEASE                                                    = 7
+  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 8
+  run_tools, 2 calls:     claim, transcript read                                     = 2
+                          each call: UPDATE running (conditional on its state and on
+                          the lease), SAVEPOINT, lease renewal (it also reads the cancel
+                          flag: the after-tool checkpoint is free), INSERT result,
+                          UPDATE state, RELEASE                               2 x 6 = 12
+                          release                                                    = 1
+A job (``run_step``) costs the same as the verb: its claim also loads the chat.
 The same figures on SQLite and PostgreSQL.
 """
 
@@ -22,6 +26,7 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from agentloop._runner import run_step
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, Message, ToolCall
 from agentloop.testing import tool_call
@@ -33,9 +38,9 @@ pytestmark = pytest.mark.django_db
 # depending on how fast the machine is: only the forced checks read.
 SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SAVE_INTERVAL": 60})
 
-GENERATE_TEXT_QUERIES = 5
-GENERATE_TOOL_CALLS_QUERIES = 6
-RUN_TOOLS_QUERIES = 13
+GENERATE_TEXT_QUERIES = 7
+GENERATE_TOOL_CALLS_QUERIES = 8
+RUN_TOOLS_QUERIES = 15
 
 
 def build_history(chat, length):
@@ -136,3 +141,54 @@ def test_run_tools_with_two_calls_costs_the_same_queries_at_10_and_200_messages(
 
     assert counts[10] == counts[200], sql
     assert counts[200] == RUN_TOOLS_QUERIES, sql
+
+
+def job(chat):
+    """What the Celery task runs for one step (in the embedded runner's shape)."""
+    return run_step(chat.pk)
+
+
+@SLOW_POLL
+def test_a_job_step_with_a_text_answer_costs_what_generate_costs(user, scripted):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("next question")
+        scripted.add("next answer")
+        counts[length], sql = count_queries(lambda chat=chat: job(chat))
+        assert chat.messages.last().content == "next answer"
+
+    assert counts[10] == counts[200], sql
+    assert counts[200] == GENERATE_TEXT_QUERIES, sql
+
+
+@SLOW_POLL
+def test_a_job_step_running_two_tools_costs_what_run_tools_costs(user, scripted):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("add twice")
+        scripted.add(two_calls())
+        chat.generate()
+        counts[length], sql = count_queries(lambda chat=chat: job(chat))
+        assert [m.content for m in chat.messages.filter(role="tool")][-2:] == ["3", "7"]
+
+    assert counts[10] == counts[200], sql
+    assert counts[200] == RUN_TOOLS_QUERIES, sql
+
+
+@SLOW_POLL
+def test_complete_reads_the_history_once_per_turn(user, scripted):
+    """Loop mode: one claim and one transcript read for the whole turn; each later step
+    checks only the cancel flag (read by its first write's lease renewal, for free)."""
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        chat.ask_later("add twice, then answer")
+        scripted.add(two_calls(), "10")
+        counts[length], sql = count_queries(chat.complete)
+        assert chat.messages.last().content == "10"
+
+    assert counts[10] == counts[200], sql
+    transcript_reads = [q for q in sql if q.startswith("SELECT") and "agentloop_message" in q]
+    assert len(transcript_reads) == 1, sql

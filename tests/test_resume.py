@@ -5,8 +5,10 @@ does exactly the right next move, with no duplicate or missing message."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, Usage
@@ -41,6 +43,12 @@ def drive(chat, verb, *replies, env=None, **spec):
     )
 
 
+def claim_expires(chat):
+    """The dead process's claim on the chat runs out (LEASE_SECONDS later, in real life):
+    until then another process gets ChatBusyError (see the test below)."""
+    Chat.objects.filter(pk=chat.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
 def runs(log):
     return log.read_text().split() if log.exists() else []
 
@@ -73,6 +81,7 @@ def crashed_in_step_two(user, log):
         env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "step_two"},
     )
     assert crashed.returncode == 17, crashed.stderr
+    claim_expires(chat)
     return chat
 
 
@@ -88,6 +97,7 @@ def crashed_in_charge_card(user, log):
         env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "charge_card"},
     )
     assert crashed.returncode == 17, crashed.stderr
+    claim_expires(chat)
     return chat
 
 
@@ -109,6 +119,26 @@ def test_a_crash_keeps_the_first_result_and_leaves_the_second_call_marked_runnin
         ("tool", "one done", "call_1", "complete"),
     ]
     assert not chat.is_complete()
+
+
+def test_a_fresh_process_waits_for_the_dead_process_claim_to_expire(user, log):
+    """Until the claim of a process that died runs out, nobody else may write: a second
+    writer could otherwise run the tool the dead process was running a second time."""
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.with_tools(step_one, step_two, step_three).ask_later("Do the three steps")
+    crashed = drive(
+        chat,
+        "complete",
+        THREE_STEPS,
+        env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "step_two"},
+    )
+    assert crashed.returncode == 17, crashed.stderr
+
+    early = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
+
+    assert early.returncode != 0
+    assert "ChatBusyError" in early.stderr
+    assert runs(log) == ["step_one", "step_two"]
 
 
 def test_a_fresh_process_runs_only_the_second_and_third_tool(crashed_in_step_two, log):
@@ -216,6 +246,7 @@ def killed_mid_stream(user):
         process.stdout.close()
         process.stderr.close()
     assert process.returncode == -9
+    claim_expires(chat)
     return chat
 
 

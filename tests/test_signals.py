@@ -113,13 +113,14 @@ def test_a_fresh_instance_sends_signals_too(chat, scripted, received):
 def test_a_cancelled_run_sends_chat_cancelled(chat, scripted, received):
     chat.ask_later("Hello")
     received.clear()
-    Chat.objects.get(pk=chat.pk).cancel()
+    chat.before_message(lambda: Chat.objects.get(pk=chat.pk).cancel())
 
     with pytest.raises(CancelledError):
         chat.step()
 
     assert [(name, sender, kwargs) for name, sender, kwargs in received] == [
-        ("chat_cancelled", Chat, {"chat": chat})
+        ("model_call_started", Chat, {"chat": chat}),
+        ("chat_cancelled", Chat, {"chat": chat}),
     ]
 
 

@@ -26,7 +26,8 @@ CSRF_TOKEN = "a" * 32  # any well-formed secret: the cookie and the header must 
 
 @pytest.fixture
 def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
+    """A chat with a run on its way (queued): there is something to cancel."""
+    return Chat.objects.create(model="scripted:test", owner=user, state="queued")
 
 
 def cancel_url(chat) -> str:
@@ -143,6 +144,16 @@ def test_staff_without_the_change_permission_get_404(django_user_model, chat):
     assert not cancel_requested(chat)
 
 
+def test_cancelling_a_chat_with_no_run_answers_409_and_sets_nothing(owner, user):
+    idle = Chat.objects.create(model="scripted:test", owner=user)
+
+    response = owner.post(cancel_url(idle), HTTP_ACCEPT="*/*")
+
+    assert response.status_code == 409
+    assert "nothing to cancel" in response.content.decode()
+    assert not cancel_requested(idle)
+
+
 def test_staff_with_the_change_permission_may_cancel(django_user_model, chat):
     staff = logged_in(django_user_model, "sam", staff=True, perms=["change_chat"])
 
@@ -199,15 +210,18 @@ def run_action(client, action, *chats):
 def test_the_admin_cancel_action_requests_cancellation_of_the_selected_chats(
     admin_client, chat, user
 ):
-    other = Chat.objects.create(model="scripted:test", owner=user)
-    untouched = Chat.objects.create(model="scripted:test", owner=user)
+    other = Chat.objects.create(model="scripted:test", owner=user, state="running")
+    idle = Chat.objects.create(model="scripted:test", owner=user)
+    untouched = Chat.objects.create(model="scripted:test", owner=user, state="queued")
 
-    response = run_action(admin_client, "cancel_chats", chat, other)
+    response = run_action(admin_client, "cancel_chats", chat, other, idle)
 
     assert response.status_code == 200
-    assert "Cancellation requested for 2 chat(s)." in response.content.decode()
+    page = response.content.decode()
+    assert "Cancellation requested for 2 chat(s)." in page
+    assert "1 chat(s) had no run to cancel." in page
     assert cancel_requested(chat) and cancel_requested(other)
-    assert not cancel_requested(untouched)
+    assert not cancel_requested(untouched) and not cancel_requested(idle)
 
 
 def test_staff_who_may_only_view_chats_cannot_cancel_them(django_user_model, chat):

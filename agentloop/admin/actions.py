@@ -25,11 +25,19 @@ DEFAULT_DENY_REASON = "Denied by a reviewer in the admin."
 
 @admin.action(description=_("Cancel the running step"), permissions=["change"])
 def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    chats = list(queryset)
-    for chat in chats:
-        chat.cancel()  # also wakes a run in this process, or any worker when Redis is set
-        modeladmin.log_change(request, chat, "Cancellation requested.")
-    modeladmin.message_user(request, gettext("Cancellation requested for %d chat(s).") % len(chats))
+    cancelled = idle = 0
+    for chat in queryset:
+        # Also wakes a run in this process, or any worker when Redis is set.
+        if chat.cancel():
+            cancelled += 1
+            modeladmin.log_change(request, chat, "Cancellation requested.")
+        else:
+            idle += 1
+    modeladmin.message_user(request, gettext("Cancellation requested for %d chat(s).") % cancelled)
+    if idle:
+        modeladmin.message_user(
+            request, gettext("%d chat(s) had no run to cancel.") % idle, messages.WARNING
+        )
 
 
 @admin.action(description=_("Resume in the background"), permissions=["change"])

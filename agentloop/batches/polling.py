@@ -10,7 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import providers
-from .._leases import Heartbeat, Lease
+from .._leases import claim
+from ..django_store.claims import one_line
 from ..engine.store import UsageRecord
 from ..engine.transcript import next_move
 from ..exceptions import (
@@ -151,15 +152,12 @@ def _release_cancelled_chats(batch: Batch, api: BatchAPI, *, sent: bool = True) 
 
 
 def _release_cancelled_chat(item: BatchItem) -> None:
-    chat_model: Any = type(item.chat)
     prior = item.chat.state
-    lease = Lease.take(chat_model, item.chat_id)
-    if lease is None:
+    chat = _claim(item)
+    if chat is None:
         return  # a run holds the chat and sees the cancel itself; we try again next poll
+    conversation = chat.conversation
     try:
-        chat = chat_model.objects.get(pk=item.chat_id)
-        conversation = chat.conversation
-        conversation.store.lease = lease
         requested_at = conversation.store.cancel_requested_at()
         if requested_at is None:
             return
@@ -168,9 +166,24 @@ def _release_cancelled_chat(item: BatchItem) -> None:
                 cancelled_at=timezone.now()
             )
             if marked:
-                conversation._record_cancel(CancelledError(requested_at=requested_at))
+                conversation.record_cancel(CancelledError(requested_at=requested_at))
     finally:
-        lease.release(state=prior if prior != ChatState.RUNNING else ChatState.IDLE)
+        conversation.store.release_with(
+            state=prior if prior != ChatState.RUNNING else ChatState.IDLE
+        )
+
+
+def _claim(item: BatchItem) -> Any:
+    """The item's chat, loaded by taking its lease (one statement), or None while a run
+    holds it. Collecting is one verb: what runs inside it (tools) nests in its claim."""
+    claimed = claim(type(item.chat), item.chat_id)
+    if claimed is None:
+        return None
+    lease, chat = claimed
+    store = chat.conversation.store
+    store.adopt(lease)
+    store.claim()
+    return chat
 
 
 # -- collecting ------------------------------------------------------------------------------
@@ -210,15 +223,12 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
         if records.finish(item, BatchItemStatus.CANCELLED, "The chat was cancelled in the batch."):
             _record_discarded(batch, api, item, item.chat, result, "the chat was cancelled")
         return "done"
-    chat_model: Any = type(item.chat)
     prior = item.chat.state
-    lease = Lease.take(chat_model, item.chat_id)
-    if lease is None:
+    chat = _claim(item)
+    if chat is None:
         return None
-    chat = chat_model.objects.get(pk=item.chat_id)
     conversation = chat.conversation
     store = conversation.store
-    store.lease = lease
     release: dict[str, Any] = {"state": prior if prior != ChatState.RUNNING else ChatState.IDLE}
     then = "done"
     try:
@@ -234,7 +244,7 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
                     cancelled_at=timezone.now(),
                 ):
                     usage = _discarded_usage(batch, api, item, result, "the chat was cancelled")
-                    conversation._record_cancel(
+                    conversation.record_cancel(
                         CancelledError(requested_at=requested_at), usage=usage
                     )
         elif next_move(transcript) != "generate" or latest != item.after_message_id:
@@ -253,7 +263,7 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
                     )
                     release = {"state": ChatState.FAILED, "error": f"Batch #{batch.pk}: {text}"}
         else:
-            then = _answer(batch, api, item, chat, lease, transcript, result)
+            then = _answer(batch, api, item, chat, transcript, result)
             state = ChatState.WAITING if then == "wait" else ChatState.IDLE
             release = {"state": state, "error": ""}
     except LeaseLostError:
@@ -263,10 +273,10 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
         then = "done"  # cancelled while its tools ran: recorded by the engine
     except Exception as exc:
         logger.exception("Chat %s: collecting its batch answer failed", item.chat_id)
-        release = {"state": ChatState.FAILED, "error": f"{type(exc).__name__}: {exc}"[:4000]}
+        release = {"state": ChatState.FAILED, "error": one_line(exc)}
         then = "done"
     finally:
-        lease.release(**release)
+        store.release_with(**release)
     if then == "complete_later":
         chat.complete_later()
     return "continue" if then == "continue" else "done"
@@ -277,7 +287,6 @@ def _answer(
     api: BatchAPI,
     item: BatchItem,
     chat: Any,
-    lease: Lease,
     transcript: list[Any],
     response: ModelResponse,
 ) -> str:
@@ -300,10 +309,9 @@ def _answer(
             duration_ms=int(waited.total_seconds() * 1000),
         )
         BatchItem.objects.filter(pk=item.pk).update(message=record)
-    move = next_move(conversation.store.load_transcript())
+    move = next_move(transcript)
     if move == "tools":
-        with Heartbeat(lease):
-            chat.run_tools()
+        chat.run_tools()  # nested in the collection's claim (its heartbeat keeps the lease)
         move = next_move(conversation.store.load_transcript())
     if move == "wait":
         return "wait"

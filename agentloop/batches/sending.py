@@ -206,7 +206,7 @@ def _send(batch: Batch, api: BatchAPI, pairs: list[tuple[BatchItem, Call]]) -> N
     )
     for _, call in pairs:
         # The model call has started, as generate() says before its request.
-        call.chat.conversation._emit("before_message")
+        call.chat.conversation.emit("before_message")
 
 
 def _fail_unsent(batch: Batch, error: Exception, *, fail_chats: bool = False) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connections
 
-__all__ = ["PreparedInsert", "PreparedSelect"]
+__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate"]
 
 
 class PreparedSelect:
@@ -33,9 +33,10 @@ class PreparedSelect:
             if index not in raw_columns
         }
 
-    def rows(self) -> list[Any]:
+    def rows(self, params: Any = None) -> list[Any]:
+        """Run it (with ``params`` instead of the compiled ones, same order) and convert."""
         with connections[self.using].cursor() as cursor:
-            cursor.execute(self.sql, self.params)
+            cursor.execute(self.sql, self.params if params is None else params)
             rows = cursor.fetchall()
         if self.converters:
             return list(self.compiler.apply_converters(rows, self.converters))
@@ -88,3 +89,65 @@ class PreparedInsert:
         instance._state.adding = False
         instance._state.db = using
         return pk
+
+
+class PreparedUpdate:
+    """``UPDATE table SET <columns> WHERE <conditions>`` for one model, built once per database.
+
+    ``where`` holds ``(column, operator)`` pairs ("=", or "<>"); values are always parameters,
+    prepared with each field's ``get_db_prep_save``. ``guard`` adds ``AND EXISTS (SELECT 1
+    FROM <guard table> WHERE <pk> = %s AND <column> = %s)``: a write allowed only while a
+    row (the chat's lease) still says so, at no extra statement.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        columns: tuple[str, ...],
+        where: tuple[tuple[str, str], ...],
+        guard: tuple[Any, str, str] | None = None,
+    ) -> None:
+        self.model = model
+        meta = model._meta
+        self.fields = [meta.get_field(name) for name in columns]
+        self.where_fields = [(meta.get_field(name), operator) for name, operator in where]
+        self.guard = guard
+        self._sql: dict[str, str] = {}
+
+    def _statement(self, connection: Any) -> str:
+        sql = self._sql.get(connection.alias)
+        if sql is None:
+            quote = connection.ops.quote_name
+            assignments = ", ".join(f"{quote(field.column)} = %s" for field in self.fields)
+            conditions = " AND ".join(
+                f"{quote(field.column)} {operator} %s" for field, operator in self.where_fields
+            )
+            if self.guard is not None:
+                guard_model, key, column = self.guard
+                guard_meta = guard_model._meta
+                guard_table = quote(guard_meta.db_table)
+                guard_key = quote(guard_meta.get_field(key).column)
+                guard_column = quote(guard_meta.get_field(column).column)
+                exists = f"SELECT 1 FROM {guard_table} WHERE {guard_key} = %s"  # noqa: S608
+                conditions += f" AND EXISTS ({exists} AND {guard_column} = %s)"
+            # Only quoted identifiers from the models' metadata go into the text.
+            table = quote(self.model._meta.db_table)
+            statement = f"UPDATE {table} SET {assignments} WHERE {conditions}"  # noqa: S608
+            sql = self._sql[connection.alias] = statement
+        return sql
+
+    def run(self, using: str, values: list[Any], where: list[Any], guard: Any = ()) -> int:
+        """Rows changed."""
+        connection = connections[using]
+        params = [
+            field.get_db_prep_save(value, connection)
+            for field, value in zip(self.fields, values, strict=True)
+        ]
+        params += [
+            field.get_db_prep_save(value, connection)
+            for (field, _), value in zip(self.where_fields, where, strict=True)
+        ]
+        params += list(guard)
+        with connection.cursor() as cursor:
+            cursor.execute(self._statement(connection), params)
+            return int(cursor.rowcount)

@@ -19,15 +19,16 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
-from ..exceptions import ConcurrentWriteError
+from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from ..tools import Tool, load_tool, tool_reference
+from .claims import ClaimMixin
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
-from .sql import PreparedInsert, PreparedSelect
+from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 
 if TYPE_CHECKING:
-    from .._leases import Lease
     from ..models import AbstractChat
 
 __all__ = ["DjangoStore"]
@@ -48,51 +49,99 @@ _CONFIG_COLUMNS = {
 }
 
 
-_INSERTERS: dict[Any, PreparedInsert] = {}
+class _Models:
+    """What a chat model brings, worked out once per process (not per chat object): its
+    message, tool-call and usage models, and the statements compiled for them."""
+
+    def __init__(self, chat_model: Any) -> None:
+        # A project's own chat model brings its own message models: find them by relation.
+        meta: Any = chat_model._meta
+        self.chat_model = chat_model
+        self.message_model: Any = meta.get_field("messages").related_model
+        self.tool_call_model: Any = meta.get_field("tool_calls").related_model
+        self.usage_model: Any = meta.get_field("usage_records").related_model
+        names = {field.name for field in meta.get_fields()}
+        self.has_children = "parent" in names
+        #: chats can wait in a provider batch (agentloop.models.Chat): that is a run too.
+        self.has_batches = "batch_items" in names
+        self.message_insert = PreparedInsert(self.message_model)
+        self.usage_insert = PreparedInsert(self.usage_model)
+        # Moving a call to running, only from the state it was read in and while the lease
+        # holds: the claim that makes a tool run at most once per take of the lease.
+        self.start_call = PreparedUpdate(
+            self.tool_call_model,
+            ("state", "started_at"),
+            (("id", "="), ("state", "=")),
+            guard=(chat_model, "id", "lease_token"),
+        )
+        self.finish_call = PreparedUpdate(
+            self.tool_call_model, ("state", "error", "finished_at"), (("id", "="),)
+        )
+        self._transcripts: dict[str, PreparedSelect] = {}
+
+    def transcript(self, using: str) -> PreparedSelect:
+        """The transcript's SELECT, compiled once; its only parameter is the chat's key."""
+        select = self._transcripts.get(using)
+        if select is None:
+            queryset = transcript_query(self.message_model, 0).using(using)
+            select = self._transcripts[using] = PreparedSelect(queryset, raw_columns=JSON_COLUMNS)
+            if list(select.params) != [0]:  # pragma: no cover - Django compiles it so today
+                raise RuntimeError("the transcript query takes more than the chat's key")
+        return select
 
 
-def _inserter(model: Any) -> PreparedInsert:
-    inserter = _INSERTERS.get(model)
-    if inserter is None:
-        inserter = _INSERTERS[model] = PreparedInsert(model)
-    return inserter
+_MODELS: dict[Any, _Models] = {}
 
 
-class DjangoStore(ChatStore):
+def _models(chat_model: Any) -> _Models:
+    models = _MODELS.get(chat_model)
+    if models is None:
+        models = _MODELS[chat_model] = _Models(chat_model)
+    return models
+
+
+class DjangoStore(ClaimMixin, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
     def __init__(self, chat: AbstractChat) -> None:
         self.chat = chat
-        # A project's own chat model brings its own message models: find them by relation.
-        meta: Any = chat._meta
-        self.message_model: Any = meta.get_field("messages").related_model
-        self.tool_call_model: Any = meta.get_field("tool_calls").related_model
-        self.usage_model: Any = meta.get_field("usage_records").related_model
         self.chat_model: Any = type(chat)
-        self._has_children = any(field.name == "parent" for field in meta.get_fields())
+        models = self.models = _models(self.chat_model)
+        self.message_model = models.message_model
+        self.tool_call_model = models.tool_call_model
+        self.usage_model = models.usage_model
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
-        self._queries: dict[str, tuple[tuple[str, Any], Any]] = {}
         self._config: ChatConfig | None = None
-        self._running_elsewhere = False
-        self._message_insert = _inserter(self.message_model)
-        self._usage_insert = _inserter(self.usage_model)
-        #: set by a background worker: every write then happens only while the lease is ours.
-        self.lease: Lease | None = None
+        #: the cancel flag read by the last write's lease renewal (a free checkpoint read).
+        self._flag_after_write: Any = UNREAD
+        # Function-local: cancel notices reach the Redis client, kept off Django's import path.
         from ..cancel_notices import listen_locally
 
         self.cancel_notice = listen_locally(chat)
 
     @contextmanager
-    def _writing(self, *, atomic: bool = True) -> Iterator[None]:
-        """A write. Under a lease it is always a transaction that first renews the lease,
-        so a worker that lost its chat writes nothing; else a transaction if ``atomic``."""
-        if self.lease is None and not atomic:
-            yield
-            return
+    def _writing(self, *, release: str | None = None) -> Iterator[None]:
+        """A write transaction. Under a lease it first renews the lease (its row lock makes a
+        would-be taker wait; a process that lost the chat writes nothing); with ``release``
+        (the next move) the same first statement releases it instead."""
+        lease = self.lease
+        if lease is not None and lease.lost.is_set():
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        fields: dict[str, Any] | None = None
         with transaction.atomic(using=self._db):
-            if self.lease is not None:
-                self.lease.ensure()
+            if lease is not None:
+                if release is not None:
+                    fields, outcome = self._release_fields(release, None)
+                    if not lease.release(**fields):
+                        lease.lost.set()
+                        raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+                else:
+                    self._flag_after_write = lease.ensure()
             yield
+        if fields is not None:
+            self._applied(fields)
+            self._forget_lease()
+            self.last_release = self._wake_if_decided(outcome)
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
@@ -154,29 +203,6 @@ class DjangoStore(ChatStore):
         return self._tools[1]
 
     # -- transcript ----------------------------------------------------------------------
-    # Building these querysets (resolving 18 columns across two joins) costs more than running
-    # them on a short chat, so each is built once per chat and cloned for every read.
-    def _query(self, name: str, build: Callable[[], Any]) -> list[Any]:
-        """Rows of a query compiled once per chat (see agentloop.django_store.sql)."""
-        key = (name, self.chat.pk)
-        cached = self._queries.get(name)
-        if cached is None or cached[0] != key:
-            raw = JSON_COLUMNS if name == "transcript" else frozenset()
-            cached = self._queries[name] = (key, PreparedSelect(build(), raw_columns=raw))
-        rows: list[Any] = cached[1].rows()
-        return rows
-
-    def _transcript_query(self) -> Any:
-        return transcript_query(self.message_model, self.chat.pk)
-
-    def _cancel_query(self) -> Any:
-        # At most one row (by primary key): no ORDER BY/LIMIT as .first() would add.
-        return (
-            self.chat_model.objects.filter(pk=self.chat.pk)
-            .order_by()
-            .values_list("cancel_requested_at", flat=True)
-        )
-
     def load_transcript(self) -> list[Message]:
         return self.read_for_step()[0]
 
@@ -184,21 +210,10 @@ class DjangoStore(ChatStore):
         # One query: the transcript, each row carrying the chat's cancel flag.
         if self.chat.pk is None:
             return [], None
-        rows = self._query("transcript", self._transcript_query)
+        rows = self.models.transcript(self._db).rows([self.chat.pk])
         if not rows:
-            self._running_elsewhere = False
-            return [], self.cancel_requested_at()
-        messages = messages_from_rows(rows)
-        # The last three columns: the chat's lease token, lease expiry and cancel flag.
-        token, expires = rows[-1][-3], rows[-1][-2]
-        own = self.lease.token if self.lease is not None else ""
-        self._running_elsewhere = bool(
-            token and token != own and expires is not None and expires > timezone.now()
-        )
-        return messages, rows[-1][-1]
-
-    def running_elsewhere(self) -> bool:
-        return self._running_elsewhere
+            return [], self._read_cancel_flag()
+        return messages_from_rows(rows), rows[-1][-1]
 
     def turn_started_at(self, message: Message) -> datetime | None:
         if message.created_at is not None or message.key is None:
@@ -230,18 +245,17 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         record = self._message_row(message)
-        clear_stop = message.role == "user" and (
-            self.chat.stop_reason or self.chat.state == "stopped"
-        )
-        with self._writing(atomic=bool(clear_stop)):
-            self._message_insert.insert(record, self._db)
-            if clear_stop:
-                self._update_chat(stop_reason="", state="idle")
+        with self._writing():
+            self.models.message_insert.insert(record, self._db)
+            if message.role == "user":
+                # A new turn: it is no longer stopped, and never inherits an earlier cancel.
+                values: dict[str, Any] = {"cancel_requested_at": None}
+                if self.chat.stop_reason or self.chat.state in ("stopped", "failed"):
+                    values.update(stop_reason="", state="idle", error="")
+                if self.chat.cancel_requested_at is not None or len(values) > 1:
+                    self._update_chat(**values)
+        message.key = record.pk
         return record
-
-    @property
-    def _db(self) -> str:
-        return self.chat._state.db or "default"
 
     def _update_chat(self, **values: Any) -> None:
         self.chat_model.objects.filter(pk=self.chat.pk).update(**values)
@@ -260,7 +274,7 @@ class DjangoStore(ChatStore):
             system.exclude(pk=first).delete()
 
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
-        with self._writing(atomic=False):
+        with self._writing():
             if partial_key is not None:
                 self.message_model.objects.filter(pk=partial_key).update(content=content)
                 return partial_key
@@ -271,6 +285,10 @@ class DjangoStore(ChatStore):
             )
             record.save()
             return record.pk
+
+    def fail_partial(self, partial_key: Any) -> None:
+        with self._writing():
+            self.message_model.objects.filter(pk=partial_key).update(status=MessageStatus.FAILED)
 
     def _usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
         return self.usage_model(
@@ -289,17 +307,24 @@ class DjangoStore(ChatStore):
             duration_ms=usage.duration_ms,
         )
 
-    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Any:
-        with self._writing():
+    def save_answer(
+        self,
+        message: Message,
+        usage: UsageRecord,
+        partial_key: Any = None,
+        *,
+        release: str | None = None,
+    ) -> Any:
+        with self._writing(release=release):
             record = self._message_row(message)
             if partial_key is not None:
                 # The streamed partial becomes the finished answer, keeping its place.
                 record.pk = partial_key
                 record.save(force_update=True)
             else:
-                self._message_insert.insert(record, self._db)
+                self.models.message_insert.insert(record, self._db)
             if message.tool_calls:
-                self.tool_call_model.objects.bulk_create(
+                rows = self.tool_call_model.objects.bulk_create(
                     [
                         self.tool_call_model(
                             chat_id=self.chat.pk,
@@ -313,32 +338,39 @@ class DjangoStore(ChatStore):
                         for call in message.tool_calls
                     ]
                 )
-            self._usage_insert.insert(self._usage_row(usage, record), self._db)
+                for call, row in zip(message.tool_calls, rows, strict=True):
+                    call.key = row.pk
+            self.models.usage_insert.insert(self._usage_row(usage, record), self._db)
             if self.chat.stop_reason:
                 # The turn goes on (limits were raised): it is no longer stopped.
-                self._update_chat(stop_reason="", state="running" if self.lease else "idle")
+                self._update_chat(stop_reason="", state="running" if self.background else "idle")
+        message.key = record.pk
         return record
 
     def record_usage(self, usage: UsageRecord) -> None:
-        with self._writing(atomic=False):
-            self._usage_insert.insert(self._usage_row(usage), self._db)
+        with self._writing():
+            self.models.usage_insert.insert(self._usage_row(usage), self._db)
 
-    def mark_tool_running(self, call: ToolCall) -> None:
-        with self._writing(atomic=False):
-            self.tool_call_model.objects.filter(pk=call.key).update(
-                state=ToolCallState.RUNNING, started_at=timezone.now()
-            )
+    def mark_tool_running(self, call: ToolCall) -> bool:
+        lease = self.lease
+        if lease is None:  # pragma: no cover - every verb runs under the claim
+            raise LeaseLostError("Tool calls run only under the chat's claim.")
+        if lease.lost.is_set():
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        started = self.models.start_call.run(
+            self._db,
+            [ToolCallState.RUNNING, timezone.now()],
+            [call.key, call.state],
+            guard=(self.chat.pk, lease.token),
+        )
+        return bool(started)
 
     def save_tool_result(
         self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
     ) -> Any:
         try:
             with self._writing():
-                record = self._message_row(message, tool_call_id=call.key)
-                self._message_insert.insert(record, self._db)
-                self.tool_call_model.objects.filter(pk=call.key).update(
-                    state=state, error=error or "", finished_at=timezone.now()
-                )
+                record = self._tool_result(call, message, state, error)
         except IntegrityError as exc:
             raise ConcurrentWriteError(
                 f"Tool call {call.id!r} ({call.name}) already has a result: "
@@ -346,8 +378,17 @@ class DjangoStore(ChatStore):
             ) from exc
         return record
 
+    def _tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Any:
+        record = self._message_row(message, tool_call_id=call.key)
+        self.models.message_insert.insert(record, self._db)
+        self.models.finish_call.run(self._db, [state, error or "", timezone.now()], [call.key])
+        message.key = record.pk
+        return record
+
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
-        with self._writing(atomic=False):
+        with self._writing():
             self.tool_call_model.objects.filter(pk=call.key).update(
                 state=ToolCallState.WAITING, wait_reason=reason, question=question or ""
             )
@@ -362,15 +403,28 @@ class DjangoStore(ChatStore):
             "decided_by_id": getattr(by, "pk", None),
             "decided_at": timezone.now(),
         }
-        with self._writing():
-            if result is None:  # approved: the call runs at the next step
-                self.tool_call_model.objects.filter(pk=call.key).update(
-                    state=ToolCallState.PENDING, **fields
-                )
-                return None
-            self.tool_call_model.objects.filter(pk=call.key).update(**fields)
-            state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
-            return self.save_tool_result(call, result, state, None)
+        if result is None:  # approved: the call runs at the next step
+            fields["state"] = ToolCallState.PENDING
+        # Only while the call still waits (for this reason): of two racing decisions exactly
+        # one changes the row; the other changes nothing and is told so.
+        waiting = self.tool_call_model.objects.filter(
+            pk=call.key, state=ToolCallState.WAITING, wait_reason=call.wait_reason or ""
+        )
+        try:
+            with transaction.atomic(using=self._db):
+                if not waiting.update(**fields):
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) is no longer waiting: another "
+                        "decision (or the run) got there first. Nothing was changed."
+                    )
+                if result is None:
+                    return None
+                state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+                return self._tool_result(call, result, state, None)
+        except IntegrityError as exc:
+            raise DecisionConflictError(
+                f"Tool call {call.id!r} ({call.name}) already has a result."
+            ) from exc
 
     def native_message(self, message: Message) -> Any:
         return self.message_model.objects.get(pk=message.key)
@@ -389,29 +443,55 @@ class DjangoStore(ChatStore):
         )
 
     # -- cancellation and stopping ----------------------------------------------------------
+    def _read_cancel_flag(self) -> datetime | None:
+        value: datetime | None = (
+            self.chat_model.objects.filter(pk=self.chat.pk)
+            .order_by()
+            .values_list("cancel_requested_at", flat=True)
+            .first()
+        )
+        return value
+
     def cancel_requested_at(self) -> datetime | None:
         if self.chat.pk is None:
             return None
-        rows = self._query("cancel", self._cancel_query)
-        value: datetime | None = rows[0][0] if rows else None
-        return value
+        flag, self._flag_after_write = self._flag_after_write, UNREAD
+        if flag is not UNREAD and not (self.cancel_notice and self.cancel_notice.is_set()):
+            # The last write's lease renewal read the flag just now: no query needed.
+            value: datetime | None = flag
+            return value
+        return self._read_cancel_flag()
 
-    def request_cancel(self) -> None:
-        # Keep the first request's time: clearing compares against it.
+    def request_cancel(self) -> bool:
+        # Keep the first request's time: clearing compares against it. Only a run that is in
+        # progress, queued or held for a person can be cancelled; else nothing is set, so a
+        # later message can't inherit it.
         pk = self._saved_chat().pk
-        targets = Q(pk=pk)
-        if self._has_children:
-            # Running subagents stop too, in the same single UPDATE.
-            # (in the background: queued or running; in this process: their parent's call runs)
-            targets |= Q(parent_id=pk) & (
-                Q(state__in=["queued", "running"]) | Q(parent_tool_call__state="running")
-            )
-        self.chat_model.objects.filter(targets).update(
-            cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
+        now = timezone.now()
+        active = (
+            Q(lease_token__gt="", lease_expires_at__gt=now)
+            | Q(state__in=["queued", "running", "waiting"])
+            | Q(tool_calls__state=ToolCallState.WAITING)
         )
+        if self.models.has_batches:
+            active |= Q(batch_items__status="pending", batch_items__cancelled_at__isnull=True)
+        flagged = self.chat_model.objects.filter(
+            pk__in=self.chat_model.objects.filter(active, pk=pk)
+        ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
+        if not flagged:
+            return False
+        if self.models.has_children:
+            # Running subagents stop too (in the background: queued or running; in this
+            # process: their parent's call runs).
+            self.chat_model.objects.filter(
+                Q(parent_id=pk)
+                & (Q(state__in=["queued", "running"]) | Q(parent_tool_call__state="running"))
+            ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
+        # Function-local: cancel notices reach the Redis client, kept off Django's import path.
         from ..cancel_notices import notify
 
         notify(self.chat)
+        return True
 
     def record_cancellation(
         self,
@@ -445,9 +525,10 @@ class DjangoStore(ChatStore):
                     pk__in=[call.key for call in unanswered]
                 ).update(state=ToolCallState.CANCELLED)
         self.chat.cancel_requested_at = None
+        self._flag_after_write = UNREAD  # it was read before the flag was cleared
 
     def record_stop(self, reason: str) -> None:
-        with self._writing(atomic=False):
+        with self._writing():
             self._update_chat(stop_reason=reason[:300], state="stopped")
 
     def turn_cost(self, since: datetime) -> Decimal:

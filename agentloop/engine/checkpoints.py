@@ -38,9 +38,9 @@ class Checkpoints:
         noticed = notice is not None and notice.is_set()
         if not force and not noticed and now - self._last_read < self.interval:
             return
-        if noticed and notice is not None:
-            notice.clear()
         self._last_read = now
         requested_at = self.store.cancel_requested_at()
+        if noticed and notice is not None:
+            notice.clear()  # after the read, which saw the flag the notice announced
         if requested_at is not None:
             raise CancelledError("The run was cancelled.", requested_at=requested_at)

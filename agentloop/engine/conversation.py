@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,6 @@ from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
-    ChatBusyError,
     ConfigurationError,
     PendingToolCallsError,
 )
@@ -39,7 +39,7 @@ from .transcript import (
     pending_round,
 )
 
-__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "PreparedCall", "StreamCallback"]
+__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "PreparedCall", "StepResult", "StreamCallback"]
 
 #: the result given to calls left unanswered by a cancel when the user moves on.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
@@ -52,6 +52,26 @@ _EVENTS = (
     "cancelled",
     "stopped",
 )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did and what comes next."""
+
+    #: the last message the step added (the store's record), or None when it did nothing.
+    message: Any
+    #: "done", "wait", "tools" or "generate": the move a next step would make.
+    next_move: str
+
+
+@dataclass
+class _Run:
+    """One verb's state: its checkpoints, and the transcript read once and kept up to date."""
+
+    checkpoints: Checkpoints
+    single: bool
+    transcript: list[Message] | None = None
+    next_move: str | None = None
 
 
 class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
@@ -118,95 +138,86 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         return {tool.name: tool for tool in self.store.get_tools()}
 
     # -- verbs ------------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Ask the run to stop at its next checkpoint; works from any thread or process."""
-        self.store.request_cancel()
+    def cancel(self) -> bool:
+        """Ask the run to stop at its next checkpoint; works from any thread or process.
+
+        True when a run was in progress, queued or waiting for a person; False (and nothing
+        is set) when there was none, so a later message never inherits the cancel."""
+        return self.store.request_cancel()
 
     def ask_later(self, content: str, attachments: Any = None) -> Conversation:
         """Add a user message; no model call. Refuses while tool calls wait for results,
         except calls left by a cancel, which are answered as cancelled first.
 
-        ``attachments``: an :class:`~agentloop.messages.Attachment`, an http(s) or ``data:``
-        URL, a ``pathlib.Path``, or a list of them (``AttachmentError`` when one can't be
-        sent; checked before anything is written)."""
-        limit = agentloop_settings.MAX_ATTACHMENT_BYTES
-        files = attachments_from(attachments, max_bytes=None if limit is None else int(limit))
-        round_ = pending_round(self.store.load_transcript())
-        if self.store.running_elsewhere():
-            raise ChatBusyError(
-                "A background worker is running this chat; add the message when it is done "
-                "(or cancel() the run first)."
-            )
-        if round_.unanswered:
-            if not all(call.state == ToolCallState.CANCELLED for call in round_.unanswered):
-                names = ", ".join(f"{call.name} ({call.id})" for call in round_.unanswered)
-                raise PendingToolCallsError(
-                    f"{len(round_.unanswered)} tool call(s) still wait for results: {names}. "
-                    "Run them with run_tools() or complete() before adding a user message."
-                )
-            for call in round_.unanswered:
-                result = Message(
-                    role="tool",
-                    content=CANCELLED_TOOL_RESULT,
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    is_error=True,
-                )
-                record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
-                self._emit("after_message", record)
-        record = self.store.append_message(Message(role="user", content=content, attachments=files))
-        self._emit("after_message", record)
+        ``attachments``: an :class:`~agentloop.attachments.Attachment`, an http(s) or
+        ``data:`` URL, a ``pathlib.Path``, or a list of them (``AttachmentError`` when one
+        can't be sent; checked before anything is written)."""
+        files = self._attachments(attachments)
+        with self._run(single=True) as run:
+            self._ask_later(run, content, files)
         return self
 
     def generate(self, stream: StreamCallback | None = None) -> Any:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
-        with self._run() as checkpoints:
-            return self._generate(self._read(checkpoints), stream, checkpoints)
+        with self._run(single=True) as run:
+            return self._generate(self._read(run), stream, run)
 
     def run_tools(self) -> list[Any]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
-        with self._run() as checkpoints:
-            return self._run_tools(self._read(checkpoints), checkpoints)
+        with self._run(single=True) as run:
+            return self._run_tools(self._read(run), run)
 
     def step(self, stream: StreamCallback | None = None) -> Any:
         """Do the next move: run pending tools, else call the model. None when settled or
         waiting. Returns the last message added."""
-        with self._run() as checkpoints:
-            return self._step(stream, checkpoints)
+        return self.advance(stream).message
+
+    def advance(self, stream: StreamCallback | None = None) -> StepResult:
+        """``step()``, returning what happened and what comes next (``StepResult``): what a
+        background worker runs, one per job, without reading the transcript again."""
+        with self._run(single=True) as run:
+            added = self._step(stream, run)
+        return StepResult(message=added, next_move=run.next_move or "done")
 
     def complete(self, stream: StreamCallback | None = None) -> Any:
         """Step until settled or waiting; returns the last message."""
-        last: Any = None
-        with self._run() as checkpoints:
-            while True:
-                added = self._step(stream, checkpoints)
-                if added is None:
-                    break
-                last = added
-        if last is None:
-            transcript = finished(self.store.load_transcript())
-            return self.store.native_message(transcript[-1]) if transcript else None
-        return last
+        with self._run(single=False) as run:
+            return self._complete(run, stream)
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
     ) -> Any:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
-        self.ask_later(content, attachments)
-        return self.complete(stream)
+        files = self._attachments(attachments)
+        with self._run(single=False) as run:
+            self._ask_later(run, content, files)
+            return self._complete(run, stream)
 
     # -- internals ---------------------------------------------------------------------------
+    @staticmethod
+    def _attachments(attachments: Any) -> list[Any]:
+        limit = agentloop_settings.MAX_ATTACHMENT_BYTES
+        return attachments_from(attachments, max_bytes=None if limit is None else int(limit))
+
     @contextmanager
-    def _run(self) -> Iterator[Checkpoints]:
-        """A run; turns any CancelledError into a recorded one. Its first read (``_read``)
-        is the verb's start checkpoint."""
-        checkpoints = Checkpoints(self.store, float(agentloop_settings.CANCEL_POLL_INTERVAL))
+    def _run(self, *, single: bool) -> Iterator[_Run]:
+        """A verb under the chat's claim: taken first (``ChatBusyError`` when another process
+        holds the chat), released by the verb's last write or at its end, with how it ended.
+        A CancelledError is recorded on the way out."""
+        owns = self.store.claim()
+        run = _Run(Checkpoints(self.store, float(agentloop_settings.CANCEL_POLL_INTERVAL)), single)
         try:
-            yield checkpoints
-        except CancelledError as exc:
-            if not exc.recorded:
+            yield run
+        except BaseException as exc:
+            if isinstance(exc, CancelledError) and not exc.recorded:
                 self._record_cancel(exc)
+            if owns:
+                # How it ended goes on the chat: cancelled, stopped by a limit, or failed
+                # (one line; a lost lease writes nothing).
+                self.store.release(None, failure=exc)
             raise
+        if owns:
+            self.store.release(run.next_move)
 
     def _record_cancel(
         self,
@@ -228,58 +239,124 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         exc.recorded = True
         self._emit("cancelled")
 
-    def drop_cancel_request(self, requested_at: datetime | None) -> None:
-        """Forget a cancel that came as the turn finished: nothing is left to stop, and left
-        set it would stop the next question at once (a newer request is kept)."""
-        if requested_at is not None:
-            self.store.record_cancellation(
-                requested_at, partial=None, partial_key=None, usage=None, unanswered=[]
-            )
-
-    def _read(self, checkpoints: Checkpoints) -> list[Message]:
-        """The transcript, read together with the cancel flag: the start-of-verb checkpoint."""
-        transcript, requested_at = self.store.read_for_step()
-        self._observe(checkpoints, requested_at, transcript)
-        return transcript
-
-    def _observe(
-        self, checkpoints: Checkpoints, requested_at: Any, transcript: list[Message]
+    def record_cancel(
+        self,
+        exc: CancelledError,
+        *,
+        usage: UsageRecord | None = None,
+        unanswered: list[ToolCall] | None = None,
     ) -> None:
-        """Stop here if cancelled; a round not yet run is marked cancelled, so the next
-        ``ask_later`` answers its calls instead of refusing."""
-        try:
-            checkpoints.observe(requested_at)
-        except CancelledError as exc:
-            unanswered = [
-                call
-                for call in pending_round(transcript).unanswered
-                if call.state != ToolCallState.WAITING
-            ]
-            self._record_cancel(exc, unanswered=unanswered)
-            raise
+        """Record a cancel observed outside a verb (a batch poller): the flag cleared, the
+        attempt cut short and the calls left unanswered recorded, "cancelled" sent."""
+        self._record_cancel(exc, usage=usage, unanswered=unanswered)
 
-    def _step(self, stream: StreamCallback | None, checkpoints: Checkpoints) -> Any:
-        transcript, requested_at = self.store.read_for_step()
+    def emit(self, event: str, *args: Any) -> None:
+        """Send a conversation event to its callbacks (for workers acting for the chat)."""
+        self._emit(event, *args)
+
+    def _read(self, run: _Run) -> list[Message]:
+        """The transcript, read once per verb together with the cancel flag (the start
+        checkpoint); later steps of the run keep it up to date in memory."""
+        if run.transcript is None:
+            transcript, requested_at = self.store.read_for_step()
+            run.transcript = transcript
+            self._observe(run, requested_at)
+        else:
+            try:
+                run.checkpoints.check()
+            except CancelledError as exc:
+                self._cancel_held(run, exc)
+        return run.transcript
+
+    def _observe(self, run: _Run, requested_at: Any) -> None:
+        try:
+            run.checkpoints.observe(requested_at)
+        except CancelledError as exc:
+            self._cancel_held(run, exc)
+
+    def _cancel_held(self, run: _Run, exc: CancelledError) -> None:
+        """Stop here: a round not yet run is marked cancelled, so the next ``ask_later``
+        answers its calls instead of refusing."""
+        transcript = run.transcript or []
+        unanswered = [
+            call
+            for call in pending_round(transcript).unanswered
+            if call.state != ToolCallState.WAITING
+        ]
+        self._record_cancel(exc, unanswered=unanswered)
+        raise exc
+
+    def _ask_later(self, run: _Run, content: str, files: list[Any]) -> None:
+        transcript, _ = self.store.read_for_step()
+        round_ = pending_round(transcript)
+        if round_.unanswered:
+            if not all(call.state == ToolCallState.CANCELLED for call in round_.unanswered):
+                names = ", ".join(f"{call.name} ({call.id})" for call in round_.unanswered)
+                raise PendingToolCallsError(
+                    f"{len(round_.unanswered)} tool call(s) still wait for results: {names}. "
+                    "Run them with run_tools() or complete() before adding a user message."
+                )
+            for call in round_.unanswered:
+                result = Message(
+                    role="tool",
+                    content=CANCELLED_TOOL_RESULT,
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    is_error=True,
+                )
+                record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
+                transcript.append(result)
+                self._emit("after_message", record)
+        message = Message(role="user", content=content, attachments=files)
+        record = self.store.append_message(message)
+        transcript.append(message)
+        # The new turn starts with what was read (no cancel: a user message never inherits one).
+        run.transcript = transcript
+        run.next_move = next_move(transcript)
+        self._emit("after_message", record)
+
+    def _complete(self, run: _Run, stream: StreamCallback | None) -> Any:
+        last: Any = None
+        while True:
+            added = self._step(stream, run)
+            if added is None:
+                break
+            last = added
+        if last is None:
+            transcript = finished(run.transcript or [])
+            return self.store.native_message(transcript[-1]) if transcript else None
+        return last
+
+    def _step(self, stream: StreamCallback | None, run: _Run) -> Any:
+        requested_at = None
+        first = run.transcript is None
+        if run.transcript is None:
+            run.transcript, requested_at = self.store.read_for_step()
+        transcript = run.transcript
         move = next_move(transcript)
-        if requested_at is not None and move == "done":
-            self.drop_cancel_request(requested_at)
+        run.next_move = move
+        if move in ("done", "wait") and not (move == "wait" and first and requested_at):
+            # Nothing to do (a cancel that came as the turn finished is dropped by the
+            # release). Waiting with a cancel requested: the cancel applies to the held round.
             return None
-        # Waiting with a cancel requested: the cancel applies to the held round (its calls
-        # are marked cancelled), as it would when the chat is resumed later.
-        self._observe(checkpoints, requested_at, transcript)
+        if first:
+            self._observe(run, requested_at)
+        else:
+            self._read(run)
         if move == "tools":
-            results = self._run_tools(transcript, checkpoints)
+            results = self._run_tools(transcript, run)
             return results[-1] if results else None
         if move == "generate":
-            return self._generate(transcript, stream, checkpoints)
-        return None  # done, or waiting for a person or a subagent
+            return self._generate(transcript, stream, run)
+        return None
 
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}
 
-    def _run_tools(self, transcript: list[Message], checkpoints: Checkpoints) -> list[Any]:
+    def _run_tools(self, transcript: list[Message], run: _Run) -> list[Any]:
         round_ = pending_round(transcript)
         if round_.message is None or not round_.unanswered:
+            run.next_move = next_move(transcript)
             return []
         options = self.store.get_config().tool_options
         if options.concurrency is None and agentloop_settings.TOOL_CONCURRENCY is not None:
@@ -291,13 +368,18 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             self.store,
             self._tool_map(),
             options,
-            checkpoints,
+            run.checkpoints,
             self._emit,
             chat=self.owner,
         )
         try:
-            return runner.run(round_.message.tool_calls, round_.unanswered)
+            results = runner.run(round_.message.tool_calls, round_.unanswered)
         except CancelledError as exc:
+            transcript.extend(runner.messages)
             left = [call for call in round_.unanswered if call.id not in runner.answered]
             self._record_cancel(exc, unanswered=left)
             raise
+        # The transcript in memory follows what was written: the next step needs no read.
+        transcript.extend(runner.messages)
+        run.next_move = next_move(transcript)
+        return results

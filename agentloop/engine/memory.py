@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from ..exceptions import ConcurrentWriteError
+from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .configuration import ChatConfig
 from .store import ChatStore, UsageRecord
@@ -38,6 +38,27 @@ class MemoryStore(ChatStore):
         self._keys = itertools.count(1)
         # cancel() comes from other threads; everything else from the running one.
         self._lock = threading.Lock()
+        #: the thread whose verb holds the chat.
+        self._holder: int | None = None
+
+    def claim(self) -> bool:
+        me = threading.get_ident()
+        with self._lock:
+            if self._holder not in (None, me):
+                raise ChatBusyError("Another thread is running a verb of this chat.")
+            if self._holder == me:
+                return False  # a verb inside a verb: the outer one releases
+            self._holder = me
+            return True
+
+    def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
+        with self._lock:
+            if self._holder != threading.get_ident():
+                return
+            self._holder = None
+            if failure is None and next_move == "done":
+                # A cancel that came as the turn finished has nothing left to stop.
+                self._cancel_requested_at = None
 
     def get_config(self) -> ChatConfig:
         return self.config
@@ -71,7 +92,11 @@ class MemoryStore(ChatStore):
     def append_message(self, message: Message) -> Message:
         if message.role == "user":
             self.stop_reason = ""
-        return self._add(message)
+            with self._lock:
+                self._cancel_requested_at = None  # a new turn never inherits a cancel
+        stored = self._add(message)
+        message.key, message.created_at = stored.key, stored.created_at
+        return stored
 
     def replace_instructions(self, text: str) -> None:
         first = next((m for m in self.messages if m.role == "system"), None)
@@ -90,12 +115,18 @@ class MemoryStore(ChatStore):
         self._find(partial_key).content = content
         return partial_key
 
-    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Message:
-        calls = [
-            call.model_copy(update={"key": f"{call.id}@{next(self._keys)}"})
-            for call in message.tool_calls
-        ]
-        message = message.model_copy(update={"tool_calls": calls})
+    def save_answer(
+        self,
+        message: Message,
+        usage: UsageRecord,
+        partial_key: Any = None,
+        *,
+        release: str | None = None,
+    ) -> Message:
+        for call in message.tool_calls:
+            call.key = f"{call.id}@{next(self._keys)}"
+        original = message
+        message = message.model_copy(deep=True)
         if partial_key is not None:
             index = self.messages.index(self._find(partial_key))
             stored = message.model_copy(
@@ -106,6 +137,7 @@ class MemoryStore(ChatStore):
             stored = self._add(message)
         self.usage.append((_now(), usage))
         self.stop_reason = ""
+        original.key = stored.key
         return stored
 
     def record_usage(self, usage: UsageRecord) -> None:
@@ -118,8 +150,15 @@ class MemoryStore(ChatStore):
                     return stored
         raise KeyError(call.key)
 
-    def mark_tool_running(self, call: ToolCall) -> None:
-        self._call(call).state = ToolCallState.RUNNING
+    def fail_partial(self, partial_key: Any) -> None:
+        self._find(partial_key).status = MessageStatus.FAILED
+
+    def mark_tool_running(self, call: ToolCall) -> bool:
+        stored = self._call(call)
+        if stored.state != call.state:
+            return False
+        stored.state = ToolCallState.RUNNING
+        return True
 
     def save_tool_result(
         self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
@@ -129,7 +168,9 @@ class MemoryStore(ChatStore):
         self._call(call).state = state
         if error:
             self.tool_errors[call.id] = error
-        return self._add(message)
+        stored = self._add(message)
+        message.key = stored.key
+        return stored
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         stored = self._call(call)
@@ -141,6 +182,11 @@ class MemoryStore(ChatStore):
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
     ) -> Message | None:
         stored = self._call(call)
+        if stored.state != ToolCallState.WAITING or stored.wait_reason != call.wait_reason:
+            raise DecisionConflictError(
+                f"Tool call {call.id!r} ({call.name}) is no longer waiting: another decision "
+                "(or the run) got there first. Nothing was changed."
+            )
         stored.decision = decision
         stored.decision_digest = call.arguments_digest()
         self.decisions[call.id] = {"decision": decision, "by": by, "reason": reason, "at": _now()}
@@ -159,11 +205,17 @@ class MemoryStore(ChatStore):
     def cancel_requested_at(self) -> datetime | None:
         return self._cancel_requested_at
 
-    def request_cancel(self) -> None:
+    def request_cancel(self) -> bool:
+        waiting = any(
+            call.state == ToolCallState.WAITING for m in self.messages for call in m.tool_calls
+        )
         with self._lock:
+            if self._holder is None and not waiting:
+                return False  # nothing runs: nothing to cancel, and nothing is left set
             if self._cancel_requested_at is None:
                 self._cancel_requested_at = _now()
         self._notice.set()
+        return True
 
     def record_cancellation(
         self,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..conf import agentloop_settings
-from ..exceptions import CancelledError, LimitReachedError, ProviderError
+from ..exceptions import CancelledError, LimitReachedError
 from ..importing import load_by_path
 from ..messages import (
     Message,
@@ -28,9 +28,10 @@ from ..messages import (
 from ..providers.base import Provider
 from .checkpoints import Checkpoints
 from .configuration import ChatConfig
+from .retries import retry_delay
 from .store import ChatStore, UsageRecord
-from .streaming import StreamCallback, StreamState, backoff
-from .transcript import turn_start
+from .streaming import StreamCallback, StreamState
+from .transcript import next_move, turn_start
 
 __all__ = ["ModelCalls", "PreparedCall"]
 
@@ -147,10 +148,14 @@ class ModelCalls:
         cost: Decimal | None = None,
         duration_ms: int | None = None,
         partial_key: Any = None,
+        release_after: tuple[str, ...] = (),
     ) -> Any:
-        """Append the answer to a prepared call, with its usage row, as ``generate()`` does.
+        """Append the answer to a prepared call, with its usage row, as ``generate()`` does;
+        the answer (with its keys) is added to ``prepared.transcript``.
 
-        ``cost`` overrides the provider's price (e.g. a batch discount).
+        ``cost`` overrides the provider's price (e.g. a batch discount). When the answer
+        leads to one of the moves in ``release_after``, the same transaction releases the
+        claim (the verb ends with this write).
         """
         message = self._answer(response, prepared.transcript, prepared.model_id)
         if cost is None:
@@ -163,16 +168,15 @@ class ModelCalls:
             cost=cost,
             duration_ms=duration_ms,
         )
-        record = self.store.save_answer(message, usage, partial_key=partial_key)
+        then = "tools" if message.tool_calls else "done"
+        release = then if then in release_after else None
+        record = self.store.save_answer(message, usage, partial_key=partial_key, release=release)
+        prepared.transcript.append(message)
         self._emit("after_message", record)
         return record
 
-    def _generate(
-        self,
-        transcript: list[Message],
-        stream: StreamCallback | None,
-        checkpoints: Checkpoints,
-    ) -> Any:
+    def _generate(self, transcript: list[Message], stream: StreamCallback | None, run: Any) -> Any:
+        checkpoints: Checkpoints = run.checkpoints
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
@@ -212,18 +216,27 @@ class ModelCalls:
                         duration_ms=int((time.monotonic() - started) * 1000),
                     )
                 )
-                if isinstance(exc, ProviderError) and exc.retryable and attempt < retries:
+                delay = retry_delay(attempt, exc) if attempt < retries else None
+                if delay is not None:
                     partial_key = state.partial_key
-                    time.sleep(backoff(attempt, exc.retry_after))
+                    time.sleep(delay)
                     checkpoints.check()
                     continue
+                if state.partial_key is not None:
+                    # Nothing will finish this answer: it must not look like it still streams.
+                    self.store.fail_partial(state.partial_key)
                 raise
-            return self.accept_response(
+            # The step's last write releases the claim when the verb ends with it: a single
+            # step always, a loop when the answer settles the turn.
+            record = self.accept_response(
                 prepared,
                 response,
                 duration_ms=int((time.monotonic() - started) * 1000),
                 partial_key=state.partial_key,
+                release_after=("tools", "done") if run.single else ("done",),
             )
+            run.next_move = next_move(transcript)
+            return record
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import ToolCallNotWaitingError
+from ..exceptions import DecisionConflictError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
@@ -39,9 +39,21 @@ class PeopleInTheLoop:
     def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
         """The waiting call named by its provider id, its store key, or a store record."""
         key = getattr(tool_call_id, "pk", tool_call_id)
-        for call in pending_round(self.store.load_transcript()).unanswered:
+        round_ = pending_round(self.store.load_transcript())
+        for call in round_.message.tool_calls if round_.message is not None else []:
             if call.id == key or call.key == key or str(call.key) == str(key):
-                if call.state != ToolCallState.WAITING or call.wait_reason != reason:
+                if call.decision and (
+                    call.state != ToolCallState.WAITING or call not in round_.unanswered
+                ):
+                    # Someone decided it first (a race: the view answers 409).
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
+                    )
+                if (
+                    call not in round_.unanswered
+                    or call.state != ToolCallState.WAITING
+                    or call.wait_reason != reason
+                ):
                     raise ToolCallNotWaitingError(
                         f"Tool call {call.id!r} ({call.name}) is not waiting for "
                         f"{'an answer' if reason == 'question' else 'approval'}."

@@ -66,6 +66,23 @@ class ChatStore(ABC):
     def get_tools(self) -> list[Any]:
         """The chat's Tool classes."""
 
+    # -- the claim: one writer at a time --------------------------------------------
+    @abstractmethod
+    def claim(self) -> bool:
+        """Make this process the chat's only writer for a verb (one conditional write).
+
+        Returns True when this call took the claim (the verb must :meth:`release` it), False
+        when this store already holds it (a nested verb, or a worker's job that took it while
+        loading the chat). Raises ``ChatBusyError`` when another process or thread holds it.
+        """
+
+    @abstractmethod
+    def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
+        """Give the claim up, recording how the verb ended: ``next_move`` ("done", "wait",
+        "tools", "generate") after a verb that went well, else ``failure`` (an error that is
+        not a cancel or a limit: the chat is marked failed with a one-line error). A no-op
+        when the claim was already released by the verb's last write."""
+
     # -- transcript ----------------------------------------------------------------
     @abstractmethod
     def load_transcript(self) -> list[Message]:
@@ -75,11 +92,6 @@ class ChatStore(ABC):
         """The transcript and the cancel flag, read together at the start of a move
         (stores that can should do it in one query)."""
         return self.load_transcript(), self.cancel_requested_at()
-
-    def running_elsewhere(self) -> bool:
-        """As of the last transcript read: another process holds the chat (a background
-        worker's lease). Stores without leases say False."""
-        return False
 
     def turn_started_at(self, message: Message) -> datetime | None:
         """When ``message`` (a turn's first) was written; stores may read it on demand."""
@@ -98,17 +110,32 @@ class ChatStore(ABC):
         """Write (or update) a streaming answer marked partial; returns its key."""
 
     @abstractmethod
-    def save_answer(self, message: Message, usage: UsageRecord, partial_key: Any = None) -> Any:
+    def fail_partial(self, partial_key: Any) -> None:
+        """Mark a streamed partial answer failed: its model call failed for good, and it
+        must not look like an answer still streaming."""
+
+    @abstractmethod
+    def save_answer(
+        self,
+        message: Message,
+        usage: UsageRecord,
+        partial_key: Any = None,
+        *,
+        release: str | None = None,
+    ) -> Any:
         """Atomically: the assistant message (replacing the partial one, if any), its
-        tool calls and the usage row."""
+        tool calls and the usage row; sets ``key`` on ``message`` and on its calls. With
+        ``release`` (the next move), the same transaction also releases the claim."""
 
     @abstractmethod
     def record_usage(self, usage: UsageRecord) -> None:
         """A usage row for a failed attempt."""
 
     @abstractmethod
-    def mark_tool_running(self, call: ToolCall) -> None:
-        """Note that a call started, so a crash mid-run is recognisable afterwards."""
+    def mark_tool_running(self, call: ToolCall) -> bool:
+        """Claim the call for running: one conditional write moving it from the state it was
+        read in (pending, approved, or running after a crash) to running. False when the
+        call changed meanwhile: it must not run."""
 
     @abstractmethod
     def save_tool_result(
@@ -125,8 +152,9 @@ class ChatStore(ABC):
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
     ) -> Any:
-        """Atomically: a person's decision on a waiting call (who, when, for which arguments)
-        and, for a denial or an answer, the call's result message (returned)."""
+        """Atomically, and only if the call still waits (else ``DecisionConflictError``): a
+        person's decision (who, when, for which arguments) and, for a denial or an answer,
+        the call's result message (returned)."""
 
     @abstractmethod
     def native_message(self, message: Message) -> Any:
@@ -142,8 +170,9 @@ class ChatStore(ABC):
         """When cancellation was requested, or None. Called at every checkpoint."""
 
     @abstractmethod
-    def request_cancel(self) -> None:
-        """Ask the running loop, wherever it runs, to stop (one write)."""
+    def request_cancel(self) -> bool:
+        """Ask the run, wherever it runs, to stop (one write); False (and nothing set) when no
+        run is in progress, queued or waiting for a person."""
 
     @abstractmethod
     def record_cancellation(

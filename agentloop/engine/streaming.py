@@ -1,8 +1,7 @@
-"""Collecting a streamed answer, and the backoff between retries of a model call."""
+"""Collecting a streamed answer: forwarding chunks, checking cancellation, saving partials."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +11,7 @@ from ..messages import Chunk, TextDelta
 from .checkpoints import Checkpoints
 from .store import ChatStore
 
-__all__ = ["StreamCallback", "StreamState", "backoff"]
+__all__ = ["StreamCallback", "StreamState"]
 
 StreamCallback = Callable[[Chunk], None]
 
@@ -51,11 +50,3 @@ class StreamState:
                 self.partial_key = self.store.save_partial(self.text, self.partial_key, self.model)
                 self._last_save = now
         self.checkpoints.check(force=False)
-
-
-def backoff(attempt: int, retry_after: float | None) -> float:
-    if retry_after is not None:
-        return max(0.0, min(float(retry_after), float(agentloop_settings.RETRY_BACKOFF_MAX)))
-    base = float(agentloop_settings.RETRY_BACKOFF) * (2**attempt)
-    # "Full jitter": spreads retries of many workers hitting the same limit.
-    return min(random.uniform(0, base), float(agentloop_settings.RETRY_BACKOFF_MAX))  # noqa: S311

@@ -82,6 +82,8 @@ class ToolRunner:
         self.emit = emit
         self.chat = chat
         self.results: list[Any] = []
+        #: the result messages written, as engine messages (the caller's transcript grows).
+        self.messages: list[Message] = []
         self.answered: set[str] = set()
         #: calls that now wait for a person or a subagent.
         self.waiting: list[ToolCall] = []
@@ -123,6 +125,11 @@ class ToolRunner:
     def _save(self, call: ToolCall, outcome: ToolOutcome) -> None:
         if outcome.wait_reason is not None:
             self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
+            call.state, call.wait_reason, call.question = (
+                ToolCallState.WAITING,
+                outcome.wait_reason,
+                outcome.question,
+            )
             self.waiting.append(call)
             if outcome.after_wait is not None:
                 outcome.after_wait()
@@ -136,7 +143,9 @@ class ToolRunner:
         )
         state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
         record = self.store.save_tool_result(call, message, state, outcome.error)
+        call.state = state
         self.answered.add(call.id)
+        self.messages.append(message)
         self.results.append(record)
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
@@ -150,9 +159,13 @@ class ToolRunner:
             cancel_check=lambda: self.store.cancel_requested_at() is not None,
         )
 
-    def _start(self, call: ToolCall) -> None:
-        self.store.mark_tool_running(call)
+    def _start(self, call: ToolCall) -> bool:
+        """Claim the call (a conditional write); False: it changed meanwhile, don't run it."""
+        if not self.store.mark_tool_running(call):
+            return False
+        call.state = ToolCallState.RUNNING
         self.emit("before_tool_call", self.store.native_tool_call(call))
+        return True
 
     # -- the round ---------------------------------------------------------------------
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> list[Any]:
@@ -186,8 +199,8 @@ class ToolRunner:
                 # are covered by the previous tool's after-check.
                 self.checkpoints.check(force=False)
                 checked = True
-            self._start(call)
-            self._save(call, self._execute(call))
+            if self._start(call):
+                self._save(call, self._execute(call))
             self.checkpoints.check()
 
     def _run_on_threads(self, calls: list[ToolCall], size: int) -> None:
@@ -203,7 +216,8 @@ class ToolRunner:
                         cancelled = exc
                         break
                     call = queue.pop(0)
-                    self._start(call)
+                    if not self._start(call):
+                        continue
                     work = self.store.wrap_thread(partial(self._execute, call))
                     running[pool.submit(work)] = call
                 if not running:

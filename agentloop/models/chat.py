@@ -14,6 +14,9 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..background import enqueue
+from ..engine.transcript import next_move
+
 if TYPE_CHECKING:
     from ..engine import Conversation, StreamCallback
     from .batches import Batch
@@ -79,7 +82,15 @@ class AbstractChat(models.Model):
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
     )
     stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    #: what went wrong, in one line a user may see (no traceback, no paths).
     error = models.TextField(_("error"), blank=True)
+    #: the traceback behind ``error``, for the admin and the log only.
+    error_detail = models.TextField(_("error details"), blank=True, editable=False)
+    #: failed attempts of the current step (transient provider errors, in the background);
+    #: kept across re-enqueues, reset by a step that goes through.
+    attempts = models.PositiveIntegerField(_("attempts of the current step"), default=0)
+    #: the next attempt is due then (the sweeper leaves a queued chat alone until it is).
+    retry_at = models.DateTimeField(_("retry at"), null=True, blank=True)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
     #: the one worker allowed to write (see agentloop._leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
@@ -202,12 +213,14 @@ class AbstractChat(models.Model):
     def is_waiting(self) -> bool:
         return self.conversation.is_waiting()
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
         """Request cancellation: one UPDATE, seen by the run wherever it is.
 
-        Subagent chats still running for this one are cancelled too.
+        True when a run was in progress, queued or waiting for a person (subagent chats
+        still running for this one are cancelled too); False, and nothing set, when no run
+        was: a later message never inherits a cancel.
         """
-        self.conversation.cancel()
+        return self.conversation.cancel()
 
     # people in the loop
     def pending_approvals(self) -> list[Any]:
@@ -236,29 +249,33 @@ class AbstractChat(models.Model):
         return record
 
     def _resume_if_background(self) -> None:
-        # A chat a worker left waiting continues in the background once nothing holds it.
-        from ..engine.transcript import next_move
+        """A chat a worker left waiting continues in the background once nothing holds it.
 
-        self.refresh_from_db(fields=["state"])
-        if self.state == ChatState.WAITING and next_move(self.conversation.messages) in (
-            "tools",
-            "generate",
-        ):
-            self.complete_later()
+        Conditional: only a waiting chat no worker holds is queued, so this and a worker
+        finishing its step at the same moment never both enqueue (the worker queues it
+        itself when it sees the decision: ``DjangoStore`` releases)."""
+        if next_move(self.conversation.messages) not in ("tools", "generate"):
+            return
+        queued = (
+            type(self)
+            ._default_manager.filter(pk=self.pk, state=ChatState.WAITING, lease_token="")
+            .update(state=ChatState.QUEUED, updated_at=timezone.now())
+        )
+        if queued:
+            self.state = ChatState.QUEUED
+            enqueue(self.pk, self._meta.label, using=self._state.db)
 
     def complete_later(self) -> AbstractChat:
         """Run the conversation in the background, one step per job, from the next commit.
 
         Also the way to resume a failed or stopped chat (after raising its limits).
         """
-        from ..background import enqueue
-
         if self.pk is None:
             self.save()
         type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(
-            state=ChatState.QUEUED, error="", updated_at=timezone.now()
+            state=ChatState.QUEUED, error="", attempts=0, retry_at=None, updated_at=timezone.now()
         )
-        self.refresh_from_db(fields=["state", "error", "updated_at"])
+        self.refresh_from_db(fields=["state", "error", "attempts", "retry_at", "updated_at"])
         enqueue(self.pk, self._meta.label, using=self._state.db)
         return self
 
@@ -291,5 +308,11 @@ class Chat(AbstractChat):
             models.Index(fields=["state"], name="agentloop_chat_state_idx"),
             models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
             models.Index(fields=["lease_expires_at"], name="agentloop_chat_lease_idx"),
+            # The sweeper's scan: only the few chats in flight, whatever the table's size.
+            models.Index(
+                fields=["state", "updated_at"],
+                name="agentloop_chat_inflight_idx",
+                condition=models.Q(state__in=["queued", "running"]),
+            ),
             models.Index(fields=["-created_at"], name="agentloop_chat_created_idx"),
         ]

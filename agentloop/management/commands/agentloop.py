@@ -153,8 +153,8 @@ class Command(BaseCommand):
 
     # -- resume ----------------------------------------------------------------------------
     def handle_resume(self, **options: Any) -> None:
-        from ...background import backend_name, wait_for_embedded_jobs
         from ..._recovery import resume_stalled, stalled_chats
+        from ...background import backend_name, wait_for_embedded_jobs
 
         label = agentloop_settings.CHAT_MODEL
         if options["dry_run"]:

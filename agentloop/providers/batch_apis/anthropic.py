@@ -47,7 +47,7 @@ class AnthropicBatchAPI(HTTPBatchAPI):
 
     def results(self, batch_id: str) -> dict[str, BatchResult]:
         text = self.send("GET", f"{self.path}/{batch_id}/results").text
-        return {str(line.get("custom_id")): self._result(line) for line in self.lines(text)}
+        return self.results_of(text, self._result)
 
     def cancel(self, batch_id: str) -> BatchInfo:
         return self._info(self.json(self.send("POST", f"{self.path}/{batch_id}/cancel", json={})))

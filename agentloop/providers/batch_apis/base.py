@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, ClassVar
@@ -160,9 +161,35 @@ class HTTPBatchAPI(BatchAPI):
             raise BatchError("The requests of one batch must send the same headers.")
         return headers[0] if headers else {}
 
-    @staticmethod
-    def lines(text: str) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    def results_of(
+        self, text: str, result: Callable[[Mapping[str, Any]], BatchResult]
+    ) -> dict[str, BatchResult]:
+        """A JSONL results file as results by custom id, one line at a time: a line that is
+        not valid JSON, or that ``result`` can't read, fails only its own request (named
+        when its custom id can be found), never the whole batch."""
+        results: dict[str, BatchResult] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+                custom_id = str(data.get("custom_id"))
+                results[custom_id] = result(data)
+            except Exception as exc:  # one bad line must not hold back the others
+                found = _CUSTOM_ID.search(line)
+                problem = InvalidResponseError(
+                    f"{self.name}: line {number} of the batch results can't be read "
+                    f"({type(exc).__name__}: {str(exc)[:200]})"
+                )
+                if found:
+                    results[found.group(1)] = problem
+        return results
+
+
+#: a custom id in a line too broken to parse as JSON.
+_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*"([^"\\]{1,200})"')
 
 
 def count_of(value: Any) -> int:

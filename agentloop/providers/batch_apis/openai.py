@@ -97,8 +97,7 @@ class OpenAIBatchAPI(HTTPBatchAPI):
             if not file_id:
                 continue
             text = self.send("GET", f"/files/{file_id}/content").text
-            for line in self.lines(text):
-                results[str(line.get("custom_id"))] = self._result(line)
+            results.update(self.results_of(text, self._result))
         return results
 
     def cancel(self, batch_id: str) -> BatchInfo:

@@ -1,0 +1,226 @@
+"""The Django store's claim: one writer per chat, for every writing verb in any process.
+
+A verb takes the chat's lease with one conditional UPDATE (``agentloop._leases``) unless a
+worker's job already took it while loading the chat; it gives it up with one UPDATE that
+also records how the verb ended (the chat's next state, a one-line error, the retry count).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
+from ..conf import agentloop_settings
+from ..engine.retries import backoff
+from ..exceptions import (
+    CancelledError,
+    ChatBusyError,
+    ConcurrentWriteError,
+    LeaseLostError,
+    LimitReachedError,
+    PendingToolCallsError,
+    ProviderError,
+    ToolCallNotWaitingError,
+)
+
+__all__ = ["ClaimMixin", "Release", "one_line"]
+
+logger = logging.getLogger("agentloop")
+
+#: the longest error a chat shows (one line).
+_ERROR_CHARS = 500
+
+
+def one_line(error: BaseException) -> str:
+    """What a user may see of ``error``: its class and first line, no traceback or paths."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return line if len(line) <= _ERROR_CHARS else line[: _ERROR_CHARS - 1] + "…"
+
+
+class Release:
+    """How the last verb ended: the state it left the chat in, and a retry's delay."""
+
+    def __init__(self, state: str, retry_in: float | None = None, error: str = "") -> None:
+        self.state = state
+        self.retry_in = retry_in
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<Release state={self.state!r} retry_in={self.retry_in!r}>"
+
+
+class ClaimMixin:
+    """Taking and giving up the chat's lease (part of ``DjangoStore``)."""
+
+    chat: Any
+    chat_model: Any
+    tool_call_model: Any
+    background: bool
+    _config: Any
+    _flag_after_write: Any
+
+    lease: Lease | None = None
+    #: how the last released verb ended (workers read it to schedule what comes next).
+    last_release: Release | None = None
+    _depth = 0
+    _claimed_at: Any = None
+
+    @property
+    def _db(self) -> str:
+        return self.chat._state.db or "default"
+
+    def adopt(self, lease: Lease) -> None:
+        """Use a lease taken elsewhere (a job took it while loading the chat)."""
+        self.lease = lease
+        self._depth = 0
+        self._claimed_at = timezone.now()
+        heartbeats.start(lease)
+
+    def claim(self) -> bool:
+        self._flag_after_write = UNREAD  # a flag read for an earlier verb says nothing now
+        if self.lease is not None:
+            if self.lease.lost.is_set():
+                raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+            if self._depth:
+                return False  # a verb inside a verb: the outer one releases
+            self._depth = 1
+            return True
+        if self.chat.pk is None:
+            self.chat.save()
+        claimed = claim_row(self.chat_model, self.chat.pk, using=self._db, state=None)
+        if claimed is None:
+            raise ChatBusyError(
+                f"Chat {self.chat.pk} is busy: another process (a worker's job, another "
+                "request) is running it. Try again when it is done, or cancel() its run."
+            )
+        lease, row = claimed
+        self._refresh(row)
+        self.lease, self._depth, self._claimed_at = lease, 1, timezone.now()
+        heartbeats.start(lease)
+        return True
+
+    def _refresh(self, row: Any) -> None:
+        """The chat as the claim read it: changes made by other processes are seen."""
+        changed = False
+        for name, value in zip(attnames(self.chat_model, self._db), row, strict=True):
+            if getattr(self.chat, name, None) != value:
+                setattr(self.chat, name, value)
+                changed = True
+        if changed:
+            self._config = None
+
+    def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
+        lease = self.lease
+        if lease is None:
+            return
+        if isinstance(failure, LeaseLostError) or lease.lost.is_set():
+            self._forget_lease()
+            self.last_release = Release("lost")
+            return
+        fields, release = self._release_fields(next_move, failure)
+        if release.state == "failed" or release.retry_in is not None:
+            log = logger.warning if release.state == "queued" else logger.error
+            log("Chat %s: %s", self.chat.pk, release.error, exc_info=failure)
+        if not lease.release(**fields):
+            release = Release("lost")
+        else:
+            self._applied(fields)
+            release = self._wake_if_decided(release)
+        self._forget_lease()
+        self.last_release = release
+
+    def release_with(self, **fields: Any) -> None:
+        """End a verb that sets the chat's columns itself (a batch collecting an answer)."""
+        lease = self.lease
+        if lease is None:
+            return
+        if not lease.lost.is_set() and lease.release(**fields):
+            self._applied(fields)
+        self._forget_lease()
+
+    def _release_fields(
+        self, next_move: str | None, failure: BaseException | None
+    ) -> tuple[dict[str, Any], Release]:
+        """The chat's columns after a verb, and what the worker should do next."""
+        background = self.background
+        if failure is None:
+            state = {
+                "done": "idle",
+                "wait": "waiting" if background else "idle",
+                "tools": "queued" if background else "idle",
+                "generate": "queued" if background else "idle",
+            }.get(next_move or "done", "idle")
+            fields: dict[str, Any] = {"state": state, "error": "", "attempts": 0}
+            if next_move == "done":
+                # A cancel that came as the turn finished has nothing left to stop.
+                fields["cancel_requested_at"] = None
+            return fields, Release(state)
+        if isinstance(failure, CancelledError):
+            return {"state": "idle", "attempts": 0}, Release("idle")
+        if not isinstance(failure, Exception) or isinstance(
+            failure, PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError
+        ):
+            # A refusal before anything was written, or the process being interrupted
+            # (Ctrl-C): the chat did not fail; it is only let go.
+            state = "idle" if self.chat.state == "running" else self.chat.state
+            return {"state": state}, Release(state)
+        if isinstance(failure, LimitReachedError):
+            reason = failure.reason[:300]
+            return {"state": "stopped", "stop_reason": reason, "attempts": 0}, Release("stopped")
+        error = one_line(failure)
+        detail = "".join(traceback.format_exception(failure))[-8000:]
+        attempts = int(self.chat.attempts or 0) + 1
+        retries = int(agentloop_settings.STEP_RETRIES)
+        if (
+            background
+            and isinstance(failure, ProviderError)
+            and failure.retryable
+            and attempts <= retries
+        ):
+            delay = backoff(attempts - 1, failure.retry_after)
+            fields = {
+                "state": "queued",
+                "attempts": attempts,
+                "retry_at": timezone.now() + timedelta(seconds=delay),
+                "error": f"{error} (attempt {attempts} of {retries + 1}; retrying)"[:_ERROR_CHARS],
+                "error_detail": detail,
+            }
+            return fields, Release("queued", retry_in=delay, error=fields["error"])
+        if background and isinstance(failure, ProviderError) and failure.retryable:
+            error = f"Gave up after {attempts} attempts: {error}"[:_ERROR_CHARS]
+        fields = {"state": "failed", "error": error, "error_detail": detail, "attempts": 0}
+        return fields, Release("failed", error=error)
+
+    def _applied(self, fields: dict[str, Any]) -> None:
+        for name, value in fields.items():
+            setattr(self.chat, name, value)
+        self.chat.lease_token, self.chat.lease_expires_at = "", None
+
+    def _forget_lease(self) -> None:
+        if self.lease is not None:
+            heartbeats.stop(self.lease)
+        self.lease, self._depth = None, 0
+
+    def _wake_if_decided(self, release: Release) -> Release:
+        """Released as waiting, but a person decided a call while the step ran (their own
+        wake-up found the chat still held): queue it now, so the decision isn't stranded."""
+        if release.state != "waiting":
+            return release
+        decided = self.tool_call_model._default_manager.using(self._db).filter(
+            chat_id=self.chat.pk, decided_at__gte=self._claimed_at
+        )
+        if not decided.exclude(state="waiting").exists():
+            return release
+        woken = self.chat_model._default_manager.using(self._db).filter(
+            pk=self.chat.pk, state="waiting", lease_token=""
+        )
+        if woken.update(state="queued", updated_at=timezone.now()):
+            self.chat.state = "queued"
+            return Release("queued")
+        return release
