@@ -200,8 +200,8 @@ class Thinking(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: None turns thinking off where the model lets it be turned off.
-    effort: ThinkingEffort | None = "medium"
+    #: None (without a budget) turns thinking off where the model lets it be turned off.
+    effort: ThinkingEffort | None = None
     #: a token budget for the thinking (Anthropic, Gemini, OpenRouter); overrides ``effort``
     #: where a provider takes a budget.
     budget_tokens: int | None = Field(default=None, ge=1)

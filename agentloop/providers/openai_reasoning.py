@@ -45,7 +45,7 @@ def reasoning_fields(thinking: Thinking, thinking_format: str, model: str) -> di
     if effort is not None:
         fields["reasoning_effort"] = effort
     if thinking_format == "deepseek" and model not in _FIXED_MODE_MODELS:
-        fields["thinking"] = {"type": "enabled" if effort is not None else "disabled"}
+        fields["thinking"] = {"type": "enabled" if thinking.enabled else "disabled"}
     return fields
 
 
