@@ -14,6 +14,7 @@ from agentloop.exceptions import ConfigurationError
 from agentloop.messages import Message, ModelRequest, TextDelta, Thinking, ThinkingDelta
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.gemini import GeminiProvider
+from agentloop.providers.gemini.mapping import PARTS_KEY
 from agentloop.providers.openai import DeepSeekProvider, OpenAIProvider, OpenRouterProvider
 from agentloop.providers.openai_responses import OpenAIResponsesProvider
 from agentloop.providers.thinking import REPLAY_PROVIDER
@@ -264,8 +265,6 @@ def test_openrouter_details_and_deepseek_reasoning_stay_with_their_provider():
 
 
 def test_gemini_signatures_stay_with_their_provider():
-    from agentloop.providers.gemini.mapping import PARTS_KEY
-
     earlier = Message(
         role="assistant",
         content="8",
