@@ -13,11 +13,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter
 
 from .attachments import Attachment
 
 __all__ = [
+    "Caching",
     "Chunk",
     "Message",
     "MessageStatus",
@@ -25,6 +26,8 @@ __all__ = [
     "ModelResponse",
     "Role",
     "TextDelta",
+    "Thinking",
+    "ThinkingDelta",
     "TokenUsage",
     "ToolCall",
     "ToolCallDelta",
@@ -109,6 +112,9 @@ class Message(BaseModel):
     attachments: list[Attachment] = Field(default_factory=list)
     #: structured output, when the chat has a schema.
     parsed: Any = None
+    #: the model's readable thinking (reasoning summary) behind an assistant message; model
+    #: text, untrusted. What must go back to the provider verbatim is in ``provider_data``.
+    thinking: str = ""
     model: str | None = None
     finish_reason: str | None = None
     provider_data: dict[str, Any] = Field(default_factory=dict)
@@ -138,17 +144,74 @@ class ToolCallDelta(BaseModel):
     arguments: str = ""
 
 
-Chunk = Annotated[TextDelta | ToolCallDelta, Field(discriminator="kind")]
-chunk_adapter: TypeAdapter[TextDelta | ToolCallDelta] = TypeAdapter(Chunk)
+class ThinkingDelta(BaseModel):
+    """A piece of streamed thinking text, apart from the answer's text."""
+
+    kind: Literal["thinking"] = "thinking"
+    text: str
+
+
+Chunk = Annotated[TextDelta | ToolCallDelta | ThinkingDelta, Field(discriminator="kind")]
+chunk_adapter: TypeAdapter[TextDelta | ToolCallDelta | ThinkingDelta] = TypeAdapter(Chunk)
 
 
 class TokenUsage(BaseModel):
-    """Tokens one provider attempt used."""
+    """Tokens one provider attempt used.
+
+    ``input_tokens`` is the whole prompt, cache reads and writes included (as OpenAI counts
+    it); ``cache_read_tokens`` and ``cache_write_tokens`` say how much of it the provider
+    read from, or wrote to, its prompt cache. ``cached_tokens`` is the older name of
+    ``cache_read_tokens``, still accepted and readable.
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
 
     input_tokens: int = 0
     output_tokens: int = 0
-    cached_tokens: int = 0
+    cache_read_tokens: int = Field(
+        default=0, validation_alias=AliasChoices("cache_read_tokens", "cached_tokens")
+    )
+    cache_write_tokens: int = 0
+    #: of ``cache_write_tokens``, those written for an hour (Anthropic prices them higher).
+    cache_write_1h_tokens: int = 0
     reasoning_tokens: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """The older name of ``cache_read_tokens``."""
+        return self.cache_read_tokens
+
+
+CacheTTL = Literal["5m", "1h"]
+ThinkingEffort = Literal["low", "medium", "high"]
+
+
+class Caching(BaseModel):
+    """Prompt caching asked for by ``with_caching``: Anthropic breakpoints, OpenAI's key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: how long Anthropic keeps a cache entry ("5m" or "1h"; 1h writes cost more).
+    ttl: CacheTTL = "5m"
+    #: OpenAI's ``prompt_cache_key``: requests sharing it are routed to the same cache.
+    key: str | None = None
+
+
+class Thinking(BaseModel):
+    """Thinking asked for by ``with_thinking``; each provider maps it to its own field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: None (without a budget) turns thinking off where the model lets it be turned off.
+    effort: ThinkingEffort | None = None
+    #: a token budget for the thinking (Anthropic, Gemini, OpenRouter); overrides ``effort``
+    #: where a provider takes a budget.
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+    @property
+    def enabled(self) -> bool:
+        """Thinking is asked for (an effort or a budget), not turned off."""
+        return self.effort is not None or self.budget_tokens is not None
 
 
 class ToolDefinition(BaseModel):
@@ -175,6 +238,10 @@ class ModelRequest(BaseModel):
     provider_options: dict[str, Any] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     stream: bool = False
+    #: prompt caching (``with_caching``); None: the provider's default behaviour.
+    caching: Caching | None = None
+    #: thinking (``with_thinking``); None: the model's default.
+    thinking: Thinking | None = None
 
 
 class ModelResponse(BaseModel):
@@ -186,6 +253,8 @@ class ModelResponse(BaseModel):
     finish_reason: str | None = None
     model: str | None = None
     parsed: Any = None
+    #: the readable thinking text (see ``Message.thinking``).
+    thinking: str = ""
     provider_data: dict[str, Any] = Field(default_factory=dict)
 
 

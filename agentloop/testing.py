@@ -31,6 +31,7 @@ from .messages import (
     ModelRequest,
     ModelResponse,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolCall,
     ToolCallDelta,
@@ -62,10 +63,12 @@ def reply(
     usage: TokenUsage | None = None,
     parsed: Any = None,
     finish_reason: str | None = None,
+    thinking: str = "",
 ) -> ModelResponse:
-    """A scripted answer: text, tool calls, or both."""
+    """A scripted answer: text, tool calls, or both (and the thinking behind them)."""
     return ModelResponse(
         content=text,
+        thinking=thinking,
         tool_calls=list(tool_calls),
         usage=usage or TokenUsage(input_tokens=10, output_tokens=max(1, len(text.split()))),
         parsed=parsed,
@@ -115,6 +118,7 @@ def _to_response(item: Reply) -> ModelResponse | Stream | BaseException:
 
 def _play(script: Stream, on_chunk: ChunkCallback | None) -> ModelResponse:
     text: list[str] = []
+    thoughts: list[str] = []
     for index, piece in enumerate(script.chunks):
         if script.fail_after is not None and index >= script.fail_after:
             raise script.error or RuntimeError("stream dropped")
@@ -123,6 +127,8 @@ def _play(script: Stream, on_chunk: ChunkCallback | None) -> ModelResponse:
         chunk = TextDelta(text=piece) if isinstance(piece, str) else piece
         if isinstance(chunk, TextDelta):
             text.append(chunk.text)
+        elif isinstance(chunk, ThinkingDelta):
+            thoughts.append(chunk.text)
         if on_chunk is not None:
             on_chunk(chunk)
     if script.fail_after is not None and script.fail_after >= len(script.chunks):
@@ -134,6 +140,7 @@ def _play(script: Stream, on_chunk: ChunkCallback | None) -> ModelResponse:
     content = "".join(text)
     return ModelResponse(
         content=content,
+        thinking="".join(thoughts),
         tool_calls=list(script.tool_calls),
         usage=script.usage or TokenUsage(input_tokens=10, output_tokens=len(script.chunks)),
         finish_reason="tool_calls" if script.tool_calls else "stop",
@@ -186,6 +193,8 @@ class ScriptedProvider(Provider):
             raise item
         if isinstance(item, Stream):
             return _play(item, on_chunk)
+        if on_chunk is not None and item.thinking:
+            on_chunk(ThinkingDelta(text=item.thinking))
         if on_chunk is not None and item.content:
             on_chunk(TextDelta(text=item.content))
         return item

@@ -502,7 +502,8 @@ def test_usage_totals_for_an_owner(chat, scripted, user, django_user_model):
     assert totals == {
         "input_tokens": 30,
         "output_tokens": 7,
-        "cached_tokens": 4,
+        "cache_read_tokens": 4,
+        "cache_write_tokens": 0,
         "reasoning_tokens": 1,
         "cost": Decimal(0),
         "attempts": 3,

@@ -157,7 +157,8 @@ def test_totals_for_an_owner_cover_the_parent_and_child_chats(project, user, oth
     assert totals == {
         "input_tokens": 100 + 200 + 30 + 40 + 5,
         "output_tokens": 10 + 20 + 3 + 4 + 1,
-        "cached_tokens": 0,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
         "reasoning_tokens": 0,
         "cost": Decimal(0),
         "attempts": 5,

@@ -125,7 +125,8 @@ class Timeline:
 _USAGE_SUMS: dict[str, Any] = {
     "input_tokens": Sum("input_tokens", default=0),
     "output_tokens": Sum("output_tokens", default=0),
-    "cached_tokens": Sum("cached_tokens", default=0),
+    "cache_read_tokens": Sum("cache_read_tokens", default=0),
+    "cache_write_tokens": Sum("cache_write_tokens", default=0),
     "reasoning_tokens": Sum("reasoning_tokens", default=0),
     # Null when no attempt of the group had a known price (not $0). Not named "cost": the
     # "unpriced" filter below must see the field, not this sum.

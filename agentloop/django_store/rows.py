@@ -49,6 +49,7 @@ MESSAGE_COLUMNS = (
     "parsed",
     "model",
     "finish_reason",
+    "thinking",
     "provider_data",
     "attachments",
     "tool_call__call_id",
@@ -124,9 +125,9 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
     messages: list[Message] = []
     last: Message | None = None
     for row in rows:
-        (key, role, content, status, is_error, parsed, model, finish_reason, provider_data,
-         attachments, answers_id, answers_name, call_key, call_id, call_name, call_arguments,
-         call_state, call_provider_data, wait_reason, question, decision,
+        (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
+         provider_data, attachments, answers_id, answers_name, call_key, call_id, call_name,
+         call_arguments, call_state, call_provider_data, wait_reason, question, decision,
          decision_digest, _token, _expires, _cancel) = row  # fmt: skip
         if last is None or last.key != key:
             # Rows are our own: build without validation (see trusted).
@@ -144,6 +145,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                     "parsed": _json(parsed, None),
                     "model": model or None,
                     "finish_reason": finish_reason or None,
+                    "thinking": thinking,
                     "provider_data": _json(provider_data, {}),
                     "created_at": None,  # read on demand: turn_started_at()
                     "key": key,

@@ -46,6 +46,8 @@ _CONFIG_COLUMNS = {
     "output_schema": "output_schema",
     "schema_path": "schema_path",
     "limits": "limits",
+    "caching": "caching",
+    "thinking": "thinking",
 }
 
 
@@ -171,6 +173,8 @@ class DjangoStore(ClaimMixin, ChatStore):
                 "output_schema": chat.output_schema,
                 "schema_path": chat.schema_path or None,
                 "limits": chat.limits or {},
+                "caching": chat.caching,
+                "thinking": chat.thinking,
             }
         )
 
@@ -235,6 +239,7 @@ class DjangoStore(ClaimMixin, ChatStore):
             parsed=message.parsed,
             model=message.model or "",
             finish_reason=message.finish_reason or "",
+            thinking=message.thinking,
             provider_data=message.provider_data,
             attachments=[
                 attachment.model_dump(mode="json", exclude_none=True)
@@ -300,7 +305,8 @@ class DjangoStore(ClaimMixin, ChatStore):
             status=usage.status,
             input_tokens=usage.usage.input_tokens,
             output_tokens=usage.usage.output_tokens,
-            cached_tokens=usage.usage.cached_tokens,
+            cache_read_tokens=usage.usage.cache_read_tokens,
+            cache_write_tokens=usage.usage.cache_write_tokens,
             reasoning_tokens=usage.usage.reasoning_tokens,
             cost=usage.cost,
             error=usage.error,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import providers
 from ..exceptions import ConfigurationError
 from ..importing import import_path_of
-from ..messages import Message
+from ..messages import Caching, Message, Thinking
 from ..tools import Tool
 
 if TYPE_CHECKING:
@@ -72,6 +73,10 @@ class ChatConfig(BaseModel):
     output_schema: dict[str, Any] | None = None
     schema_path: str | None = None
     limits: Limits = Field(default_factory=Limits)
+    #: prompt caching (``with_caching``); None: none asked for.
+    caching: Caching | None = None
+    #: thinking (``with_thinking``); None: the model's default.
+    thinking: Thinking | None = None
 
 
 _UNSET: Any = object()
@@ -198,6 +203,38 @@ class Configuration:
             self.store.update_config(output_schema=schema.model_json_schema(), schema_path=path)
         else:
             raise ConfigurationError("with_schema() takes a pydantic model class or a JSON schema")
+        return self
+
+    def with_caching(self, ttl: str | None = "5m", key: str | None = None) -> Self:
+        """Prompt caching: Anthropic breakpoints kept ``ttl`` ("5m" or "1h"), OpenAI's
+        ``prompt_cache_key`` (``key``, else one made for this chat and kept); None: off."""
+        if ttl is None:
+            self.store.update_config(caching=None)
+            return self
+        current = self.store.get_config().caching
+        key = key or (current.key if current else None) or f"agentloop-{uuid.uuid4().hex}"
+        try:
+            caching = Caching(ttl=ttl, key=key)
+        except ValidationError:
+            raise ConfigurationError(
+                f"with_caching() takes ttl='5m' or ttl='1h' (or None), not {ttl!r}"
+            ) from None
+        self.store.update_config(caching=caching)
+        return self
+
+    def with_thinking(
+        self, effort: str | None = "medium", budget_tokens: int | None = None
+    ) -> Self:
+        """Let the model think: ``effort`` "low", "medium" or "high" (None: off), or a
+        ``budget_tokens`` budget where the provider takes one."""
+        try:
+            thinking = Thinking(effort=effort, budget_tokens=budget_tokens)
+        except ValidationError:
+            raise ConfigurationError(
+                "with_thinking() takes effort 'low', 'medium', 'high' or None and a positive "
+                f"budget_tokens, not effort={effort!r}, budget_tokens={budget_tokens!r}"
+            ) from None
+        self.store.update_config(thinking=thinking)
         return self
 
     def with_limits(self, **limits: Any) -> Self:

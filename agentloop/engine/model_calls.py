@@ -110,6 +110,8 @@ class ModelCalls:
             provider_options=config.provider_options,
             headers=config.headers,
             stream=stream,
+            caching=config.caching,
+            thinking=config.thinking,
         )
 
     def prepare_model_call(
@@ -260,6 +262,7 @@ class ModelCalls:
             parsed=parsed,
             model=response.model or model_id,
             finish_reason=response.finish_reason,
+            thinking=response.thinking,
             provider_data=response.provider_data,
             status=MessageStatus.COMPLETE,
         )

@@ -77,6 +77,10 @@ class AbstractChat(models.Model):
     output_schema = models.JSONField(_("output schema"), null=True, blank=True)
     schema_path = models.CharField(_("schema import path"), max_length=300, blank=True)
     limits = models.JSONField(_("limits per turn"), default=dict, blank=True)
+    #: ``with_caching``: {"ttl", "key"}; null when the chat asked for no prompt caching.
+    caching = models.JSONField(_("prompt caching"), null=True, blank=True)
+    #: ``with_thinking``: {"effort", "budget_tokens"}; null: the model's default.
+    thinking = models.JSONField(_("thinking"), null=True, blank=True)
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
     state = models.CharField(
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
@@ -156,6 +160,16 @@ class AbstractChat(models.Model):
 
     def with_schema(self, schema: Any) -> AbstractChat:
         self.conversation.with_schema(schema)
+        return self
+
+    def with_caching(self, ttl: str = "5m", key: str | None = None) -> AbstractChat:
+        self.conversation.with_caching(ttl, key)
+        return self
+
+    def with_thinking(
+        self, effort: str | None = "medium", budget_tokens: int | None = None
+    ) -> AbstractChat:
+        self.conversation.with_thinking(effort, budget_tokens)
         return self
 
     def with_limits(self, **limits: Any) -> AbstractChat:

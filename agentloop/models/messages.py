@@ -44,6 +44,8 @@ class AbstractMessage(models.Model):
     parsed = models.JSONField(_("structured output"), null=True, blank=True)
     model = models.CharField(_("model"), max_length=200, blank=True)
     finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
+    #: the model's readable thinking behind an answer (model text: escape it when shown).
+    thinking = models.TextField(_("thinking"), blank=True)
     provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
     #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
     attachments = models.JSONField(_("attachments"), default=list, blank=True)

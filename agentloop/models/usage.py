@@ -25,7 +25,8 @@ class UsageStatus(models.TextChoices):
 _TOTALS: dict[str, Any] = {
     "input_tokens": Sum("input_tokens", default=0),
     "output_tokens": Sum("output_tokens", default=0),
-    "cached_tokens": Sum("cached_tokens", default=0),
+    "cache_read_tokens": Sum("cache_read_tokens", default=0),
+    "cache_write_tokens": Sum("cache_write_tokens", default=0),
     "reasoning_tokens": Sum("reasoning_tokens", default=0),
     "cost": Sum("cost", default=Decimal(0)),
     "attempts": Count("id"),
@@ -53,12 +54,7 @@ class UsageQuerySet(models.QuerySet["AbstractUsage"]):
     def totals(self) -> dict[str, Any]:
         """Token sums, the known cost, and attempts by status."""
         return self.aggregate(
-            input_tokens=Sum("input_tokens", default=0),
-            output_tokens=Sum("output_tokens", default=0),
-            cached_tokens=Sum("cached_tokens", default=0),
-            reasoning_tokens=Sum("reasoning_tokens", default=0),
-            cost=Sum("cost", default=Decimal(0)),
-            attempts=Count("id"),
+            **_TOTALS,
             failed=Count("id", filter=Q(status=UsageStatus.FAILED)),
             cancelled=Count("id", filter=Q(status=UsageStatus.CANCELLED)),
         )
@@ -72,7 +68,10 @@ class AbstractUsage(models.Model):
     status = models.CharField(_("status"), max_length=20, choices=UsageStatus.choices)
     input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
     output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
-    cached_tokens = models.PositiveIntegerField(_("cached tokens"), default=0)
+    #: prompt tokens read from the provider's cache (part of ``input_tokens``).
+    cache_read_tokens = models.PositiveIntegerField(_("cache read tokens"), default=0)
+    #: prompt tokens written to the provider's cache (part of ``input_tokens``).
+    cache_write_tokens = models.PositiveIntegerField(_("cache write tokens"), default=0)
     reasoning_tokens = models.PositiveIntegerField(_("reasoning tokens"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
     error = models.TextField(_("error"), blank=True)
@@ -86,6 +85,11 @@ class AbstractUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.status} ({self.input_tokens}+{self.output_tokens} tokens)"
+
+    @property
+    def cached_tokens(self) -> int:
+        """The older name of ``cache_read_tokens``."""
+        return self.cache_read_tokens
 
 
 class Usage(AbstractUsage):

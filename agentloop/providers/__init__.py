@@ -38,6 +38,7 @@ _PREFIXES: tuple[tuple[str, str], ...] = (
     ("o4", "openai"),
     ("claude-", "anthropic"),
     ("gemini-", "gemini"),
+    ("deepseek-", "deepseek"),
 )
 
 
@@ -80,6 +81,7 @@ BUILTINS: dict[str, str] = {
     "openai-responses": "agentloop.providers.openai_responses.OpenAIResponsesProvider",
     "openrouter": "agentloop.providers.openai.OpenRouterProvider",
     "ollama": "agentloop.providers.openai.OllamaProvider",
+    "deepseek": "agentloop.providers.openai.DeepSeekProvider",
     "anthropic": "agentloop.providers.anthropic.AnthropicProvider",
     "gemini": "agentloop.providers.gemini.GeminiProvider",
 }

@@ -8,7 +8,11 @@ per-model default; structured output uses ``output_config.format`` (JSON schema)
 Attachments follow a message's text as ``image`` and ``document`` blocks (``source`` of type
 ``base64`` or ``url``), in tool results too.
 Thinking and other non-text blocks of an answer are kept in ``provider_data`` and sent
-back exactly as received, in their original order, as the API requires.
+back exactly as received, in their original order, as the API requires (to this provider
+only: see :mod:`agentloop.providers.thinking`); the thinking text is also the answer's
+``thinking``. ``with_thinking`` becomes ``thinking: {"type": "enabled", "budget_tokens"}``
+(or ``{"type": "disabled"}``); ``with_caching`` adds ``cache_control`` breakpoints
+(:mod:`agentloop.providers.caching`).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from ..messages import (
     ModelRequest,
     ModelResponse,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolCall,
     ToolCallDelta,
 )
 from .base import ChunkCallback
+from .caching import add_anthropic_breakpoints
 from .common import (
     INVALID_ARGUMENTS,
     close_object_schemas,
@@ -39,6 +45,7 @@ from .common import (
 )
 from .errors import error_for_status
 from .http import HTTPProvider
+from .thinking import budget_tokens, replays_to, stamped
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "default_max_tokens"]
 
@@ -202,8 +209,18 @@ class AnthropicProvider(HTTPProvider):
         if request.output_schema is not None:
             schema = close_object_schemas(request.output_schema)
             body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        if request.thinking is not None:
+            budget = budget_tokens(request.thinking)
+            body["thinking"] = (
+                {"type": "enabled", "budget_tokens": budget}
+                if budget is not None
+                else {"type": "disabled"}
+            )
         if request.provider_options:
             body = deep_merge(body, request.provider_options)
+        if request.caching is not None:
+            # After the options: breakpoints set by hand count towards the API's limit.
+            body = add_anthropic_breakpoints(body, request.caching)
         return body
 
     def _tool(self, tool: Any) -> dict[str, Any]:
@@ -281,6 +298,8 @@ class AnthropicProvider(HTTPProvider):
 
     def _assistant_blocks(self, message: Message) -> list[dict[str, Any]]:
         kept = message.provider_data.get(CONTENT_KEY)
+        if not replays_to(message, self.name):
+            kept = None  # another provider's signatures: this one would reject them
         calls = {call.id: call for call in message.tool_calls}
         if isinstance(kept, list):
             texts = "".join(b.get("text", "") for b in kept if b.get("type") == "text")
@@ -375,6 +394,8 @@ class AnthropicProvider(HTTPProvider):
                 on_chunk(ToolCallDelta(index=tool_number, arguments=fragment))
         elif kind == "thinking_delta":
             block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            if delta["thinking"]:
+                on_chunk(ThinkingDelta(text=delta["thinking"]))
         elif kind == "signature_delta":
             block["signature"] = delta["signature"]
         elif kind == "citations_delta":
@@ -403,11 +424,14 @@ class AnthropicProvider(HTTPProvider):
         message: Mapping[str, Any],
     ) -> ModelResponse:
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[ToolCall] = []
         kept: list[dict[str, Any]] = []
         opaque = False
         for block in blocks:
             kind = block.get("type")
+            if kind == "thinking":
+                thoughts.append(block.get("thinking") or "")
             if kind == "text":
                 texts.append(block.get("text", ""))
                 kept.append(_clean_block(block))
@@ -425,9 +449,10 @@ class AnthropicProvider(HTTPProvider):
         if stop_reason:
             provider_data["stop_reason"] = stop_reason
         if opaque:
-            provider_data[CONTENT_KEY] = kept
+            provider_data = stamped({**provider_data, CONTENT_KEY: kept}, self.name)
         return ModelResponse(
             content="".join(texts),
+            thinking="\n\n".join(thought for thought in thoughts if thought),
             tool_calls=calls,
             usage=self._usage(usage),
             finish_reason=_FINISH_REASONS.get(stop_reason or "", stop_reason),
@@ -455,11 +480,16 @@ class AnthropicProvider(HTTPProvider):
     @staticmethod
     def _usage(usage: Mapping[str, Any]) -> TokenUsage:
         # Anthropic counts cache reads and writes apart from ``input_tokens``; ours is the
-        # whole prompt (as OpenAI reports it) with cache reads also in ``cached_tokens``.
+        # whole prompt (as OpenAI reports it), with the reads and writes also counted apart.
         cache_read = int(usage.get("cache_read_input_tokens") or 0)
         cache_write = int(usage.get("cache_creation_input_tokens") or 0)
+        written = usage.get("cache_creation") or {}
+        details = usage.get("output_tokens_details") or {}
         return TokenUsage(
             input_tokens=int(usage.get("input_tokens") or 0) + cache_read + cache_write,
             output_tokens=int(usage.get("output_tokens") or 0),
-            cached_tokens=cache_read,
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+            cache_write_1h_tokens=int(written.get("ephemeral_1h_input_tokens") or 0),
+            reasoning_tokens=int(details.get("thinking_tokens") or 0),
         )

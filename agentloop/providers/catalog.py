@@ -26,6 +26,10 @@ class ModelInfo:
     input_price: Decimal | None
     output_price: Decimal | None
     cached_input_price: Decimal | None
+    #: a cache write kept 5 minutes (Anthropic: 1.25x input); None: priced as input.
+    cache_write_price: Decimal | None = None
+    #: a cache write kept an hour (Anthropic: 2x input); None: the 5-minute price.
+    cache_write_1h_price: Decimal | None = None
 
 
 def _decimal(value: object) -> Decimal | None:
@@ -44,6 +48,8 @@ def _catalog() -> dict[str, ModelInfo]:
             input_price=_decimal(entry.get("input_price")),
             output_price=_decimal(entry.get("output_price")),
             cached_input_price=_decimal(entry.get("cached_input_price")),
+            cache_write_price=_decimal(entry.get("cache_write_price")),
+            cache_write_1h_price=_decimal(entry.get("cache_write_1h_price")),
         )
         models[info.id] = info
         for alias in entry.get("aliases", ()):
@@ -69,17 +75,33 @@ def lookup(model: str) -> ModelInfo | None:
 
 
 def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:
-    """The cost of ``usage`` on ``model``; None when the price isn't known."""
+    """The cost of ``usage`` on ``model``; None when the price isn't known.
+
+    ``input_tokens`` is the whole prompt: its cache reads are priced at the cached-input
+    price, its cache writes at the write price of their lifetime (input price when the
+    catalog has none, as OpenAI bills them), the rest at the input price.
+    """
     info = lookup(model)
     if info is None or info.input_price is None or info.output_price is None:
         return None
-    cached = min(usage.cached_tokens, usage.input_tokens)
-    cached_price = (
-        info.cached_input_price if info.cached_input_price is not None else info.input_price
-    )
+    # Counts a provider got wrong never make a negative share of plain input.
+    read = min(usage.cache_read_tokens, usage.input_tokens)
+    written = min(usage.cache_write_tokens, usage.input_tokens - read)
+    written_1h = min(usage.cache_write_1h_tokens, written)
+    read_price = info.cached_input_price
+    write_price = info.cache_write_price
+    write_1h_price = info.cache_write_1h_price
+    if read_price is None:
+        read_price = info.input_price
+    if write_price is None:
+        write_price = info.input_price
+    if write_1h_price is None:
+        write_1h_price = write_price
     total = (
-        Decimal(usage.input_tokens - cached) * info.input_price
-        + Decimal(cached) * cached_price
+        Decimal(usage.input_tokens - read - written) * info.input_price
+        + Decimal(read) * read_price
+        + Decimal(written - written_1h) * write_price
+        + Decimal(written_1h) * write_1h_price
         + Decimal(usage.output_tokens) * info.output_price
     ) / _MILLION
     return total.quantize(Decimal("0.00000001"))

@@ -1,11 +1,13 @@
 """OpenAI Chat Completions (``POST {base_url}/chat/completions``) and the servers that speak it.
 
-One wire format, three presets: :class:`OpenAIProvider` (api.openai.com, or any
+One wire format, four presets: :class:`OpenAIProvider` (api.openai.com, or any
 OpenAI-compatible server by ``base_url``: vLLM, LM Studio, llama.cpp...),
-:class:`OpenRouterProvider` and :class:`OllamaProvider`. Servers differ in a few
-details (the role of system messages, the name of the output-token cap, strict
-tool schemas, sending thinking text back); each detail is a dialect option that
-the constructor or ``AGENTLOOP["PROVIDERS"][name]`` can override.
+:class:`OpenRouterProvider`, :class:`DeepSeekProvider` and :class:`OllamaProvider`.
+Servers differ in a few details (the role of system messages, the name of the
+output-token cap, strict tool schemas, how thinking is asked for and sent back, prompt
+cache keys); each detail is a dialect option that the constructor or
+``AGENTLOOP["PROVIDERS"][name]`` can override. Thinking: see
+:mod:`agentloop.providers.openai_reasoning`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..messages import (
     ModelRequest,
     ModelResponse,
     TextDelta,
-    TokenUsage,
+    ThinkingDelta,
     ToolCall,
     ToolCallDelta,
     ToolDefinition,
@@ -40,8 +42,11 @@ from .common import (
     tool_call_from_text,
 )
 from .http import HTTPProvider
+from .openai_reasoning import DETAILS_KEY, ReasoningDetails, reasoning_fields, usage_from
+from .thinking import replays_to, stamped
 
 __all__ = [
+    "DeepSeekProvider",
     "OllamaProvider",
     "OpenAIProvider",
     "OpenRouterProvider",
@@ -55,6 +60,8 @@ _OPENAI_DIALECT: dict[str, Any] = {
     "strict_tools": True,
     "reasoning_field": None,
     "file_urls": False,
+    "thinking_format": "openai",
+    "prompt_cache_key": True,
 }
 #: dialect of an unknown OpenAI-compatible server: the fields every one of them accepts.
 _COMPATIBLE_DIALECT: dict[str, Any] = {
@@ -63,20 +70,9 @@ _COMPATIBLE_DIALECT: dict[str, Any] = {
     "strict_tools": False,
     "reasoning_field": None,
     "file_urls": False,
+    "thinking_format": "openai",
+    "prompt_cache_key": False,
 }
-
-
-def _usage(data: Any) -> TokenUsage:
-    if not isinstance(data, dict):
-        return TokenUsage()
-    prompt_details = data.get("prompt_tokens_details") or {}
-    completion_details = data.get("completion_tokens_details") or {}
-    return TokenUsage(
-        input_tokens=int(data.get("prompt_tokens") or 0),
-        output_tokens=int(data.get("completion_tokens") or 0),
-        cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
-    )
 
 
 def _text(content: Any) -> str:
@@ -114,6 +110,9 @@ class OpenAIProvider(HTTPProvider):
       (``"reasoning"``, ``"reasoning_content"``), or None to not send it.
     - ``file_urls``: the server reads a document's URL in ``file.file_data`` (OpenRouter);
       elsewhere documents go as bytes only.
+    - ``thinking_format``: how ``with_thinking`` is asked for: ``"openai"``,
+      ``"openrouter"`` or ``"deepseek"`` (see :mod:`~agentloop.providers.openai_reasoning`).
+    - ``prompt_cache_key``: ``with_caching`` sends the chat's ``prompt_cache_key``.
 
     On api.openai.com the defaults are ``developer``, ``max_completion_tokens`` and strict
     tools; on any other ``base_url`` they are ``system``, ``max_tokens`` and no strict flag,
@@ -201,6 +200,11 @@ class OpenAIProvider(HTTPProvider):
             body[self.option("max_tokens_field")] = request.max_output_tokens
         if request.output_schema is not None:
             body["response_format"] = self._response_format(request.output_schema)
+        if request.thinking is not None:
+            thinking_format = str(self.option("thinking_format"))
+            body.update(reasoning_fields(request.thinking, thinking_format, request.model))
+        if request.caching is not None and request.caching.key and self.option("prompt_cache_key"):
+            body["prompt_cache_key"] = request.caching.key
         return deep_merge(body, request.provider_options)
 
     def _message(self, message: Message) -> dict[str, Any]:
@@ -219,10 +223,13 @@ class OpenAIProvider(HTTPProvider):
         if message.role == "assistant":
             if message.tool_calls:
                 item["tool_calls"] = [self._tool_call(call) for call in message.tool_calls]
-            reasoning_field = self.option("reasoning_field")
-            reasoning = message.provider_data.get("reasoning")
-            if reasoning_field and reasoning:
-                item[reasoning_field] = reasoning
+            if replays_to(message, self.name):
+                reasoning_field = self.option("reasoning_field")
+                reasoning = message.provider_data.get("reasoning")
+                if reasoning_field and reasoning:
+                    item[reasoning_field] = reasoning
+                if message.provider_data.get(DETAILS_KEY):
+                    item[DETAILS_KEY] = message.provider_data[DETAILS_KEY]
         return item
 
     def _content(self, message: Message) -> str | list[dict[str, Any]]:
@@ -302,19 +309,31 @@ class OpenAIProvider(HTTPProvider):
             for call in message.get("tool_calls") or []
         ]
         content = _text(message.get("content"))
-        provider_data = {
-            "id": data.get("id"),
-            "reasoning": message.get("reasoning") or message.get("reasoning_content"),
-            "refusal": message.get("refusal"),
-        }
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
         return ModelResponse(
             content=content or _text(message.get("refusal")),
             tool_calls=tool_calls,
-            usage=_usage(data.get("usage")),
+            usage=usage_from(data.get("usage")),
             finish_reason=choice.get("finish_reason"),
             model=data.get("model"),
-            provider_data={key: value for key, value in provider_data.items() if value},
+            thinking=reasoning if isinstance(reasoning, str) else "",
+            provider_data=self._provider_data(
+                data.get("id"), reasoning, message.get("refusal"), message.get(DETAILS_KEY)
+            ),
         )
+
+    def _provider_data(
+        self, response_id: Any, reasoning: Any, refusal: Any, details: Any
+    ) -> dict[str, Any]:
+        """What to keep of an answer; thinking to send back is stamped with our name."""
+        provider_data = {
+            "id": response_id,
+            "reasoning": reasoning,
+            "refusal": refusal,
+            DETAILS_KEY: details,
+        }
+        kept = {key: value for key, value in provider_data.items() if value}
+        return stamped(kept, self.name) if reasoning or details else kept
 
     def parse_stream(
         self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
@@ -322,9 +341,10 @@ class OpenAIProvider(HTTPProvider):
         text: list[str] = []
         reasoning: list[str] = []
         refusal: list[str] = []
+        details = ReasoningDetails()
         calls = ToolCallAssembler()
         indexes: dict[str, int] = {}  # call id -> index, for servers that send no index
-        usage = TokenUsage()
+        usage = usage_from(None)
         finish_reason = model = response_id = None
         for event in events:
             data = event.data.strip()
@@ -340,7 +360,7 @@ class OpenAIProvider(HTTPProvider):
             model = chunk.get("model") or model
             response_id = chunk.get("id") or response_id
             if chunk.get("usage"):
-                usage = _usage(chunk["usage"])
+                usage = usage_from(chunk["usage"])
             for choice in chunk.get("choices") or []:
                 if choice.get("index", 0) != 0:
                     continue  # n > 1 is not asked for; only the first answer counts
@@ -350,8 +370,11 @@ class OpenAIProvider(HTTPProvider):
                     text.append(piece)
                     on_chunk(TextDelta(text=piece))
                 thinking = delta.get("reasoning") or delta.get("reasoning_content")
-                if isinstance(thinking, str):
+                if isinstance(thinking, str) and thinking:
                     reasoning.append(thinking)
+                    on_chunk(ThinkingDelta(text=thinking))
+                if isinstance(delta.get(DETAILS_KEY), list):
+                    details.add(delta[DETAILS_KEY])
                 if isinstance(delta.get("refusal"), str):
                     refusal.append(delta["refusal"])
                 for call in delta.get("tool_calls") or []:
@@ -364,18 +387,16 @@ class OpenAIProvider(HTTPProvider):
                 f"{self.name} ended the stream before [DONE]"
                 + (f" (after {len(''.join(text))} characters)" if text else "")
             )
-        provider_data = {
-            "id": response_id,
-            "reasoning": "".join(reasoning),
-            "refusal": "".join(refusal),
-        }
         return ModelResponse(
             content="".join(text) or "".join(refusal),
             tool_calls=calls.calls(),
             usage=usage,
             finish_reason=finish_reason,
             model=model,
-            provider_data={key: value for key, value in provider_data.items() if value},
+            thinking="".join(reasoning),
+            provider_data=self._provider_data(
+                response_id, "".join(reasoning), "".join(refusal), details.details()
+            ),
         )
 
     @staticmethod
@@ -411,6 +432,28 @@ class OpenRouterProvider(OpenAIProvider):
         "reasoning_field": None,
         # OpenRouter fetches a PDF from the URL given as file_data.
         "file_urls": True,
+        "thinking_format": "openrouter",
+        "prompt_cache_key": False,
+    }
+
+
+class DeepSeekProvider(OpenAIProvider):
+    """DeepSeek's API (https://api.deepseek.com): thinking is asked for and sent back in
+    ``reasoning_content`` with no configuration."""
+
+    name = "deepseek"
+    default_base_url = "https://api.deepseek.com"
+    api_key_env = ("DEEPSEEK_API_KEY",)
+    base_url_env = ()
+    dialect: ClassVar[dict[str, Any]] = {
+        "system_role": "system",
+        "max_tokens_field": "max_tokens",
+        "strict_tools": False,
+        # DeepSeek wants a thinking answer's reasoning_content back with it in tool rounds.
+        "reasoning_field": "reasoning_content",
+        "file_urls": False,
+        "thinking_format": "deepseek",
+        "prompt_cache_key": False,
     }
 
 

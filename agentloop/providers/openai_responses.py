@@ -23,7 +23,13 @@ Mapping, ours -> the wire:
 - tools -> ``{"type": "function", "name", "description", "parameters", "strict"}``,
   strict when the schema already satisfies strict mode (see
   :func:`~agentloop.providers.common.strict_json_schema`);
-- ``output_schema`` -> ``text.format`` ``json_schema`` in strict mode.
+- ``output_schema`` -> ``text.format`` ``json_schema`` in strict mode;
+- ``with_thinking`` -> ``reasoning: {"effort", "summary": "auto"}`` (the summaries become the
+  answer's ``thinking``; effort None sends nothing: the model's default); ``with_caching``
+  -> ``prompt_cache_key``.
+
+Reasoning items are sent back only to the provider that made them (see
+:mod:`agentloop.providers.thinking`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from ..messages import (
     ModelRequest,
     ModelResponse,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolCall,
     ToolCallDelta,
@@ -67,6 +74,7 @@ from .common import (
 )
 from .errors import redact
 from .http import HTTPProvider
+from .thinking import replays_to, stamped
 
 __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
 
@@ -138,8 +146,10 @@ def _assistant_text(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "output_text", "text": text}]}
 
 
-def _assistant_items(message: Message) -> list[dict[str, Any]]:
-    """An assistant message as input items, in the order the model produced them."""
+def _assistant_items(message: Message, provider: str) -> list[dict[str, Any]]:
+    """An assistant message as input items, in the order the model produced them; another
+    provider's reasoning items stay out."""
+    replay = replays_to(message, provider)
     calls = {call.id: call for call in message.tool_calls}
     items: list[dict[str, Any]] = []
     text_sent = not message.content
@@ -155,7 +165,7 @@ def _assistant_items(message: Message) -> list[dict[str, Any]]:
             if call is not None and call.id not in placed:
                 items.append(_function_call(call))
                 placed.add(call.id)
-        else:
+        elif replay:
             items.append(copy.deepcopy(entry))
     # Whatever the markers didn't place (another provider's answer, renamed ids).
     if not text_sent:
@@ -188,7 +198,8 @@ def _usage(usage: Mapping[str, Any] | None) -> TokenUsage:
     return TokenUsage(
         input_tokens=usage.get("input_tokens") or 0,
         output_tokens=usage.get("output_tokens") or 0,
-        cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        cache_read_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        cache_write_tokens=(usage.get("input_tokens_details") or {}).get("cache_write_tokens") or 0,
         reasoning_tokens=(usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0,
     )
 
@@ -209,7 +220,7 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     # -- the request -----------------------------------------------------------------------
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
-        instructions, items = self._input(request.messages)
+        instructions, items = self._input(request.messages, self.name)
         body: dict[str, Any] = {"model": request.model, "input": items}
         if instructions:
             body["instructions"] = instructions
@@ -230,12 +241,16 @@ class OpenAIResponsesProvider(HTTPProvider):
             body["temperature"] = request.temperature
         if request.max_output_tokens is not None:
             body["max_output_tokens"] = request.max_output_tokens
+        if request.thinking is not None and request.thinking.effort is not None:
+            body["reasoning"] = {"effort": request.thinking.effort, "summary": "auto"}
+        if request.caching is not None and request.caching.key:
+            body["prompt_cache_key"] = request.caching.key
         if request.provider_options:
             body = deep_merge(body, request.provider_options)
         return body
 
     @staticmethod
-    def _input(messages: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+    def _input(messages: list[Message], provider: str) -> tuple[str, list[dict[str, Any]]]:
         instructions: list[str] = []
         items: list[dict[str, Any]] = []
         for message in messages:
@@ -245,7 +260,7 @@ class OpenAIResponsesProvider(HTTPProvider):
             elif message.role == "user":
                 items.append({"role": "user", "content": _content(message)})
             elif message.role == "assistant":
-                items.extend(_assistant_items(message))
+                items.extend(_assistant_items(message, provider))
             else:
                 items.append(
                     {
@@ -295,10 +310,13 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     def _response(self, data: Mapping[str, Any]) -> ModelResponse:
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[ToolCall] = []
         kept: list[dict[str, Any]] = []
         for item in data.get("output") or ():
             kind = item.get("type")
+            if kind == "reasoning":
+                thoughts.extend(part.get("text") or "" for part in item.get("summary") or ())
             if kind == "message":
                 for part in item.get("content") or ():
                     if part.get("type") == "output_text":
@@ -313,6 +331,9 @@ class OpenAIResponsesProvider(HTTPProvider):
             if entry is not None:
                 kept.append(entry)
         content = "".join(texts)
+        provider_data: dict[str, Any] = {"id": data.get("id"), OUTPUT_KEY: kept} if kept else {}
+        if any(entry.get("type") == "reasoning" for entry in kept):
+            provider_data = stamped(provider_data, self.name)
         return ModelResponse(
             content=content,
             tool_calls=calls,
@@ -320,7 +341,8 @@ class OpenAIResponsesProvider(HTTPProvider):
             finish_reason=self._finish_reason(data, calls),
             model=data.get("model"),
             parsed=self._parsed(data, content),
-            provider_data={"id": data.get("id"), OUTPUT_KEY: kept} if kept else {},
+            thinking="\n\n".join(thought for thought in thoughts if thought),
+            provider_data=provider_data,
         )
 
     @staticmethod
@@ -363,6 +385,9 @@ class OpenAIResponsesProvider(HTTPProvider):
             if kind in ("response.output_text.delta", "response.refusal.delta"):
                 if data.get("delta"):
                     on_chunk(TextDelta(text=data["delta"]))
+            elif kind == "response.reasoning_summary_text.delta":
+                if data.get("delta"):
+                    on_chunk(ThinkingDelta(text=data["delta"]))
             elif kind == "response.function_call_arguments.delta":
                 number = call_numbers.setdefault(data.get("item_id") or "", len(call_numbers))
                 on_chunk(ToolCallDelta(index=number, arguments=data.get("delta") or ""))

@@ -37,16 +37,18 @@ P = TypeVar("P", bound=Provider)
 FIXTURES = Path(
     os.environ.get("AGENTLOOP_FIXTURES", REPO.parent / "shared" / "fixtures" / "providers")
 )
+#: the newer recordings (thinking, prompt caching), kept apart from FIXTURES.
+NEXT = FIXTURES.parent / "providers-next"
 
 
-def require_fixtures() -> Path:
+def require_fixtures(folder: Path = FIXTURES) -> Path:
     """The fixtures folder; skips (or fails under CI=true) when it is absent."""
-    if not FIXTURES.is_dir():
-        reason = f"recorded provider traffic not found at {FIXTURES} (set AGENTLOOP_FIXTURES)"
+    if not folder.is_dir():
+        reason = f"recorded provider traffic not found at {folder} (set AGENTLOOP_FIXTURES)"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    return FIXTURES
+    return folder
 
 
 @dataclass
@@ -125,9 +127,9 @@ def _json_or_text(text: str) -> Any:
         return text  # e.g. a JSONL batch upload
 
 
-def load(name: str) -> Cassette:
+def load(name: str, folder: Path = FIXTURES) -> Cassette:
     """Load ``name`` (file name with or without .yml) from the fixtures folder."""
-    folder = require_fixtures()
+    folder = require_fixtures(folder)
     path = folder / (name if name.endswith(".yml") else f"{name}.yml")
     data = yaml.load(path.read_text("utf-8"), Loader=_Loader)  # noqa: S506 - safe loader subclass
     interactions = []
@@ -148,11 +150,11 @@ def load(name: str) -> Cassette:
     return Cassette(path.stem, interactions)
 
 
-def names(part: str) -> list[str]:
+def names(part: str, folder: Path = FIXTURES) -> list[str]:
     """Cassette names containing ``part`` (empty when the folder is absent)."""
-    if not FIXTURES.is_dir():
+    if not folder.is_dir():
         return []
-    return sorted(path.stem for path in FIXTURES.glob("*.yml") if part in path.name)
+    return sorted(path.stem for path in folder.glob("*.yml") if part in path.name)
 
 
 @cache

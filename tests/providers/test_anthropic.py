@@ -27,6 +27,7 @@ from agentloop.messages import (
     Message,
     ModelRequest,
     TextDelta,
+    ThinkingDelta,
     ToolCall,
     ToolCallDelta,
     ToolDefinition,
@@ -463,7 +464,7 @@ def test_thinking_blocks_round_trip_in_order_with_signatures() -> None:
     ]
 
 
-def test_streamed_thinking_is_reassembled_with_its_signature() -> None:
+def test_streamed_thinking_is_reassembled_with_its_signature_and_streamed_apart() -> None:
     provider, _ = make(
         sse(
             start(),
@@ -485,7 +486,12 @@ def test_streamed_thinking_is_reassembled_with_its_signature() -> None:
         {"type": "thinking", "thinking": "Let me think.", "signature": "sig-9"},
         {"type": "text", "text": "Done."},
     ]
-    assert chunks == [TextDelta(text="Done.")]
+    assert response.thinking == "Let me think."
+    assert chunks == [
+        ThinkingDelta(text="Let me "),
+        ThinkingDelta(text="think."),
+        TextDelta(text="Done."),
+    ]
 
 
 def test_a_stream_yields_text_and_tool_call_deltas_and_reassembles_them() -> None:

@@ -182,6 +182,8 @@ def test_every_entry_is_well_formed(entry):
         "input_price",
         "output_price",
         "cached_input_price",
+        "cache_write_price",
+        "cache_write_1h_price",
         "aliases",
         "source",
     }
@@ -196,6 +198,9 @@ def test_every_entry_is_well_formed(entry):
     if entry["cached_input_price"] is not None:
         assert entry["input_price"] is not None
         assert entry["cached_input_price"] <= entry["input_price"]
+    # Cache writes cost more than plain input, and an hour's more than five minutes'.
+    if "cache_write_price" in entry:
+        assert entry["input_price"] <= entry["cache_write_price"] <= entry["cache_write_1h_price"]
 
 
 @pytest.mark.parametrize("entry", PRICED, ids=[entry["id"] for entry in PRICED])

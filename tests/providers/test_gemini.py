@@ -590,7 +590,9 @@ def test_usage_counts_thoughts_as_output_and_apart_as_reasoning() -> None:
     assert response.usage.model_dump() == {
         "input_tokens": 1250,
         "output_tokens": 340,
-        "cached_tokens": 1024,
+        "cache_read_tokens": 1024,
+        "cache_write_tokens": 0,
+        "cache_write_1h_tokens": 0,
         "reasoning_tokens": 300,
     }
 

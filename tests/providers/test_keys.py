@@ -39,6 +39,7 @@ NEED_KEYS = [name for name in NAMES if name != "ollama"]
 ALL_KEY_VARIABLES = (
     "OPENAI_API_KEY",
     "OPENROUTER_API_KEY",
+    "DEEPSEEK_API_KEY",
     "OLLAMA_API_KEY",
     "ANTHROPIC_API_KEY",
     "GEMINI_API_KEY",

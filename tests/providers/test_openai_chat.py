@@ -30,6 +30,7 @@ from agentloop.messages import (
     Message,
     ModelRequest,
     TextDelta,
+    ThinkingDelta,
     TokenUsage,
     ToolCall,
     ToolCallDelta,
@@ -730,7 +731,7 @@ def test_invalid_streamed_arguments_are_kept_for_the_error_result() -> None:
     assert response.tool_calls[0].provider_data[INVALID_ARGUMENTS] == '{"city": '
 
 
-def test_streamed_thinking_is_collected_but_not_streamed_as_text() -> None:
+def test_streamed_thinking_is_collected_and_streamed_apart_from_text() -> None:
     provider, _ = make(
         sse(
             chunk({"content": "", "reasoning": "Two and"}),
@@ -744,8 +745,13 @@ def test_streamed_thinking_is_collected_but_not_streamed_as_text() -> None:
 
     response = provider.request(ask(), on_chunk=chunks.append)
 
-    assert chunks == [TextDelta(text="4")]
-    assert response.provider_data["reasoning"] == "Two and two."
+    assert chunks == [
+        ThinkingDelta(text="Two and"),
+        ThinkingDelta(text=" two."),
+        TextDelta(text="4"),
+    ]
+    assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["4"]
+    assert response.thinking == response.provider_data["reasoning"] == "Two and two."
 
 
 def test_an_exception_from_on_chunk_stops_the_stream() -> None:

@@ -307,7 +307,9 @@ def test_an_answer_keeps_its_reasoning_for_the_next_request():
     assert response.usage.model_dump() == {
         "input_tokens": 20,
         "output_tokens": 30,
-        "cached_tokens": 5,
+        "cache_read_tokens": 5,
+        "cache_write_tokens": 0,
+        "cache_write_1h_tokens": 0,
         "reasoning_tokens": 12,
     }
 

@@ -17,6 +17,8 @@ from ...messages import (
     ModelRequest,
     ModelResponse,
     TextDelta,
+    Thinking,
+    ThinkingDelta,
     TokenUsage,
     ToolCall,
     ToolCallDelta,
@@ -30,6 +32,7 @@ from ..common import (
     new_call_id,
     tool_call_from_text,
 )
+from ..thinking import budget_tokens, replays_to, stamped
 from .schema import gemini_schema
 
 __all__ = ["CALL_ID", "PARTS_KEY", "SIGNATURE", "Answer", "request_body"]
@@ -58,9 +61,13 @@ _FINISH_REASONS = {
 
 
 # -- the request body ---------------------------------------------------------------------------
-def request_body(request: ModelRequest) -> dict[str, Any]:
-    """The ``generateContent`` body for ``request`` (streamed or not, the body is the same)."""
-    system, contents = _contents(request.messages)
+def request_body(request: ModelRequest, provider: str | None = None) -> dict[str, Any]:
+    """The ``generateContent`` body for ``request`` (streamed or not, the body is the same);
+    thought signatures go back only to ``provider`` (None: to any)."""
+    messages = request.messages
+    if provider is not None:
+        messages = [_for(provider, message) for message in messages]
+    system, contents = _contents(messages)
     body: dict[str, Any] = {"contents": contents}
     if system:
         body["systemInstruction"] = {"parts": system}
@@ -76,6 +83,8 @@ def request_body(request: ModelRequest) -> dict[str, Any]:
             config["responseSchema"] = converted
         else:
             config["responseJsonSchema"] = copy.deepcopy(request.output_schema)
+    if request.thinking is not None:
+        config["thinkingConfig"] = _thinking_config(request.model, request.thinking)
     if config:
         body["generationConfig"] = config
     if request.tools:
@@ -86,6 +95,31 @@ def request_body(request: ModelRequest) -> dict[str, Any]:
     if request.provider_options:
         body = deep_merge(body, request.provider_options)
     return body
+
+
+def _thinking_config(model: str, thinking: Thinking) -> dict[str, Any]:
+    """Gemini 3 takes a thinking level, earlier models a budget (0 turns thinking off)."""
+    if not thinking.enabled:
+        return {"thinkingBudget": 0}
+    if model.startswith("gemini-3") and thinking.budget_tokens is None:
+        return {"includeThoughts": True, "thinkingLevel": thinking.effort}
+    return {"includeThoughts": True, "thinkingBudget": budget_tokens(thinking)}
+
+
+def _without(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != key}
+
+
+def _for(provider: str, message: Message) -> Message:
+    """``message`` without thought parts and signatures another provider made."""
+    if message.role != "assistant" or replays_to(message, provider):
+        return message
+    data = _without(message.provider_data, PARTS_KEY)
+    calls = [
+        call.model_copy(update={"provider_data": _without(call.provider_data, SIGNATURE)})
+        for call in message.tool_calls
+    ]
+    return message.model_copy(update={"provider_data": data, "tool_calls": calls})
 
 
 def _declaration(tool: ToolDefinition) -> dict[str, Any]:
@@ -298,6 +332,8 @@ class Answer:
             self.parts.append(dict(part))
         if _is_answer_text(part) and part["text"] and on_chunk is not None:
             on_chunk(TextDelta(text=part["text"]))
+        elif part.get("thought") and part.get("text") and on_chunk is not None:
+            on_chunk(ThinkingDelta(text=part["text"]))
 
     @staticmethod
     def _call(function_call: Mapping[str, Any], signature: str | None) -> ToolCall:
@@ -331,12 +367,16 @@ class Answer:
             provider_data["block_reason"] = self.blocked
         if any(self._opaque(part) for part in self.parts):
             provider_data[PARTS_KEY] = self.parts
+        if PARTS_KEY in provider_data or any(SIGNATURE in c.provider_data for c in self.calls):
+            provider_data = stamped(provider_data, self.name)
+        thoughts = [p.get("text") or "" for p in self.parts if p.get("thought")]
         return ModelResponse(
             content=content,
             tool_calls=self.calls,
             usage=_usage(self.usage),
             finish_reason=self._finish_reason(),
             model=self.model,
+            thinking="\n\n".join(thought for thought in thoughts if thought),
             provider_data=provider_data,
         )
 

@@ -76,7 +76,7 @@ class GeminiProvider(HTTPProvider):
 
     # -- the request body --------------------------------------------------------------------
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
-        return request_body(request)
+        return request_body(request, self.name)
 
     # -- the answer --------------------------------------------------------------------------
     def parse_response(self, data: Any) -> ModelResponse:
