@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentloop', '0003_message_attachments'),
+        ('agentloop', '0004_chat_attempts_error_detail'),
     ]
 
     operations = [
