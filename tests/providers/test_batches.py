@@ -14,6 +14,8 @@ from agentloop.exceptions import (
     BadRequestError,
     BatchError,
     BatchItemNotRunError,
+    InvalidResponseError,
+    ProviderError,
     RateLimitError,
     ServerError,
 )
@@ -347,3 +349,27 @@ def test_the_batch_price_is_half_the_providers_price():
 
     assert full == Decimal("0.50000000")  # 2 × 0.05 + 1 × 0.4
     assert api.cost("gpt-5-nano", usage) == Decimal("0.25000000")
+
+
+def test_a_malformed_line_fails_only_its_own_request():
+    """One broken line of a results file must not hold back the other answers."""
+    message = {
+        "content": [{"type": "text", "text": "4"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 20, "output_tokens": 5},
+    }
+    good = json.dumps({"custom_id": "a", "result": {"type": "succeeded", "message": message}})
+    broken = '{"custom_id": "b", "result": {"type": "succeeded", "message": {"content": [{'
+    odd = json.dumps({"custom_id": "c", "result": {"type": "succeeded", "message": 7}})
+    nameless = "not json at all"
+    body = "\n".join([good, broken, odd, nameless]) + "\n"
+    server = Recorder(httpx.Response(200, text=body))
+    api = batch_api(AnthropicProvider(api_key=KEY, transport=server.transport()))
+
+    results = api.results("msgbatch_1")
+
+    assert results["a"].content == "4"
+    assert isinstance(results["b"], InvalidResponseError)
+    assert "line 2 of the batch results can't be read" in str(results["b"])
+    assert isinstance(results["c"], ProviderError)
+    assert set(results) == {"a", "b", "c"}  # a line with no custom id names no request
