@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
+from .engine.transcript import next_move
 from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
 from .importing import import_path_of
 from .tools import Tool, snake_case
@@ -196,13 +197,14 @@ class AgentTool(Tool):
         parent = self.context.chat
         if not hasattr(parent, "_meta"):
             return self._run_in_memory(agent, task, inputs)
-        child = _child_for(parent, self.tool_call, agent, task, inputs)
+        # Function-local: persisted subagents need the ORM; agentloop imports without it.
+        from .subagents import child_for, last_answer
+
+        child = child_for(parent, self.tool_call, agent, task, inputs)
         if self.context.background:
             # The child runs as its own jobs; our call waits and is settled when it ends.
-            from .engine.transcript import next_move
-
             if next_move(child.conversation.messages) == "done":
-                return _last_answer(child)
+                return last_answer(child)
             start = None if child.state in ("queued", "running") else child.complete_later
             raise ToolWaiting("subagent", then=start)
         try:
@@ -210,7 +212,7 @@ class AgentTool(Tool):
         except CancelledError as exc:
             raise ToolError(f"The {agent.__name__} subagent's run was cancelled.") from exc
         if child.conversation.is_complete():
-            return _last_answer(child)
+            return last_answer(child)
         raise ToolWaiting("subagent")  # the child waits for a person; so do we
 
     def _run_in_memory(self, agent: type[Agent], task: str, inputs: dict[str, Any]) -> str:
@@ -222,29 +224,3 @@ class AgentTool(Tool):
                 "can't wait for; use a persisted Chat."
             )
         return str(getattr(answer, "content", "") or "")
-
-
-def _child_for(
-    parent: Any, call: Any, agent: type[Agent], task: str, inputs: dict[str, Any]
-) -> Any:
-    """The child chat of this call: the existing one (after a crash or a wait) or a new one."""
-    chat_model = type(parent)
-    child = chat_model.objects.filter(parent_tool_call_id=call.key).first()
-    if child is None:
-        child = agent.create(
-            owner=parent.owner, parent=parent, parent_tool_call_id=call.key, **inputs
-        )
-    if not any(m.role == "user" for m in child.conversation.messages):
-        child.ask_later(task)
-    return child
-
-
-def _last_answer(child: Any) -> str:
-    from .engine.transcript import finished
-
-    for message in reversed(finished(child.conversation.messages)):
-        if message.role == "assistant":
-            if message.parsed is not None:
-                return json.dumps(message.parsed)
-            return message.content
-    return ""

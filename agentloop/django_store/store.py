@@ -23,6 +23,7 @@ from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+from ..subagents import cancel_children, has_children
 from ..tools import Tool, load_tool, tool_reference
 from .claims import ClaimMixin
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
@@ -62,10 +63,9 @@ class _Models:
         self.message_model: Any = meta.get_field("messages").related_model
         self.tool_call_model: Any = meta.get_field("tool_calls").related_model
         self.usage_model: Any = meta.get_field("usage_records").related_model
-        names = {field.name for field in meta.get_fields()}
-        self.has_children = "parent" in names
+        self.has_children = has_children(chat_model)
         #: chats can wait in a provider batch (agentloop.models.Chat): that is a run too.
-        self.has_batches = "batch_items" in names
+        self.has_batches = any(field.name == "batch_items" for field in meta.get_fields())
         self.message_insert = PreparedInsert(self.message_model)
         self.usage_insert = PreparedInsert(self.usage_model)
         # Moving a call to running, only from the state it was read in and while the lease
@@ -486,13 +486,7 @@ class DjangoStore(ClaimMixin, ChatStore):
         ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
         if not flagged:
             return False
-        if self.models.has_children:
-            # Running subagents stop too (in the background: queued or running; in this
-            # process: their parent's call runs).
-            self.chat_model.objects.filter(
-                Q(parent_id=pk)
-                & (Q(state__in=["queued", "running"]) | Q(parent_tool_call__state="running"))
-            ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
+        cancel_children(self.chat_model, pk, now)  # running subagents stop too
         # Function-local: cancel notices reach the Redis client, kept off Django's import path.
         from ..cancel_notices import notify
 

@@ -12,6 +12,7 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``batches``: ``Batch`` and ``BatchItem``.
 """
 
+from ..subagents import SUBAGENT_CANCELLED_RESULT
 from .batches import (
     AbstractBatch,
     Batch,
@@ -21,7 +22,6 @@ from .batches import (
     BatchStatus,
 )
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
-from .chat_events import SUBAGENT_CANCELLED_RESULT
 from .messages import (
     MESSAGE_STATUS_CHOICES,
     TOOL_CALL_STATE_CHOICES,

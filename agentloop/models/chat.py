@@ -248,22 +248,23 @@ class AbstractChat(models.Model):
     def approve(self, tool_call_id: Any, by: Any = None) -> None:
         """Approve a waiting call (by call id, pk or row) for exactly its arguments."""
         self.conversation.approve(tool_call_id, by=by)
-        self._resume_if_background()
+        self.resume_if_waiting()
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
         """Deny a waiting call: the model gets an error result saying so."""
         record = self.conversation.deny(tool_call_id, reason=reason, by=by)
-        self._resume_if_background()
+        self.resume_if_waiting()
         return record
 
     def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
         """Answer a waiting call's question; the answer is the call's result."""
         record = self.conversation.answer(tool_call_id, text, by=by)
-        self._resume_if_background()
+        self.resume_if_waiting()
         return record
 
-    def _resume_if_background(self) -> None:
-        """A chat a worker left waiting continues in the background once nothing holds it.
+    def resume_if_waiting(self) -> None:
+        """A chat a worker left waiting continues in the background once nothing holds it
+        (after a decision, or a subagent's answer).
 
         Conditional: only a waiting chat no worker holds is queued, so this and a worker
         finishing its step at the same moment never both enqueue (the worker queues it
