@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .agents import Agent
+from .conf import agentloop_settings
 from .engine import Conversation, MemoryStore
 from .exceptions import (
     AgentloopError,
@@ -58,8 +59,6 @@ def chat(
     tools: tuple[Any, ...] | list[Any] = (),
 ) -> Conversation:
     """An in-memory chat (no database): the same verbs as the persisted ``Chat``."""
-    from .conf import agentloop_settings
-
     conversation = Conversation(MemoryStore())
     conversation.with_model(model or agentloop_settings.DEFAULT_MODEL, provider)
     if instructions:
@@ -77,6 +76,7 @@ def batch(chats: Any, *, auto_continue: bool = False) -> Any:
     periodic task ``agentloop.poll_batches`` appends each answer to its chat; with
     ``auto_continue`` chats whose answers ask for tools run them and go into the next batch.
     """
+    # Function-local: batches need the ORM's models; importing agentloop must not load them.
     from .batches import submit
 
     return submit(chats, auto_continue=auto_continue)

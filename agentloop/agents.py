@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
+from .conf import agentloop_settings, get_chat_model
 from .engine.transcript import next_move
 from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
 from .importing import import_path_of
@@ -111,6 +112,7 @@ class Agent:
     @classmethod
     def chat(cls, **inputs: Any) -> Conversation:
         """An in-memory chat configured by this agent."""
+        # Function-local: agentloop/__init__ imports this module (a cycle at import time).
         from . import chat as new_chat
 
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
@@ -119,8 +121,6 @@ class Agent:
     @classmethod
     def create(cls, owner: Any = None, **inputs: Any) -> Any:
         """A persisted chat configured by this agent (its import path is stored too)."""
-        from .conf import agentloop_settings, get_chat_model
-
         links = ("parent", "parent_tool_call", "parent_tool_call_id")
         extra = {key: inputs.pop(key) for key in links if key in inputs}
         chat = get_chat_model()(
@@ -138,8 +138,6 @@ class Agent:
     @classmethod
     def find(cls, pk: Any) -> Any:
         """The persisted chat ``pk`` made by this agent."""
-        from .conf import get_chat_model
-
         return get_chat_model().objects.get(pk=pk, agent_path=import_path_of(cls))
 
     # -- as a tool ------------------------------------------------------------------------

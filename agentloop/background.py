@@ -31,6 +31,7 @@ def backend_name() -> str:
     if choice in ("celery", "embedded"):
         return str(choice)
     try:
+        # Function-local: Celery is an optional dependency (the "celery" extra).
         from celery import current_app
     except ImportError:
         return "embedded"
@@ -49,6 +50,7 @@ def enqueue(
 
 def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: int) -> None:
     if backend_name() == "celery":
+        # Function-local: the tasks module needs Celery, an optional dependency.
         from .tasks import step_chat
 
         step_chat.apply_async((chat_id, model_label, attempt), countdown=countdown)

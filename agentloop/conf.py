@@ -72,6 +72,7 @@ class AgentloopSettings:
     def _load(self) -> dict[str, Any]:
         merged = dict(DEFAULTS)
         try:
+            # Function-local: settings are read late, never when this module is imported.
             from django.conf import settings
         except ImportError:  # pragma: no cover - Django is a dependency
             return merged
@@ -105,6 +106,7 @@ agentloop_settings = AgentloopSettings()
 
 def get_chat_model() -> Any:
     """The chat model named by ``AGENTLOOP["CHAT_MODEL"]`` (default ``agentloop.Chat``)."""
+    # Function-local: conf is imported by settings-time code, before the app registry.
     from django.apps import apps
 
     return apps.get_model(agentloop_settings.CHAT_MODEL)

@@ -36,6 +36,7 @@ def resume_stalled_chats() -> int:
 def poll_batches() -> int:
     """Refresh open batches; append the answers of ended ones to their chats (run it every
     minute or so with celery beat). Returns how many batches were polled."""
+    # Function-local: batches import the models; Celery may load tasks before apps are ready.
     from .batches import poll
 
     return len(poll())

@@ -138,6 +138,7 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
+    # Function-local: the SSE machinery (Redis, async drivers) loads only for event streams.
     from .sse import stream_response
 
     chat = await sync_to_async(get_chat_for_view)(request, pk)

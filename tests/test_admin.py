@@ -656,7 +656,7 @@ def test_deciding_a_call_that_is_not_waiting_says_so(admin_client, waiting_chats
 
     response = admin_client.post(decide_url(chat, call), {"decision": "deny"}, follow=True)
 
-    assert "is not waiting for approval" in response.content.decode()
+    assert "was already approved" in response.content.decode()
     call.refresh_from_db()
     assert call.decision == "approved"
 

@@ -235,8 +235,9 @@ def test_a_cancel_while_a_job_streams_stops_it_and_keeps_the_partial(chat, user)
 def test_a_chat_cancelled_in_the_background_completes_the_next_question(chat, scripted):
     scripted.add("First.")
     chat.ask_later("Hi")
-    chat.complete_later()
-    assert chat.cancel() is True  # queued: the job's first checkpoint stops it
+    with transaction.atomic():  # the job is sent at commit: after the cancel
+        chat.complete_later()
+        assert chat.cancel() is True  # queued: the job's first checkpoint stops it
     settle()
     chat.refresh_from_db()
     assert chat.state == ChatState.IDLE

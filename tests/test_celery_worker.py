@@ -424,3 +424,26 @@ def test_two_workers_given_the_same_chat_at_once_answer_it_once(background, user
     assert len(background.model_calls()) == 1
     assert Usage.objects.filter(chat=chat).count() == 1
     assert settled(chat)
+
+
+def test_an_in_process_verb_while_a_worker_runs_the_chat_is_refused_and_the_tool_runs_once(
+    background, user
+):
+    """DESIGN §12: a verb called in this process while a worker holds the chat does nothing
+    (ChatBusyError); the worker's tool (not safe to repeat) runs exactly once."""
+    from agentloop.exceptions import ChatBusyError
+
+    background.start_worker("holder", flag=True)
+    chat = new_chat(user, charge_card_slowly)
+    chat.ask_later("tools:charge_card_slowly").complete_later()
+    background.wait(lambda: "charge_card_slowly" in background.runs(), "the tool to start")
+
+    for verb in ("step", "run_tools", "generate", "complete"):
+        with pytest.raises(ChatBusyError):
+            getattr(Chat.objects.get(pk=chat.pk), verb)()
+    (background.tmp / "never-created").touch()  # the tool may finish now
+    background.wait(lambda: settled(chat), "the chat to settle")
+
+    assert background.runs() == ["charge_card_slowly"]
+    assert [role for role, *_ in transcript(chat)] == ["user", "assistant", "tool", "assistant"]
+    assert len(background.model_calls()) == 2

@@ -98,12 +98,14 @@ class Batch(AbstractBatch):
 
     def refresh(self) -> Batch:
         """Poll the provider now; collect the results if the batch has ended."""
+        # Function-local: agentloop.batches imports these models (a cycle at import time).
         from ..batches import refresh
 
         return refresh(self)
 
     def cancel(self) -> Batch:
         """Ask the provider to stop the batch; answers already given are still collected."""
+        # Function-local: agentloop.batches imports these models (a cycle at import time).
         from ..batches import cancel
 
         return cancel(self)

@@ -15,10 +15,13 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..background import enqueue
+from ..django_store import DjangoStore
+from ..engine import Conversation
 from ..engine.transcript import next_move
+from .chat_events import connect_chat_events
 
 if TYPE_CHECKING:
-    from ..engine import Conversation, StreamCallback
+    from ..engine import StreamCallback
     from .batches import Batch
 
 
@@ -49,6 +52,7 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
 
     def batch(self, auto_continue: bool = False) -> Batch:
         """Send these chats' next model call as one provider batch (``agentloop.batch``)."""
+        # Function-local: batches import this module's models (a cycle at import time).
         from ..batches import submit
 
         return submit(self, auto_continue=auto_continue)
@@ -116,10 +120,6 @@ class AbstractChat(models.Model):
         """The engine driving this chat (one per instance; callbacks live on it)."""
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
-            from ..django_store import DjangoStore
-            from ..engine import Conversation
-            from .chat_events import connect_chat_events
-
             cached = Conversation(DjangoStore(self), owner=self)
             connect_chat_events(self, cached)
             self.__dict__["_conversation"] = cached

@@ -1,0 +1,120 @@
+"""The Django store's tool-call rows: the conditional claim before a call runs, its result,
+its wait for a person or a subagent, and a person's decision (part of ``DjangoStore``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
+from ..messages import Message, ToolCall, ToolCallState
+
+__all__ = ["ToolCallRows"]
+
+
+class ToolCallRows:
+    """Writes of tool calls and their results."""
+
+    chat: Any
+    lease: Any
+    models: Any
+    tool_call_model: Any
+    # DjangoStore's own (one write transaction under the lease; a message row).
+    _writing: Callable[..., AbstractContextManager[None]]
+    _message_row: Callable[..., Any]
+
+    @property
+    def _db(self) -> str:
+        return self.chat._state.db or "default"
+
+    def mark_tool_running(self, call: ToolCall) -> bool:
+        lease = self.lease
+        if lease is None:  # pragma: no cover - every verb runs under the claim
+            raise LeaseLostError("Tool calls run only under the chat's claim.")
+        if lease.lost.is_set():
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        started = self.models.start_call.run(
+            self._db,
+            [ToolCallState.RUNNING, timezone.now()],
+            [call.key, call.state],
+            guard=(self.chat.pk, lease.token),
+        )
+        return bool(started)
+
+    def save_tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Any:
+        try:
+            with self._writing():
+                record = self._tool_result(call, message, state, error)
+        except IntegrityError as exc:
+            raise ConcurrentWriteError(
+                f"Tool call {call.id!r} ({call.name}) already has a result: "
+                "another process answered it first."
+            ) from exc
+        return record
+
+    def _tool_result(
+        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+    ) -> Any:
+        record = self._message_row(message, tool_call_id=call.key)
+        self.models.message_insert.insert(record, self._db)
+        self.models.finish_call.run(self._db, [state, error or "", timezone.now()], [call.key])
+        message.key = record.pk
+        return record
+
+    def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
+        with self._writing():
+            self.tool_call_model.objects.filter(pk=call.key).update(
+                state=ToolCallState.WAITING, wait_reason=reason, question=question or ""
+            )
+
+    def record_decision(
+        self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
+    ) -> Any:
+        fields: dict[str, Any] = {
+            "decision": decision,
+            "decision_digest": call.arguments_digest(),
+            "decision_reason": reason,
+            "decided_by_id": getattr(by, "pk", None),
+            "decided_at": timezone.now(),
+        }
+        if result is None:  # approved: the call runs at the next step
+            fields["state"] = ToolCallState.PENDING
+        # Only while the call still waits (for this reason): of two racing decisions exactly
+        # one changes the row; the other changes nothing and is told so.
+        waiting = self.tool_call_model.objects.filter(
+            pk=call.key, state=ToolCallState.WAITING, wait_reason=call.wait_reason or ""
+        )
+        try:
+            with transaction.atomic(using=self._db):
+                if not waiting.update(**fields):
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) is no longer waiting: another "
+                        "decision (or the run) got there first. Nothing was changed."
+                    )
+                if result is None:
+                    return None
+                state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+                return self._tool_result(call, result, state, None)
+        except IntegrityError as exc:
+            raise DecisionConflictError(
+                f"Tool call {call.id!r} ({call.name}) already has a result."
+            ) from exc
+
+    def native_tool_call(self, call: ToolCall) -> Any:
+        return self.tool_call_model(
+            pk=call.key,
+            chat_id=self.chat.pk,
+            call_id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            state=call.state,
+            wait_reason=call.wait_reason or "",
+            question=call.question or "",
+            decision=call.decision or "",
+        )
