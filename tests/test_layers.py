@@ -63,7 +63,8 @@ def top_level_imports(module: str, path: Path) -> set[str]:
                 target = _resolve(module, statement, is_package)
                 if target.startswith("agentloop"):
                     for alias in statement.names:
-                        add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+                        submodule = f"{target}.{alias.name}"
+                        add(submodule if submodule in known else target)
     return found
 
 
