@@ -118,9 +118,7 @@ def test_every_function_local_import_says_why(module, path):
         first_above = lines[index].strip() if index >= 0 else ""
         if "#" not in here and not above.startswith("#") and not first_above.startswith("#"):
             silent.append(f"{path.name}:{node.lineno}: {here.strip()}")
-    assert silent == [], f"{module}: function-local imports without a reason:\n" + "\n".join(
-        silent
-    )
+    assert silent == [], f"{module}: function-local imports without a reason:\n" + "\n".join(silent)
 
 
 @pytest.mark.parametrize(("module", "path"), list(modules()), ids=lambda value: str(value))
