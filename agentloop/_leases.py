@@ -27,6 +27,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
+from .django_store.sql import PreparedUpdate
 from .exceptions import LeaseLostError
 
 __all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats"]
@@ -207,13 +208,25 @@ class Lease:
         """Give the chat up, setting ``fields`` (e.g. state) in the same UPDATE."""
         if self.lost.is_set():
             return False
-        released = bool(
-            self._rows.update(
-                lease_token="", lease_expires_at=None, updated_at=timezone.now(), **fields
+        values = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
+        values.update(fields)
+        names = tuple(sorted(values))
+        key = (self.chat_model, names)
+        update = _RELEASES.get(key)
+        if update is None:
+            # One statement per set of columns, built once per process (a job releases with
+            # one of a handful of sets), not an ORM update compiled per job.
+            update = _RELEASES[key] = PreparedUpdate(
+                self.chat_model, names, (("id", "="), ("lease_token", "="))
             )
+        released = bool(
+            update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
         )
         heartbeats.stop(self)
         return released
+
+
+_RELEASES: dict[tuple[Any, tuple[str, ...]], PreparedUpdate] = {}
 
 
 def claim_row(

@@ -94,6 +94,8 @@ class _Models:
 
 
 _MODELS: dict[Any, _Models] = {}
+#: tool classes by the chat's tool references, for every chat of this process.
+_LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
 
 
 def _models(chat_model: Any) -> _Models:
@@ -203,8 +205,14 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
     def get_tools(self) -> list[type[Tool]]:
         paths = tuple(self.chat.tools or ())
         if self._tools is None or self._tools[0] != paths:
-            # The chat row names its tools; any process can load them again.
-            self._tools = (paths, [load_tool(path) for path in paths])
+            # The chat row names its tools; any process can load them again. Loaded once per
+            # process (an agent tool builds its schema), not once per chat object.
+            tools = _LOADED_TOOLS.get(paths)
+            if tools is None:
+                if len(_LOADED_TOOLS) >= 512:
+                    _LOADED_TOOLS.clear()
+                tools = _LOADED_TOOLS[paths] = [load_tool(path) for path in paths]
+            self._tools = (paths, tools)
         return self._tools[1]
 
     # -- transcript ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..background import enqueue
-from ..django_store import DjangoStore
+from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
 from .chat_events import connect_chat_events
