@@ -16,7 +16,7 @@ another instance of the chat. Measured: from just before ``cancel()`` to the run
 * worker, polling only: no ``REDIS_URL``: the worker finds the flag at its throttled read.
 
 The worker reports when it stopped through the ``chat_cancelled`` signal (bench/celery_app.py);
-both processes read CLOCK_MONOTONIC. Target (DESIGN §4): p95 under 250 ms.
+both processes read CLOCK_MONOTONIC. Target (docs/design.md §4): p95 under 250 ms.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Agents (DESIGN §5): a chat's configuration as a class, and agents as tools (subagents).
+"""Agents (docs/design.md §5): a chat's configuration as a class, and agents as tools (subagents).
 
 Agents live in tests/agents.py (and tests/billing, tests/legal for name clashes); their
 model "agents:test" is a provider answering each chat from its own script, chosen by the

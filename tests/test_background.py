@@ -1,4 +1,4 @@
-"""Background steps in the embedded runner (no broker), leases and recovery (DESIGN §3).
+"""Background steps in the embedded runner (no broker), leases and recovery (docs/design.md §3).
 
 The embedded runner runs the very job Celery runs (``agentloop._runner.run_step`` and its
 follow-up) on a thread pool of this process, so these tests drive the background loop on

@@ -1,4 +1,4 @@
-"""Batches polled by a real ``celery worker`` process (DESIGN §8 with §3).
+"""Batches polled by a real ``celery worker`` process (docs/design.md §8 with §3).
 
 The test process sends the first batch and plays celery beat (``poll_batches.delay()``);
 the worker polls, appends the answers, runs the tools (they log their runs to a file) and

@@ -1,4 +1,4 @@
-"""The example site's live chat page in a real browser (DESIGN §9).
+"""The example site's live chat page in a real browser (docs/design.md §9).
 
 Playwright drives Debian's Chromium (``/usr/bin/chromium``) against the example site
 served by a real server process (``manage.py runserver``, threaded WSGI; one test uses

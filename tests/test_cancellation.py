@@ -1,4 +1,4 @@
-"""Cancelling a persisted chat at each checkpoint (DESIGN §4): start of a verb, before the
+"""Cancelling a persisted chat at each checkpoint (docs/design.md §4): start of a verb, before the
 model request, between streamed chunks (from another thread and another process), between
 tools and after a tool. What already happened is kept, the flag is cleared, and the chat
 works again at once."""

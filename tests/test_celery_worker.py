@@ -1,4 +1,4 @@
-"""The background loop on a real Redis and real ``celery worker`` processes (DESIGN §3, §4).
+"""The background loop on a real Redis and real ``celery worker`` processes (docs/design.md §3, §4).
 
 Each test starts its own workers (``python -m celery -A tests.celery_app worker``) on a queue
 of its own, against the test database; the test process enqueues through the same broker,
@@ -429,7 +429,7 @@ def test_two_workers_given_the_same_chat_at_once_answer_it_once(background, user
 def test_an_in_process_verb_while_a_worker_runs_the_chat_is_refused_and_the_tool_runs_once(
     background, user
 ):
-    """DESIGN §12: a verb called in this process while a worker holds the chat does nothing
+    """docs/design.md §12: a verb called in this process while a worker holds the chat does nothing
     (ChatBusyError); the worker's tool (not safe to repeat) runs exactly once."""
     from agentloop.exceptions import ChatBusyError
 

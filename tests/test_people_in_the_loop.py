@@ -1,4 +1,4 @@
-"""People in the loop (DESIGN §5): approvals that fail closed and are bound to arguments,
+"""People in the loop (docs/design.md §5): approvals that fail closed and are bound to arguments,
 denials the model hears about, questions a person answers, and chats a worker left
 waiting that go on once released."""
 

@@ -1,4 +1,4 @@
-"""The persisted Chat: every verb writes the rows DESIGN §2 promises, and the row carries
+"""The persisted Chat: every verb writes the rows docs/design.md §2 promises, and the row carries
 the configuration so a fresh instance (any process) continues the conversation."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""SQL statements per step don't grow with the history (DESIGN §2, §13): the same count at 10
+"""SQL statements per step don't grow with the history (docs/design.md §2, §13): the same count at 10
 and at 200 messages, and the exact count asserted so a new query shows up as a failing test.
 
-Every writing verb runs under the chat's claim (DESIGN §12). Inside the test's transaction
+Every writing verb runs under the chat's claim (docs/design.md §12). Inside the test's transaction
 atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn't log):
   generate, text answer:  claim (UPDATE ... RETURNING the chat row), transcript read (each
                           row carries the cancel flag: the start checkpoint is free),

@@ -1,4 +1,4 @@
-"""Usage (DESIGN §5): a row per provider attempt, charged to the chat's owner, subagent
+"""Usage (docs/design.md §5): a row per provider attempt, charged to the chat's owner, subagent
 usage charged to the root chat's owner, and totals per owner, model and period."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cancel view and the admin's cancel and resume actions (DESIGN §4, §9).
+"""The cancel view and the admin's cancel and resume actions (docs/design.md §4, §9).
 
 POST only, CSRF on, login required; the owner or staff with the change permission; anyone
 else gets 404. 204 for ``fetch``/XHR callers, a redirect back for an HTML form.

@@ -1,4 +1,4 @@
-"""Batches: the next model call of many chats as one provider batch (DESIGN §8).
+"""Batches: the next model call of many chats as one provider batch (docs/design.md §8).
 
 ``submit(chats)`` (``agentloop.batch``) builds each chat's request exactly as ``generate()``
 would (``Conversation.prepare_model_call``), sends them as one batch and records it as a

@@ -2,7 +2,7 @@
 
 Queries per verb don't grow with the history: the transcript is one SELECT
 (messages joined with their tool calls, no model instances: see ``transcript_rows``), and
-each write is a short transaction in the order DESIGN §2 gives (answer + its tool calls +
+each write is a short transaction in the order docs/design.md §2 gives (answer + its tool calls +
 usage together; each tool result on its own).
 """
 

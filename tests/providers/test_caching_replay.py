@@ -78,7 +78,7 @@ def test_anthropic_requests_carry_the_recorded_breakpoints(name: str) -> None:
 
     for ours, theirs in zip(cassette.sent_bodies(), recorded, strict=True):
         assert ours["system"][-1]["cache_control"] == {"type": "ephemeral"}
-        # Ours also marks the latest message (DESIGN 14: tools, system, latest message);
+        # Ours also marks the latest message (breakpoints: tools, system, latest message);
         # the recording marked the system prompt only.
         latest = copy.deepcopy(ours)
         assert latest["messages"][-1]["content"][-1].pop("cache_control") == {"type": "ephemeral"}
