@@ -1,4 +1,5 @@
-"""Batches (docs/design.md §8): many chats' next model call as one provider batch, tool rounds local.
+"""Batches (docs/design.md §8): many chats' next model call as one provider batch, tool rounds
+local.
 
 The provider side is the real ``AnthropicProvider`` talking to ``tests.batch_server``, an
 ``httpx.MockTransport`` playing Anthropic's Message Batches API: each batch reads as in

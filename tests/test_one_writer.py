@@ -1,6 +1,7 @@
-"""One writer, always (docs/design.md §12): every writing verb runs under the chat's claim, tool calls
-and decisions are conditional writes, cancels are bound to runs, retries end, and a user sees
-one line of what went wrong. The races run in real OS processes against the test database."""
+"""One writer, always (docs/design.md §12): every writing verb runs under the chat's claim,
+tool calls and decisions are conditional writes, cancels are bound to runs, retries end, and a
+user sees one line of what went wrong. The races run in real OS processes against the test
+database."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SQL statements per step don't grow with the history (docs/design.md §2, §13): the same count at 10
-and at 200 messages, and the exact count asserted so a new query shows up as a failing test.
+"""SQL statements per step don't grow with the history (docs/design.md §2, §13): the same count
+at 10 and at 200 messages, and the exact count asserted so a new query shows up as a failing test.
 
 Every writing verb runs under the chat's claim (docs/design.md §12). Inside the test's transaction
 atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn't log):

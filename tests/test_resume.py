@@ -1,5 +1,5 @@
-"""Crash and resume across real processes (docs/design.md §2): a process dies with ``os._exit`` in the
-middle of a tool round or is killed mid-stream; a fresh process's ``complete()``/``step()``
+"""Crash and resume across real processes (docs/design.md §2): a process dies with ``os._exit``
+in the middle of a tool round or is killed mid-stream; a fresh process's ``complete()``/``step()``
 does exactly the right next move, with no duplicate or missing message."""
 
 from __future__ import annotations

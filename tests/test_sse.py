@@ -1,4 +1,5 @@
-"""The chat event stream (``agentloop:events``, ``agentloop.sse``) without a browser (docs/design.md §9).
+"""The chat event stream (``agentloop:events``, ``agentloop.sse``) without a browser
+(docs/design.md §9).
 
 Server-Sent Events: ``id:``/``event:``/``data:`` (JSON), resumable after ``Last-Event-ID``
 or ``?after=``, keep-alive comments, owner or permitted staff only (others 404). The
