@@ -26,9 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 def backend_name() -> str:
-    """ "celery" or "embedded", from ``AGENTLOOP["BACKGROUND"]``."""
-    choice = agentloop_settings.BACKGROUND
-    if choice in ("celery", "embedded"):
+    """The runner of background steps: "celery", "embedded" or "django_tasks", from
+    ``AGENTLOOP["RUNNER"]`` ("auto": Celery when its app has a broker, else embedded)."""
+    choice = agentloop_settings.RUNNER
+    if choice == "auto":
+        choice = agentloop_settings.BACKGROUND  # the older name of the setting
+    if choice in ("celery", "embedded", "django_tasks"):
         return str(choice)
     try:
         # Function-local: Celery is an optional dependency (the "celery" extra).
@@ -49,11 +52,17 @@ def enqueue(
 
 
 def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: int) -> None:
-    if backend_name() == "celery":
+    runner = backend_name()
+    if runner == "celery":
         # Function-local: the tasks module needs Celery, an optional dependency.
         from .tasks import step_chat
 
         step_chat.apply_async((chat_id, model_label, attempt), countdown=countdown)
+    elif runner == "django_tasks":
+        # Function-local: defining a django.tasks task needs Django 6 and its TASKS setting.
+        from ._django_tasks import enqueue_step
+
+        enqueue_step(chat_id, model_label, countdown)
     else:
         _embedded().submit(chat_id, model_label, countdown=countdown, attempt=attempt)
 

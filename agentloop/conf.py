@@ -43,8 +43,11 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS_POLL_INTERVAL": 0.5,
     #: seconds of silence after which an event stream sends a keep-alive comment.
     "EVENTS_KEEPALIVE": 15.0,
-    #: how background steps run: "celery", "embedded" (in-process threads) or "auto"
-    #: (Celery when its app has a broker configured, else embedded).
+    #: how background steps run: "celery", "embedded" (in-process threads), "django_tasks"
+    #: (Django 6's tasks framework, settings.TASKS) or "auto" (Celery when its app has a
+    #: broker configured, else embedded).
+    "RUNNER": "auto",
+    #: the older name of RUNNER (read when RUNNER is "auto").
     "BACKGROUND": "auto",
     #: threads of the embedded runner.
     "EMBEDDED_WORKERS": 2,

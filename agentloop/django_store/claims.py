@@ -80,10 +80,11 @@ class ClaimMixin:
         self.lease = lease
         self._depth = 0
         self._claimed_at = timezone.now()
+        # The claim read the chat row a moment ago: its cancel flag serves the start checkpoint.
+        self._flag_after_write = self.chat.cancel_requested_at
         heartbeats.start(lease)
 
     def claim(self) -> bool:
-        self._flag_after_write = UNREAD  # a flag read for an earlier verb says nothing now
         if self.lease is not None:
             if self.lease.lost.is_set():
                 raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
@@ -102,6 +103,8 @@ class ClaimMixin:
         lease, row = claimed
         self._refresh(row)
         self.lease, self._depth, self._claimed_at = lease, 1, timezone.now()
+        # The claim read the chat row a moment ago: its cancel flag serves the start checkpoint.
+        self._flag_after_write = self.chat.cancel_requested_at
         heartbeats.start(lease)
         return True
 
@@ -206,6 +209,7 @@ class ClaimMixin:
         if self.lease is not None:
             heartbeats.stop(self.lease)
         self.lease, self._depth = None, 0
+        self._flag_after_write = UNREAD  # a flag read for this verb says nothing to the next
 
     def _wake_if_decided(self, release: Release) -> Release:
         """Released as waiting, but a person decided a call while the step ran (their own

@@ -106,17 +106,14 @@ def _attachments(value: Any) -> list[Attachment]:
 
 
 def transcript_query(message_model: Any, chat_pk: Any) -> Any:
-    """The transcript's query: ``MESSAGE_COLUMNS``, then the chat's lease token, lease expiry
-    and cancel flag (on every row: the cancel checkpoint at a verb's start costs no query)."""
+    """The transcript's query: ``MESSAGE_COLUMNS`` of the chat's messages with their tool calls.
+
+    The chat row itself is not joined: a verb's claim has just read it (cancel flag included),
+    so the start checkpoint costs no query of its own."""
     return (
         message_model.objects.filter(chat_id=chat_pk)
         .order_by("id", "tool_calls__id")
-        .values_list(
-            *MESSAGE_COLUMNS,
-            "chat__lease_token",
-            "chat__lease_expires_at",
-            "chat__cancel_requested_at",
-        )
+        .values_list(*MESSAGE_COLUMNS)
     )
 
 
@@ -128,7 +125,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
          provider_data, attachments, answers_id, answers_name, call_key, call_id, call_name,
          call_arguments, call_state, call_provider_data, wait_reason, question, decision,
-         decision_digest, _token, _expires, _cancel) = row  # fmt: skip
+         decision_digest) = row  # fmt: skip
         if last is None or last.key != key:
             # Rows are our own: build without validation (see trusted).
             last = trusted(

@@ -220,13 +220,12 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
         return self.read_for_step()[0]
 
     def read_for_step(self) -> tuple[list[Message], datetime | None]:
-        # One query: the transcript, each row carrying the chat's cancel flag.
+        # One query for the transcript; the cancel flag comes from the claim's read of the chat
+        # row just before (or from a query of its own when no verb holds the chat).
         if self.chat.pk is None:
             return [], None
         rows = self.models.transcript(self._db).rows([self.chat.pk])
-        if not rows:
-            return [], self._read_cancel_flag()
-        return messages_from_rows(rows), rows[-1][-1]
+        return messages_from_rows(rows), self.cancel_requested_at()
 
     def turn_started_at(self, message: Message) -> datetime | None:
         if message.created_at is not None or message.key is None:
