@@ -32,6 +32,17 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# Django 6's tasks framework with a database backend (django-tasks-db), for the django.tasks
+# runner's tests; a worker subprocess is pointed at it with AGENTLOOP_TEST_TASKS=database.
+try:
+    import django_tasks_db  # noqa: F401
+
+    INSTALLED_APPS.append("django_tasks_db")
+except ImportError:
+    pass
+if os.environ.get("AGENTLOOP_TEST_TASKS") == "database":
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}}
+
 ROOT_URLCONF = "example_project.urls"
 
 TEMPLATES = [
