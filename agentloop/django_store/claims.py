@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -43,16 +44,22 @@ def one_line(error: BaseException) -> str:
     return line if len(line) <= _ERROR_CHARS else line[: _ERROR_CHARS - 1] + "…"
 
 
+@dataclass(frozen=True)
 class Release:
     """How the last verb ended: the state it left the chat in, and a retry's delay."""
 
-    def __init__(self, state: str, retry_in: float | None = None, error: str = "") -> None:
-        self.state = state
-        self.retry_in = retry_in
-        self.error = error
+    state: str
+    retry_in: float | None = None
+    error: str = ""
 
-    def __repr__(self) -> str:
-        return f"<Release state={self.state!r} retry_in={self.retry_in!r}>"
+
+#: columns a run changes; any other column changed elsewhere means the configuration did.
+_RUN_COLUMNS = frozenset(
+    {
+        "lease_token", "lease_expires_at", "state", "updated_at", "error", "error_detail",
+        "attempts", "retry_at", "cancel_requested_at", "stop_reason",
+    }
+)  # fmt: skip
 
 
 class ClaimMixin:
@@ -110,12 +117,12 @@ class ClaimMixin:
 
     def _refresh(self, row: Any) -> None:
         """The chat as the claim read it: changes made by other processes are seen."""
-        changed = False
+        configured = False
         for name, value in zip(attnames(self.chat_model, self._db), row, strict=True):
             if getattr(self.chat, name, None) != value:
                 setattr(self.chat, name, value)
-                changed = True
-        if changed:
+                configured = configured or name not in _RUN_COLUMNS
+        if configured:
             self._config = None
 
     def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
@@ -226,5 +233,5 @@ class ClaimMixin:
         )
         if woken.update(state="queued", updated_at=timezone.now()):
             self.chat.state = "queued"
-            return Release("queued")
+            return replace(release, state="queued")
         return release
