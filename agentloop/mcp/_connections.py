@@ -19,7 +19,8 @@ import atexit
 import concurrent.futures
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import ConfigurationError, MCPServerError
@@ -60,8 +61,9 @@ def _describe(exc: BaseException, settings: ServerSettings) -> str:
     return " ".join(text.split())[:300]
 
 
-def _open(settings: ServerSettings) -> Client:
-    """An SDK client for the server (not yet connected)."""
+@asynccontextmanager
+async def _connected(settings: ServerSettings) -> AsyncIterator[Client]:
+    """A connected SDK client for the server; leaving closes it (and its HTTP client)."""
     # Local: the mcp package is an optional extra, needed only once a server is used.
     from mcp import Client, StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
@@ -72,11 +74,14 @@ def _open(settings: ServerSettings) -> Client:
         parameters = StdioServerParameters(
             command=command, args=args, env=settings.env or None, cwd=settings.cwd
         )
-        return Client(parameters)
+        async with Client(parameters) as client:
+            yield client
+        return
     assert settings.url is not None  # noqa: S101 - ServerSettings requires one of the two
-    http = create_mcp_http_client(headers=settings.headers or None)
-    transport = streamable_http_client(settings.url, http_client=http)
-    return Client(transport)
+    # The SDK leaves an HTTP client it was given open: this one is closed here.
+    async with create_mcp_http_client(headers=settings.headers or None) as http:
+        async with Client(streamable_http_client(settings.url, http_client=http)) as client:
+            yield client
 
 
 class _Connection:
@@ -95,7 +100,7 @@ class _Connection:
         # The SDK's transports live in task groups that must be entered and left by one
         # task: this one, for the life of the session.
         try:
-            async with _open(self.settings) as client:
+            async with _connected(self.settings) as client:
                 self._ready.set_result(client)
                 await self._stop.wait()
         except asyncio.CancelledError:
@@ -110,7 +115,7 @@ class _Connection:
 
     async def client(self) -> Client:
         """The connected client; MCPServerError when the server can't be reached in time."""
-        timeout = self.settings.timeout
+        timeout = self.settings.connect_timeout
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(self._ready)
@@ -208,7 +213,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _wait_limit(settings: ServerSettings) -> float:
     """How long a caller waits at most: connecting and calling, plus room to close."""
-    return 2 * settings.timeout + CLOSE_TIMEOUT
+    return settings.connect_timeout + settings.timeout + CLOSE_TIMEOUT
 
 
 def _request(

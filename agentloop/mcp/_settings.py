@@ -12,7 +12,7 @@ from ..exceptions import ConfigurationError
 
 __all__ = ["DEFAULT_TIMEOUT", "ServerSettings", "server_settings"]
 
-#: seconds one connection or one tool call may take when the server's entry names none.
+#: seconds to connect, and seconds one call may take, when the server's entry names none.
 DEFAULT_TIMEOUT = 30.0
 
 
@@ -31,8 +31,10 @@ class ServerSettings(BaseModel):
     url: str | None = None
     #: HTTP headers sent to that endpoint (e.g. an Authorization header).
     headers: dict[str, str] = Field(default_factory=dict)
-    #: seconds to connect, and seconds one tool call may take.
+    #: seconds one tool call (or the listing of the tools) may take.
     timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
+    #: seconds to start and connect (a stdio server may need a while to start).
+    connect_timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerSettings:
