@@ -18,10 +18,12 @@ import asyncio
 import atexit
 import concurrent.futures
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ..exceptions import ConfigurationError, MCPServerError
 from ._settings import ServerSettings
@@ -61,11 +63,32 @@ def _describe(exc: BaseException, settings: ServerSettings) -> str:
     return " ".join(text.split())[:300]
 
 
+def _server_stderr() -> TextIO:
+    """Where a stdio server's stderr goes: ours, when it is a real file.
+
+    A Celery worker replaces ``sys.stderr`` with a logging proxy that has no file
+    descriptor for a subprocess to inherit; the process's original stderr is used then.
+    """
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return _devnull()
+
+
+@cache
+def _devnull() -> TextIO:
+    return open(os.devnull, "w")  # noqa: SIM115 - one per process, open for its life
+
+
 @asynccontextmanager
 async def _connected(settings: ServerSettings) -> AsyncIterator[Client]:
     """A connected SDK client for the server; leaving closes it (and its HTTP client)."""
     # Local: the mcp package is an optional extra, needed only once a server is used.
-    from mcp import Client, StdioServerParameters
+    from mcp import Client, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -74,7 +97,7 @@ async def _connected(settings: ServerSettings) -> AsyncIterator[Client]:
         parameters = StdioServerParameters(
             command=command, args=args, env=settings.env or None, cwd=settings.cwd
         )
-        async with Client(parameters) as client:
+        async with Client(stdio_client(parameters, errlog=_server_stderr())) as client:
             yield client
         return
     assert settings.url is not None  # noqa: S101 - ServerSettings requires one of the two
