@@ -18,10 +18,11 @@ import sys
 import time
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 FILES = {"notes.txt": "Buy milk.", "todo.txt": "Write the docs."}
+PNG = bytes.fromhex("89504e470d0a1a0a")  # enough of a PNG for a content block
 
 server = MCPServer("agentloop-test-files")
 
@@ -81,6 +82,12 @@ def slow(seconds: float) -> str:
     _log("slow", seconds=seconds)
     time.sleep(seconds)
     return "slept"
+
+
+@server.tool(structured_output=False)
+def snapshot() -> list[Any]:
+    """A caption and a (tiny) PNG image."""
+    return ["A red dot.", Image(data=PNG, format="png")]
 
 
 @server.tool()

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,34 @@ def test_the_session_stays_open_between_calls(stdio_files):
     second = tools["server_process"]().execute()
 
     assert first == second  # one server process: one session
+
+
+def test_a_forked_child_opens_a_session_of_its_own(stdio_files):
+    (server_process,) = mcp_tools("files", only=["server_process"])
+    in_parent = server_process().execute()
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Forking a process that has threads is what Celery's prefork pool does.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.write(write_end, server_process().execute().encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end) as pipe:
+        in_child = pipe.read()
+
+    assert json.loads(in_child)["pid"] != json.loads(in_parent)["pid"]
+    assert server_process().execute() == in_parent  # the parent's session is untouched
+
+
+def test_content_other_than_text_is_described_not_sent(stdio_files):
+    (snapshot,) = mcp_tools("files", only=["snapshot"])
+
+    assert snapshot().execute() == "A red dot.\n[image (image/png), not shown]"
 
 
 def test_only_offers_the_named_tools_in_that_order(stdio_files):
