@@ -21,7 +21,7 @@ from django.conf import settings
 from django.test import override_settings
 
 import agentloop
-from agentloop.exceptions import ConfigurationError, MCPServerError
+from agentloop.exceptions import ConfigurationError, MCPServerError, ToolError
 from agentloop.mcp import close_connections, load_mcp_tool, mcp_tools
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
@@ -355,6 +355,39 @@ def test_a_call_that_takes_too_long_is_an_error_result_and_the_session_lives_on(
         ("slow", "MCP server 'files' did not run 'slow' within 0.5 s.", True),
         ("add", "2", False),
     ]
+
+
+def test_a_server_that_does_not_connect_in_time_fails_the_call_with_a_tool_error(stdio_files):
+    (add,) = mcp_tools("files", only=["add"])
+    silent = {"command": [sys.executable, "-c", "import time; time.sleep(60)"]}
+
+    with (
+        configure(files={**silent, "connect_timeout": 0.5}),
+        pytest.raises(ToolError, match=r"^MCP server 'files' did not connect within 0\.5 s\.$"),
+    ):
+        add().execute(a=1, b=2)
+
+
+@pytest.mark.django_db
+def test_calls_on_tool_threads_share_the_session(stdio_files, scripted, user):
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.with_mcp("files", only=["slow", "add", "server_process"])
+    chat.with_tool_options(concurrency="threads")
+    round_ = [
+        tool_call("slow", {"seconds": 0.3}),
+        tool_call("add", {"a": 20, "b": 22}),
+        tool_call("slow", {"seconds": 0.1}),
+        tool_call("server_process"),
+    ]
+    scripted.add(round_, "Done.")
+
+    assert chat.ask("Go").content == "Done."
+
+    assert sorted(content for _, content, _ in results(chat))[:3] == ["42", "slept", "slept"]
+    assert [c["tool"] for c in calls(stdio_files)].count("slow") == 2
+    assert not any(is_error for _, _, is_error in results(chat))
+    in_round = next(content for name, content, _ in results(chat) if name == "server_process")
+    assert load_tool(chat.tools[2])().execute() == in_round  # the same server: one session
 
 
 def test_listing_the_tools_of_a_server_that_is_down_raises_mcp_server_error():

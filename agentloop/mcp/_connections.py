@@ -139,20 +139,17 @@ class _Connection:
     async def client(self) -> Client:
         """The connected client; MCPServerError when the server can't be reached in time."""
         timeout = self.settings.connect_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.shield(self._ready)
-        except TimeoutError:
+        # wait() neither cancels the shared future nor raises its error: each caller reads it.
+        done, _ = await asyncio.wait([self._ready], timeout=timeout)
+        if not done or self._ready.cancelled():  # cancelled: another caller's wait timed out
             await self.close()
+            raise MCPServerError(f"MCP server {self.name!r} did not connect within {timeout:g} s.")
+        failure = self._ready.exception()
+        if failure is not None:
             raise MCPServerError(
-                f"MCP server {self.name!r} did not connect within {timeout:g} s."
-            ) from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise MCPServerError(
-                f"MCP server {self.name!r} is unavailable: {_describe(exc, self.settings)}"
-            ) from None
+                f"MCP server {self.name!r} is unavailable: {_describe(failure, self.settings)}"
+            )
+        return self._ready.result()
 
     async def close(self) -> None:
         """End the session (a stdio server's process exits with it)."""
@@ -200,9 +197,10 @@ class _Loop:
         current = self.connections.get(name)
         if current is not None and not current.closed and current.settings.key == settings.key:
             return current
+        # Replaced before the first await, so callers arriving meanwhile share the new one.
+        created = self.connections[name] = _Connection(name, settings)
         if current is not None:
             await current.close()
-        created = self.connections[name] = _Connection(name, settings)
         return created
 
     async def close_all(self) -> None:
