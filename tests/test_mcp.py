@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -18,11 +19,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.test import override_settings
 
 import agentloop
-from agentloop.exceptions import ConfigurationError, MCPServerError, ToolError
-from agentloop.mcp import close_connections, load_mcp_tool, mcp_tools
+from agentloop.exceptions import CancelledError, ConfigurationError, MCPServerError, ToolError
+from agentloop.mcp import STOPPED_RESULT, close_connections, load_mcp_tool, mcp_tools
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
@@ -388,6 +390,31 @@ def test_calls_on_tool_threads_share_the_session(stdio_files, scripted, user):
     assert not any(is_error for _, _, is_error in results(chat))
     in_round = next(content for name, content, _ in results(chat) if name == "server_process")
     assert load_tool(chat.tools[2])().execute() == in_round  # the same server: one session
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_stops_waiting_for_a_long_call(stdio_files, scripted, user):
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files", only=["slow"])
+    scripted.add(tool_call("slow", {"seconds": 120}))  # far past the 30 s timeout
+
+    def cancel_once_it_runs() -> None:
+        try:
+            deadline = time.monotonic() + DEADLINE
+            while not calls(stdio_files) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            Chat.objects.get(pk=chat.pk).cancel()
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel_once_it_runs)
+    canceller.start()
+    try:
+        with pytest.raises(CancelledError):
+            chat.ask("Sleep for two minutes")
+    finally:
+        canceller.join(timeout=60)
+
+    assert results(chat) == [("slow", STOPPED_RESULT, True)]
 
 
 def test_listing_the_tools_of_a_server_that_is_down_raises_mcp_server_error():

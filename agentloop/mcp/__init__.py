@@ -25,17 +25,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..exceptions import ConfigurationError, MCPServerError, ToolError
 from ..messages import ToolDefinition
 from ..tools import Tool, arguments_schema
+from ._connections import Stopped, close_connections, list_tools
 from ._connections import call_tool as _call_tool
-from ._connections import close_connections, list_tools
 from ._settings import server_settings
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
     from mcp.types import Tool as RemoteTool
 
-__all__ = ["MCPTool", "close_connections", "load_mcp_tool", "mcp_tools", "result_text"]
+__all__ = [
+    "STOPPED_RESULT",
+    "MCPTool",
+    "close_connections",
+    "load_mcp_tool",
+    "mcp_tools",
+    "result_text",
+]
 
 PREFIX = "mcp:"
+#: the result of a call given up because the chat was cancelled while it ran.
+STOPPED_RESULT = "The call was stopped because the chat was cancelled; its effects are unknown."
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -74,10 +83,15 @@ class MCPTool(Tool):
     def execute(self, *args: Any, **arguments: Any) -> str:
         """Call the tool on its server; failures and error results raise ToolError."""
         cls = type(self)
+        context = getattr(self, "context", None)  # unset when called outside a chat
+        stop = context.cancel_requested if context is not None else None
         try:
-            result = _call_tool(cls.server, server_settings(cls.server), cls.remote_name, arguments)
+            settings = server_settings(cls.server)
+            result = _call_tool(cls.server, settings, cls.remote_name, arguments, stop)
         except (MCPServerError, ConfigurationError) as exc:
             raise ToolError(str(exc)) from exc
+        except Stopped:
+            raise ToolError(STOPPED_RESULT) from None
         text = result_text(result)
         if result.is_error:
             raise ToolError(text or f"MCP tool {cls.remote_name!r} reported an error.")

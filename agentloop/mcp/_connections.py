@@ -20,11 +20,13 @@ import concurrent.futures
 import os
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError, MCPServerError
 from ._settings import ServerSettings
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult
     from mcp.types import Tool as RemoteTool
 
-__all__ = ["call_tool", "close_connections", "list_tools", "require_sdk"]
+__all__ = ["Stopped", "call_tool", "close_connections", "list_tools", "require_sdk"]
 
 T = TypeVar("T")
 
@@ -165,6 +167,10 @@ class _Connection:
             self._task.cancel()
 
 
+class Stopped(Exception):  # noqa: N818 - a signal, not an error
+    """The caller's ``stop()`` asked to give up waiting (the chat was cancelled)."""
+
+
 class _Loop:
     """The process's background event loop and its open connections."""
 
@@ -176,8 +182,17 @@ class _Loop:
         )
         self.thread.start()
 
-    def run(self, work: Callable[[], Awaitable[T]], timeout: float) -> T:
-        """Run ``work()`` on the loop and wait for it, from any other thread."""
+    def run(
+        self,
+        work: Callable[[], Awaitable[T]],
+        timeout: float,
+        stop: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``work()`` on the loop and wait for it, from any other thread.
+
+        ``stop`` is asked every ``CANCEL_POLL_INTERVAL`` seconds while waiting; when it says
+        so, the work is cancelled and :class:`Stopped` raised.
+        """
         if threading.current_thread() is self.thread:
             raise RuntimeError("agentloop.mcp can't wait for its own event loop")
 
@@ -185,12 +200,20 @@ class _Loop:
             return await work()
 
         future = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            # The loop's own timeouts come first; this only guards against a stuck loop.
-            future.cancel()
-            raise MCPServerError(f"MCP call did not finish within {timeout:g} s.") from None
+        deadline = time.monotonic() + timeout
+        poll = max(float(agentloop_settings.CANCEL_POLL_INTERVAL), 0.01) if stop else timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return future.result(max(0.0, min(poll, remaining)))
+            except concurrent.futures.TimeoutError:
+                if stop is not None and stop():
+                    future.cancel()
+                    raise Stopped from None
+                if remaining <= poll:
+                    # The loop's own timeouts come first; this only guards against a stuck loop.
+                    future.cancel()
+                    raise MCPServerError(f"MCP call did not finish within {timeout:g} s.") from None
 
     async def connection(self, name: str, settings: ServerSettings) -> _Connection:
         """The open connection to ``name``; a new one after a failure or a settings change."""
@@ -238,7 +261,11 @@ def _wait_limit(settings: ServerSettings) -> float:
 
 
 def _request(
-    name: str, settings: ServerSettings, doing: str, use: Callable[[Client], Awaitable[T]]
+    name: str,
+    settings: ServerSettings,
+    doing: str,
+    use: Callable[[Client], Awaitable[T]],
+    stop: Callable[[], bool] | None = None,
 ) -> T:
     """Run ``use(client)`` on server ``name``'s session; every failure is an MCPServerError
     saying what could not be done (``doing``: "run 'read_file'", "list its tools")."""
@@ -268,18 +295,23 @@ def _request(
                 f"MCP server {name!r} failed to {doing}: {_describe(exc, settings)}"
             ) from None
 
-    return state.run(work, _wait_limit(settings))
+    return state.run(work, _wait_limit(settings), stop)
 
 
 def call_tool(
-    name: str, settings: ServerSettings, tool: str, arguments: dict[str, Any]
+    name: str,
+    settings: ServerSettings,
+    tool: str,
+    arguments: dict[str, Any],
+    stop: Callable[[], bool] | None = None,
 ) -> CallToolResult:
-    """Call ``tool`` on server ``name``; MCPServerError when it is down or too slow."""
+    """Call ``tool`` on server ``name``; MCPServerError when it is down or too slow,
+    :class:`Stopped` when ``stop()`` says so while it runs."""
 
     async def use(client: Client) -> CallToolResult:
         return await client.call_tool(tool, arguments)
 
-    return _request(name, settings, f"run {tool!r}", use)
+    return _request(name, settings, f"run {tool!r}", use, stop)
 
 
 def list_tools(name: str, settings: ServerSettings) -> list[RemoteTool]:
