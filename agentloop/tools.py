@@ -40,6 +40,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutcome",
+    "arguments_schema",
     "format_result",
     "load_tool",
     "tool_reference",
@@ -374,7 +375,7 @@ def load_tool(reference: str) -> type[Tool]:
     """The Tool class a :func:`tool_reference` names (``agent:``, ``mcp:`` or an import path);
     errors name the reference."""
     if reference.startswith("mcp:"):
-        # Local: agentloop.mcp is loaded only by chats that use MCP servers.
+        # Local: avoids a circular import (agentloop.mcp builds its tools on this module).
         from .mcp import load_mcp_tool
 
         return load_mcp_tool(reference)
