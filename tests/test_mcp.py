@@ -297,6 +297,25 @@ def test_without_the_mcp_package_the_error_says_what_to_install(stdio_files, mon
         mcp_tools("files")
 
 
+def test_without_the_mcp_package_a_stored_tool_gives_an_error_result_saying_so(
+    stdio_files, monkeypatch
+):
+    (add,) = mcp_tools("files", only=["add"])
+    rebuilt = load_tool(add.reference())  # needs no SDK: the schema is in the reference
+    monkeypatch.setitem(sys.modules, "mcp", None)
+
+    with pytest.raises(ToolError, match=r'pip install "django-agentloop\[mcp\]"'):
+        rebuilt().execute(a=1, b=2)
+
+
+@pytest.mark.parametrize(
+    "reference", ["mcp:files", "mcp:/add", 'mcp:files/add?{"schema": 1', "mcp:files/add?[]"]
+)
+def test_a_malformed_reference_is_a_configuration_error_naming_it(reference):
+    with pytest.raises(ConfigurationError, match="MCP tool reference"):
+        load_tool(reference)
+
+
 # -- failures become error results ----------------------------------------------------------
 @pytest.mark.django_db
 def test_a_tool_error_from_the_server_is_an_error_result(files, scripted, user):
