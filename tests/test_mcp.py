@@ -436,6 +436,19 @@ def test_a_cancel_stops_waiting_for_a_long_call(stdio_files, scripted, user):
     assert results(chat) == [("slow", STOPPED_RESULT, True)]
 
 
+def test_a_failure_is_logged_without_the_servers_url_or_headers(caplog):
+    port = free_port()
+    entry = {"url": f"http://127.0.0.1:{port}/mcp?key=s3cret", "headers": {"X-Key": "s3cret2"}}
+
+    with configure(files=entry), pytest.raises(MCPServerError):
+        mcp_tools("files")
+
+    (record,) = [r for r in caplog.records if r.name == "agentloop.mcp._connections"]
+    assert record.getMessage().startswith("MCP server 'files' is unavailable: ConnectError")
+    assert "s3cret" not in caplog.text
+    assert str(port) not in caplog.text
+
+
 def test_listing_the_tools_of_a_server_that_is_down_raises_mcp_server_error():
     with (
         configure(files={"url": f"http://127.0.0.1:{free_port()}/mcp"}),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import logging
 import os
 import sys
 import threading
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["Stopped", "call_tool", "close_connections", "list_tools", "require_sdk"]
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 #: the install hint of a process without the SDK.
 SDK_MISSING = 'MCP tool servers need the mcp package: pip install "django-agentloop[mcp]"'
@@ -295,7 +297,15 @@ def _request(
                 f"MCP server {name!r} failed to {doing}: {_describe(exc, settings)}"
             ) from None
 
-    return state.run(work, _wait_limit(settings), stop)
+    async def logged() -> T:
+        try:
+            return await work()
+        except MCPServerError as exc:
+            # The message names the server, never its URL, environment or headers.
+            logger.warning("%s", exc)
+            raise
+
+    return state.run(logged, _wait_limit(settings), stop)
 
 
 def call_tool(
