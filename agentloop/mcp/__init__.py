@@ -80,8 +80,9 @@ class MCPTool(Tool):
             details["requires_approval"] = True
         return f"{PREFIX}{cls.server}/{cls.remote_name}?{json.dumps(details, sort_keys=True)}"
 
-    def execute(self, *args: Any, **arguments: Any) -> str:
+    def execute(self, /, *args: Any, **arguments: Any) -> str:
         """Call the tool on its server; failures and error results raise ToolError."""
+        # self is positional-only: a server's tool may well take an argument named "self".
         cls = type(self)
         context = getattr(self, "context", None)  # unset when called outside a chat
         stop = context.cancel_requested if context is not None else None
