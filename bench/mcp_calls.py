@@ -95,7 +95,7 @@ def report(entries: dict[str, dict[str, Any]], samples: int) -> None:
             else entry["url"]
         )
 
-        async def one_session() -> None:
+        async def one_session(target: Any = target) -> None:
             async with Client(target) as client:
                 await client.call_tool("add", {"a": 1, "b": 2})
 
