@@ -63,6 +63,9 @@ DEFAULTS: dict[str, Any] = {
     #: what `manage.py agentloop demo` runs: a dict (or its import path) with "instructions",
     #: "tools" (import paths), "questions" and optionally "title"; None: give them as options.
     "DEMO": None,
+    #: MCP tool servers by name: {"files": {"command": [...], "env": {...}}} (stdio) or
+    #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.mcp.
+    "MCP_SERVERS": {},
 }
 
 

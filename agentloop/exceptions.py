@@ -16,6 +16,7 @@
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
     │   └── DecisionConflictError   someone else decided that call first (a race: views say 409)
     ├── BatchError                  these chats can't go into one batch (or the provider has none)
+    ├── MCPServerError              an MCP server can't be reached, timed out, or broke the protocol
     └── ProviderError               the model provider failed (status and redacted body attached)
         ├── RateLimitError          429 (transient)
         ├── ServerError             5xx (transient)
@@ -51,6 +52,7 @@ __all__ = [
     "InvalidResponseError",
     "LeaseLostError",
     "LimitReachedError",
+    "MCPServerError",
     "NeedsInput",
     "PendingToolCallsError",
     "ProviderError",
@@ -158,6 +160,13 @@ class DecisionConflictError(ToolCallNotWaitingError):
 class BatchError(AgentloopError):
     """Chats that can't go into one batch: not awaiting the model, mixed providers or models,
     or a provider without a batch API. The message names the chats and why."""
+
+
+class MCPServerError(AgentloopError):
+    """An MCP server could not be reached, did not answer in time, or broke the protocol.
+
+    The message names the server; a tool call that meets it gives the model an error result.
+    """
 
 
 class ProviderError(AgentloopError):

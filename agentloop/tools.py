@@ -40,6 +40,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutcome",
+    "arguments_schema",
     "format_result",
     "load_tool",
     "tool_reference",
@@ -154,12 +155,17 @@ class Tool:
 
 @lru_cache(maxsize=512)
 def _definition(cls: type[Tool]) -> ToolDefinition:
-    schema = cls.Params.model_json_schema()
+    schema = arguments_schema(cls.Params.model_json_schema())
+    return ToolDefinition(name=cls.name, description=cls.description, parameters=schema)
+
+
+def arguments_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A JSON schema of tool arguments as providers take it: an object, without titles."""
     schema.pop("title", None)
     _strip_titles(schema)
     schema.setdefault("properties", {})
     schema.setdefault("type", "object")
-    return ToolDefinition(name=cls.name, description=cls.description, parameters=schema)
+    return schema
 
 
 def _strip_titles(node: Any) -> None:
@@ -366,7 +372,13 @@ def tool_reference(tool_class: type[Tool]) -> str:
 
 
 def load_tool(reference: str) -> type[Tool]:
-    """The Tool class a :func:`tool_reference` names; errors name the reference."""
+    """The Tool class a :func:`tool_reference` names (``agent:``, ``mcp:`` or an import path);
+    errors name the reference."""
+    if reference.startswith("mcp:"):
+        # Local: avoids a circular import (agentloop.mcp builds its tools on this module).
+        from .mcp import load_mcp_tool
+
+        return load_mcp_tool(reference)
     if reference.startswith("agent:"):
         path, _, extra = reference.removeprefix("agent:").partition("?")
         agent = load_by_path(path)

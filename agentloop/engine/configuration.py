@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Self
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .. import providers
 from ..exceptions import ConfigurationError
 from ..importing import import_path_of
+from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
 from ..tools import Tool
 
@@ -141,6 +143,16 @@ class Configuration:
             by_name[tool_class.name] = tool_class
         self.store.set_tools(list(by_name.values()))
         return self
+
+    def with_mcp(
+        self,
+        server: str,
+        only: Iterable[str] | None = None,
+        requires_approval: Iterable[str] | bool = (),
+    ) -> Self:
+        """Offer the tools of MCP server ``server`` (``AGENTLOOP["MCP_SERVERS"]``): all, or
+        those named in ``only``; those in ``requires_approval`` wait for ``approve()``."""
+        return self.with_tools(*mcp_tools(server, only=only, requires_approval=requires_approval))
 
     def with_tool_options(
         self,

@@ -138,6 +138,11 @@ class AbstractChat(models.Model):
         self.conversation.with_tools(*tools, replace=replace)
         return self
 
+    def with_mcp(self, server: str, only: Any = None, requires_approval: Any = ()) -> AbstractChat:
+        """Offer an MCP server's tools (all, or those in ``only``); see agentloop.mcp."""
+        self.conversation.with_mcp(server, only=only, requires_approval=requires_approval)
+        return self
+
     def with_tool_options(self, **options: Any) -> AbstractChat:
         self.conversation.with_tool_options(**options)
         return self

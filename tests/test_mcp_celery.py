@@ -1,0 +1,72 @@
+"""MCP tools run by a real ``celery worker`` process (DESIGN §16 with §3).
+
+The test process adds the server's tools to a chat (listing them through a session of its
+own); the worker (prefork pool) rebuilds them from the chat row and calls the server
+through sessions it opens itself: over stdio it starts its own server process. Workers,
+Redis and the skip rules are those of tests/test_celery_worker.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agentloop.mcp import close_connections
+from agentloop.models import Chat
+from tests.test_celery_worker import (  # noqa: F401 - fixtures
+    background,
+    redis_client,
+    settled,
+    transcript,
+)
+from tests.test_mcp import calls, configure, http_server, stdio_entry  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
+
+
+@pytest.fixture(params=["stdio", "http"])
+def mcp_entry(request, tmp_path):
+    """The test server's MCP_SERVERS entry and the log of its tool calls."""
+    if request.param == "stdio":
+        log = tmp_path / "stdio-calls.log"
+        yield stdio_entry(log), log
+    else:
+        server = request.getfixturevalue("http_server")
+        server.log.unlink(missing_ok=True)
+        yield {"url": server.url}, server.log
+    close_connections()
+
+
+def test_a_worker_rebuilds_mcp_tools_from_the_row_and_runs_them(
+    background,  # noqa: F811 - the imported fixture
+    mcp_entry,
+    user,
+):
+    entry, log = mcp_entry
+    worker = background.start_worker("w1", MCP_SERVERS={"files": entry})
+    with configure(files=entry):
+        chat = Chat.objects.create(model="rules:test", owner=user)
+        chat.with_mcp("files", only=["list_files", "add"])
+    close_connections()  # from here on, only the worker talks to the server
+
+    chat.ask_later("tools:list_files,add").complete_later()
+    background.wait(lambda: settled(chat), "the chat to settle")
+
+    assert transcript(chat) == [
+        ("user", "tools:list_files,add", None, "complete"),
+        ("assistant", "", None, "complete"),
+        ("tool", "notes.txt\ntodo.txt", "call_1_0_0", "complete"),
+        ("tool", "5", "call_1_0_1", "complete"),
+        ("assistant", "done: notes.txt\ntodo.txt; 5", None, "complete"),
+    ]
+    logged = calls(log)
+    assert [(c["tool"], c["arguments"]) for c in logged] == [
+        ("list_files", {}),
+        ("add", {"a": 2, "b": 3}),
+    ]
+    if "command" in entry:
+        # The stdio server the worker started: a child of the worker's pool process.
+        assert {c["ppid"] for c in logged} != {os.getpid()}
+        assert len({c["pid"] for c in logged}) == 1  # one session for both calls
+    assert worker.process.poll() is None
