@@ -6,10 +6,13 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from typing import Any
 
+from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError, UnknownProviderError
+from ..importing import load_by_path
 from .base import ChunkCallback, Provider
 
 __all__ = [
@@ -89,8 +92,6 @@ BUILTINS: dict[str, str] = {
 
 def _from_settings_or_builtin(name: str) -> Provider | None:
     """A provider for ``name`` from ``AGENTLOOP["PROVIDERS"][name]["class"]`` or the built-ins."""
-    from ..conf import agentloop_settings
-    from ..importing import load_by_path
 
     configured: dict[str, Any] = agentloop_settings.PROVIDERS.get(name) or {}
     path = configured.get("class") or BUILTINS.get(name)
@@ -150,7 +151,5 @@ def __getattr__(name: str) -> Any:
     for path in BUILTINS.values():
         module, _, class_name = path.rpartition(".")
         if class_name == name:
-            import importlib
-
             return getattr(importlib.import_module(module), class_name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
