@@ -10,7 +10,7 @@ from typing import Any
 
 # agentloop.providers (register, the provider classes) is public: imported on purpose, not
 # only because other modules happen to use it.
-from . import providers
+from . import providers as providers
 from .agents import Agent
 from .conf import agentloop_settings
 from .engine import Conversation, MemoryStore
