@@ -26,11 +26,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from agentloop._recovery import resume_stalled
 from agentloop.models import Chat, ToolCall, Usage
@@ -196,7 +198,11 @@ def test_random_kills_of_workers_and_callers_lose_nothing_and_write_nothing_twic
 
     # The test process sweeps; a queued chat is stale after 3 s (not 5 minutes).
     with override_settings(
-        AGENTLOOP={**background_settings(), "LEASE_SECONDS": LEASE_SECONDS, "STALE_QUEUED_SECONDS": 3}
+        AGENTLOOP={
+            **background_settings(),
+            "LEASE_SECONDS": LEASE_SECONDS,
+            "STALE_QUEUED_SECONDS": 3,
+        }
     ):
         for _ in range(2):
             chaos.start_worker()
@@ -325,3 +331,28 @@ def _check(
         "caller_kills": len(chaos.kills) - worker_kills,
         "busy": busy,
     }
+
+
+# -- what the chaos run found --------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="agentloop/_recovery.py stalled_chats(): a queued chat whose claim an in-process "
+    "caller took and then died holds an expired lease_token, which neither arm matches "
+    "(running+expired, or queued with lease_token == ''), so the sweeper never resumes it",
+)
+def test_the_sweeper_resumes_a_queued_chat_whose_in_process_caller_died_holding_it(user):
+    from agentloop._leases import claim_row
+    from agentloop._recovery import stalled_chats
+
+    chat = Chat.objects.create(model="rules:chaos", owner=user)
+    chat.ask_later("hello")
+    # A worker's step ended with more to do: the chat is queued and its next job enqueued.
+    Chat.objects.filter(pk=chat.pk).update(state="queued")
+    # An in-process complete() takes the chat before that job (which then finds it busy and
+    # ends), and its process is killed: the claim keeps state "queued" and expires unreleased.
+    assert claim_row(Chat, chat.pk, state=None) is not None
+    expired = timezone.now() - timedelta(seconds=1)
+    Chat.objects.filter(pk=chat.pk).update(lease_expires_at=expired)
+    with override_settings(AGENTLOOP={**background_settings(), "STALE_QUEUED_SECONDS": 0}):
+        assert chat.pk in stalled_chats().values_list("pk", flat=True)
