@@ -356,3 +356,71 @@ def test_the_sweeper_resumes_a_queued_chat_whose_in_process_caller_died_holding_
     Chat.objects.filter(pk=chat.pk).update(lease_expires_at=expired)
     with override_settings(AGENTLOOP={**background_settings(), "STALE_QUEUED_SECONDS": 0}):
         assert chat.pk in stalled_chats().values_list("pk", flat=True)
+
+
+# -- guarantees docs/background.md cites that no other test pinned down --------------------
+def test_a_stream_that_fails_for_good_leaves_a_failed_row_not_a_partial_one(user, scripted):
+    from agentloop.exceptions import AuthenticationError
+    from agentloop.messages import MessageStatus
+    from agentloop.testing import stream
+
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    dropped = AuthenticationError("key revoked", status=401)
+    scripted.add(stream("Once ", "upon ", "a time", fail_after=2, error=dropped))
+    with override_settings(AGENTLOOP={**background_settings(), "PARTIAL_SAVE_INTERVAL": 0}):
+        with pytest.raises(AuthenticationError):
+            chat.ask("Tell me a story", stream=lambda chunk: None)
+
+    chat.refresh_from_db()
+    answer = chat.messages.get(role="assistant")
+    assert (answer.status, answer.content) == (MessageStatus.FAILED, "Once upon ")
+    assert not chat.messages.filter(status=MessageStatus.PARTIAL).exists()
+    assert (chat.state, chat.error) == ("failed", "AuthenticationError: key revoked")
+
+
+def test_an_approved_tool_runs_once_when_two_processes_step_the_chat_at_once(
+    user, scripted, tmp_path
+):
+    from agentloop.testing import tool_call
+    from tests.processes import start_script
+    from tests.tools import transfer
+
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5000, "to": "x"}))
+    chat.ask("pay")
+    call = ToolCall.objects.get(chat=chat, state="waiting")
+    chat.approve(call.pk)
+    run_log = tmp_path / "runs.log"
+    spec = '{"verb": "step", "replies": [{"text": "sent"}]}'
+    steppers = [
+        start_script("drive_chat.py", chat.pk, spec, env={"AGENTLOOP_TEST_RUN_LOG": run_log})
+        for _ in range(2)
+    ]
+    outputs = [stepper.communicate(timeout=60) for stepper in steppers]
+
+    # Each process made a step or found the chat busy; the tool ran once, answered once.
+    for stepper, (_out, err) in zip(steppers, outputs, strict=True):
+        assert stepper.returncode == 0 or "ChatBusyError" in err, err
+    assert run_log.read_text().split() == ["transfer"]
+    call.refresh_from_db()
+    assert (call.decision, call.state) == ("approved", "succeeded")
+    assert [m.content for m in chat.messages.filter(tool_call=call)] == ["sent 5000 to x"]
+
+
+def test_a_failed_job_logs_the_traceback_and_shows_users_one_line(user, scripted, caplog):
+    from agentloop._runner import run_step
+    from agentloop.exceptions import AuthenticationError
+
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.ask_later("Hi")
+    scripted.add(AuthenticationError("key revoked\nsecond line", status=401))
+
+    with caplog.at_level("ERROR", logger="agentloop"):
+        outcome = run_step(chat.pk)
+
+    chat.refresh_from_db()
+    assert (outcome.action, chat.state) == ("failed", "failed")
+    assert chat.error == "AuthenticationError: key revoked"
+    assert "Traceback" in chat.error_detail
+    (record,) = [r for r in caplog.records if r.name == "agentloop" and r.exc_info]
+    assert record.getMessage() == f"Chat {chat.pk}: AuthenticationError: key revoked"
