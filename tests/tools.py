@@ -216,3 +216,33 @@ class Wire(Tool):
 def ask_manager(question: str) -> str:
     """Asks the manager; the call waits for a person's answer."""
     raise NeedsInput(question)
+
+
+# -- the chaos test (tests/test_chaos.py) ------------------------------------------------------
+class _ChaosTool(Tool):
+    """Logs ``<chat pk>:<call id>:<pid>`` to $AGENTLOOP_TEST_RUN_LOG as it starts, then sleeps
+    $AGENTLOOP_TEST_CHAOS_SLEEP seconds (default 0.3) so that kills sometimes land mid-tool."""
+
+    def execute(self) -> str:
+        _log_run(f"{self.context.chat.pk}:{self.tool_call.id}:{os.getpid()}")
+        time.sleep(float(os.environ.get("AGENTLOOP_TEST_CHAOS_SLEEP", "0.3")))
+        return f"{self.name} done"
+
+
+class ChaosA(_ChaosTool):
+    """First tool of the chaos round."""
+
+    name = "chaos_a"
+
+
+class ChaosB(_ChaosTool):
+    """Second tool of the chaos round; not idempotent, so a cut run is never run again."""
+
+    name = "chaos_b"
+    idempotent = False
+
+
+class ChaosC(_ChaosTool):
+    """The tool of the chaos test's second round."""
+
+    name = "chaos_c"
