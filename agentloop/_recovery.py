@@ -16,7 +16,8 @@ __all__ = ["resume_stalled", "stalled_chats"]
 
 
 def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
-    """Running chats whose lease expired, and queued chats nobody picked up for a while."""
+    """Running chats whose lease expired, and queued chats nobody picked up for a while (with
+    no lease, or one that expired: a process that claimed it in-process died holding it)."""
     chat_model: Any = apps.get_model(model_label)
     now = timezone.now()
     stale = now - timedelta(seconds=float(agentloop_settings.STALE_QUEUED_SECONDS))
@@ -24,7 +25,8 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
     return chat_model._default_manager.filter(
         Q(state="running", lease_expires_at__lt=now)
         | (
-            Q(state="queued", lease_token="", updated_at__lt=stale)
+            Q(state="queued", updated_at__lt=stale)
+            & (Q(lease_token="") | Q(lease_expires_at__lt=now))
             & (Q(retry_at__isnull=True) | Q(retry_at__lt=now))
         )
     )

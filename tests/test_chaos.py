@@ -334,13 +334,6 @@ def _check(
 
 
 # -- what the chaos run found --------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="agentloop/_recovery.py stalled_chats(): a queued chat whose claim an in-process "
-    "caller took and then died holds an expired lease_token, which neither arm matches "
-    "(running+expired, or queued with lease_token == ''), so the sweeper never resumes it",
-)
 def test_the_sweeper_resumes_a_queued_chat_whose_in_process_caller_died_holding_it(user):
     from agentloop._leases import claim_row
     from agentloop._recovery import stalled_chats

@@ -10,7 +10,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connections
 from django.utils import timezone
 
 from agentloop._leases import Lease, beat
@@ -166,7 +166,14 @@ def test_a_stale_cancel_never_stops_the_next_message(user, scripted):
 def beat_elsewhere(lease):
     """One heartbeat on a thread of its own, as the heartbeat thread runs it (with its own
     database connection, which it closes after an error)."""
-    thread = threading.Thread(target=beat, args=(lease,))
+
+    def run():
+        try:
+            beat(lease)
+        finally:
+            connections.close_all()  # the thread's own connection, as the heartbeat closes it
+
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join(timeout=30)
 
@@ -275,3 +282,23 @@ def test_a_refused_message_does_not_mark_the_chat_failed(user, scripted):
 
     chat.refresh_from_db()
     assert (chat.state, chat.error) == (ChatState.IDLE, "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_taken_in_process_on_a_queued_chat_hands_the_rest_back(user):
+    """A chat queued for the background (its job found it busy and left) stepped once in
+    this process: the rest goes back to the background, nothing is stranded."""
+    from agentloop.background import wait_for_embedded_jobs
+
+    chat = Chat.objects.create(model="rules:test", owner=user).with_tools(step_one)
+    chat.ask_later("tools:step_one")
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.QUEUED)
+
+    chat.step()  # the model asks for step_one; a job is sent for the rest
+    assert wait_for_embedded_jobs(60)
+
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token) == (ChatState.IDLE, "")
+    assert [m.role for m in chat.messages.order_by("id")] == [
+        "user", "assistant", "tool", "assistant"
+    ]  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
+from ..background import enqueue
 from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
@@ -137,12 +138,20 @@ class ClaimMixin:
         if release.state == "failed" or release.retry_in is not None:
             log = logger.warning if release.state == "queued" else logger.error
             log("Chat %s: %s", self.chat.pk, release.error, exc_info=failure)
-        if not lease.release(**fields):
-            release = Release("lost")
+        if lease.release(**fields):
+            self._released(fields, release)
         else:
-            self._applied(fields)
-            release = self._wake_if_decided(release)
+            self._forget_lease()
+            self.last_release = Release("lost")
+
+    def _released(self, fields: dict[str, Any], release: Release) -> None:
+        """After the release's UPDATE: the chat object follows, and nothing is stranded."""
+        self._applied(fields)
         self._forget_lease()
+        release = self._wake_if_decided(release)
+        if not self.background and release.state == "queued":
+            # Handed back to the background (see _release_fields): send its next job.
+            enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
         self.last_release = release
 
     def release_with(self, **fields: Any) -> None:
@@ -160,11 +169,14 @@ class ClaimMixin:
         """The chat's columns after a verb, and what the worker should do next."""
         background = self.background
         if failure is None:
+            # A verb called in-process on a chat queued for the background (its job found it
+            # busy and left) hands the rest back to the background.
+            handed_back = not background and self.chat.state == "queued"
             state = {
                 "done": "idle",
                 "wait": "waiting" if background else "idle",
-                "tools": "queued" if background else "idle",
-                "generate": "queued" if background else "idle",
+                "tools": "queued" if background or handed_back else "idle",
+                "generate": "queued" if background or handed_back else "idle",
             }.get(next_move or "done", "idle")
             fields: dict[str, Any] = {"state": state, "error": "", "attempts": 0}
             if next_move == "done":

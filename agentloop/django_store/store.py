@@ -144,9 +144,7 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
                     self._flag_after_write = lease.ensure()
             yield
         if fields is not None:
-            self._applied(fields)
-            self._forget_lease()
-            self.last_release = self._wake_if_decided(outcome)
+            self._released(fields, outcome)
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
