@@ -11,7 +11,7 @@ venv: $(VENV)/.installed
 # The stamp makes `make test` skip pip until pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e ".[dev,postgres,redis]"
+	$(BIN)/python -m pip install -e ".[dev,postgres,celery]"
 	touch $@
 
 # The offline agent demo (prints its transcript), then the example site with its in-process
