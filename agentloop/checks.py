@@ -7,7 +7,10 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .conf import DEFAULTS
+from . import providers
+from .conf import DEFAULTS, agentloop_settings
+from .exceptions import ConfigurationError
+from .providers.http import HTTPProvider
 
 
 @register(Tags.compatibility)
@@ -67,7 +70,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The embedded runner loses queued steps on restart: warn outside DEBUG."""
     from .background import backend_name
-    from .conf import agentloop_settings
 
     if settings.DEBUG or agentloop_settings.BACKGROUND == "embedded":
         return []  # chosen explicitly, or development
@@ -84,44 +86,74 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 
 
 @register(Tags.compatibility)
-def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Warn when a provider the settings name needs an API key that is configured nowhere.
+def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A broker in the settings that Celery's current app doesn't have: steps would run here.
 
-    The providers looked at: the one serving ``DEFAULT_MODEL`` and every name in
-    ``PROVIDERS``. The key itself is never read into a message (there is none to show).
+    ``complete_later()`` sends jobs to Celery only when Celery's *current* app has a broker
+    (``agentloop.background.backend_name``); the project's app becomes current when the project
+    package imports it. Without that import, ``CELERY_BROKER_URL`` is read by nobody.
     """
-    from . import providers
-    from .conf import agentloop_settings
-    from .exceptions import ConfigurationError
-    from .providers.http import HTTPProvider
-
-    names: list[str] = []
-    default_model = agentloop_settings.DEFAULT_MODEL
-    if isinstance(default_model, str) and default_model:
-        try:
-            names.append(providers.split_model(default_model)[0])
-        except ConfigurationError:
-            pass  # a model id with no known provider fails when used, with its own message
-    configured = agentloop_settings.PROVIDERS
-    if isinstance(configured, dict):
-        names.extend(name for name in configured if isinstance(name, str))
-    warnings: list[CheckMessage] = []
-    for name in dict.fromkeys(names):
-        try:
-            provider = providers.get(name)
-        except Exception:  # noqa: BLE001,S112 - unknown or unimportable: reported when used
-            continue
-        if not isinstance(provider, HTTPProvider):
-            continue
-        try:
-            provider.api_key()
-        except ConfigurationError as exc:
-            warnings.append(
-                Warning(
-                    f"Provider {name!r} needs an API key and none is configured.",
-                    hint=str(exc),
-                    obj=name,
-                    id="agentloop.W002",
-                )
+    broker_url = getattr(settings, "CELERY_BROKER_URL", None)
+    if not broker_url or agentloop_settings.BACKGROUND == "embedded":
+        return []  # no broker meant for Celery, or in-process steps chosen on purpose
+    try:
+        from celery import current_app  # local: Celery is an optional dependency
+    except ImportError:
+        return [
+            Warning(
+                "CELERY_BROKER_URL is set but Celery is not installed: background steps run "
+                "on in-process threads.",
+                hint='Install the celery extra: pip install "django-agentloop[celery]".',
+                id="agentloop.W003",
             )
-    return warnings
+        ]
+    if current_app.conf.broker_url:
+        return []
+    return [
+        Warning(
+            "CELERY_BROKER_URL is set but no Celery app with a broker is loaded: "
+            "complete_later() would run chats in the calling process, not on a worker.",
+            hint="Import your Celery app in your project package's __init__.py: "
+            '"from .celery import app as celery_app" (see docs/install.md).',
+            id="agentloop.W003",
+        )
+    ]
+
+
+@register(Tags.compatibility)
+def check_provider_keys(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Warn when the provider of the chosen ``DEFAULT_MODEL`` needs a key configured nowhere.
+
+    Only a ``DEFAULT_MODEL`` the project set is looked at: a project that never chose one
+    names its models per chat. Skipped when Django passes ``databases``: it does so for the
+    commands that prepare databases (``migrate``, the test runner), which run no chat. The
+    key itself is never read into a message (there is none to show).
+    """
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if databases or not isinstance(chosen, dict):
+        return []
+    default_model = chosen.get("DEFAULT_MODEL")
+    if not isinstance(default_model, str) or not default_model:
+        return []
+    try:
+        name = providers.split_model(default_model)[0]
+        provider = providers.get(name)
+    except Exception:  # unknown or unimportable: that fails when used, with its own message
+        return []
+    if not isinstance(provider, HTTPProvider):
+        return []
+    try:
+        provider.api_key()
+    except ConfigurationError as exc:
+        return [
+            Warning(
+                f"Provider {name!r} (of DEFAULT_MODEL {default_model!r}) needs an API key and "
+                "none is configured.",
+                hint=str(exc),
+                obj=name,
+                id="agentloop.W002",
+            )
+        ]
+    return []

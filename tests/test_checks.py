@@ -1,4 +1,4 @@
-"""System checks on the AGENTLOOP setting: each id fails on a bad value and passes on good ones."""
+"""System checks of agentloop: each id fails on a bad value and passes on good ones."""
 
 from __future__ import annotations
 
@@ -161,3 +161,111 @@ def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns(celery_w
 def test_w001_debug_an_explicit_embedded_choice_or_celery_pass(overrides):
     with override_settings(**overrides):
         assert background_warnings() == []
+
+
+# -- W003: a broker in the settings, but Celery's app is not loaded --------------------------
+BROKER = "redis://127.0.0.1:6379/15"
+
+
+def celery_warnings():
+    return [m for m in run_checks() if m.id == "agentloop.W003"]
+
+
+@pytest.fixture
+def celery_with_broker():
+    """The project's Celery app, loaded and current (what its ``__init__.py`` import does)."""
+    from celery import Celery, current_app
+
+    previous = current_app._get_current_object()
+    app = Celery("project", set_as_current=False)
+    app.conf.broker_url = BROKER
+    app.set_current()
+    yield app
+    previous.set_current()
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w003_a_broker_setting_without_the_celery_app_loaded_warns(celery_without_broker):
+    from agentloop.background import backend_name
+
+    assert backend_name() == "embedded"  # what complete_later() would do: run in-process
+
+    (warning,) = celery_warnings()
+    assert "CELERY_BROKER_URL" in warning.msg
+    assert "__init__.py" in warning.hint
+    assert "from .celery import app as celery_app" in warning.hint
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "celery"})
+def test_w003_an_explicit_celery_background_without_the_app_loaded_warns(celery_without_broker):
+    assert [m.id for m in celery_warnings()] == ["agentloop.W003"]
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w003_the_celery_app_loaded_with_its_broker_passes(celery_with_broker):
+    from agentloop.background import backend_name
+
+    assert backend_name() == "celery"
+    assert celery_warnings() == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"AGENTLOOP": {"BACKGROUND": "auto"}},
+        {"CELERY_BROKER_URL": "", "AGENTLOOP": {}},
+        {"CELERY_BROKER_URL": BROKER, "AGENTLOOP": {"BACKGROUND": "embedded"}},
+    ],
+    ids=["no-broker-setting", "empty-broker-setting", "embedded-chosen"],
+)
+def test_w003_no_broker_setting_or_an_embedded_choice_passes(overrides, celery_without_broker):
+    with override_settings(**overrides):
+        assert celery_warnings() == []
+
+
+# -- W002: only the chosen DEFAULT_MODEL's provider, only where a chat could run --------------
+@pytest.fixture
+def no_anthropic_key(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+
+
+def key_warnings(**kwargs):
+    return [m for m in run_checks(**kwargs) if m.id == "agentloop.W002"]
+
+
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_a_chosen_default_model_without_its_key_warns_and_names_both(no_anthropic_key):
+    (warning,) = key_warnings()
+
+    assert warning.obj == "anthropic"
+    assert "anthropic:claude-haiku-4-5" in warning.msg
+    assert "ANTHROPIC_API_KEY" in warning.hint
+
+
+@override_settings(AGENTLOOP={})
+def test_w002_a_project_that_never_chose_a_default_model_gets_no_warning(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    assert key_warnings() == []
+
+
+@pytest.mark.django_db  # checks run with databases= query them
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_is_skipped_when_django_checks_for_database_commands(no_anthropic_key):
+    assert key_warnings(databases=["default"]) == []
+
+
+@pytest.mark.django_db
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_migrate_prints_no_key_warning_but_check_does(no_anthropic_key):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    migrate_out, migrate_err = StringIO(), StringIO()
+    call_command("migrate", verbosity=0, stdout=migrate_out, stderr=migrate_err)
+    check_out, check_err = StringIO(), StringIO()
+    call_command("check", stdout=check_out, stderr=check_err)
+
+    assert "agentloop.W002" not in migrate_out.getvalue() + migrate_err.getvalue()
+    assert "agentloop.W002" in check_out.getvalue() + check_err.getvalue()
