@@ -94,10 +94,9 @@ def test_w002_the_default_model_written_with_its_provider_warns():
 
 def test_w002_a_provider_named_in_providers_but_not_by_default_model_passes():
     # Only DEFAULT_MODEL's provider is checked: a chat may never use the others (issue 12).
-    assert w002(
-        DEFAULT_MODEL="ollama:llama3.2",
-        PROVIDERS={"openai-responses": {"base_url": "https://proxy.example/v1"}},
-    ) == []
+    providers_setting = {"openai-responses": {"base_url": "https://proxy.example/v1"}}
+
+    assert w002(DEFAULT_MODEL="ollama:llama3.2", PROVIDERS=providers_setting) == []
 
 
 def test_w002_warns_once_for_the_default_models_provider_only():
