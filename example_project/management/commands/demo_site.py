@@ -2,8 +2,9 @@
 
 It checks the port first (a busy one is one line and exit code 1, before anything else),
 migrates, makes the login ``demo`` / ``demo`` (staff, allowed to use agentloop's and the
-example's admin pages), runs the offline transcript demo as that user, prints the site, the
-demo chat's page and its admin page, then serves. Background steps run on agentloop's
+example's admin pages), runs the offline transcript demo as that user (when
+``AGENTLOOP["DEMO"]`` names one, as the example's settings do), prints the site, the demo
+chat's page and its admin page, then serves. Background steps run on agentloop's
 embedded thread pool inside the server process, so nothing else (no Redis, no Celery worker)
 needs to run.
 """
@@ -21,6 +22,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
+from agentloop.conf import agentloop_settings
 from agentloop.models import Chat
 
 USERNAME = "demo"
@@ -53,15 +55,18 @@ class Command(BaseCommand):
         if created:
             self.stdout.write(f"Created the user {USERNAME!r}.")
         site = f"http://{HOST}:{port}"
-        # The raw stream, not self.stdout: a wrapped wrapper ends every streamed chunk a line.
-        out = options.get("stdout") or sys.stdout
-        call_command("agentloop", "demo", "--owner", USERNAME, "--site", site, stdout=out)
-        chat = Chat.objects.filter(owner__username=USERNAME).latest("pk")
-        self.stdout.write("")
+        chat = None
+        if agentloop_settings.DEMO:  # the example's settings name one; other settings may not
+            # The raw stream, not self.stdout: a wrapped wrapper ends every streamed chunk a line.
+            out = options.get("stdout") or sys.stdout
+            call_command("agentloop", "demo", "--owner", USERNAME, "--site", site, stdout=out)
+            chat = Chat.objects.filter(owner__username=USERNAME).latest("pk")
+            self.stdout.write("")
         self.stdout.write(
             self.style.SUCCESS(f"The example site: {site}/  (log in as {USERNAME} / {PASSWORD})")
         )
-        self.stdout.write(f"The demo chat: {site}{reverse('chat_detail', args=[chat.pk])}")
+        if chat is not None:
+            self.stdout.write(f"The demo chat: {site}{reverse('chat_detail', args=[chat.pk])}")
         self.stdout.flush()
         # Without the reloader: a reloaded child would run the steps above again. Static
         # files are served even with DEBUG off (this is a demo, not a deployment).
