@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -120,19 +122,47 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
     ]
 
 
+#: management commands that set up or inspect a project and never run a chat: the key check
+#: stays quiet on them (a fresh project's first ``migrate`` needs no provider key).
+COMMANDS_WITHOUT_CHATS = frozenset(
+    {
+        "changepassword", "clearsessions", "collectstatic", "compilemessages",
+        "createcachetable", "createsuperuser", "dbshell", "diffsettings", "dumpdata",
+        "findstatic", "flush", "inspectdb", "loaddata", "makemessages", "makemigrations",
+        "migrate", "optimizemigration", "remove_stale_contenttypes", "sendtestemail",
+        "showmigrations", "sqlflush", "sqlmigrate", "sqlsequencereset", "squashmigrations",
+        "startapp", "startproject", "test",
+    }
+)  # fmt: skip
+
+
+def management_command(argv: list[str] | None = None) -> str | None:
+    """The command this process runs (``manage.py migrate`` -> "migrate"), if it is one.
+
+    Django passes checks no word of the command that runs them, so this reads the command
+    line the way ``ManagementUtility`` does: ``manage.py``, ``django-admin`` or
+    ``python -m django``, then the subcommand.
+    """
+    argv = sys.argv if argv is None else argv
+    if len(argv) < 2:
+        return None
+    program = Path(argv[0])
+    is_django = program.name in ("manage.py", "django-admin", "django-admin.py") or (
+        program.name == "__main__.py" and program.parent.name == "django"
+    )
+    return argv[1] if is_django else None
+
+
 @register(Tags.compatibility)
-def check_provider_keys(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[CheckMessage]:
+def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn when the provider of the chosen ``DEFAULT_MODEL`` needs a key configured nowhere.
 
-    Only a ``DEFAULT_MODEL`` the project set is looked at: a project that never chose one
-    names its models per chat. Skipped when Django passes ``databases``: it does so for the
-    commands that prepare databases (``migrate``, the test runner), which run no chat. The
-    key itself is never read into a message (there is none to show).
+    Only a ``DEFAULT_MODEL`` the project set is looked at (a project that never chose one
+    names its models per chat), and not on the commands that never run a chat
+    (:data:`COMMANDS_WITHOUT_CHATS`). The key itself is never read into a message.
     """
     chosen = getattr(settings, "AGENTLOOP", None)
-    if databases or not isinstance(chosen, dict):
+    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
         return []
     default_model = chosen.get("DEFAULT_MODEL")
     if not isinstance(default_model, str) or not default_model:

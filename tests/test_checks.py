@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from django.conf import settings
-from django.core.checks import Error, run_checks
+from django.core.checks import Error
+from django.core.checks import run_checks as run_django_checks
 from django.test import override_settings
 
-from agentloop.checks import check_settings
+from agentloop.checks import check_settings, management_command
 from agentloop.conf import DEFAULTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_checks():
+    """Django's checks, minus the database ones (Django 6 opens every database without this)."""
+    return run_django_checks(databases=[])
 
 
 def ids(messages):
@@ -229,8 +242,8 @@ def no_anthropic_key(monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
 
 
-def key_warnings(**kwargs):
-    return [m for m in run_checks(**kwargs) if m.id == "agentloop.W002"]
+def key_warnings():
+    return [m for m in run_checks() if m.id == "agentloop.W002"]
 
 
 @override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
@@ -249,23 +262,61 @@ def test_w002_a_project_that_never_chose_a_default_model_gets_no_warning(monkeyp
     assert key_warnings() == []
 
 
-@pytest.mark.django_db  # checks run with databases= query them
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["manage.py", "migrate", "--noinput"], "migrate"),
+        (["/srv/site/manage.py", "check"], "check"),
+        (["/venv/bin/django-admin", "runserver"], "runserver"),
+        (["/venv/lib/python3.11/site-packages/django/__main__.py", "migrate"], "migrate"),
+        (["/venv/bin/celery", "-A", "mysite", "worker"], None),
+        (["/venv/bin/pytest", "tests"], None),
+        (["manage.py"], None),
+    ],
+)
+def test_management_command_reads_the_command_line_as_django_does(argv, command):
+    assert management_command(argv) == command
+
+
+@pytest.mark.parametrize("command", ["migrate", "makemigrations", "createsuperuser", "test"])
 @override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
-def test_w002_is_skipped_when_django_checks_for_database_commands(no_anthropic_key):
-    assert key_warnings(databases=["default"]) == []
+def test_w002_is_quiet_on_commands_that_run_no_chat(command, no_anthropic_key, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["manage.py", command])
+
+    assert key_warnings() == []
 
 
-@pytest.mark.django_db
+@pytest.mark.parametrize("command", ["check", "runserver", "agentloop", "my_own_command"])
 @override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
-def test_w002_migrate_prints_no_key_warning_but_check_does(no_anthropic_key):
-    from io import StringIO
+def test_w002_warns_on_commands_that_may_run_a_chat(command, no_anthropic_key, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["manage.py", command])
 
-    from django.core.management import call_command
+    assert [m.obj for m in key_warnings()] == ["anthropic"]
 
-    migrate_out, migrate_err = StringIO(), StringIO()
-    call_command("migrate", verbosity=0, stdout=migrate_out, stderr=migrate_err)
-    check_out, check_err = StringIO(), StringIO()
-    call_command("check", stdout=check_out, stderr=check_err)
 
-    assert "agentloop.W002" not in migrate_out.getvalue() + migrate_err.getvalue()
-    assert "agentloop.W002" in check_out.getvalue() + check_err.getvalue()
+@pytest.mark.subprocess
+def test_w002_a_real_migrate_prints_no_key_warning_but_check_does(tmp_path):
+    """The example project with an Anthropic DEFAULT_MODEL and no key, as a user runs it."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}",
+        "AGENTLOOP_MODEL": "anthropic:claude-haiku-4-5",
+    }
+    for key in ("ANTHROPIC_API_KEY", "AGENTLOOP_TEST_DB_NAME"):
+        env.pop(key, None)
+
+    def manage(*args: str) -> str:
+        result = subprocess.run(  # noqa: S603 - our own interpreter and manage.py
+            [sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT,
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        return result.stdout + result.stderr
+
+    migrated = manage("migrate", "--noinput")
+    checked = manage("check")
+
+    assert "Applying agentloop.0001_initial... OK" in migrated
+    assert "agentloop.W002" not in migrated
+    assert "agentloop.W002" in checked
+    assert "ANTHROPIC_API_KEY" in checked

@@ -6,9 +6,11 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from io import StringIO
 from pathlib import Path
 
@@ -486,7 +488,15 @@ def test_demo_site_on_a_busy_port_says_so_in_one_line_before_anything_else(tmp_p
         f"(make demo PORT={port + 1})."
     ]
     assert result.stdout == ""  # no URL printed, no demo run
-    assert not (tmp_path / "demo.sqlite3").exists()  # not even migrated
+    assert tables_of(tmp_path / "demo.sqlite3") == []  # not even migrated
+
+
+def tables_of(database: Path) -> list[str]:
+    """The tables of a SQLite file (none when the file was never made)."""
+    if not database.exists():
+        return []
+    with closing(sqlite3.connect(database)) as connection:
+        return [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
 
 
 def test_make_demo_passes_port_to_the_site():
