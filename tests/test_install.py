@@ -16,6 +16,7 @@ fails the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -281,13 +282,12 @@ def start_worker(venv: Path, site: Path, env: dict[str, str], queue: str, log: P
 
 
 def stop(worker: subprocess.Popen) -> None:
-    """End the worker's process group (its main process and its pool child)."""
-    if worker.poll() is None:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
+    """End the worker's process group (its main process and its pool child); SIGKILL if slow."""
+    for signal_number in (signal.SIGTERM, signal.SIGKILL):
+        if worker.poll() is not None:
+            return
+        os.killpg(worker.pid, signal_number)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             worker.wait(timeout=30)
 
 
