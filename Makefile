@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PG_URL := postgres://postgres@127.0.0.1:5432/agentloop
+PORT ?= 8000
 
 .PHONY: venv demo lint test bench clean
 
@@ -11,15 +12,14 @@ venv: $(VENV)/.installed
 # The stamp makes `make test` skip pip until pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e ".[dev,postgres,redis]"
+	$(BIN)/python -m pip install -e ".[dev,postgres,celery]"
 	touch $@
 
-# The offline agent demo (prints its transcript), then the example site with its in-process
-# worker: demo_site prints the URL and the login; Ctrl-C stops it.
+# demo_site checks the port, migrates, runs the offline agent demo (prints its transcript) as
+# the user demo, prints the links and the login, then serves the example site with its
+# in-process worker; Ctrl-C stops it. `make demo PORT=8001` serves on another port.
 demo: venv
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py agentloop demo
-	$(BIN)/python manage.py demo_site
+	$(BIN)/python manage.py demo_site --port $(PORT)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import django
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .conf import DEFAULTS
+from . import providers
+from .conf import DEFAULTS, agentloop_settings
+from .exceptions import ConfigurationError
+from .providers.http import HTTPProvider
 
 
 @register(Tags.compatibility)
@@ -67,61 +73,148 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The embedded runner loses queued steps on restart: warn outside DEBUG."""
     from .background import backend_name
-    from .conf import agentloop_settings
 
-    if settings.DEBUG or agentloop_settings.BACKGROUND == "embedded":
+    if settings.DEBUG or _chosen_runner() in ("embedded", "django_tasks"):
         return []  # chosen explicitly, or development
     if backend_name() == "embedded":
         return [
             Warning(
                 "Background steps run on in-process threads (no Celery broker configured).",
                 hint="Configure Celery with a broker (e.g. Redis) for production, or set "
-                "AGENTLOOP['BACKGROUND'] = 'embedded' to accept this.",
+                "AGENTLOOP['RUNNER'] = 'embedded' to accept this.",
                 id="agentloop.W001",
             )
         ]
     return []
 
 
+def _chosen_runner() -> str:
+    """The runner the settings name ("auto" when they leave it to what is configured)."""
+    runner = str(agentloop_settings.RUNNER)
+    return str(agentloop_settings.BACKGROUND) if runner == "auto" else runner
+
+
+@register(Tags.compatibility)
+def check_runner(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """RUNNER must name a runner, and "django_tasks" needs Django 6's tasks framework."""
+    runner = agentloop_settings.RUNNER
+    if runner not in ("auto", "celery", "embedded", "django_tasks"):
+        return [
+            Error(
+                f"AGENTLOOP['RUNNER'] must be 'auto', 'celery', 'embedded' or 'django_tasks', "
+                f"not {runner!r}.",
+                id="agentloop.E006",
+            )
+        ]
+    if runner == "django_tasks" and django.VERSION < (6, 0):
+        return [
+            Error(
+                "AGENTLOOP['RUNNER'] = 'django_tasks' needs Django 6 or later (django.tasks); "
+                f"this is Django {django.get_version()}.",
+                hint="Upgrade Django, or choose the 'celery' or 'embedded' runner.",
+                id="agentloop.E006",
+            )
+        ]
+    return []
+
+
+@register(Tags.compatibility)
+def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A broker in the settings that Celery's current app doesn't have: steps would run here.
+
+    ``complete_later()`` sends jobs to Celery only when Celery's *current* app has a broker
+    (``agentloop.background.backend_name``); the project's app becomes current when the project
+    package imports it. Without that import, ``CELERY_BROKER_URL`` is read by nobody.
+    """
+    broker_url = getattr(settings, "CELERY_BROKER_URL", None)
+    if not broker_url or _chosen_runner() in ("embedded", "django_tasks"):
+        return []  # no broker meant for Celery, or another runner chosen on purpose
+    try:
+        from celery import current_app  # local: Celery is an optional dependency
+    except ImportError:
+        return [
+            Warning(
+                "CELERY_BROKER_URL is set but Celery is not installed: background steps run "
+                "on in-process threads.",
+                hint='Install the celery extra: pip install "django-agentloop[celery]".',
+                id="agentloop.W003",
+            )
+        ]
+    if current_app.conf.broker_url:
+        return []
+    return [
+        Warning(
+            "CELERY_BROKER_URL is set but no Celery app with a broker is loaded: "
+            "complete_later() would run chats in the calling process, not on a worker.",
+            hint="Import your Celery app in your project package's __init__.py: "
+            '"from .celery import app as celery_app" (see docs/install.md).',
+            id="agentloop.W003",
+        )
+    ]
+
+
+#: management commands that set up or inspect a project and never run a chat: the key check
+#: stays quiet on them (a fresh project's first ``migrate`` needs no provider key).
+COMMANDS_WITHOUT_CHATS = frozenset(
+    {
+        "changepassword", "clearsessions", "collectstatic", "compilemessages",
+        "createcachetable", "createsuperuser", "dbshell", "diffsettings", "dumpdata",
+        "findstatic", "flush", "inspectdb", "loaddata", "makemessages", "makemigrations",
+        "migrate", "optimizemigration", "remove_stale_contenttypes", "sendtestemail",
+        "showmigrations", "sqlflush", "sqlmigrate", "sqlsequencereset", "squashmigrations",
+        "startapp", "startproject", "test",
+    }
+)  # fmt: skip
+
+
+def management_command(argv: list[str] | None = None) -> str | None:
+    """The command this process runs (``manage.py migrate`` -> "migrate"), if it is one.
+
+    Django passes checks no word of the command that runs them, so this reads the command
+    line the way ``ManagementUtility`` does: ``manage.py``, ``django-admin`` or
+    ``python -m django``, then the subcommand.
+    """
+    argv = sys.argv if argv is None else argv
+    if len(argv) < 2:
+        return None
+    program = Path(argv[0])
+    is_django = program.name in ("manage.py", "django-admin", "django-admin.py") or (
+        program.name == "__main__.py" and program.parent.name == "django"
+    )
+    return argv[1] if is_django else None
+
+
 @register(Tags.compatibility)
 def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Warn when a provider the settings name needs an API key that is configured nowhere.
+    """Warn when the provider of the chosen ``DEFAULT_MODEL`` needs a key configured nowhere.
 
-    The providers looked at: the one serving ``DEFAULT_MODEL`` and every name in
-    ``PROVIDERS``. The key itself is never read into a message (there is none to show).
+    Only a ``DEFAULT_MODEL`` the project set is looked at (a project that never chose one
+    names its models per chat), and not on the commands that never run a chat
+    (:data:`COMMANDS_WITHOUT_CHATS`). The key itself is never read into a message.
     """
-    from . import providers
-    from .conf import agentloop_settings
-    from .exceptions import ConfigurationError
-    from .providers.http import HTTPProvider
-
-    names: list[str] = []
-    default_model = agentloop_settings.DEFAULT_MODEL
-    if isinstance(default_model, str) and default_model:
-        try:
-            names.append(providers.split_model(default_model)[0])
-        except ConfigurationError:
-            pass  # a model id with no known provider fails when used, with its own message
-    configured = agentloop_settings.PROVIDERS
-    if isinstance(configured, dict):
-        names.extend(name for name in configured if isinstance(name, str))
-    warnings: list[CheckMessage] = []
-    for name in dict.fromkeys(names):
-        try:
-            provider = providers.get(name)
-        except Exception:  # noqa: BLE001,S112 - unknown or unimportable: reported when used
-            continue
-        if not isinstance(provider, HTTPProvider):
-            continue
-        try:
-            provider.api_key()
-        except ConfigurationError as exc:
-            warnings.append(
-                Warning(
-                    f"Provider {name!r} needs an API key and none is configured.",
-                    hint=str(exc),
-                    obj=name,
-                    id="agentloop.W002",
-                )
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
+        return []
+    default_model = chosen.get("DEFAULT_MODEL")
+    if not isinstance(default_model, str) or not default_model:
+        return []
+    try:
+        name = providers.split_model(default_model)[0]
+        provider = providers.get(name)
+    except Exception:  # unknown or unimportable: that fails when used, with its own message
+        return []
+    if not isinstance(provider, HTTPProvider):
+        return []
+    try:
+        provider.api_key()
+    except ConfigurationError as exc:
+        return [
+            Warning(
+                f"Provider {name!r} (of DEFAULT_MODEL {default_model!r}) needs an API key and "
+                "none is configured.",
+                hint=str(exc),
+                obj=name,
+                id="agentloop.W002",
             )
-    return warnings
+        ]
+    return []

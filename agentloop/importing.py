@@ -3,29 +3,48 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from .exceptions import ConfigurationError
 
-__all__ = ["import_path_of", "load_by_path"]
+__all__ = ["describe", "import_path_of", "load_by_path"]
 
 
-def import_path_of(obj: Any) -> str:
-    """The dotted path that loads ``obj`` again, or ConfigurationError if there is none."""
+#: what the errors of :func:`import_path_of` advise, unless the caller says better.
+_ADVICE = (
+    "define it at module level in an importable module, so a worker in another process can load it"
+)
+
+
+def describe(obj: Any) -> str:
+    """How an error names ``obj``: "function 'f'", "class 'C'", or its repr."""
+    name = getattr(obj, "__qualname__", None)
+    if inspect.isclass(obj) and name:
+        return f"class {name!r}"
+    if inspect.isfunction(obj) and name:
+        return f"function {name!r}"
+    return repr(obj)
+
+
+def import_path_of(obj: Any, *, what: str | None = None, advice: str = _ADVICE) -> str:
+    """The dotted path that loads ``obj`` again, or ConfigurationError if there is none.
+
+    ``what`` names the object in the error (default: :func:`describe`), ``advice`` says how
+    to fix it.
+    """
+    what = what or describe(obj)
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if not module or not qualname or "<locals>" in qualname or module == "__main__":
-        raise ConfigurationError(
-            f"{obj!r} can't be stored by import path: define it at module level in an "
-            "importable module so a worker in another process can load it."
-        )
+        raise ConfigurationError(f"The {what} can't be stored by import path: {advice}.")
     path = f"{module}.{qualname}"
     try:
         loaded = load_by_path(path)
     except ConfigurationError:
         loaded = None
     if loaded is not obj:
-        raise ConfigurationError(f"{obj!r} is not importable as {path!r}.")
+        raise ConfigurationError(f"The {what} is not importable as {path!r}: {advice}.")
     return path
 
 

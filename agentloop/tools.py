@@ -368,7 +368,18 @@ def tool_reference(tool_class: type[Tool]) -> str:
     reference = getattr(tool_class, "reference", None)
     if callable(reference):
         return str(reference())
-    return import_path_of(tool_class)
+    if isinstance(tool_class, type) and issubclass(tool_class, FunctionTool):
+        what = f"@tool function {tool_class.__qualname__!r}"  # a class, but written as a function
+    else:
+        what = f"tool class {getattr(tool_class, '__qualname__', tool_class)!r}"
+    return import_path_of(tool_class, what=what, advice=_TOOL_ADVICE)
+
+
+#: the fix for a tool that can't be stored by import path.
+_TOOL_ADVICE = (
+    "define tools of persisted chats in a module (e.g. myapp/tools.py, not a shell or a "
+    "function body) and import them from there, so a worker in another process can load them"
+)
 
 
 def load_tool(reference: str) -> type[Tool]:

@@ -1,14 +1,28 @@
-"""System checks on the AGENTLOOP setting: each id fails on a bad value and passes on good ones."""
+"""System checks of agentloop: each id fails on a bad value and passes on good ones."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import django
 import pytest
 from django.conf import settings
-from django.core.checks import Error, run_checks
+from django.core.checks import Error
+from django.core.checks import run_checks as run_django_checks
 from django.test import override_settings
 
-from agentloop.checks import check_settings
+from agentloop.checks import check_settings, management_command
 from agentloop.conf import DEFAULTS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_checks():
+    """Django's checks, minus the database ones (Django 6 opens every database without this)."""
+    return run_django_checks(databases=[])
 
 
 def ids(messages):
@@ -161,3 +175,174 @@ def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns(celery_w
 def test_w001_debug_an_explicit_embedded_choice_or_celery_pass(overrides):
     with override_settings(**overrides):
         assert background_warnings() == []
+
+
+# -- W003: a broker in the settings, but Celery's app is not loaded --------------------------
+BROKER = "redis://127.0.0.1:6379/15"
+
+
+def celery_warnings():
+    return [m for m in run_checks() if m.id == "agentloop.W003"]
+
+
+@pytest.fixture
+def celery_with_broker():
+    """The project's Celery app, loaded and current (what its ``__init__.py`` import does)."""
+    from celery import Celery, current_app
+
+    previous = current_app._get_current_object()
+    app = Celery("project", set_as_current=False)
+    app.conf.broker_url = BROKER
+    app.set_current()
+    yield app
+    previous.set_current()
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w003_a_broker_setting_without_the_celery_app_loaded_warns(celery_without_broker):
+    from agentloop.background import backend_name
+
+    assert backend_name() == "embedded"  # what complete_later() would do: run in-process
+
+    (warning,) = celery_warnings()
+    assert "CELERY_BROKER_URL" in warning.msg
+    assert "__init__.py" in warning.hint
+    assert "from .celery import app as celery_app" in warning.hint
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "celery"})
+def test_w003_an_explicit_celery_background_without_the_app_loaded_warns(celery_without_broker):
+    assert [m.id for m in celery_warnings()] == ["agentloop.W003"]
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w003_the_celery_app_loaded_with_its_broker_passes(celery_with_broker):
+    from agentloop.background import backend_name
+
+    assert backend_name() == "celery"
+    assert celery_warnings() == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"AGENTLOOP": {"BACKGROUND": "auto"}},
+        {"CELERY_BROKER_URL": "", "AGENTLOOP": {}},
+        {"CELERY_BROKER_URL": BROKER, "AGENTLOOP": {"BACKGROUND": "embedded"}},
+    ],
+    ids=["no-broker-setting", "empty-broker-setting", "embedded-chosen"],
+)
+def test_w003_no_broker_setting_or_an_embedded_choice_passes(overrides, celery_without_broker):
+    with override_settings(**overrides):
+        assert celery_warnings() == []
+
+
+# -- W002: only the chosen DEFAULT_MODEL's provider, only where a chat could run --------------
+@pytest.fixture
+def no_anthropic_key(monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+
+
+def key_warnings():
+    return [m for m in run_checks() if m.id == "agentloop.W002"]
+
+
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_a_chosen_default_model_without_its_key_warns_and_names_both(no_anthropic_key):
+    (warning,) = key_warnings()
+
+    assert warning.obj == "anthropic"
+    assert "anthropic:claude-haiku-4-5" in warning.msg
+    assert "ANTHROPIC_API_KEY" in warning.hint
+
+
+@override_settings(AGENTLOOP={})
+def test_w002_a_project_that_never_chose_a_default_model_gets_no_warning(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    assert key_warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["manage.py", "migrate", "--noinput"], "migrate"),
+        (["/srv/site/manage.py", "check"], "check"),
+        (["/venv/bin/django-admin", "runserver"], "runserver"),
+        (["/venv/lib/python3.11/site-packages/django/__main__.py", "migrate"], "migrate"),
+        (["/venv/bin/celery", "-A", "mysite", "worker"], None),
+        (["/venv/bin/pytest", "tests"], None),
+        (["manage.py"], None),
+    ],
+)
+def test_management_command_reads_the_command_line_as_django_does(argv, command):
+    assert management_command(argv) == command
+
+
+@pytest.mark.parametrize("command", ["migrate", "makemigrations", "createsuperuser", "test"])
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_is_quiet_on_commands_that_run_no_chat(command, no_anthropic_key, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["manage.py", command])
+
+    assert key_warnings() == []
+
+
+@pytest.mark.parametrize("command", ["check", "runserver", "agentloop", "my_own_command"])
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_warns_on_commands_that_may_run_a_chat(command, no_anthropic_key, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["manage.py", command])
+
+    assert [m.obj for m in key_warnings()] == ["anthropic"]
+
+
+@pytest.mark.subprocess
+def test_w002_a_real_migrate_prints_no_key_warning_but_check_does(tmp_path):
+    """The example project with an Anthropic DEFAULT_MODEL and no key, as a user runs it."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.sqlite3'}",
+        "AGENTLOOP_MODEL": "anthropic:claude-haiku-4-5",
+    }
+    for key in ("ANTHROPIC_API_KEY", "AGENTLOOP_TEST_DB_NAME"):
+        env.pop(key, None)
+
+    def manage(*args: str) -> str:
+        result = subprocess.run(  # noqa: S603 - our own interpreter and manage.py
+            [sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT,
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        return result.stdout + result.stderr
+
+    migrated = manage("migrate", "--noinput")
+    checked = manage("check")
+
+    assert "Applying agentloop.0001_initial... OK" in migrated
+    assert "agentloop.W002" not in migrated
+    assert "agentloop.W002" in checked
+    assert "ANTHROPIC_API_KEY" in checked
+
+
+# -- E006: the runner ------------------------------------------------------------------------
+@override_settings(AGENTLOOP={"RUNNER": "rq"})
+def test_e006_an_unknown_runner_fails():
+    assert "agentloop.E006" in [m.id for m in run_checks()]
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="Django 6 has django.tasks")
+@override_settings(AGENTLOOP={"RUNNER": "django_tasks"})
+def test_e006_the_django_tasks_runner_needs_django_6():
+    (message,) = run_checks()
+    assert message.id == "agentloop.E006" and "needs Django 6" in message.msg
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks needs Django 6")
+@override_settings(AGENTLOOP={"RUNNER": "django_tasks"})
+def test_e006_the_django_tasks_runner_passes_on_django_6():
+    assert run_checks() == []
+
+
+@pytest.mark.parametrize("runner", ["auto", "celery", "embedded"])
+def test_e006_a_known_runner_passes(runner):
+    with override_settings(DEBUG=True, AGENTLOOP={"RUNNER": runner}):
+        assert [m.id for m in run_checks() if m.id == "agentloop.E006"] == []

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
+from contextlib import closing
 from io import StringIO
 from pathlib import Path
 
+import httpx
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -366,22 +372,187 @@ def test_demo_with_an_unknown_provider_fails_before_making_a_chat():
     assert not Chat.objects.exists()
 
 
-@pytest.mark.subprocess
-def test_make_demo_works_from_a_fresh_database(tmp_path):
-    """What `make demo` runs, with the example project's own settings, on a new SQLite file."""
+def example_site_env(tmp_path) -> dict[str, str]:
+    """What `make demo` runs with: the example project's own settings, on a new SQLite file."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
     }
-    env.pop("AGENTLOOP_TEST_DB_NAME", None)
-    manage = [sys.executable, str(ROOT / "manage.py")]
+    for key in ("AGENTLOOP_TEST_DB_NAME", "AGENTLOOP_MODEL"):
+        env.pop(key, None)
+    return env
 
-    subprocess.run([*manage, "migrate", "--noinput"], env=env, check=True, capture_output=True)
-    demo = subprocess.run(
-        [*manage, "agentloop", "demo"], env=env, check=True, capture_output=True, text=True
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_listening(port: int, server: subprocess.Popen, deadline: float = 60) -> None:
+    """Until the server accepts connections (it prints its URL before it binds)."""
+    end = time.monotonic() + deadline
+    while True:
+        assert server.poll() is None, "the demo site exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < end, f"nothing listens on port {port}"
+            time.sleep(0.1)
+
+
+def read_until(server: subprocess.Popen, prefix: str) -> list[str]:
+    """Lines of the server's output up to and including the first that starts with ``prefix``."""
+    lines: list[str] = []
+    assert server.stdout is not None
+    for line in server.stdout:
+        lines.append(line.rstrip("\n"))
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(
+        "the demo site ended before printing " + repr(prefix) + ":\n" + "\n".join(lines)
     )
 
-    assert '-> weather(city="Paris")' in demo.stdout
-    assert "Your notes: 1) I pack an umbrella for Tokyo." in demo.stdout
-    assert "/admin/agentloop/chat/1/change/" in demo.stdout
+
+def log_in(client: httpx.Client, username: str, password: str) -> None:
+    client.get("/accounts/login/")
+    response = client.post(
+        "/accounts/login/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+    )
+    assert response.status_code == 302, response.text
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(180)
+def test_make_demo_serves_a_chat_the_demo_user_owns_and_its_admin_pages(tmp_path):
+    """What `make demo` runs, from a fresh database: every printed link opens for demo/demo."""
+    port = free_port()
+    errors = (tmp_path / "stderr.log").open("w")
+    server = subprocess.Popen(  # noqa: S603 - our own interpreter and manage.py
+        [sys.executable, str(ROOT / "manage.py"), "demo_site", "--port", str(port)],
+        env=example_site_env(tmp_path), cwd=ROOT, stdout=subprocess.PIPE, stderr=errors,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output = read_until(server, "The demo chat: ")
+        wait_until_listening(port, server)
+        site = f"http://127.0.0.1:{port}"
+        chat_link = output[-1].removeprefix("The demo chat: ")
+        (admin_line,) = [line for line in output if line.startswith("See it in the admin: ")]
+        admin_link = admin_line.removeprefix("See it in the admin: ")
+        assert f"The example site: {site}/  (log in as demo / demo)" in output
+        assert '  -> weather(city="Paris")' in output
+
+        with httpx.Client(base_url=site, timeout=30) as client:
+            log_in(client, "demo", "demo")
+            chat_page = client.get(chat_link.removeprefix(site))
+            admin_page = client.get(admin_link.removeprefix(site))
+            admin_list = client.get("/admin/agentloop/chat/")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        server.stdout.close()  # type: ignore[union-attr]
+        errors.close()
+
+    assert chat_link.startswith(f"{site}/chats/")
+    assert admin_link.startswith(f"{site}/admin/agentloop/chat/")
+    assert chat_page.status_code == 200
+    assert "I pack an umbrella for Tokyo" in chat_page.text
+    assert admin_page.status_code == 200  # not a redirect to the admin's login
+    assert "agentloop demo" in admin_page.text
+    assert admin_list.status_code == 200
+
+
+@pytest.mark.subprocess
+def test_demo_site_on_a_busy_port_says_so_in_one_line_before_anything_else(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run(  # noqa: S603 - our own interpreter and manage.py
+            [sys.executable, str(ROOT / "manage.py"), "demo_site", "--port", str(port)],
+            env=example_site_env(tmp_path), cwd=ROOT, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"CommandError: Port {port} is in use: stop what serves on it, or pick another port "
+        f"(make demo PORT={port + 1})."
+    ]
+    assert result.stdout == ""  # no URL printed, no demo run
+    assert tables_of(tmp_path / "demo.sqlite3") == []  # not even migrated
+
+
+def tables_of(database: Path) -> list[str]:
+    """The tables of a SQLite file (none when the file was never made)."""
+    if not database.exists():
+        return []
+    with closing(sqlite3.connect(database)) as connection:
+        return [row[0] for row in connection.execute("SELECT name FROM sqlite_master")]
+
+
+def test_make_demo_passes_port_to_the_site():
+    dry_run = subprocess.run(
+        ["make", "-n", "demo", "PORT=8001"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+
+    assert "manage.py demo_site --port 8001" in dry_run.stdout
+
+
+@pytest.mark.django_db
+def test_the_demo_user_is_staff_with_the_permissions_of_the_demo_apps():
+    from django.contrib.auth import get_user_model
+
+    from example_project.management.commands.demo_site import ensure_demo_user
+
+    get_user_model().objects.create_user(username="demo", password="demo")  # an older demo
+
+    assert ensure_demo_user() is False
+    user = get_user_model().objects.get(username="demo")
+    assert user.is_staff
+    assert not user.is_superuser
+    for permission in ("view_chat", "change_chat", "view_message", "view_note"):
+        app = "example_project" if permission == "view_note" else "agentloop"
+        assert user.has_perm(f"{app}.{permission}")
+    assert not user.has_perm("auth.change_user")
+
+
+@pytest.mark.django_db
+@override_settings(AGENTLOOP=DEMO_SETTINGS)
+def test_demo_owner_owns_the_chat_and_site_links_the_admin_there(user):
+    output = run_demo("--owner", user.username, "--site", "http://127.0.0.1:8001")
+
+    chat = Chat.objects.get()
+    assert chat.owner == user
+    assert f"See it in the admin: http://127.0.0.1:8001/admin/agentloop/chat/{chat.pk}/change/" in (
+        output
+    )
+    assert "createsuperuser" not in output
+
+
+@pytest.mark.django_db
+@override_settings(AGENTLOOP=DEMO_SETTINGS)
+def test_demo_hints_name_the_interpreter_that_ran_it():
+    """Not a bare ``python``: in a fresh clone that is not the .venv's (issue 12)."""
+    output = run_demo()
+
+    (hint,) = [line for line in output.splitlines() if "manage.py createsuperuser" in line]
+    interpreter = hint.split()[0]
+    assert Path(interpreter).resolve() == Path(sys.executable).resolve()
+
+
+@pytest.mark.django_db
+@override_settings(AGENTLOOP=DEMO_SETTINGS)
+def test_demo_with_an_unknown_owner_fails_before_making_a_chat():
+    with pytest.raises(CommandError, match="No user 'nobody'"):
+        run_demo("--owner", "nobody")
+
+    assert not Chat.objects.exists()

@@ -32,6 +32,18 @@ EXAMPLE_MODULE = "myapp.tools"
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _SIGNALS = [getattr(signals, name) for name in signals.__all__]
+#: promises of what isn't there ("providers are coming"), and to-do marks.
+_PROMISE = re.compile(
+    r"\b(?:is|are)\s+coming\b|\bcoming\s+soon\b|\bin\s+a\s+(?:future|later)\s+(?:release|version)\b"
+    r"|\bnot\s+(?:on\s+\w+|documented(?:\s+here)?|implemented|supported|released|published)\s+yet\b"
+    r"|\b(?:TODO|TBD|FIXME)\b",
+    re.IGNORECASE,
+)
+#: placeholders where a real address belongs ("<agentloop repository URL>", "<your-org>").
+_PLACEHOLDER_URL = re.compile(
+    r"<[^<>\n]*\bURL\b[^<>\n]*>|<(?:your|YOUR)[\w -]*>"
+    r"|https?://(?:github|gitlab)\.com/(?:<|your|YOUR|USER|OWNER)"
+)
 
 
 def page_id(page: Path) -> str:
@@ -147,3 +159,49 @@ def test_index_links_every_page(index):
     pages = {page.name for page in PAGES if page.parent == index.parent} - {"index.md"}
     sections = {f"{d.name}/index.md" for d in index.parent.iterdir() if (d / "index.md").is_file()}
     assert (pages | sections) - linked == set()
+
+
+def drift(text: str) -> list[str]:
+    """The promises and placeholder addresses in a page (across line breaks), with line numbers."""
+    return [
+        f"{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)!r}"
+        for pattern in (_PROMISE, _PLACEHOLDER_URL)
+        for match in pattern.finditer(text)
+    ]
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        "Real providers (OpenAI, Anthropic, Gemini) are coming. Until then, use",
+        "Real providers (OpenAI, Anthropic, Gemini) are\ncoming, wrapped.",
+        "names its provider, but those providers are coming)",
+        "Streaming is coming soon.",
+        "git clone <agentloop repository URL> agentloop",
+        "agentloop is not on PyPI yet; install it from a clone",
+        "Background execution (built, not documented here yet):",
+        "See https://github.com/your-org/agentloop for the source.",
+        "TODO: document the sweeper.",
+    ],
+)
+def test_the_drift_check_catches_promises_and_placeholder_urls(stale):
+    assert drift(f"Intro.\n{stale}\n") != []
+
+
+@pytest.mark.parametrize(
+    "fine",
+    [
+        "A provider that is becoming popular; incoming messages; upcoming chunks.",
+        '<form method="post" action="{% url \'agentloop:cancel\' chat.pk %}">',
+        "a cancel that was requested but not yet seen",
+        "those not collected yet.",
+        "https://proxy.example/v1",
+    ],
+)
+def test_the_drift_check_passes_plain_text(fine):
+    assert drift(fine) == []
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "CHANGELOG.md"], ids=page_id)
+def test_page_promises_nothing_and_has_no_placeholder_urls(page):
+    assert drift(page.read_text()) == []

@@ -13,7 +13,7 @@ from agentloop import ConfigurationError, Tool, tool
 from agentloop.engine.tool_runner import execute_tool
 from agentloop.importing import import_path_of, load_by_path
 from agentloop.messages import ToolCall
-from agentloop.tools import format_result
+from agentloop.tools import format_result, tool_reference
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 
@@ -311,6 +311,38 @@ def test_import_path_of_refuses_an_object_its_path_does_not_load():
     impostor = type("Weather", (Tool,), {"__module__": "tests.tools", "__qualname__": "Weather"})
     with pytest.raises(ConfigurationError, match=r"not importable as 'tests\.tools\.Weather'"):
         import_path_of(impostor)
+
+
+def shell_defined_tool():
+    """A @tool function made as in ``manage.py shell``: its module is the shell command's."""
+    namespace = {"__name__": "django.core.management.commands.shell", "tool": tool}
+    source = '@tool\ndef shell_tool() -> str:\n    """From the shell."""\n    return "x"\n'
+    exec(compile(source, "<console>", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["shell_tool"]
+
+
+def test_a_tool_function_from_the_shell_is_refused_as_a_function_with_the_fix():
+    with pytest.raises(ConfigurationError) as raised:
+        tool_reference(shell_defined_tool())
+
+    message = str(raised.value)
+    assert message.startswith("The @tool function 'shell_tool' is not importable as ")
+    assert "define tools of persisted chats in a module" in message
+    assert "class" not in message
+
+
+def test_a_tool_class_defined_in_a_function_is_refused_with_the_fix():
+    class LocalTool(Tool):
+        """Defined inside a function."""
+
+        def execute(self) -> str:
+            return "x"
+
+    with pytest.raises(ConfigurationError) as raised:
+        tool_reference(LocalTool)
+
+    assert "The tool class " in str(raised.value)
+    assert "define tools of persisted chats in a module" in str(raised.value)
 
 
 # -- running one call -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     manage.py agentloop chat [--agent PATH] [--model M] [--chat ID] [--owner USERNAME]
     manage.py agentloop demo [QUESTION ...] [--model M] [--tool PATH ...] [--instructions TEXT]
+                             [--owner USERNAME] [--site URL]
     manage.py agentloop resume [--dry-run]
     manage.py agentloop batches [--no-poll]
 
@@ -18,7 +19,9 @@ ships no demo tools of its own: a project names its own, so the command works wi
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -106,6 +109,15 @@ class Command(BaseCommand):
             "(default: AGENTLOOP['DEMO']['tools']).",
         )
         demo.add_argument("--instructions", help="The system message (default: AGENTLOOP['DEMO']).")
+        demo.add_argument(
+            "--owner", metavar="USERNAME", help="The user who owns the demo chat (default: none)."
+        )
+        demo.add_argument(
+            "--site",
+            metavar="URL",
+            help="Where the site serving the admin runs (e.g. http://127.0.0.1:8000): the "
+            "summary links the chat there (default: it says how to start one).",
+        )
         resume = subcommands.add_parser(
             "resume",
             help="Re-enqueue chats whose worker died or whose job was lost.",
@@ -202,10 +214,11 @@ class Command(BaseCommand):
 
         from ...models import Chat
 
+        owner = _user(options["owner"])
         try:
             providers.resolve(model)  # an unknown provider fails here, before a chat exists
             tools = [load_by_path(path) for path in tool_paths]
-            chat = Chat(title=str(config.get("title") or "agentloop demo"))
+            chat = Chat(title=str(config.get("title") or "agentloop demo"), owner=owner)
             chat.with_model(model)
             chat.with_instructions(instructions or DEFAULT_INSTRUCTIONS)
             chat.with_tools(*tools)
@@ -232,9 +245,9 @@ class Command(BaseCommand):
             except AgentloopError as exc:
                 transcript.end_line()
                 raise CommandError(f"The chat stopped: {type(exc).__name__}: {exc}") from exc
-        self._print_summary(chat)
+        self._print_summary(chat, options["site"])
 
-    def _print_summary(self, chat: Any) -> None:
+    def _print_summary(self, chat: Any, site: str | None) -> None:
         totals = chat.usage_records.totals()
         cost = f", cost {totals['cost']}" if totals["cost"] else ""
         self.stdout.write("")
@@ -250,10 +263,23 @@ class Command(BaseCommand):
             url = reverse(f"admin:{meta.app_label}_{meta.model_name}_change", args=[chat.pk])
         except NoReverseMatch:
             url = f"/admin/{meta.app_label}/{meta.model_name}/{chat.pk}/change/"
+        if site:
+            self.stdout.write(self.style.MIGRATE_HEADING("See it in the admin: ") + site + url)
+            return
+        python = _python()
         self.stdout.write(self.style.MIGRATE_HEADING("See it in the admin:"))
-        self.stdout.write("  python manage.py createsuperuser")
-        self.stdout.write("  python manage.py runserver")
+        self.stdout.write(f"  {python} manage.py createsuperuser")
+        self.stdout.write(f"  {python} manage.py runserver")
         self.stdout.write(f"  then open http://127.0.0.1:8000{url}")
+
+
+def _python() -> str:
+    """The interpreter running this command, as a user retypes it (relative inside the project)."""
+    executable = Path(sys.executable)
+    try:
+        return str(executable.relative_to(Path.cwd()))
+    except ValueError:
+        return str(executable)
 
 
 def _count(number: int, noun: str) -> str:
