@@ -11,6 +11,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from . import providers
+from .background import backend_name
 from .conf import DEFAULTS, agentloop_settings
 from .exceptions import ConfigurationError
 from .providers.http import HTTPProvider
@@ -72,8 +73,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 @register(Tags.compatibility)
 def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """The embedded runner loses queued steps on restart: warn outside DEBUG."""
-    from .background import backend_name
-
     if settings.DEBUG or _chosen_runner() in ("embedded", "django_tasks"):
         return []  # chosen explicitly, or development
     if backend_name() == "embedded":

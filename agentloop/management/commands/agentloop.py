@@ -24,15 +24,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.urls import NoReverseMatch, reverse
 
 from ... import providers
+from ..._recovery import resume_stalled, stalled_chats
 from ...agents import Agent
-from ...conf import agentloop_settings
+from ...background import backend_name, wait_for_embedded_jobs
+from ...batches import poll
+from ...conf import agentloop_settings, get_chat_model
 from ...exceptions import AgentloopError
 from ...importing import load_by_path
+from ...models import Batch, Chat, ChatState
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
@@ -165,8 +170,6 @@ class Command(BaseCommand):
 
     # -- resume ----------------------------------------------------------------------------
     def handle_resume(self, **options: Any) -> None:
-        from ..._recovery import resume_stalled, stalled_chats
-        from ...background import backend_name, wait_for_embedded_jobs
 
         label = agentloop_settings.CHAT_MODEL
         if options["dry_run"]:
@@ -184,8 +187,6 @@ class Command(BaseCommand):
 
     # -- batches ---------------------------------------------------------------------------
     def handle_batches(self, **options: Any) -> None:
-        from ...batches import poll
-        from ...models import Batch
 
         polled = not options["no_poll"]
         batches = poll() if polled else list(Batch.objects.open())
@@ -211,8 +212,6 @@ class Command(BaseCommand):
         model = options["model"] or config.get("model") or agentloop_settings.DEFAULT_MODEL
         tool_paths = options["tools"] or list(config.get("tools") or [])
         instructions = options["instructions"] or config.get("instructions")
-
-        from ...models import Chat
 
         owner = _user(options["owner"])
         try:
@@ -304,8 +303,6 @@ def _demo_config() -> dict[str, Any]:
 def _user(username: str | None) -> Any:
     if not username:
         return None
-    from django.contrib.auth import get_user_model
-
     user_model = get_user_model()
     try:
         return user_model._default_manager.get_by_natural_key(username)
@@ -348,7 +345,6 @@ def _chat_factory(
     instructions = config.get("instructions") or (DEFAULT_INSTRUCTIONS if tools else None)
 
     def new_chat() -> Any:
-        from ...conf import get_chat_model
 
         chat = get_chat_model()(title="Terminal chat", owner=owner)
         chat.with_model(model)
@@ -363,9 +359,6 @@ def _chat_factory(
 
 def _take_over(chat_id: str, model: str | None) -> Any:
     """The chat to continue, run from now on by this process."""
-    from ...conf import get_chat_model
-    from ...models import ChatState
-
     chat_model = get_chat_model()
     try:
         chat = chat_model.objects.get(pk=chat_id)
