@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.apps import apps
 
 from . import _redis
 from ._redis import chat_key
@@ -177,8 +178,6 @@ class DatabaseEvents(EventBackend):
         return None  # the saved rows are the record; chunks are not kept
 
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
-        from django.apps import apps  # Django's app registry is ready only once a read runs
-
         label, _, pk = key.rpartition(":")
         chat_model: Any = apps.get_model(label)
         deadline = time.monotonic() + timeout

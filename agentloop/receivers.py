@@ -1,4 +1,4 @@
-"""Signal receivers agentloop itself needs."""
+"""Signal receivers agentloop itself needs (imported by ``AppConfig.ready``, once models load)."""
 
 from typing import Any
 
@@ -8,6 +8,8 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
 from .conf import agentloop_settings
+from .events import delete_events, get_backend, publish_message
+from .models import AbstractChat
 from .signals import chat_cancelled, message_added
 
 
@@ -15,7 +17,7 @@ from .signals import chat_cancelled, message_added
 def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
     """Drop cached settings when ``AGENTLOOP`` changes (``override_settings``)."""
     if setting == "AGENTLOOP":
-        from . import providers
+        from . import providers  # providers load httpx and the vendors' modules: only on a change
 
         agentloop_settings.reload()
         providers.forget_configured()
@@ -24,8 +26,6 @@ def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
 @receiver(message_added)
 def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
     """Live pages hear of every saved message (``agentloop.events``; Redis only)."""
-    from .events import publish_message
-
     publish_message(chat, message)
 
 
@@ -33,8 +33,6 @@ def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
 def publish_cancelled_answer(*, chat: Any, **kwargs: Any) -> None:
     """An answer cut short by ``cancel()`` is kept as a ``cancelled`` row, which sends no
     ``message_added``: live pages hear of it here, to mark the text they streamed."""
-    from .events import get_backend, publish_message
-
     if not get_backend().keeps_events:
         return  # the database backend reads the row itself
     latest = chat.messages.order_by("-id").first()
@@ -45,8 +43,6 @@ def publish_cancelled_answer(*, chat: Any, **kwargs: Any) -> None:
 def forget_chat_events(*, instance: Any, **kwargs: Any) -> None:
     """A deleted chat's live events go with it (its Redis stream), so a chat that later
     gets the same primary key starts with none. Queryset deletes send this too."""
-    from .events import delete_events  # events imports redis lazily; keep app loading light
-
     delete_events(instance)
 
 
@@ -56,8 +52,6 @@ def _connect_chat_deletes() -> None:
     Per model, not for every sender: a receiver on all models would stop Django's fast
     deletes of message and tool call rows.
     """
-    from .models import AbstractChat  # models can be imported only once apps are ready
-
     for model in apps.get_models():
         if issubclass(model, AbstractChat):
             post_delete.connect(

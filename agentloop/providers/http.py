@@ -31,6 +31,7 @@ from ..exceptions import (
 )
 from ..messages import ModelRequest, ModelResponse, TokenUsage
 from .base import ChunkCallback, Provider
+from .catalog import price_of
 from .common import with_parsed_json
 from .errors import error_for_status, redact, status_of_error
 
@@ -310,6 +311,4 @@ class HTTPProvider(Provider):
 
     # -- prices ----------------------------------------------------------------------------------
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        from .catalog import price_of
-
         return price_of(model, usage, provider=self.name)
