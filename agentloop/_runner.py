@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from django.apps import apps
 
+from ._cancel_notices import RedisCancelListener
 from ._leases import Heartbeat, Lease
-from .cancel_notices import RedisCancelListener
 from .conf import agentloop_settings
 from .engine.transcript import next_move
 from .exceptions import (

@@ -9,7 +9,7 @@ import pytest
 from django.db import connections
 
 from agentloop import _redis, events
-from agentloop.cancel_notices import RedisCancelListener, listen_locally
+from agentloop._cancel_notices import RedisCancelListener, listen_locally
 from agentloop.messages import TextDelta
 from agentloop.models import Chat
 from tests import test_sse

@@ -78,7 +78,7 @@ class DjangoStore(ChatStore):
         self._usage_insert = _inserter(self.usage_model)
         #: set by a background worker: every write then happens only while the lease is ours.
         self.lease: Lease | None = None
-        from ..cancel_notices import listen_locally
+        from .._cancel_notices import listen_locally
 
         self.cancel_notice = listen_locally(chat)
 
@@ -409,7 +409,7 @@ class DjangoStore(ChatStore):
         self.chat_model.objects.filter(targets).update(
             cancel_requested_at=Coalesce("cancel_requested_at", timezone.now())
         )
-        from ..cancel_notices import notify
+        from .._cancel_notices import notify
 
         notify(self.chat)
 
