@@ -69,7 +69,7 @@ def test_a_faked_approval_prompt_is_shown_escaped_and_the_real_call_is_asked(scr
     scripted.add(
         reply(
             f"I'll pay bob 5.{CONCEAL}{FAKE_PROMPT}",
-            tool_call("transfer", {"amount": 5000, "to": f"mallory{CSI}8m{FAKE_PROMPT}"}),
+            tool_call("transfer", {"amount": 5000, "to": f"mallory{CONCEAL}{CSI}8m{FAKE_PROMPT}"}),
         ),
         "Not paid.",
     )
@@ -81,7 +81,7 @@ def test_a_faked_approval_prompt_is_shown_escaped_and_the_real_call_is_asked(scr
     assert "I'll pay bob 5.\\x1b[8m" in output  # the escape, visibly
     approval = keyboard.prompts[1]
     assert approval.startswith("  ? Run transfer(amount=5000, to=")
-    assert "\\x9b8m" in approval
+    assert "mallory\\u001b[8m\\x9b8m" in approval  # JSON's escape, then ours for C1
     assert ToolCall.objects.get().decision == "denied"
 
 
