@@ -441,7 +441,7 @@ def test_the_list_shows_owner_model_state_waiting_messages_and_cost(admin_client
         f'<span class="agentloop-cut agentloop-quiet" title="{MODELS[0]}">{MODELS[0]}</span>',
         '<span class="agentloop-badge agentloop-state-waiting">waiting</span>',
         '<span class="agentloop-cut agentloop-quiet" title="waiting for approval">'
-        "waiting for approval</span>",
+        "for approval</span>",
         '<span class="agentloop-quiet">2 messages</span>',
         '<td class="field-cost">$0.0001</td>',
     ]:

@@ -40,10 +40,22 @@ from .timeline import WAIT_LABELS, build_timeline, format_cost
 __all__ = ["CONFIG_FIELDS", "DECIDED_MESSAGES", "ChatAdmin"]
 
 
-def _cut(text: str, classes: str = "") -> str:
+#: what a waiting chat waits for, short enough for the list's state column (under the
+#: "waiting" badge); the full WAIT_LABELS text is its title.
+WAITS_FOR = {
+    "approval": _("for approval"),
+    "question": _("for an answer"),
+    "subagent": _("for its subagent"),
+}
+
+
+def _cut(text: str, classes: str = "", title: str | None = None) -> str:
     """``text`` escaped, on one line cut to its cell's width; the whole of it in the title."""
     return format_html(
-        '<span class="{}" title="{}">{}</span>', f"agentloop-cut {classes}".strip(), text, text
+        '<span class="{}" title="{}">{}</span>',
+        f"agentloop-cut {classes}".strip(),
+        text if title is None else title,
+        text,
     )
 
 
@@ -145,10 +157,11 @@ class ChatAdmin(admin.ModelAdmin):
             obj.state,
             obj.get_state_display(),
         )
-        waiting = self.waiting_for(obj)
-        if waiting == "—":
+        reason = getattr(obj, "waiting_reason", None)
+        if not reason:
             return badge
-        return format_html("{}{}", badge, _cut(waiting, "agentloop-quiet"))
+        short = str(WAITS_FOR.get(reason, reason))
+        return format_html("{}{}", badge, _cut(short, "agentloop-quiet", self.waiting_for(obj)))
 
     @admin.display(description=_("waiting for"))
     def waiting_for(self, obj: Any) -> str:
