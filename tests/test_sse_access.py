@@ -4,12 +4,15 @@ Every ``EVENTS_REAUTH_SECONDS`` (0 here: at every poll) the stream reloads the r
 from its session and asks ``can_view_chat``; a logout (its session deleted), a
 deactivated user or a chat given to someone else ends the stream. A reconnect is a new
 request, checked like the first. Both drivers: sync (WSGI, the test client) and async
-(ASGI, ``AsyncClient``).
+(ASGI, ``AsyncClient``, and a real uvicorn server).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,13 +22,17 @@ from django.contrib.sessions.models import Session
 from django.test import AsyncClient, Client
 
 from agentloop.models import Chat
+from tests.processes import REPO_ROOT, process_env
 from tests.test_sse import (
     AsyncReader,
     Frame,
     Reader,
     events_url,
+    free_port,
     is_state,
     say,
+    session_cookie,
+    wait_for_port,
 )
 
 pytestmark = pytest.mark.django_db
@@ -209,3 +216,48 @@ def test_the_async_stream_goes_on_while_access_holds(user, chat):
             await reader.close()
 
     assert async_to_sync(main)().data["content"] == "Still yours"
+
+
+# -- a real ASGI server --------------------------------------------------------------------
+@pytest.fixture
+def uvicorn_checking_every_poll(tmp_path) -> Iterator[str]:
+    """uvicorn serving the test site, its streams checking access at every poll."""
+    pytest.importorskip("uvicorn", reason="uvicorn is a dev dependency (pip install -e '.[dev]')")
+    port = free_port()
+    log = (tmp_path / "uvicorn.log").open("w")
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter
+        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
+         "--host", "127.0.0.1", "--log-level", "warning"],
+        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(EVERY_POLL)),
+        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, process, tmp_path / "uvicorn.log")
+        yield f"http://localhost:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_under_uvicorn_a_logout_elsewhere_ends_the_open_stream(
+    uvicorn_checking_every_poll, user, chat
+):
+    import httpx
+    from httpx_sse import connect_sse
+
+    cookies = session_cookie(user)
+    url = uvicorn_checking_every_poll + events_url(chat)
+    with httpx.Client(cookies=cookies, timeout=30) as http:
+        with connect_sse(http, "GET", url) as source:
+            events = source.iter_sse()
+            assert next(e for e in events if e.event == "state").json()["state"] == "idle"
+            Session.objects.filter(session_key=cookies["sessionid"]).delete()  # logged out
+            say(chat, "assistant", "Not for you any more")
+            after_logout = [e.event for e in events]  # until the server ends the stream
+        again = http.get(url)
+
+    assert "message" not in after_logout
+    assert again.status_code == 302  # the reconnect is sent to the login page
