@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from django.apps import apps
 
+from ._cancel_notices import RedisCancelListener
 from ._leases import claim
-from .cancel_notices import RedisCancelListener
 from .exceptions import CancelledError, LeaseLostError, LimitReachedError
 
 __all__ = ["StepOutcome", "run_step"]

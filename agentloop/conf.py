@@ -38,6 +38,15 @@ DEFAULTS: dict[str, Any] = {
     "REDIS_URL": None,
     #: events kept per chat in Redis (a reconnecting page can catch up on these).
     "EVENTS_MAXLEN": 1000,
+    #: prefix of every Redis key agentloop writes; None: "agentloop:<default database NAME>",
+    #: so two sites on one Redis database keep apart.
+    "REDIS_PREFIX": None,
+    #: seconds a chat's Redis event stream lives after its latest event; None: no expiry
+    #: (a deleted chat's stream is deleted with it either way).
+    "EVENTS_TTL": 24 * 60 * 60,
+    #: seconds an open event stream goes without checking again that its reader may still
+    #: see the chat (logged in, active, allowed); it closes when they may not.
+    "EVENTS_REAUTH_SECONDS": 30.0,
     #: seconds between an event stream's reads of the chat (its state; its messages when
     #: there is no Redis).
     "EVENTS_POLL_INTERVAL": 0.5,
@@ -58,6 +67,9 @@ DEFAULTS: dict[str, Any] = {
     "STALE_QUEUED_SECONDS": 300,
     #: seconds between writes of a streaming partial answer to the database.
     "PARTIAL_SAVE_INTERVAL": 1.0,
+    #: largest provider response read (bytes of one answer, plain or streamed); larger fails
+    #: with ResponseTooLargeError and nothing of it is stored. None: no cap.
+    "MAX_RESPONSE_BYTES": 10 * 1024 * 1024,
     #: largest attachment (bytes of one image or document) ask_later accepts; None: no cap.
     "MAX_ATTACHMENT_BYTES": 20 * 1024 * 1024,
     #: what `manage.py agentloop demo` runs: a dict (or its import path) with "instructions",

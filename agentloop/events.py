@@ -3,7 +3,8 @@
 One small interface, two backends: Redis Streams when ``AGENTLOOP["REDIS_URL"]`` is
 set (chunks included; a reader resumes after any event id, so a page that
 reconnects misses nothing), else the database (messages and partial answers,
-polled; no per-chunk events). Workers publish; the SSE view reads.
+polled; no per-chunk events). Workers publish; the SSE view reads. A backend says
+what it can do with flags (``keeps_events``), not by its class.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from abc import ABC, abstractmethod
 from functools import lru_cache
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.apps import apps
+
+from . import _redis
+from ._redis import chat_key
 from .conf import agentloop_settings
 from .messages import TextDelta, ToolCallDelta
 
@@ -25,6 +31,7 @@ __all__ = [
     "RedisEvents",
     "chat_key",
     "database_events",
+    "delete_events",
     "get_backend",
     "message_payload",
     "publish_chunk",
@@ -34,11 +41,6 @@ __all__ = [
 Event = dict[str, Any]  # {"id": str, "type": "message" | "chunk" | ..., "data": {...}}
 
 logger = logging.getLogger(__name__)
-
-
-def chat_key(chat: Any) -> str:
-    """``"agentloop.chat:42"``: names the chat across processes."""
-    return f"{chat._meta.label_lower}:{chat.pk}"
 
 
 def message_payload(message: Any) -> dict[str, Any]:
@@ -62,6 +64,10 @@ def message_payload(message: Any) -> dict[str, Any]:
 class EventBackend(ABC):
     """Where a chat's live events go and are read back from."""
 
+    #: True: published events are kept and read back (chunks included); False: the saved
+    #: rows are the events, and publishing is a no-op.
+    keeps_events: bool = False
+
     @abstractmethod
     def publish(self, key: str, type_: str, data: dict[str, Any]) -> None:
         """Record one event for the chat named ``key``."""
@@ -70,30 +76,87 @@ class EventBackend(ABC):
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
         """Events after id ``after`` (all kept ones when None); waits up to ``timeout``."""
 
+    def delete(self, key: str) -> None:
+        """Forget the events of the chat named ``key`` (it was deleted)."""
+        return None
+
+    def aconnect(self) -> Any:
+        """A connection for :meth:`aread` in the running event loop (None: none needed).
+
+        The caller closes it with ``await connection.aclose()``.
+        """
+        return None
+
+    async def aread(
+        self, key: str, after: str | None, timeout: float, connection: Any = None
+    ) -> list[Event]:
+        """:meth:`read`, awaited (default: on a worker thread)."""
+        return await sync_to_async(self.read)(key, after, timeout)
+
+    def latest_id(self, key: str, type_: str) -> str:
+        """The id of the latest kept event of ``type_`` (backends that keep events)."""
+        raise NotImplementedError("backends with keeps_events = True provide latest_id()")
+
 
 class RedisEvents(EventBackend):
-    """Redis Streams: XADD per event (trimmed to ``EVENTS_MAXLEN``), XREAD BLOCK to wait."""
+    """Redis Streams: XADD per event (capped, expiring), XREAD BLOCK to wait."""
 
-    def __init__(self, url: str, maxlen: int = 1000) -> None:
-        import redis
+    keeps_events = True
 
-        self.client = redis.Redis.from_url(url)
+    def __init__(self, url: str, maxlen: int = 1000, ttl: int | None = None) -> None:
+        self.client = _redis.client(url)
         self.maxlen = maxlen
+        #: seconds a stream lives after its latest event (None: until its chat is deleted).
+        self.ttl = ttl
 
-    def _stream(self, key: str) -> str:
-        return f"agentloop:events:{key}"
+    def stream(self, key: str) -> str:
+        """The Redis key of the chat named ``key``'s stream (under ``REDIS_PREFIX``)."""
+        return _redis.key("events", key)
 
     def publish(self, key: str, type_: str, data: dict[str, Any]) -> None:
         payload = json.dumps({"type": type_, "data": data}, default=str)
-        self.client.xadd(
-            self._stream(key), {"event": payload}, maxlen=self.maxlen, approximate=True
-        )
+        stream = self.stream(key)
+        pipeline = self.client.pipeline(transaction=False)
+        pipeline.xadd(stream, {"event": payload}, maxlen=self.maxlen, approximate=True)
+        if self.ttl:
+            pipeline.expire(stream, self.ttl)  # refreshed by every event: a live chat stays
+        pipeline.execute()
 
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
-        answer: Any = self.client.xread(
-            {self._stream(key): after or "0-0"}, block=max(1, int(timeout * 1000))
-        )
+        answer: Any = self.client.xread(**self._xread_args(key, after, timeout))
         return self.events_of(answer)
+
+    def aconnect(self) -> Any:
+        return _redis.async_client()
+
+    async def aread(
+        self, key: str, after: str | None, timeout: float, connection: Any = None
+    ) -> list[Event]:
+        """XREAD BLOCK on ``connection`` (from :meth:`aconnect`), awaited: blocks no thread."""
+        answer: Any = await connection.xread(**self._xread_args(key, after, timeout))
+        return self.events_of(answer)
+
+    def _xread_args(self, key: str, after: str | None, timeout: float) -> dict[str, Any]:
+        return {
+            "streams": {self.stream(key): after or "0-0"},
+            "block": max(1, int(timeout * 1000)),
+        }
+
+    def delete(self, key: str) -> None:
+        self.client.delete(self.stream(key))
+
+    def latest_id(self, key: str, type_: str) -> str:
+        """The id of the latest kept event of ``type_`` ("0-0" when there is none)."""
+        stream = self.stream(key)
+        upper = "+"
+        while True:
+            entries: Any = self.client.xrevrange(stream, max=upper, min="-", count=100)
+            if not entries:
+                return "0-0"
+            for event_id, fields in entries:
+                if json.loads(fields[b"event"]).get("type") == type_:
+                    return str(event_id.decode())
+            upper = "(" + entries[-1][0].decode()
 
     @staticmethod
     def events_of(answer: Any) -> list[Event]:
@@ -115,8 +178,6 @@ class DatabaseEvents(EventBackend):
         return None  # the saved rows are the record; chunks are not kept
 
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
-        from django.apps import apps
-
         label, _, pk = key.rpartition(":")
         chat_model: Any = apps.get_model(label)
         deadline = time.monotonic() + timeout
@@ -156,13 +217,16 @@ def database_events(
 
 
 @lru_cache(maxsize=4)
-def _backend_for(url: str | None, maxlen: int) -> EventBackend:
-    return RedisEvents(url, maxlen) if url else DatabaseEvents()
+def _backend_for(url: str | None, maxlen: int, ttl: int | None) -> EventBackend:
+    return RedisEvents(url, maxlen, ttl) if url else DatabaseEvents()
 
 
 def get_backend() -> EventBackend:
     """The configured backend (Redis when ``REDIS_URL`` is set)."""
-    return _backend_for(agentloop_settings.REDIS_URL, int(agentloop_settings.EVENTS_MAXLEN))
+    ttl = agentloop_settings.EVENTS_TTL
+    return _backend_for(
+        _redis.redis_url(), int(agentloop_settings.EVENTS_MAXLEN), int(ttl) if ttl else None
+    )
 
 
 def _publish(backend: EventBackend, chat: Any, type_: str, data: dict[str, Any]) -> None:
@@ -176,17 +240,24 @@ def _publish(backend: EventBackend, chat: Any, type_: str, data: dict[str, Any])
 def publish_message(chat: Any, message: Any) -> None:
     """Announce a saved message (called for every message of a persisted chat)."""
     backend = get_backend()
-    if isinstance(backend, DatabaseEvents):
-        return
-    _publish(backend, chat, "message", message_payload(message))
+    if backend.keeps_events:
+        _publish(backend, chat, "message", message_payload(message))
 
 
 def publish_chunk(chat: Any, chunk: Any) -> None:
     """Announce a streamed piece of an answer (Redis only; the database keeps partials)."""
     backend = get_backend()
-    if isinstance(backend, DatabaseEvents):
+    if not backend.keeps_events:
         return
     if isinstance(chunk, TextDelta):
         _publish(backend, chat, "chunk", {"text": chunk.text})
     elif isinstance(chunk, ToolCallDelta):
         _publish(backend, chat, "tool_call_delta", chunk.model_dump())
+
+
+def delete_events(chat: Any) -> None:
+    """Forget a deleted chat's events, so a later chat given its pk never reads them."""
+    try:
+        get_backend().delete(chat_key(chat))
+    except Exception:  # the stream still expires after EVENTS_TTL
+        logger.warning("Could not delete the events of %s", chat_key(chat), exc_info=True)

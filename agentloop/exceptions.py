@@ -26,6 +26,7 @@
         ├── ContextLengthError      the conversation is too long for the model (permanent)
         ├── BadRequestError         400 and other 4xx (permanent)
         ├── InvalidResponseError    the answer could not be parsed (permanent)
+        │   └── ResponseTooLargeError   the answer is over MAX_RESPONSE_BYTES (permanent)
         └── BatchItemNotRunError    a batch ended (cancelled, expired) before this request ran
 
 Transient provider errors have ``retryable = True``; ``retry_after`` carries the
@@ -58,6 +59,7 @@ __all__ = [
     "ProviderError",
     "ProviderTimeout",
     "RateLimitError",
+    "ResponseTooLargeError",
     "ServerError",
     "StreamInterruptedError",
     "ToolCallNotWaitingError",
@@ -230,6 +232,10 @@ class BadRequestError(ProviderError):
 
 class InvalidResponseError(ProviderError):
     """The provider's answer could not be understood."""
+
+
+class ResponseTooLargeError(InvalidResponseError):
+    """The provider's answer (plain or streamed) is larger than ``MAX_RESPONSE_BYTES``."""
 
 
 class BatchItemNotRunError(ProviderError):

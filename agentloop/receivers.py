@@ -1,11 +1,15 @@
-"""Signal receivers agentloop itself needs."""
+"""Signal receivers agentloop itself needs (imported by ``AppConfig.ready``, once models load)."""
 
 from typing import Any
 
+from django.apps import apps
 from django.core.signals import setting_changed
+from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
 from .conf import agentloop_settings
+from .events import delete_events, get_backend, publish_message
+from .models import AbstractChat
 from .signals import chat_cancelled, message_added
 
 
@@ -13,7 +17,7 @@ from .signals import chat_cancelled, message_added
 def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
     """Drop cached settings when ``AGENTLOOP`` changes (``override_settings``)."""
     if setting == "AGENTLOOP":
-        from . import providers
+        from . import providers  # providers load httpx and the vendors' modules: only on a change
 
         agentloop_settings.reload()
         providers.forget_configured()
@@ -22,8 +26,6 @@ def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
 @receiver(message_added)
 def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
     """Live pages hear of every saved message (``agentloop.events``; Redis only)."""
-    from .events import publish_message
-
     publish_message(chat, message)
 
 
@@ -31,10 +33,30 @@ def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
 def publish_cancelled_answer(*, chat: Any, **kwargs: Any) -> None:
     """An answer cut short by ``cancel()`` is kept as a ``cancelled`` row, which sends no
     ``message_added``: live pages hear of it here, to mark the text they streamed."""
-    from .events import DatabaseEvents, get_backend, publish_message
-
-    if isinstance(get_backend(), DatabaseEvents):
+    if not get_backend().keeps_events:
         return  # the database backend reads the row itself
     latest = chat.messages.order_by("-id").first()
     if latest is not None and latest.status == "cancelled":
         publish_message(chat, latest)
+
+
+def forget_chat_events(*, instance: Any, **kwargs: Any) -> None:
+    """A deleted chat's live events go with it (its Redis stream), so a chat that later
+    gets the same primary key starts with none. Queryset deletes send this too."""
+    delete_events(instance)
+
+
+def _connect_chat_deletes() -> None:
+    """Connect :func:`forget_chat_events` to every concrete chat model (custom ones too).
+
+    Per model, not for every sender: a receiver on all models would stop Django's fast
+    deletes of message and tool call rows.
+    """
+    for model in apps.get_models():
+        if issubclass(model, AbstractChat):
+            post_delete.connect(
+                forget_chat_events, sender=model, dispatch_uid=f"agentloop-forget-{model._meta}"
+            )
+
+
+_connect_chat_deletes()

@@ -15,11 +15,15 @@ of JSON:
 A reader resumes after the ``Last-Event-ID`` header (browsers send it when they
 reconnect) or ``?after=``, so it misses nothing. A comment line is sent after
 ``EVENTS_KEEPALIVE`` seconds of silence, which keeps proxies from closing the
-connection and lets a WSGI server notice a reader that left.
+connection and lets a WSGI server notice a reader that left. Every
+``EVENTS_REAUTH_SECONDS`` the stream checks again that its reader may see the chat
+(still logged in, active, allowed) and ends when not; a reconnect is a new request,
+checked like any other.
 
-Two loops share one reader: :func:`event_stream` (sync, for WSGI and ``runserver``:
-one thread per open stream) and :func:`aevent_stream` (async, for ASGI: it waits
-with ``asyncio.sleep`` or ``redis.asyncio``, so an open stream blocks no thread).
+The loop is written once (:func:`_steps`, which only says what to do next) and run
+by two drivers: :func:`event_stream` (sync, for WSGI and ``runserver``: one thread
+per open stream) and :func:`aevent_stream` (async, for ASGI: it waits with
+``asyncio.sleep`` or ``redis.asyncio``, so an open stream blocks no thread).
 """
 
 from __future__ import annotations
@@ -28,20 +32,23 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.contrib import auth
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, StreamingHttpResponse
 
 from .conf import agentloop_settings
-from .events import Event, RedisEvents, chat_key, database_events, get_backend
+from .events import Event, chat_key, database_events, get_backend
+from .views import can_view_chat
 
 __all__ = [
     "KEEPALIVE",
     "ChatEventReader",
+    "ReaderAccess",
     "aevent_stream",
     "event_stream",
     "format_event",
@@ -73,36 +80,83 @@ def requested_position(request: HttpRequest) -> str | None:
     return value if _POSITION.match(value) else None
 
 
+class ReaderAccess:
+    """Who reads a stream, checked again every ``EVENTS_REAUTH_SECONDS`` while it is open.
+
+    Access holds while the request's session still logs in the same active user (a
+    logout deletes it) and that user may still see the chat (``can_view_chat``:
+    owner, or staff with the permission). Without a session the user row is read.
+    """
+
+    def __init__(self, request: HttpRequest, chat: Any) -> None:
+        self.user_pk: Any = request.user.pk
+        session = getattr(request, "session", None)
+        self.session_class: Any = type(session) if session is not None else None
+        self.session_key: str | None = session.session_key if session is not None else None
+        self.chat_model: Any = type(chat)
+        self.chat_pk = chat.pk
+        self.every = max(0.0, float(agentloop_settings.EVENTS_REAUTH_SECONDS))
+        self.checked_at = time.monotonic()
+
+    def due(self) -> bool:
+        """True once ``EVENTS_REAUTH_SECONDS`` have passed since the last check."""
+        return time.monotonic() - self.checked_at >= self.every
+
+    def allowed(self) -> bool:
+        """Whether the reader may still see the chat (a few queries)."""
+        self.checked_at = time.monotonic()
+        user = self._user()
+        if user is None or not user.is_active:
+            return False
+        chat = self.chat_model.objects.filter(pk=self.chat_pk).first()
+        return chat is not None and can_view_chat(user, chat)
+
+    def _user(self) -> Any:
+        if self.session_key is not None:
+            probe = HttpRequest()  # auth.get_user() reads only the request's session
+            probe.session = self.session_class(self.session_key)
+            user = auth.get_user(probe)
+            return user if user.is_authenticated and user.pk == self.user_pk else None
+        return auth.get_user_model()._default_manager.filter(pk=self.user_pk).first()
+
+
 class ChatEventReader:
     """One reader's position in one chat's events, and what it last told the page.
 
-    The reads are plain synchronous ORM calls; the async loop runs them with
+    The reads are plain synchronous ORM calls; the async driver runs them with
     ``sync_to_async``.
     """
 
-    def __init__(self, chat: Any, after: str | None) -> None:
+    def __init__(self, chat: Any, after: str | None, access: ReaderAccess | None = None) -> None:
         self.chat_model: Any = type(chat)
         self.chat_pk = chat.pk
         self.key = chat_key(chat)
         self.after = after
         self.backend = get_backend()
-        #: the chat was deleted: the stream ends.
+        self.access = access
+        #: the chat was deleted, or its reader may no longer see it: the stream ends.
         self.gone = False
         self._state: dict[str, Any] | None = None
         self._streaming: Event | None = None
 
     @property
-    def uses_redis(self) -> bool:
-        return isinstance(self.backend, RedisEvents)
+    def keeps_events(self) -> bool:
+        """The backend keeps events (Redis): they are read from it, not from the rows."""
+        return self.backend.keeps_events
 
     def poll(self) -> list[bytes]:
         """The chat's state, and its new messages when there is no Redis (one or two queries).
 
         The state is read first: a run saves its messages before it releases the
-        chat, so a state read before the messages never runs ahead of them.
+        chat, so a state read before the messages never runs ahead of them. When the
+        reader's access is due for a check and is gone, nothing is read and the
+        stream ends.
         """
+        if self.access is not None and self.access.due() and not self.access.allowed():
+            self.gone = True
+            return []
         state = self._read_state()
-        frames = [] if self.uses_redis else self._read_messages()
+        frames = [] if self.keeps_events else self._read_messages()
         if state is not None:
             frames.append(state)
         return frames
@@ -172,79 +226,92 @@ def _settings() -> tuple[float, float]:
     )
 
 
-def event_stream(chat: Any, after: str | None) -> Iterator[bytes]:
-    """The events of ``chat`` after position ``after``, forever (sync: holds its thread)."""
-    reader = ChatEventReader(chat, after)
+# What the loop asks its driver to do (the answer is sent back into the generator).
+_SEND = "send"  # write these bytes to the reader
+_POLL = "poll"  # run reader.poll(); answer: its frames
+_READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
+_SLEEP = "sleep"  # sleep this many seconds
+
+Step = tuple[str, Any]
+
+
+def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
+    """The stream's loop, once for both drivers: yields steps, receives their answers."""
     interval, keepalive = _settings()
-    yield RETRY
+    yield _SEND, RETRY
     quiet_since = time.monotonic()
     next_poll = 0.0
     while True:
         frames: list[bytes] = []
         if time.monotonic() >= next_poll:
-            frames += reader.poll()
+            frames += yield _POLL, None
             next_poll = time.monotonic() + interval
             if reader.gone:
                 return
-        if reader.uses_redis:
+        if reader.keeps_events:
             wait = max(0.001, next_poll - time.monotonic())
-            frames += reader.frames_for(reader.backend.read(reader.key, reader.after, wait))
+            frames += reader.frames_for((yield _READ, wait))
         if frames:
-            yield b"".join(frames)
+            yield _SEND, b"".join(frames)
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= keepalive:
-            yield KEEPALIVE
+            yield _SEND, KEEPALIVE
             quiet_since = time.monotonic()
-        if not reader.uses_redis:
-            time.sleep(max(0.0, next_poll - time.monotonic()))
+        if not reader.keeps_events:
+            yield _SLEEP, max(0.0, next_poll - time.monotonic())
 
 
-async def aevent_stream(chat: Any, after: str | None) -> AsyncIterator[bytes]:
-    """The events of ``chat`` after position ``after``, forever (async: blocks no thread)."""
-    reader = ChatEventReader(chat, after)
-    interval, keepalive = _settings()
-    redis_client = _async_redis() if reader.uses_redis else None
+def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
+    """The loop's next step, or None when the stream ends."""
     try:
-        yield RETRY
-        quiet_since = time.monotonic()
-        next_poll = 0.0
-        while True:
-            frames: list[bytes] = []
-            if time.monotonic() >= next_poll:
-                frames += await sync_to_async(reader.poll)()
-                next_poll = time.monotonic() + interval
-                if reader.gone:
-                    return
-            if redis_client is not None:
-                wait = max(0.001, next_poll - time.monotonic())
-                events = await _aread(redis_client, reader, wait)
-                frames += reader.frames_for(events)
-            if frames:
-                yield b"".join(frames)
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= keepalive:
-                yield KEEPALIVE
-                quiet_since = time.monotonic()
-            if redis_client is None:
-                await asyncio.sleep(max(0.0, next_poll - time.monotonic()))
+        return steps.send(answer)
+    except StopIteration:
+        return None
+
+
+def event_stream(
+    chat: Any, after: str | None, access: ReaderAccess | None = None
+) -> Iterator[bytes]:
+    """The events of ``chat`` after ``after`` until access ends (sync: holds its thread)."""
+    reader = ChatEventReader(chat, after, access)
+    run: dict[str, Callable[[Any], Any]] = {
+        _POLL: lambda _: reader.poll(),
+        _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
+        _SLEEP: time.sleep,
+    }
+    steps = _steps(reader)
+    answer = None
+    while (step := _advance(steps, answer)) is not None:
+        if step[0] == _SEND:
+            yield step[1]
+            answer = None
+        else:
+            answer = run[step[0]](step[1])
+
+
+async def aevent_stream(
+    chat: Any, after: str | None, access: ReaderAccess | None = None
+) -> AsyncIterator[bytes]:
+    """The events of ``chat`` after ``after`` until access ends (async: blocks no thread)."""
+    reader = ChatEventReader(chat, after, access)
+    connection = reader.backend.aconnect() if reader.keeps_events else None
+    run: dict[str, Callable[[Any], Any]] = {
+        _POLL: lambda _: sync_to_async(reader.poll)(),
+        _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
+        _SLEEP: asyncio.sleep,
+    }
+    steps = _steps(reader)
+    answer = None
+    try:
+        while (step := _advance(steps, answer)) is not None:
+            if step[0] == _SEND:
+                yield step[1]
+                answer = None
+            else:
+                answer = await run[step[0]](step[1])
     finally:
-        if redis_client is not None:
-            await redis_client.aclose()
-
-
-def _async_redis() -> Any:
-    import redis.asyncio
-
-    return redis.asyncio.Redis.from_url(agentloop_settings.REDIS_URL)
-
-
-async def _aread(client: Any, reader: ChatEventReader, timeout: float) -> list[Event]:
-    """XREAD BLOCK on the chat's stream, awaited (the async twin of ``RedisEvents.read``)."""
-    backend: Any = reader.backend
-    answer = await client.xread(
-        {backend._stream(reader.key): reader.after or "0-0"}, block=max(1, int(timeout * 1000))
-    )
-    return RedisEvents.events_of(answer)
+        if connection is not None:
+            await connection.aclose()
 
 
 def resume_point(chat: Any) -> str:
@@ -257,8 +324,8 @@ def resume_point(chat: Any) -> str:
     is then sent again rather than missed (pages key messages by id).
     """
     backend = get_backend()
-    if isinstance(backend, RedisEvents):
-        return _last_message_event_id(backend, chat_key(chat))
+    if backend.keeps_events:
+        return backend.latest_id(chat_key(chat), "message")
     message_model = type(chat)._meta.get_field("messages").related_model
     rows = message_model.objects.filter(chat_id=chat.pk).order_by("-id")
     streaming = rows.filter(status="partial").values_list("id", flat=True).first()
@@ -270,27 +337,18 @@ def resume_point(chat: Any) -> str:
     return str(last or 0)
 
 
-def _last_message_event_id(backend: RedisEvents, key: str) -> str:
-    stream = backend._stream(key)
-    upper = "+"
-    while True:
-        entries: Any = backend.client.xrevrange(stream, max=upper, min="-", count=100)
-        if not entries:
-            return "0-0"
-        for event_id, fields in entries:
-            if json.loads(fields[b"event"]).get("type") == "message":
-                return str(event_id.decode())
-        upper = "(" + entries[-1][0].decode()
-
-
 def stream_response(request: HttpRequest, chat: Any) -> StreamingHttpResponse:
-    """The ``text/event-stream`` response: async under ASGI, sync under WSGI."""
+    """The ``text/event-stream`` response: async under ASGI, sync under WSGI.
+
+    ``request.user`` must be loaded already (the view checked it may see ``chat``).
+    """
     after = requested_position(request)
+    access = ReaderAccess(request, chat)
     content: Iterator[bytes] | AsyncIterator[bytes]
     if isinstance(request, ASGIRequest):
-        content = aevent_stream(chat, after)
+        content = aevent_stream(chat, after, access)
     else:
-        content = event_stream(chat, after)
+        content = event_stream(chat, after, access)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come

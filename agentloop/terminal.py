@@ -5,11 +5,17 @@ broker) and prints what happens as it happens: the answer as it streams, each to
 call when it starts and its result when it ends. Approvals and questions are asked
 inline. Ctrl-C during a run cancels that run (``chat.cancel()``), not the program;
 at the prompt, Ctrl-C, Ctrl-D or ``/quit`` leaves.
+
+Text from models and tools is untrusted: control characters and escape sequences in
+answers, tool names, arguments, results and questions are printed escaped (``\x1b[8m``
+shows as those six characters), so a model can't hide or fake an approval prompt; and
+on a terminal the style is reset before every prompt.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -22,9 +28,14 @@ from django.db import connections
 from .exceptions import AgentloopError, CancelledError, LimitReachedError
 from .messages import Chunk, TextDelta
 
-__all__ = ["PROMPT", "TerminalChat", "TranscriptPrinter"]
+__all__ = ["PROMPT", "TerminalChat", "TranscriptPrinter", "visible"]
 
 PROMPT = "you> "
+#: SGR reset: whatever style was left on, the prompt is drawn plain.
+RESET_STYLE = "\x1b[0m"
+#: control characters (C0 but newline and tab, DEL, C1) and the bidirectional overrides
+#: and isolates that reorder how a line reads.
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: longest tool result printed in full; the admin has all of it.
 RESULT_PREVIEW = 240
 HELP = (
@@ -34,14 +45,26 @@ HELP = (
 ReadLine = Callable[[str], str]
 
 
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: Any) -> str:
+    """``text`` safe to print on a terminal: control characters shown escaped (``\\x1b``)."""
+    return _UNSAFE.sub(_escape, str(text))
+
+
 def _arguments(arguments: dict[str, Any], tool: Any = None) -> str:
     """``a=1, b="x"``, in the order the tool declares its parameters (a JSON column, e.g.
-    PostgreSQL's jsonb, may give the keys back in another order)."""
+    PostgreSQL's jsonb, may give the keys back in another order); shown :func:`visible`."""
     keys = list(arguments)
     if tool is not None:
         declared = list(tool.definition().parameters.get("properties", {}))
         keys.sort(key=lambda key: declared.index(key) if key in declared else len(declared))
-    return ", ".join(f"{key}={json.dumps(arguments[key], ensure_ascii=False)}" for key in keys)
+    return visible(
+        ", ".join(f"{key}={json.dumps(arguments[key], ensure_ascii=False)}" for key in keys)
+    )
 
 
 def _count(number: int, noun: str) -> str:
@@ -84,20 +107,21 @@ class TranscriptPrinter:
         if not self.streaming:
             self.out.write(f"{self.indent}{self.style.SUCCESS(self.label)} ", ending="")
             self.streaming = self.streamed_text = True
-        self.out.write(chunk.text, ending="")
+        self.out.write(visible(chunk.text), ending="")
         self.out.flush()
 
     def after_message(self, message: Any) -> None:
         if message.role != "assistant":
             return
         if not self.streamed_text and message.content:  # a provider that doesn't stream
-            self.out.write(f"{self.indent}{self.style.SUCCESS(self.label)} {message.content}")
+            label = self.style.SUCCESS(self.label)
+            self.out.write(f"{self.indent}{label} {visible(message.content)}")
         self.end_line()
 
     def before_tool_call(self, tool_call: Any) -> None:
         self.end_line()
-        self.tool_names[tool_call.pk] = tool_call.name
-        call = f"{tool_call.name}({self.arguments(tool_call)})"
+        self.tool_names[tool_call.pk] = visible(tool_call.name)
+        call = f"{visible(tool_call.name)}({self.arguments(tool_call)})"
         self.out.write(self.style.NOTICE(f"{self.indent}  -> {call}"))
         self.out.flush()
 
@@ -107,8 +131,8 @@ class TranscriptPrinter:
 
     def after_tool_result(self, result: Any) -> None:
         self.end_line()
-        name = self.tool_names.get(result.tool_call_id) or result.tool_call.name
-        text = " ".join(result.content.split())
+        name = self.tool_names.get(result.tool_call_id) or visible(result.tool_call.name)
+        text = visible(" ".join(result.content.split()))
         if len(text) > RESULT_PREVIEW:
             text = text[: RESULT_PREVIEW - 3] + "..."
         if result.is_error:
@@ -210,7 +234,7 @@ class TerminalChat:
             self._settle()  # a continued chat may wait for a decision already
             while True:
                 try:
-                    line = self.read_line(PROMPT)
+                    line = self._ask(PROMPT)
                 except (EOFError, KeyboardInterrupt):
                     self.out.write("")  # leave the terminal on a fresh line
                     return
@@ -274,6 +298,7 @@ class TerminalChat:
         self.printer.end_line()
         for printer in (printer for _, printer in self._children.values()):
             printer.end_line()
+        text = visible(text)  # an error's message may quote the provider or a tool
         self.out.write(self.style.ERROR(text) if error else self.style.WARNING(text))
 
     # -- people in the loop ------------------------------------------------------------------
@@ -320,7 +345,7 @@ class TerminalChat:
     def _child(self, child: Any) -> Any:
         """One instance per subagent chat, printing what it does under its agent's name."""
         if child.pk not in self._children:
-            label = f"{child.title or 'subagent'}>"
+            label = f"{visible(child.title or 'subagent')}>"
             printer = TranscriptPrinter(self.out, self.style, label=label, indent="  ")
             self._children[child.pk] = (printer.attach(child), printer)
         return self._children[child.pk][0]
@@ -328,23 +353,32 @@ class TerminalChat:
     def _decide(self, chat: Any, call: Any) -> None:
         """Ask the person about one waiting call and record the decision."""
         self.printer.end_line()
-        where = "" if chat is self.chat else f" (in {chat.title or 'a subagent'})"
+        where = "" if chat is self.chat else f" (in {visible(chat.title or 'a subagent')})"
+        name = visible(call.name)
         if call.wait_reason == "approval":
             printer = self.printer if chat is self.chat else self._children[chat.pk][1]
-            prompt = f"  ? Run {call.name}({printer.arguments(call)}){where}? [y/N/reason] "
-            reply = self.read_line(prompt).strip()
+            prompt = f"  ? Run {name}({printer.arguments(call)}){where}? [y/N/reason] "
+            reply = self._ask(prompt).strip()
             if reply.lower() in ("y", "yes"):
                 chat.approve(call, by=self.by)
-                self.out.write(self.style.SUCCESS(f"    approved {call.name}"))
+                self.out.write(self.style.SUCCESS(f"    approved {name}"))
             else:
                 reason = "" if reply.lower() in ("", "n", "no") else reply
                 chat.deny(call, reason=reason, by=self.by)
             return
-        self.out.write(self.style.WARNING(f"  ? {call.name} asks{where}: {call.question}"))
+        self.out.write(self.style.WARNING(f"  ? {name} asks{where}: {visible(call.question)}"))
         reply = ""
         while not reply.strip():
-            reply = self.read_line("  answer> ")
+            reply = self._ask("  answer> ")
         chat.answer(call, reply.strip(), by=self.by)
+
+    def _ask(self, prompt: str) -> str:
+        """Read a line after ``prompt``; on a terminal, any style left on is reset first."""
+        isatty = getattr(self.out, "isatty", None)
+        if isatty is not None and isatty():
+            # Written before the prompt, not in it: readline counts a prompt's characters.
+            self.out.write(RESET_STYLE, ending="")
+        return self.read_line(prompt)
 
     # -- output -------------------------------------------------------------------------------
     def _banner(self) -> None:
@@ -354,7 +388,7 @@ class TerminalChat:
         state = f", continuing after {_count(count, 'message')}" if count else ""
         self.out.write(
             self.style.MIGRATE_HEADING(f"agentloop chat #{chat.pk}")
-            + f" (model {chat.model}; tools: {tools}{state})"
+            + visible(f" (model {chat.model}; tools: {tools}{state})")
         )
         self.out.write(HELP)
 

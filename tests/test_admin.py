@@ -436,12 +436,13 @@ def test_the_list_shows_owner_model_state_waiting_messages_and_cost(admin_client
     content = admin_client.get(CHANGELIST).content.decode()
 
     for text in [
-        "chat 0",
-        f'<a href="?owner={owners[0].pk}">owner0</a>',
-        MODELS[0],
+        '<span class="agentloop-cut" title="chat 0">chat 0</span>',
+        f'<a class="agentloop-cut" href="?owner={owners[0].pk}" title="owner0">owner0</a>',
+        f'<span class="agentloop-cut agentloop-quiet" title="{MODELS[0]}">{MODELS[0]}</span>',
         '<span class="agentloop-badge agentloop-state-waiting">waiting</span>',
-        '<td class="field-waiting_for">waiting for approval</td>',
-        '<td class="field-message_count">2</td>',
+        '<span class="agentloop-cut agentloop-quiet" title="waiting for approval">'
+        "for approval</span>",
+        '<span class="agentloop-quiet">2 messages</span>',
         '<td class="field-cost">$0.0001</td>',
     ]:
         assert text in content

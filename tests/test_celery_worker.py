@@ -232,7 +232,7 @@ def test_another_process_reads_the_chats_message_and_chunk_events(background, us
     background.start_worker("w1")
     # Event streams are named by chat pk: a random one keeps test runs side by side apart.
     chat = Chat.objects.create(pk=random.randint(10**9, 2 * 10**9), model="rules:test", owner=user)
-    stream_key = f"agentloop:events:{chat_key(chat)}"
+    stream_key = get_backend().stream(chat_key(chat))
     redis_client.delete(stream_key)
     chat.ask_later("stream:3:0.01").complete_later()
 

@@ -705,7 +705,7 @@ def test_with_redis_resume_point_is_the_latest_message_event(redis_events, chat)
     events.publish_chunk(chat, TextDelta(text="Hel"))
 
     point = resume_point(chat)
-    kept = redis_events.xrange(f"agentloop:events:{events.chat_key(chat)}")
+    kept = redis_events.xrange(events.get_backend().stream(events.chat_key(chat)))
 
     assert point == kept[0][0].decode()  # the user message, not the chunk after it
 

@@ -23,8 +23,10 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, path, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html
-from django.utils.translation import gettext
+from django.utils.timezone import localtime
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import ToolCallNotWaitingError
@@ -36,6 +38,26 @@ from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
 
 __all__ = ["CONFIG_FIELDS", "DECIDED_MESSAGES", "ChatAdmin"]
+
+
+#: what a waiting chat waits for, short enough for the list's state column (under the
+#: "waiting" badge); the full WAIT_LABELS text is its title.
+WAITS_FOR = {
+    "approval": _("for approval"),
+    "question": _("for an answer"),
+    "subagent": _("for its subagent"),
+}
+
+
+def _cut(text: str, classes: str = "", title: str | None = None) -> str:
+    """``text`` escaped, on one line cut to its cell's width; the whole of it in the title."""
+    return format_html(
+        '<span class="{}" title="{}">{}</span>',
+        f"agentloop-cut {classes}".strip(),
+        text if title is None else title,
+        text,
+    )
+
 
 DECIDED_MESSAGES = {
     "approve": _("Approved: the tool call runs at the chat's next step."),
@@ -58,10 +80,10 @@ class ChatAdmin(admin.ModelAdmin):
 
     change_form_template = "admin/agentloop/chat/change_form.html"
     actions = [cancel_chats, resume_chats, approve_pending, deny_pending]
-    list_display = (
-        "chat", "owner_link", "model", "state_badge", "waiting_for", "last_activity",
-        "message_count", "cost",
-    )  # fmt: skip
+    # Five columns fit the content column of a 1280 px screen beside both sidebars: the chat
+    # shows its model under its title, the state what it waits for, the last activity the
+    # number of messages; long text is cut (chat_list.css) with the whole of it in a title.
+    list_display = ("chat", "owner_link", "state_badge", "last_activity", "cost")
     list_filter = ("state", WaitingFilter, ProblemFilter, "model", OwnerFilter)
     search_fields = ("title", "model", "owner__username")
     list_select_related = ("owner",)
@@ -74,7 +96,7 @@ class ChatAdmin(admin.ModelAdmin):
     )  # fmt: skip
 
     class Media:
-        css = {"all": ["agentloop/admin/timeline.css"]}
+        css = {"all": ["agentloop/admin/timeline.css", "agentloop/admin/chat_list.css"]}
 
     # -- queries ----------------------------------------------------------------------------
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -115,21 +137,31 @@ class ChatAdmin(admin.ModelAdmin):
     # -- list columns -----------------------------------------------------------------------
     @admin.display(description=_("chat"), ordering="title")
     def chat(self, obj: Any) -> str:
-        return str(obj)
+        return format_html("{}{}", _cut(str(obj)), _cut(obj.model or "—", "agentloop-quiet"))
 
     @admin.display(description=_("owner"), ordering="owner__username")
     def owner_link(self, obj: Any) -> str:
         if obj.owner_id is None:
             return "—"
-        return format_html('<a href="?owner={}">{}</a>', obj.owner_id, obj.owner)
+        return format_html(
+            '<a class="agentloop-cut" href="?owner={}" title="{}">{}</a>',
+            obj.owner_id,
+            obj.owner,
+            obj.owner,
+        )
 
     @admin.display(description=_("state"), ordering="state")
     def state_badge(self, obj: Any) -> str:
-        return format_html(
+        badge = format_html(
             '<span class="agentloop-badge agentloop-state-{}">{}</span>',
             obj.state,
             obj.get_state_display(),
         )
+        reason = getattr(obj, "waiting_reason", None)
+        if not reason:
+            return badge
+        short = str(WAITS_FOR.get(reason, reason))
+        return format_html("{}{}", badge, _cut(short, "agentloop-quiet", self.waiting_for(obj)))
 
     @admin.display(description=_("waiting for"))
     def waiting_for(self, obj: Any) -> str:
@@ -137,8 +169,16 @@ class ChatAdmin(admin.ModelAdmin):
         return str(WAIT_LABELS.get(reason, reason)) if reason else "—"
 
     @admin.display(description=_("last activity"), ordering="last_activity")
-    def last_activity(self, obj: Any) -> Any:
-        return obj.last_activity
+    def last_activity(self, obj: Any) -> str:
+        moment = localtime(obj.last_activity)
+        count = self.message_count(obj)
+        return format_html(
+            '<time datetime="{}" title="{}">{}</time><span class="agentloop-quiet">{}</span>',
+            moment.isoformat(),
+            date_format(moment, "DATETIME_FORMAT"),
+            date_format(moment, "SHORT_DATETIME_FORMAT"),
+            ngettext("%(count)d message", "%(count)d messages", count) % {"count": count},
+        )
 
     @admin.display(description=_("messages"), ordering="message_count")
     def message_count(self, obj: Any) -> int:

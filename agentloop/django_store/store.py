@@ -19,6 +19,7 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from .._cancel_notices import listen_locally, notify
 from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
@@ -119,8 +120,6 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
         self._config: ChatConfig | None = None
         #: the cancel flag read by the last write's lease renewal (a free checkpoint read).
         self._flag_after_write: Any = UNREAD
-        # Function-local: cancel notices reach the Redis client, kept off Django's import path.
-        from ..cancel_notices import listen_locally
 
         self.cancel_notice = listen_locally(chat)
 
@@ -405,8 +404,6 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
         if not flagged:
             return False
         cancel_children(self.chat_model, pk, now)  # running subagents stop too
-        # Function-local: cancel notices reach the Redis client, kept off Django's import path.
-        from ..cancel_notices import notify
 
         notify(self.chat)
         return True

@@ -2,7 +2,8 @@
 
 Subclasses say how a request becomes a body (``build_body``), where it goes
 (``endpoint``), how a JSON answer parses (``parse_response``) and how a stream of
-server-sent events parses (``parse_stream``). Everything else lives here once.
+server-sent events parses (``parse_stream``). Everything else lives here once,
+including the cap on an answer's size (``AGENTLOOP["MAX_RESPONSE_BYTES"]``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,63 @@ from ..exceptions import (
     InvalidResponseError,
     ProviderError,
     ProviderTimeout,
+    ResponseTooLargeError,
     ServerError,
     StreamInterruptedError,
 )
 from ..messages import ModelRequest, ModelResponse, TokenUsage
 from .base import ChunkCallback, Provider
+from .catalog import price_of
 from .common import with_parsed_json
 from .errors import error_for_status, redact, status_of_error
 
 __all__ = ["HTTPProvider"]
 
 _DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """A response body that raises ResponseTooLargeError once more than ``limit`` bytes came.
+
+    Counts bytes as received (before any content decoding), as they arrive: a runaway
+    answer fails early and is never held whole in memory.
+    """
+
+    def __init__(self, stream: httpx.SyncByteStream, limit: int, provider: str) -> None:
+        self.stream = stream
+        self.limit = limit
+        self.provider = provider
+
+    def __iter__(self) -> Iterator[bytes]:
+        received = 0
+        for chunk in self.stream:
+            received += len(chunk)
+            if received > self.limit:
+                raise _too_large(self.provider, self.limit)
+            yield chunk
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _too_large(provider: str, limit: int) -> ResponseTooLargeError:
+    return ResponseTooLargeError(
+        f"{provider} answered with more than MAX_RESPONSE_BYTES ({limit} bytes): "
+        "the answer was refused"
+    )
+
+
+def _cap(response: httpx.Response, provider: str) -> None:
+    """Apply ``MAX_RESPONSE_BYTES`` to ``response`` before its body is read."""
+    limit = agentloop_settings.MAX_RESPONSE_BYTES
+    if limit is None:
+        return
+    limit = int(limit)
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _too_large(provider, limit)  # said up front: not a byte of it is read
+    if isinstance(response.stream, httpx.SyncByteStream):
+        response.stream = _CappedStream(response.stream, limit, provider)
 
 
 class HTTPProvider(Provider):
@@ -192,8 +239,12 @@ class HTTPProvider(Provider):
         body = self.build_body(request, stream)
         url = self.endpoint(request, stream)
         if on_chunk is None:
-            with self._translate_errors():
-                response = self.client.post(url, json=body, headers=headers)
+            with (
+                self._translate_errors(),
+                self.client.stream("POST", url, json=body, headers=headers) as response,
+            ):
+                _cap(response, self.name)
+                response.read()
             self._raise_for_status(response)
             try:
                 data = response.json()
@@ -208,6 +259,7 @@ class HTTPProvider(Provider):
             self._translate_errors(),
             connect_sse(self.client, "POST", url, json=body, headers=headers) as source,
         ):
+            _cap(source.response, self.name)
             if source.response.status_code >= 400:
                 source.response.read()
                 self._raise_for_status(source.response)
@@ -259,6 +311,4 @@ class HTTPProvider(Provider):
 
     # -- prices ----------------------------------------------------------------------------------
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        from .catalog import price_of
-
         return price_of(model, usage, provider=self.name)

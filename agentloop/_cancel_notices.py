@@ -13,7 +13,8 @@ import threading
 import weakref
 from typing import Any
 
-from .conf import agentloop_settings
+from . import _redis
+from ._redis import chat_key
 
 __all__ = ["RedisCancelListener", "listen_locally", "notify"]
 
@@ -30,12 +31,8 @@ class _Notice(threading.Event):
     """A weak-referenceable Event."""
 
 
-def _key(chat: Any) -> str:
-    return f"{chat._meta.label_lower}:{chat.pk}"
-
-
 def _channel(key: str) -> str:
-    return f"agentloop:cancel:{key}"
+    return _redis.key("cancel", key)
 
 
 def listen_locally(chat: Any) -> threading.Event:
@@ -43,7 +40,7 @@ def listen_locally(chat: Any) -> threading.Event:
     notice = _Notice()
     if chat.pk is not None:
         with _lock:
-            _local.setdefault(_key(chat), weakref.WeakSet()).add(notice)
+            _local.setdefault(chat_key(chat), weakref.WeakSet()).add(notice)
             _prune()
     return notice
 
@@ -59,46 +56,32 @@ def _prune() -> None:
 
 def notify(chat: Any) -> None:
     """Wake runs of ``chat`` here and, with Redis configured, in other processes."""
-    key = _key(chat)
+    key = chat_key(chat)
     with _lock:
         notices = list(_local.get(key, ()))
     for notice in notices:
         notice.set()
-    url = agentloop_settings.REDIS_URL
-    if url:
+    if _redis.redis_url():
         try:
-            _redis(url).publish(_channel(key), "cancel")
+            _redis.client().publish(_channel(key), "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
-
-
-_clients: dict[str, Any] = {}
-
-
-def _redis(url: str) -> Any:
-    client = _clients.get(url)
-    if client is None:
-        import redis
-
-        client = _clients[url] = redis.Redis.from_url(url)
-    return client
 
 
 class RedisCancelListener:
     """While a worker runs a step, sets ``notice`` when a cancel message arrives."""
 
     def __init__(self, chat: Any, notice: threading.Event) -> None:
-        self.channel = _channel(_key(chat))
+        self.channel = _channel(chat_key(chat))
         self.notice = notice
         self._pubsub: Any = None
         self._thread: Any = None
 
     def __enter__(self) -> RedisCancelListener:
-        url = agentloop_settings.REDIS_URL
-        if not url:
+        if not _redis.redis_url():
             return self
         try:
-            self._pubsub = _redis(url).pubsub(ignore_subscribe_messages=True)
+            self._pubsub = _redis.client().pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(**{self.channel: lambda message: self.notice.set()})
             self._thread = self._pubsub.run_in_thread(sleep_time=0.05, daemon=True)
         except Exception:
