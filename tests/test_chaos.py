@@ -419,13 +419,6 @@ def test_a_failed_job_logs_the_traceback_and_shows_users_one_line(user, scripted
     assert record.getMessage() == f"Chat {chat.pk}: AuthenticationError: key revoked"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="agentloop/admin/chats.py: the chat change page shows chat.error but not "
-    "chat.error_detail (in neither get_fieldsets nor readonly_fields), so DESIGN §12's "
-    "'tracebacks go, collapsed, to the admin' is unmet",
-)
 def test_the_admin_shows_a_failed_chats_error_and_its_traceback_collapsed(admin_client, user):
     from django.urls import reverse
     from django.utils.html import escape

@@ -93,6 +93,7 @@ class ChatAdmin(admin.ModelAdmin):
     raw_id_fields = ("owner",)
     readonly_fields = (
         "state", "subagent_of", "cancel_requested_at", "lease_expires_at", "created_at",
+        "error", "error_detail", "attempts",
     )  # fmt: skip
 
     class Media:
@@ -204,8 +205,16 @@ class ChatAdmin(admin.ModelAdmin):
             summary.append("state")
             if getattr(obj, "parent_id", None):
                 summary.append("subagent_of")
+        failure: list[Any] = []
+        if obj is not None and obj.error:
+            # The one line users see, and (collapsed) the traceback behind it.
+            failure = [
+                (_("Failure"), {"fields": ["error", "attempts"]}),
+                (_("Traceback"), {"classes": ["collapse"], "fields": ["error_detail"]}),
+            ]
         return [
             (None, {"fields": summary}),
+            *failure,
             (_("Configuration"), {"classes": ["collapse"], "fields": CONFIG_FIELDS}),
             (
                 _("Run"),
