@@ -25,10 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_RETRIES": 2,
     #: first backoff in seconds (doubled each retry, with jitter); Retry-After wins.
     "RETRY_BACKOFF": 0.5,
-    #: upper bound of one backoff sleep inside a step; a longer Retry-After ends the step and
-    #: (in the background) schedules the next attempt instead of holding the worker.
+    #: upper bound of one backoff sleep inside a step (a longer Retry-After is cut to it).
     "RETRY_BACKOFF_MAX": 30.0,
-    #: the longest Retry-After honoured; a provider asking for more waits this long.
+    #: the longest Retry-After honoured between background attempts of a step.
     "RETRY_AFTER_MAX": 300.0,
     #: seconds a worker's lease on a chat lasts without renewal.
     "LEASE_SECONDS": 60,

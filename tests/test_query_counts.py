@@ -100,81 +100,54 @@ def two_calls():
     return [tool_call("add", {"a": 1, "b": 2}), tool_call("add", {"a": 3, "b": 4})]
 
 
-@SLOW_POLL
-def test_generate_with_a_text_answer_costs_the_same_queries_at_10_and_200_messages(user, scripted):
-    counts = {}
-    for length in (10, 200):
-        chat = make_chat(user, length)
-        chat.ask_later("next question")
-        scripted.add("next answer")
-        counts[length], sql = count_queries(chat.generate)
-        assert chat.messages.last().content == "next answer"
-
-    assert counts[10] == counts[200], sql
-    assert counts[200] == GENERATE_TEXT_QUERIES, sql
+def text_answer(chat, scripted):
+    chat.ask_later("next question")
+    scripted.add("next answer")
+    return lambda: chat.messages.last().content == "next answer"
 
 
-@SLOW_POLL
-def test_generate_with_two_tool_calls_costs_the_same_queries_at_10_and_200_messages(user, scripted):
-    counts = {}
-    for length in (10, 200):
-        chat = make_chat(user, length)
-        chat.ask_later("add twice")
-        scripted.add(two_calls())
-        counts[length], sql = count_queries(chat.generate)
-        assert chat.messages.last().tool_calls.count() == 2
-
-    assert counts[10] == counts[200], sql
-    assert counts[200] == GENERATE_TOOL_CALLS_QUERIES, sql
+def two_tool_calls(chat, scripted):
+    chat.ask_later("add twice")
+    scripted.add(two_calls())
+    return lambda: chat.messages.last().tool_calls.count() == 2
 
 
-@SLOW_POLL
-def test_run_tools_with_two_calls_costs_the_same_queries_at_10_and_200_messages(user, scripted):
-    counts = {}
-    for length in (10, 200):
-        chat = make_chat(user, length)
-        chat.ask_later("add twice")
-        scripted.add(two_calls())
-        chat.generate()
-        counts[length], sql = count_queries(chat.run_tools)
-        assert [m.content for m in chat.messages.filter(role="tool")][-2:] == ["3", "7"]
-
-    assert counts[10] == counts[200], sql
-    assert counts[200] == RUN_TOOLS_QUERIES, sql
+def two_tool_results(chat, scripted):
+    two_tool_calls(chat, scripted)
+    chat.generate()
+    return lambda: [m.content for m in chat.messages.filter(role="tool")][-2:] == ["3", "7"]
 
 
 def job(chat):
     """What the Celery task runs for one step (in the embedded runner's shape)."""
-    return run_step(chat.pk)
+    return lambda: run_step(chat.pk)
 
 
 @SLOW_POLL
-def test_a_job_step_with_a_text_answer_costs_what_generate_costs(user, scripted):
+@pytest.mark.parametrize(
+    ("setup", "verb", "expected"),
+    [
+        (text_answer, lambda chat: chat.generate, GENERATE_TEXT_QUERIES),
+        (two_tool_calls, lambda chat: chat.generate, GENERATE_TOOL_CALLS_QUERIES),
+        (two_tool_results, lambda chat: chat.run_tools, RUN_TOOLS_QUERIES),
+        # A job (run_step) costs what the verb costs: its claim also loads the chat.
+        (text_answer, job, GENERATE_TEXT_QUERIES),
+        (two_tool_results, job, RUN_TOOLS_QUERIES),
+    ],
+    ids=["generate-text", "generate-tool-calls", "run-tools", "job-model-step", "job-tools"],
+)
+def test_a_step_costs_the_same_queries_at_10_and_200_messages(
+    user, scripted, setup, verb, expected
+):
     counts = {}
     for length in (10, 200):
         chat = make_chat(user, length)
-        chat.ask_later("next question")
-        scripted.add("next answer")
-        counts[length], sql = count_queries(lambda chat=chat: job(chat))
-        assert chat.messages.last().content == "next answer"
+        done = setup(chat, scripted)
+        counts[length], sql = count_queries(verb(chat))
+        assert done()
 
     assert counts[10] == counts[200], sql
-    assert counts[200] == GENERATE_TEXT_QUERIES, sql
-
-
-@SLOW_POLL
-def test_a_job_step_running_two_tools_costs_what_run_tools_costs(user, scripted):
-    counts = {}
-    for length in (10, 200):
-        chat = make_chat(user, length)
-        chat.ask_later("add twice")
-        scripted.add(two_calls())
-        chat.generate()
-        counts[length], sql = count_queries(lambda chat=chat: job(chat))
-        assert [m.content for m in chat.messages.filter(role="tool")][-2:] == ["3", "7"]
-
-    assert counts[10] == counts[200], sql
-    assert counts[200] == RUN_TOOLS_QUERIES, sql
+    assert counts[200] == expected, sql
 
 
 @SLOW_POLL
