@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--database-url", default=DEFAULT_DATABASE_URL, help="a database of its own: emptied"
     )
-    parser.add_argument("--samples", type=int, default=60, help="timed turns per cell")
+    parser.add_argument("--samples", type=int, default=100, help="timed turns per cell")
     parser.add_argument("--warmup", type=int, default=6, help="untimed turns first, per cell")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
