@@ -14,6 +14,8 @@ tool runs, ..., the model answers), on PostgreSQL. Measured, after a warm-up, on
   transaction; ``--workers`` pool processes of one ``celery worker`` run the steps, one job
   per step, each job enqueueing the next; timed from the commit to the last chat settled
   (polled every 10 ms);
+* celery, connections kept: the same with ``CELERY_DB_REUSE_MAX`` = 1000 (Celery's Django
+  fixup otherwise closes the database connection around every task, so each job connects);
 * celery floor: the same worker (same broker, pool and options) runs ``bench.hop``, an empty
   task that re-enqueues itself: ``--chats`` chains in flight, ``--hops`` tasks each; timed from
   the first publish to the last chain's end. The ratio is agentloop's steps/s to its tasks/s.
@@ -50,6 +52,7 @@ from bench.workers import (  # noqa: E402
 BROKERS = {"redis": DEFAULT_REDIS_URL, "amqp": DEFAULT_AMQP_URL}
 MATRIX_WORKERS = (1, 2, 4)
 TARGET_RATIO = 0.5  # of the floor's tasks/s, with 2 pool processes
+REUSE = "1000"  # CELERY_DB_REUSE_MAX of the "connections kept" variant
 
 
 def question(rounds: int) -> str:
@@ -166,7 +169,7 @@ def figures(name: str, steps: int, seconds: float, unit: str = "steps") -> dict[
         "ms_each": round(seconds / steps * 1000, 2),
     }
     print(
-        f"{name:<40} {steps:>5} {unit} in {seconds:6.2f} s: {row['per_second']:7.1f} "
+        f"{name:<52} {steps:>5} {unit} in {seconds:6.2f} s: {row['per_second']:7.1f} "
         f"{unit}/s ({row['ms_each']:.2f} ms each)",
         flush=True,
     )
@@ -189,7 +192,8 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         rows["complete"] = figures("in-process complete()", steps, seconds)
     if "celery" in options.variants:
         label = f"{options.workers} processes, {options.broker.split(':')[0]} broker"
-        with workers(options.workers, {"BACKGROUND": "celery"}):
+        background = {"BACKGROUND": "celery"}
+        with workers(options.workers, background, env={"BENCH_DB_REUSE_MAX": "0"}):
             celery_floor(chats, 5)
             seconds = celery_floor(chats, options.hops)
             rows["floor"] = figures(
@@ -197,8 +201,18 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
             )
             through_celery(options.warmup, 1)
             rows["celery"] = figures(f"celery, {label}", steps, through_celery(chats, rounds))
-        rows["ratio"] = round(rows["celery"]["per_second"] / rows["floor"]["per_second"], 3)
-        print(f"agentloop steps/s to the floor's tasks/s: {rows['ratio']:.2f}", flush=True)
+        with workers(options.workers, background, env={"BENCH_DB_REUSE_MAX": REUSE}):
+            through_celery(options.warmup, 1)
+            seconds = through_celery(chats, rounds)
+            rows["celery_reuse"] = figures(f"celery, connections kept, {label}", steps, seconds)
+        floor = rows["floor"]["per_second"]
+        rows["ratio"] = round(rows["celery"]["per_second"] / floor, 3)
+        rows["ratio_reuse"] = round(rows["celery_reuse"]["per_second"] / floor, 3)
+        print(
+            f"agentloop steps/s to the floor's tasks/s: {rows['ratio']:.2f}; "
+            f"with connections kept {rows['ratio_reuse']:.2f}",
+            flush=True,
+        )
     empty_tables()
     return {
         "machine": machine(),
@@ -254,14 +268,17 @@ def print_matrix(result: dict[str, Any]) -> None:
         f"in-process, no broker: run_step {local['run_step']['per_second']} steps/s, "
         f"complete() {local['complete']['per_second']} steps/s"
     )
-    print(f"{'broker':<8}{'processes':>10}{'agentloop steps/s':>19}{'floor tasks/s':>15}"
-          f"{'ratio':>8}  target")  # fmt: skip
+    print("agentloop steps/s: Celery's default (a new database connection per job), and with")
+    print(f"CELERY_DB_REUSE_MAX = {REUSE} (connections kept); ratio = steps/s / floor tasks/s")
+    print(f"{'broker':<8}{'processes':>10}{'floor tasks/s':>15}{'steps/s':>9}{'ratio':>7}"
+          f"{'kept: steps/s':>15}{'ratio':>7}  target")  # fmt: skip
     for cell in cells[1:]:
         rows = cell["results"]
         target = f">= {TARGET_RATIO}" if cell["workers"] == 2 else ""
         print(
-            f"{cell['broker']:<8}{cell['workers']:>10}{rows['celery']['per_second']:>19.1f}"
-            f"{rows['floor']['per_second']:>15.1f}{rows['ratio']:>8.2f}  {target}"
+            f"{cell['broker']:<8}{cell['workers']:>10}{rows['floor']['per_second']:>15.1f}"
+            f"{rows['celery']['per_second']:>9.1f}{rows['ratio']:>7.2f}"
+            f"{rows['celery_reuse']['per_second']:>15.1f}{rows['ratio_reuse']:>7.2f}  {target}"
         )
 
 
