@@ -146,7 +146,7 @@ def through_celery(count: int, rounds: int, timeout: float = 300) -> float:
 
 def celery_floor(chains: int, hops: int, timeout: float = 300) -> float:
     """Seconds for ``chains`` self-re-enqueueing empty tasks of ``hops`` hops each to end."""
-    from bench.celery_app import hop
+    from bench.celery_app import hop  # local: the Celery app reads the Django settings
 
     with tempfile.TemporaryDirectory() as finish_dir:
         started = time.perf_counter()

@@ -31,6 +31,7 @@ import argparse
 import inspect
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -41,11 +42,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import django
+import psycopg
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout that is not pip-installed
     sys.path.insert(0, str(ROOT))
 
 from agentloop import tool  # noqa: E402  (importing agentloop never needs Django settings)
+from agentloop.testing import tool_call  # noqa: E402
+from bench.sql_floor import Floor  # noqa: E402
 from bench.step_overhead import (  # noqa: E402
     ensure_database,
     load_average,
@@ -68,6 +74,14 @@ TARGETS = {"run_step": (2.0, 2.5), "get_step": (1.7, 2.0), "complete": (1.5, 2.0
 #: statements per job: a model step, and a tool round (7 + 1 per tool call; one call here).
 MODEL_STEP_STATEMENTS = 7
 TOOL_ROUND_STATEMENTS = 7 + 1
+#: role, content, model, finish_reason of the message each step of a turn writes.
+TURN = [
+    ("assistant", "", "zero-latency", "tool_calls"),
+    ("tool", "value of k0", "", ""),
+    ("assistant", "", "zero-latency", "tool_calls"),
+    ("tool", "value of k1", "", ""),
+    ("assistant", ANSWER, "zero-latency", "stop"),
+]
 LABELS = {
     "run_step": "(a) run_step(pk), per job",
     "get_step": "(b) Chat.objects.get(pk).step()",
@@ -87,83 +101,12 @@ def lookup(key: str) -> str:
 
 def decide(request: Any) -> Any:
     """Ask for ``lookup`` until two results follow the latest user message, then answer."""
-    from agentloop.testing import tool_call
-
     messages = list(request.messages)
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
     results = sum(1 for m in messages[last_user + 1 :] if m.role == "tool")
     if results < TOOL_ROUNDS:
         return tool_call("lookup", {"key": f"k{results}"})
     return ANSWER
-
-
-# -- the floor: psycopg only --------------------------------------------------------------------
-
-
-class Floor:
-    """The least SQL a persisted step needs, on a psycopg connection of its own."""
-
-    def __init__(self, url: str, message_table: str, chat_table: str, columns: list[str]) -> None:
-        import psycopg
-
-        self.connection = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor)
-        self.cursor = self.connection.cursor()
-        self.statements = 0
-        names = ", ".join(f'"{name}"' for name in columns)
-        self.select = f'SELECT {names} FROM "{message_table}" WHERE "chat_id" = %s ORDER BY "id"'
-        self.insert = (
-            f'INSERT INTO "{message_table}" ("chat_id", "role", "content", "status", "is_error", '
-            '"parsed", "model", "finish_reason", "provider_data", "attachments", "created_at") '
-            "VALUES (%s, %s, %s, 'complete', false, NULL, %s, %s, '{}'::jsonb, '[]'::jsonb, %s) "
-            'RETURNING "id"'
-        )
-        self.update = f'UPDATE "{chat_table}" SET "updated_at" = %s WHERE "id" = %s'
-
-    def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> None:
-        self.statements += 1
-        self.cursor.execute(sql, params)
-
-    @staticmethod
-    def _row(step: int) -> tuple[str, str, str, str]:
-        """role, content, model, finish_reason of the message step ``step`` of a turn writes."""
-        if step % 2 == 1:
-            return "tool", f"value of k{step // 2}", "", ""
-        if step == STEPS - 1:
-            return "assistant", ANSWER, "zero-latency", "stop"
-        return "assistant", "", "zero-latency", "tool_calls"
-
-    def _write(self, chat_pk: int, step: int) -> None:
-        role, content, model, finish = self._row(step)
-        now = datetime.now(UTC)
-        self._execute(self.insert, (chat_pk, role, content, model, finish, now))
-        self.cursor.fetchone()
-        self._execute(self.update, (now, chat_pk))
-
-    def turn(self, chat_pk: int) -> None:
-        """Five steps, each: BEGIN, SELECT the transcript, INSERT, UPDATE, COMMIT."""
-        for step in range(STEPS):
-            self._execute("BEGIN")
-            try:
-                self._execute(self.select, (chat_pk,))
-                self.cursor.fetchall()
-                self._write(chat_pk, step)
-            except BaseException:
-                self.connection.execute("ROLLBACK")
-                raise
-            self._execute("COMMIT")
-
-    def loop_turn(self, chat_pk: int) -> None:
-        """Loop mode: one SELECT per turn, then BEGIN, INSERT, UPDATE, COMMIT per step."""
-        self._execute(self.select, (chat_pk,))
-        self.cursor.fetchall()
-        for step in range(STEPS):
-            self._execute("BEGIN")
-            try:
-                self._write(chat_pk, step)
-            except BaseException:
-                self.connection.execute("ROLLBACK")
-                raise
-            self._execute("COMMIT")
 
 
 # -- counting statements, as the tests do ------------------------------------------------------
@@ -173,6 +116,7 @@ class Floor:
 def counted() -> Iterator[list[str]]:
     """The statements the block sent on Django's connection (not while timing: capturing
     costs time). Django logs BEGIN and COMMIT with them, so they compare with the floor's."""
+    # Django is set up at run time (setup_django), after this module is imported.
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -189,10 +133,12 @@ def counted() -> Iterator[list[str]]:
 class Entry:
     pk: int
     last_id: int  # id of the last history message: rows above it are the turn's
+    row: dict[str, Any]  # the chat row's columns before any turn, restored after each
 
 
 class JobPath:
     def __init__(self, url: str, samples: int, warmup: int) -> None:
+        # Django is set up at run time (setup_django), after this module is imported.
         from django.db import connection
 
         from agentloop import providers
@@ -214,7 +160,7 @@ class JobPath:
             "usage": Usage._meta.db_table,
         }
         columns = [f.column for f in Message._meta.concrete_fields]
-        self.floor = Floor(url, self.tables["message"], self.tables["chat"], columns)
+        self.floor = Floor(url, self.tables["message"], self.tables["chat"], columns, TURN)
 
     # -- data ---------------------------------------------------------------------------------
     def reset_tables(self) -> None:
@@ -248,11 +194,15 @@ class JobPath:
         rows = [row for chat in chats for row in self.history(chat.pk, length)]
         self.Message.objects.bulk_create(rows, batch_size=2000)
         last = {row.chat_id: row.pk for row in rows}
-        return [Entry(chat.pk, last[chat.pk]) for chat in chats]
+        fresh = self.Chat.objects.filter(pk__in=[chat.pk for chat in chats]).values()
+        return [
+            Entry(row["id"], last[row["id"]], {k: v for k, v in row.items() if k != "id"})
+            for row in fresh
+        ]
 
     def undo(self, entry: Entry, state: str) -> None:
         """Delete what a turn added and reset the chat row, so the next turn starts alike."""
-        from django.db import transaction
+        from django.db import transaction  # local: Django is set up at run time
 
         t = self.tables
         with transaction.atomic(), self.connection.cursor() as cursor:
@@ -263,12 +213,8 @@ class JobPath:
                 [entry.pk, entry.last_id],
             )
             cursor.execute(f'DELETE FROM "{t["toolcall"]}" WHERE "chat_id" = %s', [entry.pk])
-            cursor.execute(
-                f'UPDATE "{t["chat"]}" SET "state" = %s, "lease_token" = \'\', '
-                '"lease_expires_at" = NULL, "cancel_requested_at" = NULL, "error" = \'\', '
-                '"stop_reason" = \'\' WHERE "id" = %s',
-                [state, entry.pk],
-            )
+            # Every column as it was (lease, cancel flag, any the job path adds later).
+            self.Chat.objects.filter(pk=entry.pk).update(**{**entry.row, "state": state})
         self.provider.requests.clear()  # FunctionProvider records requests; keep memory flat
 
     # -- the variants: each runs one whole turn -------------------------------------------------
@@ -284,9 +230,12 @@ class JobPath:
             if not again or jobs > 2 * STEPS:
                 return jobs
 
+    def get_and_step(self, pk: int) -> Any:
+        return self.Chat.objects.get(pk=pk).step()
+
     def turn_get_step(self, pk: int) -> int:
         for _ in range(STEPS):
-            self.Chat.objects.get(pk=pk).step()
+            self.get_and_step(pk)
         return STEPS
 
     def turn_complete(self, pk: int) -> int:
@@ -303,43 +252,35 @@ class JobPath:
 
     # -- checks and statement counts (untimed) --------------------------------------------------
     def check_turn(self, entry: Entry, length: int) -> None:
+        """The turn wrote exactly its five messages, the last one the answer."""
         rows = list(
             self.Message.objects.filter(chat_id=entry.pk, id__gt=entry.last_id).values_list(
                 "role", "content"
             )
         )
-        roles = [role for role, _ in rows]
-        expected = ["assistant", "tool", "assistant", "tool", "assistant"]
-        if roles != expected or rows[-1][1] != ANSWER:
+        if [role for role, _ in rows] != [row[0] for row in TURN] or rows[-1][1] != ANSWER:
             sys.exit(f"The turn did not run as planned (L={length}): {rows}")
 
     def count(self, name: str, entry: Entry, length: int) -> dict[str, Any]:
         """Statements per job (per step for (b); per turn for (c)), outside any timing."""
         turn, floor, state = self.variants()[name]
         jobs: list[list[str]] = []
-        if name == "run_step":
-            for _ in range(STEPS):
-                with counted() as found:
-                    outcome = self.run_step(entry.pk)
-                jobs.append(found)
-            extra = turn(entry.pk)  # jobs a further turn runs: one, finding nothing to do
-            if getattr(outcome, "action", "done") != "done":
-                sys.exit(f"run_step: the fifth job ended {outcome!r}, not done (L={length})")
-        elif name == "get_step":
-            for _ in range(STEPS):
-                with counted() as found:
-                    self.Chat.objects.get(pk=entry.pk).step()
-                jobs.append(found)
-            extra = 0 if self.Chat.objects.get(pk=entry.pk).step() is None else 1
-        else:
+        if name == "complete":
             with counted() as found:
                 turn(entry.pk)
             jobs.append(found)
-            extra = 0
+        else:
+            one = self.run_step if name == "run_step" else self.get_and_step
+            for _ in range(STEPS + 1):  # the sixth must find the turn settled: adds nothing
+                with counted() as found:
+                    one(entry.pk)
+                jobs.append(found)
+            jobs.pop()
         self.check_turn(entry, length)
+        settled = self.Chat.objects.filter(pk=entry.pk).values_list("state", "lease_token").get()
+        if name == "run_step" and settled != ("idle", ""):
+            sys.exit(f"run_step: the chat ended {settled}, not idle and free (L={length})")
         self.undo(entry, state)
-        if name == "run_step" and extra != 1 or name == "get_step" and extra:
-            sys.exit(f"{name}: the chat was not settled after {STEPS} steps (L={length})")
         before = self.floor.statements
         floor(entry.pk)
         floor_statements = self.floor.statements - before
@@ -409,11 +350,6 @@ class JobPath:
         return results
 
     def environment(self) -> dict[str, Any]:
-        import platform
-
-        import django
-        import psycopg
-
         server = self.floor.connection.execute("SHOW server_version").fetchone()
         return {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -85,6 +85,7 @@ def chat_fields(kind: str, now: datetime, rng: random.Random) -> dict[str, Any]:
 
 def fill(count: int) -> int:
     """COPY ``count`` chats into the emptied table; returns how many are stalled."""
+    # Django is set up at run time (setup_django), after this module is imported.
     from django.db import connection, transaction
 
     from agentloop.models import Chat
@@ -116,7 +117,7 @@ def fill(count: int) -> int:
 @contextmanager
 def enqueues_counted() -> Iterator[list[Any]]:
     """Replace the sweeper's enqueue with a counter (and the backend's send, as a backstop)."""
-    from agentloop import _recovery, background
+    from agentloop import _recovery, background  # local: they import Django models
 
     sent: list[Any] = []
 
@@ -138,7 +139,7 @@ def enqueues_counted() -> Iterator[list[Any]]:
 
 
 def timings(repeats: int, stalled: int) -> dict[str, Any]:
-    from agentloop._recovery import resume_stalled, stalled_chats
+    from agentloop._recovery import resume_stalled, stalled_chats  # local: Django models
 
     query: list[float] = []
     sweep: list[float] = []
@@ -162,6 +163,7 @@ def timings(repeats: int, stalled: int) -> dict[str, Any]:
 
 def explain() -> tuple[str, bool]:
     """EXPLAIN (ANALYZE, BUFFERS) of the sweeper's query, and whether it reads an index."""
+    # Django is set up at run time (setup_django), after this module is imported.
     from django.db import connection
 
     from agentloop._recovery import stalled_chats

@@ -88,7 +88,7 @@ def setup(
 
 def _check_broker(url: str) -> None:
     """Exit with a clear line if the broker (e.g. RabbitMQ) does not answer."""
-    from kombu import Connection
+    from kombu import Connection  # local: Celery (and kombu) are an optional extra
 
     try:
         with Connection(url, connect_timeout=3) as connection:
@@ -179,7 +179,7 @@ def workers(
 
 def _delete_queue(queue: str) -> None:
     """Drop the run's queue from the broker, so RabbitMQ does not collect one per run."""
-    from bench.celery_app import app
+    from bench.celery_app import app  # local: the Celery app reads the Django settings
 
     try:
         with app.connection_for_write() as connection:

@@ -33,6 +33,7 @@ pytestmark = [
 @pytest.fixture
 def bench_database(request: pytest.FixtureRequest) -> Iterator[str]:
     """The URL of a database for one script, dropped after the test."""
+    # Local: psycopg is installed with the postgres extra, which the SQLite run may lack.
     import psycopg
     from psycopg import sql
 
