@@ -35,7 +35,7 @@ test: lint
 	else echo "SKIPPED: PostgreSQL run (start it with: bash scripts/services.sh start)"; fi
 
 bench: venv
-	$(BIN)/python bench/step_overhead.py
+	$(BIN)/python bench/step_overhead.py && $(BIN)/python bench/job_path.py
 
 # Keeps virtualenvs (slow to rebuild) and bench results (they are kept figures).
 clean:

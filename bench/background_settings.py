@@ -24,3 +24,6 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("BENCH_QUEUE", "agentloop-bench")
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes the database connections around every task unless this is set
+# (then every DB_REUSE_MAX tasks): bench/celery_throughput.py measures both.
+CELERY_DB_REUSE_MAX = int(os.environ.get("BENCH_DB_REUSE_MAX") or 0)

@@ -3,7 +3,8 @@
 The same three lines as a project's ``celery.py`` (see docs/background.md). When
 ``$BENCH_CANCEL_LOG`` names a file, each cancelled run appends ``<chat pk> <monotonic time>``
 to it as it stops, so bench/cancel_latency.py can time a cancel across processes; the worker
-creates ``$BENCH_WORKER_READY`` once it consumes.
+creates ``$BENCH_WORKER_READY`` once it consumes. ``bench.hop`` is the Celery floor of
+bench/celery_throughput.py: an empty task that re-enqueues itself.
 """
 
 from __future__ import annotations
@@ -40,3 +41,13 @@ if os.environ.get("BENCH_CANCEL_LOG"):
 def _announce_ready(**kwargs: Any) -> None:
     if os.environ.get("BENCH_WORKER_READY"):
         Path(os.environ["BENCH_WORKER_READY"]).touch()
+
+
+@app.task(name="bench.hop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def hop(finish_dir: str, chain: int, remaining: int) -> None:
+    """Do nothing, then enqueue the next hop of this chain (agentloop.step_chat's options);
+    the last hop marks its chain finished with a file in ``finish_dir``."""
+    if remaining > 1:
+        hop.apply_async((finish_dir, chain, remaining - 1))
+    else:
+        (Path(finish_dir) / str(chain)).touch()

@@ -23,10 +23,20 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/agentloop_bench_background"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"  # the tests use 14 (emptied by tests) and 15
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
-def setup(database_url: str, redis_url: str, agentloop: dict[str, Any] | None = None) -> None:
-    """Create and migrate the benchmark database; configure Django in this process."""
+def setup(
+    database_url: str,
+    redis_url: str,
+    agentloop: dict[str, Any] | None = None,
+    *,
+    broker_url: str | None = None,
+) -> None:
+    """Create and migrate the benchmark database; configure Django in this process.
+
+    The Celery broker is ``broker_url`` (Redis or RabbitMQ), else ``redis_url``.
+    """
     import psycopg
     from psycopg import sql
 
@@ -51,8 +61,11 @@ def setup(database_url: str, redis_url: str, agentloop: dict[str, Any] | None = 
             f"Redis is not reachable at {redis_url}: {exc}\n"
             "Start it with `bash scripts/services.sh start`, or pass --redis-url."
         )
+    broker_url = broker_url or redis_url
+    if not broker_url.startswith("redis"):
+        _check_broker(broker_url)
     os.environ["BENCH_DATABASE_URL"] = database_url
-    os.environ["BENCH_BROKER_URL"] = redis_url
+    os.environ["BENCH_BROKER_URL"] = broker_url
     os.environ["BENCH_AGENTLOOP"] = json.dumps(agentloop or {})
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.background_settings"
     import django
@@ -71,6 +84,20 @@ def setup(database_url: str, redis_url: str, agentloop: dict[str, Any] | None = 
                     cursor.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
             cursor.execute("DELETE FROM django_migrations WHERE app = 'agentloop'")
         call_command("migrate", verbosity=0, interactive=False)
+
+
+def _check_broker(url: str) -> None:
+    """Exit with a clear line if the broker (e.g. RabbitMQ) does not answer."""
+    from kombu import Connection  # local: Celery (and kombu) are an optional extra
+
+    try:
+        with Connection(url, connect_timeout=3) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        sys.exit(
+            f"The broker is not reachable at {url}: {exc}\n"
+            "Start the broker, or pass another --broker."
+        )
 
 
 def _schema_matches_models() -> bool:
@@ -147,6 +174,18 @@ def workers(
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+            _delete_queue(queue)
+
+
+def _delete_queue(queue: str) -> None:
+    """Drop the run's queue from the broker, so RabbitMQ does not collect one per run."""
+    from bench.celery_app import app  # local: the Celery app reads the Django settings
+
+    try:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(queue)
+    except Exception as exc:  # a leftover empty queue is harmless: say so and go on
+        print(f"could not delete queue {queue}: {exc}", file=sys.stderr)
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -1,0 +1,104 @@
+"""The job-path and sweeper benchmarks still run (tiny sample counts; nothing here is timed).
+
+They need PostgreSQL: skipped unless ``DATABASE_URL`` names one. Each script gets a database
+of its own, named after this process (the scripts empty their tables), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from bench.job_path import LABELS, LENGTHS, STEPS
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+
+pytestmark = [
+    pytest.mark.subprocess,
+    pytest.mark.skipif(
+        not DATABASE_URL.startswith(("postgres://", "postgresql://")),
+        reason="the benchmarks need PostgreSQL (set DATABASE_URL)",
+    ),
+]
+
+
+@pytest.fixture
+def bench_database(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a database for one script, dropped after the test."""
+    # Local: psycopg is installed with the postgres extra, which the SQLite run may lack.
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(DATABASE_URL)
+    name = f"agentloop_bench_smoke_{request.node.name[5:]}_{os.getpid()}"[:63]
+    yield urlunsplit(parts._replace(path=f"/{name}"))
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def run(script: str, *args: str) -> str:
+    done = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, f"bench/{script}", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_job_path_prints_every_cell_and_counts_statements(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "job_path.json"
+    printed = run(
+        "job_path.py", "--samples=2", "--warmup=0", f"--database-url={bench_database}",
+        f"--json={out}",
+    )  # fmt: skip
+
+    assert "statements per job" in printed
+    for label in LABELS.values():
+        rows = [line for line in printed.splitlines() if line.startswith(label)]
+        assert [row.split()[len(label.split())] for row in rows] == [str(n) for n in LENGTHS]
+    cells = json.loads(out.read_text())["cells"]
+    for name in LABELS:
+        for length in LENGTHS:
+            cell = cells[name][str(length)]
+            assert cell["agentloop"]["samples"] == cell["floor"]["samples"] == 2
+            assert cell["ratio"] > 0
+            statements = cell["statements"]
+            assert len(statements["per_job"]) == (1 if name == "complete" else STEPS)
+            assert all(count > 0 for count in statements["per_job"])
+    # The floor's own statements: BEGIN, SELECT, INSERT, UPDATE, COMMIT per step; in loop
+    # mode one SELECT, then BEGIN, INSERT, UPDATE, COMMIT per step.
+    assert cells["get_step"]["10"]["statements"]["floor_per_turn"] == 5 * STEPS
+    assert cells["complete"]["10"]["statements"]["floor_per_turn"] == 1 + 4 * STEPS
+
+
+def test_sweeper_finds_exactly_the_stalled_chats_and_explains_its_query(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "sweeper.json"
+    printed = run(
+        "sweeper.py", "--chats=2000", "--repeats=2", f"--database-url={bench_database}",
+        f"--json={out}",
+    )  # fmt: skip
+
+    assert "EXPLAIN (ANALYZE, BUFFERS)" in printed
+    results = json.loads(out.read_text())
+    assert results["chats"] == 2000
+    assert results["stalled"] == 20  # 1%, and the script exits if it finds more or fewer
+    assert "agentloop_chat" in results["plan"]
