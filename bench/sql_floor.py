@@ -32,8 +32,10 @@ class Floor:
         self.select = f'SELECT {names} FROM "{message_table}" WHERE "chat_id" = %s ORDER BY "id"'
         self.insert = (
             f'INSERT INTO "{message_table}" ("chat_id", "role", "content", "status", "is_error", '
-            '"parsed", "model", "finish_reason", "provider_data", "attachments", "created_at") '
-            "VALUES (%s, %s, %s, 'complete', false, NULL, %s, %s, '{}'::jsonb, '[]'::jsonb, %s) "
+            '"parsed", "model", "finish_reason", "thinking", "provider_data", "attachments", '
+            '"created_at") '
+            "VALUES (%s, %s, %s, 'complete', false, NULL, %s, %s, '', '{}'::jsonb, "
+            "'[]'::jsonb, %s) "
             'RETURNING "id"'
         )
         self.update = f'UPDATE "{chat_table}" SET "updated_at" = %s WHERE "id" = %s'

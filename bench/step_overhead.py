@@ -196,8 +196,9 @@ class Bench:
         self.floor_select = f'SELECT {columns} FROM "{message}" WHERE "chat_id" = %s ORDER BY "id"'
         self.floor_insert = (
             f'INSERT INTO "{message}" ("chat_id", "role", "content", "status", "is_error", '
-            '"parsed", "model", "finish_reason", "provider_data", "attachments", "created_at") '
-            "VALUES (%s, 'assistant', %s, 'complete', false, NULL, 'zero-latency', 'stop', "
+            '"parsed", "model", "finish_reason", "thinking", "provider_data", "attachments", '
+            '"created_at") '
+            "VALUES (%s, 'assistant', %s, 'complete', false, NULL, 'zero-latency', 'stop', '', "
             "'{}'::jsonb, '[]'::jsonb, %s) RETURNING \"id\""
         )
         self.floor_update = f'UPDATE "{chat}" SET "updated_at" = %s WHERE "id" = %s'
