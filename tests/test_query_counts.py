@@ -14,7 +14,8 @@ atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn
                           the lease), SAVEPOINT, lease renewal (it also reads the cancel
                           flag: the after-tool checkpoint is free), INSERT result,
                           UPDATE state, RELEASE                               2 x 6 = 12
-                          release                                                    = 1
+                          (the last result's transaction releases the claim instead of
+                          renewing it: the verb's last write)
 A job (``run_step``) costs the same as the verb: its claim also loads the chat.
 The same figures on SQLite and PostgreSQL.
 """
@@ -40,7 +41,7 @@ SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SA
 
 GENERATE_TEXT_QUERIES = 7
 GENERATE_TOOL_CALLS_QUERIES = 8
-RUN_TOOLS_QUERIES = 15
+RUN_TOOLS_QUERIES = 14
 
 
 def build_history(chat, length):

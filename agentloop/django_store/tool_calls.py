@@ -46,10 +46,16 @@ class ToolCallRows:
         return bool(started)
 
     def save_tool_result(
-        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+        self,
+        call: ToolCall,
+        message: Message,
+        state: ToolCallState,
+        error: str | None,
+        *,
+        release: str | None = None,
     ) -> Any:
         try:
-            with self._writing():
+            with self._writing(release=release):
                 record = self._tool_result(call, message, state, error)
         except IntegrityError as exc:
             raise ConcurrentWriteError(

@@ -371,6 +371,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             run.checkpoints,
             self._emit,
             chat=self.owner,
+            release_last=run.single,
         )
         try:
             results = runner.run(round_.message.tool_calls, round_.unanswered)

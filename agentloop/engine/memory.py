@@ -161,7 +161,13 @@ class MemoryStore(ChatStore):
         return True
 
     def save_tool_result(
-        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+        self,
+        call: ToolCall,
+        message: Message,
+        state: ToolCallState,
+        error: str | None,
+        *,
+        release: str | None = None,
     ) -> Message:
         if any(m.role == "tool" and m.tool_call_id == call.id for m in self.messages):
             raise ConcurrentWriteError(f"Tool call {call.id!r} already has a result.")

@@ -139,10 +139,17 @@ class ChatStore(ABC):
 
     @abstractmethod
     def save_tool_result(
-        self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
+        self,
+        call: ToolCall,
+        message: Message,
+        state: ToolCallState,
+        error: str | None,
+        *,
+        release: str | None = None,
     ) -> Any:
-        """Atomically: the tool message answering ``call`` and the call's final state.
-        Raises ``ConcurrentWriteError`` if the call already has a result."""
+        """Atomically: the tool message answering ``call`` and the call's final state (and,
+        with ``release``, the next move, the claim's release). Raises
+        ``ConcurrentWriteError`` if the call already has a result."""
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:

@@ -74,8 +74,13 @@ class ToolRunner:
         checkpoints: Checkpoints,
         emit: Emit,
         chat: Any = None,
+        *,
+        release_last: bool = False,
     ) -> None:
         self.store = store
+        #: the round is the verb's last move: its last result's write also releases the claim.
+        self.release_last = release_last
+        self.unanswered: list[ToolCall] = []
         self.tools = tools
         self.options = options
         self.checkpoints = checkpoints
@@ -122,7 +127,7 @@ class ToolRunner:
             return None
         return ToolOutcome(wait_reason="approval")
 
-    def _save(self, call: ToolCall, outcome: ToolOutcome) -> None:
+    def _save(self, call: ToolCall, outcome: ToolOutcome, *, release: str | None = None) -> None:
         if outcome.wait_reason is not None:
             self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
             call.state, call.wait_reason, call.question = (
@@ -142,7 +147,7 @@ class ToolRunner:
             is_error=outcome.is_error,
         )
         state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
-        record = self.store.save_tool_result(call, message, state, outcome.error)
+        record = self.store.save_tool_result(call, message, state, outcome.error, release=release)
         call.state = state
         self.answered.add(call.id)
         self.messages.append(message)
@@ -170,6 +175,7 @@ class ToolRunner:
     # -- the round ---------------------------------------------------------------------
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> list[Any]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
+        self.unanswered = unanswered
         # Calls held by a person or a subagent are not ours to run.
         calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
         refusals = {call.id: self._refusal(call, round_calls) for call in calls}
@@ -189,10 +195,11 @@ class ToolRunner:
     def _run_in_order(self, calls: list[ToolCall], refusals: dict[str, ToolOutcome | None]) -> None:
         """One after another, results in call order."""
         checked = False
-        for call in calls:
+        for index, call in enumerate(calls):
+            last = self.release_last and index == len(calls) - 1
             refusal = refusals[call.id]
             if refusal is not None:
-                self._save(call, refusal)
+                self._save(call, refusal, release=self._then(call) if last else None)
                 continue
             if not checked:
                 # The verb's own start check usually just ran (throttled then); later tools
@@ -200,8 +207,20 @@ class ToolRunner:
                 self.checkpoints.check(force=False)
                 checked = True
             if self._start(call):
-                self._save(call, self._execute(call))
+                outcome = self._execute(call)
+                release = self._then(call) if last and outcome.wait_reason is None else None
+                self._save(call, outcome, release=release)
+                if release is not None:
+                    # Released with the round's result: a cancel that came meanwhile stays
+                    # set and stops the next step at its start.
+                    return
             self.checkpoints.check()
+
+    def _then(self, call: ToolCall) -> str:
+        """The move after ``call``, the round's last, gets its result: the model is called
+        again unless another call of the round still waits."""
+        others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
+        return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
 
     def _run_on_threads(self, calls: list[ToolCall], size: int) -> None:
         queue = list(calls)
