@@ -20,7 +20,7 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
     no lease, or one that expired: a process that claimed it in-process died holding it)."""
     chat_model: Any = apps.get_model(model_label)
     now = timezone.now()
-    stale = now - timedelta(seconds=float(agentloop_settings.STALE_QUEUED_SECONDS))
+    stale = now - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS)
     # Both arms match the partial index on (state, updated_at) of chats in flight.
     return chat_model._default_manager.filter(
         Q(state="running", lease_expires_at__lt=now)

@@ -131,7 +131,7 @@ def _embedded() -> _EmbeddedRunner:
     global _runner
     with _runner_lock:
         if _runner is None:
-            _runner = _EmbeddedRunner(int(agentloop_settings.EMBEDDED_WORKERS))
+            _runner = _EmbeddedRunner(agentloop_settings.EMBEDDED_WORKERS)
         return _runner
 
 

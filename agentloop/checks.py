@@ -12,7 +12,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from . import providers
 from .background import backend_name
-from .conf import DEFAULTS, agentloop_settings
+from .conf import DEFAULTS, agentloop_settings, settings_errors
 from .exceptions import ConfigurationError
 from .providers.http import HTTPProvider
 
@@ -39,35 +39,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="agentloop.E002",
             )
         )
-    for key in ("CANCEL_POLL_INTERVAL", "LEASE_SECONDS", "RETRY_BACKOFF", "PARTIAL_SAVE_INTERVAL"):
-        number = value.get(key, DEFAULTS[key])
-        if isinstance(number, bool) or not isinstance(number, int | float) or number < 0:
-            errors.append(
-                Error(
-                    f"AGENTLOOP[{key!r}] must be a non-negative number, not {number!r}.",
-                    id="agentloop.E003",
-                )
-            )
-    retries = value.get("MODEL_RETRIES", DEFAULTS["MODEL_RETRIES"])
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        errors.append(
-            Error(
-                f"AGENTLOOP['MODEL_RETRIES'] must be a non-negative integer, not {retries!r}.",
-                id="agentloop.E004",
-            )
-        )
-    concurrency = value.get("TOOL_CONCURRENCY", DEFAULTS["TOOL_CONCURRENCY"])
-    if not (concurrency is None or concurrency == "threads" or
-            (isinstance(concurrency, int) and not isinstance(concurrency, bool)
-             and concurrency >= 1)):  # fmt: skip
-        errors.append(
-            Error(
-                f"AGENTLOOP['TOOL_CONCURRENCY'] must be None, 'threads' or a positive integer, "
-                f"not {concurrency!r}.",
-                id="agentloop.E005",
-            )
-        )
+    # The typed settings (agentloop.conf.Settings) say what each key may hold.
+    problems = settings_errors({k: v for k, v in value.items() if k in DEFAULTS})
+    for key, problem in sorted(problems.items()):
+        given = value.get(key)
+        if key in _NON_NEGATIVE_NUMBERS:
+            message, check_id = f"must be a non-negative number, not {given!r}", "E003"
+        elif key == "MODEL_RETRIES":
+            message, check_id = f"must be a non-negative integer, not {given!r}", "E004"
+        elif key == "TOOL_CONCURRENCY":
+            message = f"must be None, 'threads' or a positive integer, not {given!r}"
+            check_id = "E005"
+        else:
+            message, check_id = f"is invalid ({problem}): {given!r}", "E007"
+        errors.append(Error(f"AGENTLOOP[{key!r}] {message}.", id=f"agentloop.{check_id}"))
     return errors
+
+
+#: keys holding seconds (or another non-negative number): check agentloop.E003.
+_NON_NEGATIVE_NUMBERS = frozenset(
+    {
+        "CANCEL_POLL_INTERVAL", "LEASE_SECONDS", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX",
+        "RETRY_AFTER_MAX", "PARTIAL_SAVE_INTERVAL", "EVENTS_REAUTH_SECONDS",
+        "EVENTS_POLL_INTERVAL", "EVENTS_KEEPALIVE", "STALE_QUEUED_SECONDS", "EVENTS_TTL",
+    }
+)  # fmt: skip
 
 
 @register(Tags.compatibility)
@@ -89,8 +85,8 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 
 def _chosen_runner() -> str:
     """The runner the settings name ("auto" when they leave it to what is configured)."""
-    runner = str(agentloop_settings.RUNNER)
-    return str(agentloop_settings.BACKGROUND) if runner == "auto" else runner
+    runner = agentloop_settings.RUNNER
+    return agentloop_settings.BACKGROUND if runner == "auto" else runner
 
 
 @register(Tags.compatibility)

@@ -8,116 +8,174 @@ so the in-memory chat works in a plain script. The cache is dropped on Django's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-__all__ = ["DEFAULTS", "AgentloopSettings", "agentloop_settings", "get_chat_model"]
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-DEFAULTS: dict[str, Any] = {
+__all__ = [
+    "DEFAULTS",
+    "AgentloopSettings",
+    "Settings",
+    "agentloop_settings",
+    "get_chat_model",
+    "settings_errors",
+]
+
+
+def _a_number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")  # not a string, not a bool
+    return value
+
+
+#: seconds (or another non-negative number): 0.5, 60.
+_Seconds = Annotated[float, BeforeValidator(_a_number), Field(ge=0)]
+#: a count that may be 0 (retries).
+_Count = Annotated[int, Field(strict=True, ge=0)]
+#: a count of at least 1 (sizes, pool sizes).
+_PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+
+
+class Settings(BaseModel):
+    """The ``AGENTLOOP`` dict, typed: each key, its type and its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     #: model used when a chat names none.
-    "DEFAULT_MODEL": "gpt-4.1-mini",
+    DEFAULT_MODEL: str = "gpt-4.1-mini"
     #: per-provider settings: {"openai": {"api_key": ..., "base_url": ...}}.
-    "PROVIDERS": {},
+    PROVIDERS: dict[str, dict[str, Any]] = Field(default_factory=dict)
     #: default tool concurrency: None (one after another), "threads", or a pool size.
-    "TOOL_CONCURRENCY": None,
+    TOOL_CONCURRENCY: Literal["threads"] | _PositiveInt | None = None
     #: seconds between cancellation reads while an answer streams.
-    "CANCEL_POLL_INTERVAL": 0.2,
+    CANCEL_POLL_INTERVAL: _Seconds = 0.2
     #: retries of one model call on a transient provider error.
-    "MODEL_RETRIES": 2,
+    MODEL_RETRIES: _Count = 2
     #: first backoff in seconds (doubled each retry, with jitter); Retry-After wins.
-    "RETRY_BACKOFF": 0.5,
+    RETRY_BACKOFF: _Seconds = 0.5
     #: upper bound of one backoff sleep inside a step (a longer Retry-After is cut to it).
-    "RETRY_BACKOFF_MAX": 30.0,
+    RETRY_BACKOFF_MAX: _Seconds = 30.0
     #: the longest Retry-After honoured between background attempts of a step.
-    "RETRY_AFTER_MAX": 300.0,
+    RETRY_AFTER_MAX: _Seconds = 300.0
     #: seconds a worker's lease on a chat lasts without renewal.
-    "LEASE_SECONDS": 60,
+    LEASE_SECONDS: _Seconds = 60
     #: the chat model the views, tasks and admin use ("app_label.Model").
-    "CHAT_MODEL": "agentloop.Chat",
+    CHAT_MODEL: str = "agentloop.Chat"
     #: Redis for live events and fast cancellation (e.g. "redis://127.0.0.1:6379/0"); None: DB.
-    "REDIS_URL": None,
+    REDIS_URL: str | None = None
     #: events kept per chat in Redis (a reconnecting page can catch up on these).
-    "EVENTS_MAXLEN": 1000,
+    EVENTS_MAXLEN: _PositiveInt = 1000
     #: prefix of every Redis key agentloop writes; None: "agentloop:<default database NAME>",
     #: so two sites on one Redis database keep apart.
-    "REDIS_PREFIX": None,
+    REDIS_PREFIX: str | None = None
     #: seconds a chat's Redis event stream lives after its latest event; None: no expiry
     #: (a deleted chat's stream is deleted with it either way).
-    "EVENTS_TTL": 24 * 60 * 60,
+    EVENTS_TTL: _Seconds | None = 24 * 60 * 60
     #: seconds an open event stream goes without checking again that its reader may still
     #: see the chat (logged in, active, allowed); it closes when they may not.
-    "EVENTS_REAUTH_SECONDS": 30.0,
+    EVENTS_REAUTH_SECONDS: _Seconds = 30.0
     #: seconds between an event stream's reads of the chat (its state; its messages when
     #: there is no Redis).
-    "EVENTS_POLL_INTERVAL": 0.5,
+    EVENTS_POLL_INTERVAL: _Seconds = 0.5
     #: seconds of silence after which an event stream sends a keep-alive comment.
-    "EVENTS_KEEPALIVE": 15.0,
+    EVENTS_KEEPALIVE: _Seconds = 15.0
     #: how background steps run: "celery", "embedded" (in-process threads), "django_tasks"
     #: (Django 6's tasks framework, settings.TASKS) or "auto" (Celery when its app has a
     #: broker configured, else embedded).
-    "RUNNER": "auto",
+    RUNNER: str = "auto"
     #: the older name of RUNNER (read when RUNNER is "auto").
-    "BACKGROUND": "auto",
+    BACKGROUND: str = "auto"
     #: threads of the embedded runner.
-    "EMBEDDED_WORKERS": 2,
+    EMBEDDED_WORKERS: _PositiveInt = 2
     #: attempts of a step after a transient provider error, in the background; the count is
     #: kept on the chat (re-enqueues by the sweeper don't reset it); then the chat fails.
-    "STEP_RETRIES": 5,
+    STEP_RETRIES: _Count = 5
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
-    "STALE_QUEUED_SECONDS": 300,
+    STALE_QUEUED_SECONDS: _Seconds = 300
     #: seconds between writes of a streaming partial answer to the database.
-    "PARTIAL_SAVE_INTERVAL": 1.0,
+    PARTIAL_SAVE_INTERVAL: _Seconds = 1.0
     #: largest provider response read (bytes of one answer, plain or streamed); larger fails
     #: with ResponseTooLargeError and nothing of it is stored. None: no cap.
-    "MAX_RESPONSE_BYTES": 10 * 1024 * 1024,
+    MAX_RESPONSE_BYTES: _PositiveInt | None = 10 * 1024 * 1024
     #: largest attachment (bytes of one image or document) ask_later accepts; None: no cap.
-    "MAX_ATTACHMENT_BYTES": 20 * 1024 * 1024,
+    MAX_ATTACHMENT_BYTES: _PositiveInt | None = 20 * 1024 * 1024
     #: what `manage.py agentloop demo` runs: a dict (or its import path) with "instructions",
     #: "tools" (import paths), "questions" and optionally "title"; None: give them as options.
-    "DEMO": None,
+    DEMO: dict[str, Any] | str | None = None
     #: MCP tool servers by name: {"files": {"command": [...], "env": {...}}} (stdio) or
     #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.mcp.
-    "MCP_SERVERS": {},
-}
+    MCP_SERVERS: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
-class AgentloopSettings:
-    """Attribute access to the merged settings, cached until a setting changes."""
+#: every key and its default value.
+DEFAULTS: dict[str, Any] = Settings().model_dump()
+
+
+def settings_errors(values: dict[str, Any]) -> dict[str, str]:
+    """What is wrong with an ``AGENTLOOP`` dict, by key (the system checks report it)."""
+    try:
+        Settings.model_validate(values)
+    except ValidationError as exc:
+        errors: dict[str, str] = {}
+        for error in exc.errors(include_url=False):
+            key = str(error["loc"][0]) if error["loc"] else ""
+            errors.setdefault(key, error["msg"])
+        return errors
+    return {}
+
+
+if TYPE_CHECKING:
+    _Typed = Settings  # type checkers see every setting with its type
+else:
+    _Typed = object
+
+
+class AgentloopSettings(_Typed):
+    """Attribute access to the typed settings, cached until a setting changes.
+
+    A key whose value is invalid reads as its default (system checks report it)."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, Any] | None = None
+        self._cache: Settings | None = None
 
-    def _load(self) -> dict[str, Any]:
-        merged = dict(DEFAULTS)
+    def _load(self) -> Settings:
         try:
             # Function-local: settings are read late, never when this module is imported.
             from django.conf import settings
         except ImportError:  # pragma: no cover - Django is a dependency
-            return merged
-        if settings.configured:
-            user = getattr(settings, "AGENTLOOP", None) or {}
-            if isinstance(user, dict):  # anything else is reported by check agentloop.E001
-                merged.update(user)
-        return merged
+            return Settings()
+        user: Any = getattr(settings, "AGENTLOOP", None) if settings.configured else None
+        if not isinstance(user, dict):  # anything else is reported by check agentloop.E001
+            return Settings()
+        errors = settings_errors(user)
+        return Settings.model_validate(
+            {key: value for key, value in user.items() if key in DEFAULTS and key not in errors}
+        )
 
-    def as_dict(self) -> dict[str, Any]:
-        """The merged settings."""
+    @property
+    def values(self) -> Settings:
+        """The settings, typed."""
         if self._cache is None:
             self._cache = self._load()
         return self._cache
 
+    def as_dict(self) -> dict[str, Any]:
+        """The merged settings."""
+        return self.values.model_dump()
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        values = self.as_dict()
-        if name not in values:
+        if name not in DEFAULTS:
             raise AttributeError(f"Unknown agentloop setting {name!r}")
-        return values[name]
+        return getattr(self.values, name)
 
     def reload(self) -> None:
         """Forget cached values; the next read sees the current settings."""
         self._cache = None
 
 
+#: the settings (typed like ``Settings``: ``agentloop_settings.LEASE_SECONDS`` is a float).
 agentloop_settings = AgentloopSettings()
 
 

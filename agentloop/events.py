@@ -225,7 +225,7 @@ def get_backend() -> EventBackend:
     """The configured backend (Redis when ``REDIS_URL`` is set)."""
     ttl = agentloop_settings.EVENTS_TTL
     return _backend_for(
-        _redis.redis_url(), int(agentloop_settings.EVENTS_MAXLEN), int(ttl) if ttl else None
+        _redis.redis_url(), agentloop_settings.EVENTS_MAXLEN, int(ttl) if ttl else None
     )
 
 

@@ -95,7 +95,7 @@ class ReaderAccess:
         self.session_key: str | None = session.session_key if session is not None else None
         self.chat_model: Any = type(chat)
         self.chat_pk = chat.pk
-        self.every = max(0.0, float(agentloop_settings.EVENTS_REAUTH_SECONDS))
+        self.every = max(0.0, agentloop_settings.EVENTS_REAUTH_SECONDS)
         self.checked_at = time.monotonic()
 
     def due(self) -> bool:
@@ -221,8 +221,8 @@ class ChatEventReader:
 
 def _settings() -> tuple[float, float]:
     return (
-        max(0.01, float(agentloop_settings.EVENTS_POLL_INTERVAL)),
-        max(0.01, float(agentloop_settings.EVENTS_KEEPALIVE)),
+        max(0.01, agentloop_settings.EVENTS_POLL_INTERVAL),
+        max(0.01, agentloop_settings.EVENTS_KEEPALIVE),
     )
 
 

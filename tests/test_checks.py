@@ -346,3 +346,26 @@ def test_e006_the_django_tasks_runner_passes_on_django_6():
 def test_e006_a_known_runner_passes(runner):
     with override_settings(DEBUG=True, AGENTLOOP={"RUNNER": runner}):
         assert [m.id for m in run_checks() if m.id == "agentloop.E006"] == []
+
+
+# -- E007: every other key has a type too (agentloop.conf.Settings) --------------------------
+@override_settings(AGENTLOOP={"EMBEDDED_WORKERS": 0, "EVENTS_MAXLEN": "many"})
+def test_e007_a_value_of_the_wrong_type_fails_and_reads_as_its_default():
+    from agentloop.conf import agentloop_settings
+
+    errors = check_settings()
+
+    assert ids(errors) == ["agentloop.E007", "agentloop.E007"]
+    assert "EMBEDDED_WORKERS" in errors[0].msg and "EVENTS_MAXLEN" in errors[1].msg
+    agentloop_settings.reload()
+    assert (agentloop_settings.EMBEDDED_WORKERS, agentloop_settings.EVENTS_MAXLEN) == (2, 1000)
+
+
+@override_settings(AGENTLOOP={"LEASE_SECONDS": 30})
+def test_settings_are_read_with_their_types():
+    from agentloop.conf import agentloop_settings
+
+    agentloop_settings.reload()
+    assert agentloop_settings.LEASE_SECONDS == 30.0
+    assert isinstance(agentloop_settings.LEASE_SECONDS, float)
+    assert isinstance(agentloop_settings.MODEL_RETRIES, int)

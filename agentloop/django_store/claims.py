@@ -198,7 +198,7 @@ class ClaimMixin:
         error = one_line(failure)
         detail = "".join(traceback.format_exception(failure))[-8000:]
         attempts = int(self.chat.attempts or 0) + 1
-        retries = int(agentloop_settings.STEP_RETRIES)
+        retries = agentloop_settings.STEP_RETRIES
         if (
             background
             and isinstance(failure, ProviderError)

@@ -205,7 +205,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         holds the chat), released by the verb's last write or at its end, with how it ended.
         A CancelledError is recorded on the way out."""
         owns = self.store.claim()
-        run = _Run(Checkpoints(self.store, float(agentloop_settings.CANCEL_POLL_INTERVAL)), single)
+        run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
             yield run
         except BaseException as exc:

@@ -182,7 +182,7 @@ class ModelCalls:
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
-        retries = int(agentloop_settings.MODEL_RETRIES)
+        retries = agentloop_settings.MODEL_RETRIES
         self._emit("before_message")
         partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):

@@ -22,9 +22,9 @@ def backoff(attempt: int, retry_after: float | None = None, *, cap: float | None
     up to ``cap`` (default ``RETRY_BACKOFF_MAX``).
     """
     if retry_after is not None:
-        return max(0.0, min(float(retry_after), float(agentloop_settings.RETRY_AFTER_MAX)))
-    limit = float(agentloop_settings.RETRY_BACKOFF_MAX) if cap is None else cap
-    base = float(agentloop_settings.RETRY_BACKOFF) * (2**attempt)
+        return max(0.0, min(float(retry_after), agentloop_settings.RETRY_AFTER_MAX))
+    limit = agentloop_settings.RETRY_BACKOFF_MAX if cap is None else cap
+    base = agentloop_settings.RETRY_BACKOFF * (2**attempt)
     return min(random.uniform(0, base), limit)  # noqa: S311
 
 
@@ -36,4 +36,4 @@ def retry_delay(attempt: int, error: BaseException) -> float | None:
     """
     if not isinstance(error, ProviderError) or not error.retryable:
         return None
-    return min(backoff(attempt, error.retry_after), float(agentloop_settings.RETRY_BACKOFF_MAX))
+    return min(backoff(attempt, error.retry_after), agentloop_settings.RETRY_BACKOFF_MAX)

@@ -32,7 +32,7 @@ class StreamState:
         self.model = model
         self.parts: list[str] = []
         self.partial_key: Any = None
-        self.interval = float(agentloop_settings.PARTIAL_SAVE_INTERVAL)
+        self.interval = agentloop_settings.PARTIAL_SAVE_INTERVAL
         self._last_save = time.monotonic()
 
     @property

@@ -203,7 +203,7 @@ class _Loop:
 
         future = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
         deadline = time.monotonic() + timeout
-        poll = max(float(agentloop_settings.CANCEL_POLL_INTERVAL), 0.01) if stop else timeout
+        poll = max(agentloop_settings.CANCEL_POLL_INTERVAL, 0.01) if stop else timeout
         while True:
             remaining = deadline - time.monotonic()
             try:
