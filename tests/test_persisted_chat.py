@@ -511,3 +511,26 @@ def test_usage_totals_for_an_owner(chat, scripted, user, django_user_model):
         "cancelled": 0,
     }
     assert Usage.objects.for_owner(other).totals()["attempts"] == 1
+
+
+def test_trusted_builds_the_same_message_as_validation():
+    """The store builds its own rows' messages without validation (django_store.rows.trusted):
+    the result must equal, field for field, what pydantic would build and validate."""
+    from agentloop.django_store.rows import trusted
+    from agentloop.messages import Message, ToolCall
+
+    call = {"id": "c1", "name": "add", "arguments": {"a": 1}, "state": ToolCallState.PENDING,
+            "provider_data": {}, "wait_reason": None, "question": None, "decision": None,
+            "decision_digest": None, "key": 7}  # fmt: skip
+    validated_call = ToolCall.model_validate(call)
+    built_call = trusted(ToolCall, dict(call))
+    assert built_call == validated_call
+    assert built_call.model_dump() == validated_call.model_dump()
+
+    values = dict(Message.model_validate({"role": "assistant", "content": "hi"}).__dict__)
+    values["tool_calls"] = [built_call]
+    built = trusted(Message, values)
+    assert built == Message.model_validate({**values, "tool_calls": [call]})
+    assert built.model_dump_json() == Message.model_validate(built.model_dump()).model_dump_json()
+    built.key = 9  # our rows' messages stay assignable, as validated ones are
+    assert built.key == 9

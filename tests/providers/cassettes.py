@@ -42,12 +42,13 @@ NEXT = FIXTURES.parent / "providers-next"
 
 
 def require_fixtures(folder: Path = FIXTURES) -> Path:
-    """The fixtures folder; skips (or fails under CI=true) when it is absent."""
+    """The fixtures folder; fails loudly when it is absent (every machine here has the
+    recordings: a replay test that skipped silently would prove nothing)."""
     if not folder.is_dir():
-        reason = f"recorded provider traffic not found at {folder} (set AGENTLOOP_FIXTURES)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pytest.fail(
+            f"recorded provider traffic not found at {folder}: the replay tests need it "
+            "(point AGENTLOOP_FIXTURES at the folder of recordings)"
+        )
     return folder
 
 
