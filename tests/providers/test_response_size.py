@@ -97,8 +97,8 @@ def test_a_streamed_answer_over_the_cap_fails_and_keeps_no_answer(server, chat, 
         chat.ask_later("Hi").complete(stream=seen.append)
 
     assert seen  # pieces arrived before the cap was met, and the engine saved them as it
-    # streamed; that row stays a "partial" (a later answer passes over it), never an answer.
-    assert [m.status for m in chat.messages.filter(role="assistant")] in ([], ["partial"])
+    # streamed; that row is marked "failed" (a later answer passes over it), never an answer.
+    assert [m.status for m in chat.messages.filter(role="assistant")] in ([], ["failed"])
     [usage] = Usage.objects.filter(chat=chat)
     assert (usage.status, usage.error.partition(":")[0]) == ("failed", "ResponseTooLargeError")
 
