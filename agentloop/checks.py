@@ -7,13 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import django
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
 
 from . import providers
 from .background import backend_name
-from .conf import DEFAULTS, agentloop_settings, settings_errors
+from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
+from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.http import HTTPProvider
 
 
@@ -87,6 +90,58 @@ def _chosen_runner() -> str:
     """The runner the settings name ("auto" when they leave it to what is configured)."""
     runner = agentloop_settings.RUNNER
     return agentloop_settings.BACKGROUND if runner == "auto" else runner
+
+
+#: what agentloop reads a chat's rows by: related name -> the abstract model it must build on.
+CHAT_RELATIONS = {
+    "messages": "AbstractMessage",
+    "tool_calls": "AbstractToolCall",
+    "usage_records": "AbstractUsage",
+}
+
+
+def chat_model_problems(chat_model: Any) -> list[str]:
+    """Why ``chat_model`` can't be driven as a chat (empty when it can)."""
+    abstract = {
+        "AbstractMessage": AbstractMessage,
+        "AbstractToolCall": AbstractToolCall,
+        "AbstractUsage": AbstractUsage,
+    }
+    label = chat_model._meta.label
+    if not issubclass(chat_model, AbstractChat):
+        return [f"{label} is not built on agentloop.models.AbstractChat."]
+    related = {
+        relation.get_accessor_name(): relation.related_model
+        for relation in chat_model._meta.related_objects
+    }
+    problems = []
+    for name, base in CHAT_RELATIONS.items():
+        model = related.get(name)
+        if model is None or not issubclass(model, abstract[base]):
+            problems.append(
+                f"{label} needs a model built on {base} with a foreign key to it whose "
+                f"related_name is {name!r} (agentloop reads the chat's rows by that name)."
+            )
+    return problems
+
+
+@register(Tags.models)
+def check_chat_models(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """CHAT_MODEL names an installed chat model, and every chat model has its rows' models."""
+    errors: list[CheckMessage] = []
+    try:
+        get_chat_model()
+    except ImproperlyConfigured as exc:
+        errors.append(Error(str(exc), id="agentloop.E008"))
+    for model in apps.get_models():
+        if issubclass(model, AbstractChat):
+            for problem in chat_model_problems(model):
+                errors.append(
+                    Error(
+                        problem, hint="See docs/custom-models.md.", obj=model, id="agentloop.E008"
+                    )
+                )
+    return errors
 
 
 @register(Tags.compatibility)

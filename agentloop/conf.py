@@ -180,8 +180,22 @@ agentloop_settings = AgentloopSettings()
 
 
 def get_chat_model() -> Any:
-    """The chat model named by ``AGENTLOOP["CHAT_MODEL"]`` (default ``agentloop.Chat``)."""
+    """The chat model named by ``AGENTLOOP["CHAT_MODEL"]`` (default ``agentloop.Chat``): the one
+    the views, the admin's actions and the commands serve. ``ImproperlyConfigured`` when it
+    names no installed chat model (like ``django.contrib.auth.get_user_model``)."""
     # Function-local: conf is imported by settings-time code, before the app registry.
     from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
 
-    return apps.get_model(agentloop_settings.CHAT_MODEL)
+    label = agentloop_settings.CHAT_MODEL
+    try:
+        model = apps.get_model(label, require_ready=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"AGENTLOOP['CHAT_MODEL'] must be of the form 'app_label.ModelName', not {label!r}."
+        ) from None
+    except LookupError:
+        raise ImproperlyConfigured(
+            f"AGENTLOOP['CHAT_MODEL'] refers to {label!r}, which is not installed."
+        ) from None
+    return model

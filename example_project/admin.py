@@ -1,8 +1,14 @@
-"""The example site's admin: the notes the demo agent saved."""
+"""The example site's admin: the notes the demo agent saved, tickets, support chats."""
 
 from django.contrib import admin
 
-from .models import Note
+from agentloop.admin import ChatAdmin
+
+from .models import Note, SupportConversation, Ticket
+
+# A chat model of the project's own gets agentloop's chat admin (timeline, filters, actions).
+admin.site.register(SupportConversation, ChatAdmin)
+admin.site.register(Ticket)
 
 
 @admin.register(Note)
