@@ -35,5 +35,13 @@ def scripted() -> Iterator[ScriptedProvider]:
 
 
 @pytest.fixture
+def chat(user):
+    """A persisted chat on the "scripted" model, owned by ``user`` (files may override it)."""
+    from agentloop.models import Chat  # the models load once Django is set up
+
+    return Chat.objects.create(model="scripted:test", owner=user)
+
+
+@pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="pw")

@@ -54,11 +54,6 @@ def settle() -> None:
     assert wait_for_embedded_jobs(JOB_DEADLINE), "background jobs did not finish"
 
 
-@pytest.fixture
-def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
-
-
 def roles(chat):
     return [(m.role, m.status) for m in chat.messages.order_by("id")]
 

@@ -24,11 +24,6 @@ from tests.tools import CancelViaDatabase, add
 WORDS = [f"word{i} " for i in range(600)]  # 30 s at 0.05 s a chunk: a cancel always lands first
 
 
-@pytest.fixture
-def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
-
-
 def flag(chat):
     return Chat.objects.values_list("cancel_requested_at", flat=True).get(pk=chat.pk)
 

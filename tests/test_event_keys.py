@@ -21,11 +21,6 @@ redis_events = test_sse.redis_events
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
-
-
 def stream_of(chat) -> str:
     return events.get_backend().stream(events.chat_key(chat))
 

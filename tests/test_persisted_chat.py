@@ -26,11 +26,6 @@ class CityFacts(BaseModel):
     population: int
 
 
-@pytest.fixture
-def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
-
-
 def rows(chat):
     """(role, content) of every message row, in order."""
     return [(m.role, m.content) for m in chat.messages.all()]

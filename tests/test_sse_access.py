@@ -45,11 +45,6 @@ def _check_at_every_poll(settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, **EVERY_POLL}
 
 
-@pytest.fixture
-def chat(user):
-    return Chat.objects.create(model="scripted:test", owner=user)
-
-
 def log_out_everywhere(user) -> None:
     """What ``logout()`` does to the session row of each of the user's logins."""
     for session in Session.objects.all():
