@@ -203,6 +203,7 @@ class ModelCalls(Summaries):
     def _generate(self, transcript: list[Message], stream: StreamCallback | None, run: Any) -> Any:
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         config = self.store.get_config()
+        streams = stream is not None
         self._emit("before_message")
         chain: list[str | None] = [None, *config.fallbacks]  # None: the chat's own model
         compacted = False
@@ -215,7 +216,7 @@ class ModelCalls(Summaries):
                 if not compacted and self.compact(transcript, config) is not None:
                     # One compaction and one retry of the same model.
                     compacted = True
-                    prepared = self._prepare_for(transcript, config, chain[index], stream)
+                    prepared = self._prepare_for(transcript, config, chain[index], streams)
                     continue
                 error: ProviderError = exc
                 if compacted:
@@ -233,7 +234,7 @@ class ModelCalls(Summaries):
                 raise error
             index += 1
             failed = prepared
-            prepared = self._prepare_for(transcript, config, chain[index], stream)
+            prepared = self._prepare_for(transcript, config, chain[index], streams)
             self._emit("model_fallback", failed.provider_name + ":" + failed.model_id,
                        prepared.provider_name + ":" + prepared.model_id, error)  # fmt: skip
         # The step's last write releases the claim when the verb ends with it: a single
