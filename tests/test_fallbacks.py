@@ -81,11 +81,12 @@ def edges():
         answer = recorded(ANSWER, 200)
         first_edge = Edge(first)
         second_edge = Edge(second or (lambda: httpx.Response(200, text=answer.response_text)))
+        first_transport = httpx.MockTransport(first_edge.handle)
+        second_transport = httpx.MockTransport(second_edge.handle)
+        providers.register("anthropic", AnthropicProvider(api_key="k", transport=first_transport))
         providers.register(
-            "anthropic",
-            AnthropicProvider(api_key="k", transport=httpx.MockTransport(first_edge.handle)),
+            "openrouter", OpenRouterProvider(api_key="k", transport=second_transport)
         )
-        providers.register("openrouter", OpenRouterProvider(api_key="k", transport=httpx.MockTransport(second_edge.handle)))  # fmt: skip
         made.extend(["anthropic", "openrouter"])
         return first_edge, second_edge
 
