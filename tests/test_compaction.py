@@ -153,6 +153,18 @@ def test_the_admin_timeline_shows_the_summary_as_such_and_every_row(admin_client
         assert f"Question {turn}:" in content
 
 
+def test_the_example_page_shows_every_row_and_the_summary_as_such(client, user, chat, model):
+    drive(chat, 8)
+    client.force_login(user)
+
+    content = client.get(reverse("chat_detail", args=[chat.pk])).content.decode()
+
+    assert 'class="msg msg-summary"' in content
+    assert "summary of earlier messages" in content
+    for turn in range(8):
+        assert f"Question {turn}:" in content
+
+
 def test_a_fresh_instance_reads_the_compaction_settings(chat, model):
     fresh = Chat.objects.get(pk=chat.pk)
     config = fresh.conversation.store.get_config()
