@@ -80,6 +80,15 @@ def _boundary(messages: list[Message], summary: int | None) -> int:
     return summary  # a summary whose rows are gone covers everything before it
 
 
+def reported_since_summary(transcript: list[Message], key: Any) -> bool:
+    """The answer keyed ``key`` came after the latest summary (or there is none)."""
+    messages = finished(transcript)
+    summary = _latest_summary(messages)
+    if summary is None:
+        return True
+    return any(m.key == key for m in messages[summary + 1 :])
+
+
 def as_context(summary: Message) -> Message:
     """The summary as providers get it: a user-role text after the instructions.
 

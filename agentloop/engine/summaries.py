@@ -52,7 +52,10 @@ class Summaries:
         if size is None:
             return False
         messages = compaction.window(transcript)
-        estimate = compaction.estimate_tokens(messages, self.store.last_input_tokens())
+        reported = self.store.last_input_tokens()
+        if reported is not None and not compaction.reported_since_summary(transcript, reported[0]):
+            reported = None  # that request still held the rows a later summary replaced
+        estimate = compaction.estimate_tokens(messages, reported)
         return estimate > config.compaction.at * size
 
     def compact(self, transcript: list[Message], config: ChatConfig) -> Message | None:
