@@ -237,3 +237,14 @@ def test_a_fallback_nobody_serves_is_refused_in_one_line():
         chat.with_fallbacks("nobody-knows")
     assert "\n" not in str(caught.value)
     assert chat.store.get_config().fallbacks == []
+
+
+def test_the_admin_timeline_shows_which_model_answered(admin_client, edges, user):
+    edges(lambda: anthropic_error(529, *ERRORS[529]))
+    chat = Chat.objects.create(model=FIRST, owner=user).with_fallbacks(SECOND)
+    chat.ask("What's 2 + 2?")
+
+    content = admin_client.get(f"/admin/agentloop/chat/{chat.pk}/change/").content.decode()
+
+    assert f'<span class="agentloop-quiet">{SECOND_ANSWERS_AS}</span>' in content
+    assert "3 model calls" in content and "(2 failed)" in content
