@@ -226,6 +226,7 @@ class ModelCalls(Summaries):
                         status=exc.status,
                         body=exc.body,
                     )
+                    error.__cause__ = exc
             except ProviderError as exc:
                 if not falls_back(exc):
                     raise
