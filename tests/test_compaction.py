@@ -148,7 +148,12 @@ def test_the_admin_timeline_shows_the_summary_as_such_and_every_row(admin_client
 
     assert response.status_code == 200
     assert "summary of earlier messages" in content
-    assert "agentloop-summary" in content
+    entry = content[content.index('class="agentloop-entry agentloop-summary') :]
+    entry = entry[: entry.index("</li>")]
+    summary = chat.messages.filter(role="summary").first()
+    usage = Usage.objects.get(message=summary)
+    assert summary.content in entry
+    assert f"{usage.input_tokens} in / {usage.output_tokens} out" in entry
     for turn in range(8):
         assert f"Question {turn}:" in content
 
