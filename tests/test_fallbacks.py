@@ -26,6 +26,7 @@ from agentloop.models import Chat, Usage
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.openai import OpenRouterProvider
+from agentloop.testing import ScriptedProvider, stream
 from tests.providers.cassettes import Interaction, load
 
 pytestmark = pytest.mark.django_db
@@ -248,3 +249,20 @@ def test_the_admin_timeline_shows_which_model_answered(admin_client, edges, user
 
     assert f'<span class="agentloop-quiet">{SECOND_ANSWERS_AS}</span>' in content
     assert "3 model calls" in content and "(2 failed)" in content
+
+
+def test_a_streamed_step_falls_back_and_streams_the_second_model(edges):
+    spare = ScriptedProvider(stream("Four", " it is."))
+    providers.register("spare", spare)
+    edges(lambda: anthropic_error(529, *ERRORS[529]))
+    chunks = []
+    try:
+        chat = agentloop.chat(FIRST).with_fallbacks("spare:small")
+        answer = chat.ask("What's 2 + 2?", stream=chunks.append)
+    finally:
+        providers.unregister("spare")
+
+    assert answer.content == "Four it is."
+    assert [chunk.text for chunk in chunks] == ["Four", " it is."]
+    assert [m.role for m in chat.messages] == ["user", "assistant"]
+    assert spare.requests[0].stream is True
