@@ -62,6 +62,8 @@ class Agent:
     inputs: ClassVar[Sequence[str] | Mapping[str, str]] = ()
     #: keyword arguments of ``with_limits``.
     limits: ClassVar[Mapping[str, Any]] = {}
+    #: "provider:model" names tried in order when the model fails for a step (``with_fallbacks``).
+    fallbacks: ClassVar[Sequence[str]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,6 +109,8 @@ class Agent:
             chat.with_schema(cls.schema)
         if cls.limits:
             chat.with_limits(**cls.limits)
+        if cls.fallbacks:
+            chat.with_fallbacks(*cls.fallbacks)
         return chat
 
     @classmethod

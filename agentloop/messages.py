@@ -37,7 +37,9 @@ __all__ = [
     "messages_adapter",
 ]
 
-Role = Literal["system", "user", "assistant", "tool"]
+#: "summary" is a compaction's summary of older messages: kept in the transcript, sent to
+#: providers by the engine as context (see ``engine.compaction``), never as its own role.
+Role = Literal["system", "user", "assistant", "tool", "summary"]
 
 
 class MessageStatus(StrEnum):

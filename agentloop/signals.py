@@ -10,6 +10,7 @@ __all__ = [
     "chat_stopped",
     "message_added",
     "model_call_started",
+    "model_fallback",
     "tool_call_finished",
     "tool_call_started",
 ]
@@ -26,3 +27,6 @@ tool_call_finished = Signal()
 chat_cancelled = Signal()
 #: a limit stopped the turn: ``reason``.
 chat_stopped = Signal()
+#: a model call failed in a way retrying can't fix and the step tries the next model
+#: (``with_fallbacks``); args: chat, from_model, to_model, error.
+model_fallback = Signal()

@@ -51,6 +51,9 @@ _CONFIG_COLUMNS = {
     "limits": "limits",
     "caching": "caching",
     "thinking": "thinking",
+    "context_window": "context_window",
+    "compaction": "compaction",
+    "fallbacks": "fallbacks",
 }
 
 
@@ -175,6 +178,9 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
                 "limits": chat.limits or {},
                 "caching": chat.caching,
                 "thinking": chat.thinking,
+                "context_window": chat.context_window,
+                "compaction": chat.compaction,
+                "fallbacks": chat.fallbacks or [],
             }
         )
 
@@ -361,6 +367,22 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
     def record_usage(self, usage: UsageRecord) -> None:
         with self._writing():
             self.models.usage_insert.insert(self._usage_row(usage), self._db)
+
+    def last_input_tokens(self) -> tuple[Any, int] | None:
+        if self.chat.pk is None:
+            return None
+        row = (
+            self.usage_model.objects.filter(
+                chat_id=self.chat.pk,
+                status="succeeded",
+                message__role="assistant",  # a summary's call read other rows
+                input_tokens__gt=0,
+            )
+            .order_by("-id")
+            .values_list("message_id", "input_tokens")
+            .first()
+        )
+        return (row[0], row[1]) if row is not None else None
 
     def native_message(self, message: Message) -> Any:
         return self.message_model.objects.get(pk=message.key)

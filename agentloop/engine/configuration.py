@@ -20,7 +20,7 @@ from ..tools import Tool
 if TYPE_CHECKING:
     from .store import ChatStore
 
-__all__ = ["ChatConfig", "Configuration", "Limits", "ToolOptions"]
+__all__ = ["ChatConfig", "Compaction", "Configuration", "Limits", "ToolOptions"]
 
 
 class ToolOptions(BaseModel):
@@ -57,6 +57,19 @@ class Limits(BaseModel):
         return any(value is not None for value in self.model_dump().values())
 
 
+class Compaction(BaseModel):
+    """When and how a long chat is summarised (``with_compaction``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: compact when the estimated input passes this share of the context window.
+    at: float = Field(default=0.8, gt=0, le=1)
+    #: the latest messages kept as they are (moved back so a tool call keeps its results).
+    keep_recent: int = Field(default=8, ge=1)
+    #: the model that writes the summary ("provider:model"); None: the chat's own.
+    model: str | None = None
+
+
 class ChatConfig(BaseModel):
     """Everything about a chat that is not its transcript."""
 
@@ -79,6 +92,12 @@ class ChatConfig(BaseModel):
     caching: Caching | None = None
     #: thinking (``with_thinking``); None: the model's default.
     thinking: Thinking | None = None
+    #: the model's context window in tokens (``with_context_window``); None: the catalog's.
+    context_window: int | None = Field(default=None, ge=1)
+    #: compaction (``with_compaction``); None: off.
+    compaction: Compaction | None = None
+    #: models tried in order when a call to ``model`` fails in a way retrying can't fix.
+    fallbacks: list[str] = Field(default_factory=list)
 
 
 _UNSET: Any = object()
@@ -247,6 +266,45 @@ class Configuration:
                 f"budget_tokens, not effort={effort!r}, budget_tokens={budget_tokens!r}"
             ) from None
         self.store.update_config(thinking=thinking)
+        return self
+
+    def with_context_window(self, tokens: int | None) -> Self:
+        """The model's context window in tokens, overriding the catalog's (None: the catalog's)."""
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+        ):
+            raise ConfigurationError(
+                f"with_context_window() takes a positive number of tokens, not {tokens!r}"
+            )
+        self.store.update_config(context_window=tokens)
+        return self
+
+    def with_compaction(
+        self, at: float | None = 0.8, keep_recent: int = 8, model: str | None = None
+    ) -> Self:
+        """Summarise the older messages before a model call once the estimated input passes
+        ``at`` x the context window, keeping the last ``keep_recent``; ``at=None``: off."""
+        if at is None:
+            self.store.update_config(compaction=None)
+            return self
+        if model is not None:
+            providers.split_model(model)  # fail now on a model nobody can serve
+        try:
+            compaction = Compaction(at=at, keep_recent=keep_recent, model=model)
+        except ValidationError:
+            raise ConfigurationError(
+                "with_compaction() takes 0 < at <= 1 and keep_recent >= 1, not "
+                f"at={at!r}, keep_recent={keep_recent!r}"
+            ) from None
+        self.store.update_config(compaction=compaction)
+        return self
+
+    def with_fallbacks(self, *models: str) -> Self:
+        """Models to try, in order, when a call fails in a way retrying can't fix in the step
+        (server errors, overload, rate limits, context length); none: no fallbacks."""
+        for model in models:
+            providers.split_model(model)  # fail now on a model nobody can serve
+        self.store.update_config(fallbacks=list(models))
         return self
 
     def with_limits(self, **limits: Any) -> Self:

@@ -51,6 +51,7 @@ _EVENTS = (
     "after_tool_result",
     "cancelled",
     "stopped",
+    "model_fallback",
 )
 
 

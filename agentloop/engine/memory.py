@@ -32,6 +32,8 @@ class MemoryStore(ChatStore):
         #: who decided what about waiting calls, by call id.
         self.decisions: dict[str, dict[str, Any]] = {}
         self.stop_reason: str = ""
+        #: the latest answer's key and its reported input tokens (compaction's estimate).
+        self.reported_input: tuple[Any, int] | None = None
         self._cancel_requested_at: datetime | None = None
         self._notice = threading.Event()
         self.cancel_notice = self._notice
@@ -136,12 +138,17 @@ class MemoryStore(ChatStore):
         else:
             stored = self._add(message)
         self.usage.append((_now(), usage))
+        if usage.usage.input_tokens and message.role == "assistant":  # not a summary's call
+            self.reported_input = (stored.key, usage.usage.input_tokens)
         self.stop_reason = ""
         original.key = stored.key
         return stored
 
     def record_usage(self, usage: UsageRecord) -> None:
         self.usage.append((_now(), usage))
+
+    def last_input_tokens(self) -> tuple[Any, int] | None:
+        return self.reported_input
 
     def _call(self, call: ToolCall) -> ToolCall:
         for message in self.messages:

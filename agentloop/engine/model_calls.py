@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..conf import agentloop_settings
-from ..exceptions import CancelledError, LimitReachedError
+from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
 from ..importing import load_by_path
 from ..messages import (
     Message,
@@ -27,10 +27,12 @@ from ..messages import (
 )
 from ..providers.base import Provider
 from .checkpoints import Checkpoints
+from .compaction import window
 from .configuration import ChatConfig
 from .retries import retry_delay
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
+from .summaries import Summaries, failed_usage
 from .transcript import next_move, turn_start
 
 __all__ = ["ModelCalls", "PreparedCall"]
@@ -51,7 +53,15 @@ class PreparedCall:
     transcript: list[Message]
 
 
-class ModelCalls:
+def falls_back(error: BaseException) -> bool:
+    """A failure the next model may not have: transient errors left after the step's retries,
+    and context length; auth and bad requests would fail the same way on any model."""
+    return isinstance(error, ProviderError) and (
+        error.retryable or isinstance(error, ContextLengthError)
+    )
+
+
+class ModelCalls(Summaries):
     """Preparing, sending and accepting model calls (a part of ``Conversation``)."""
 
     store: ChatStore
@@ -92,7 +102,7 @@ class ModelCalls:
     ) -> ModelRequest:
         options = config.tool_options
         tools = [tool.definition() for tool in self.store.get_tools()]
-        messages = [m for m in transcript if m.is_finished]
+        messages = window(transcript)  # after a compaction: instructions, summary, recent rows
         choice = options.choice
         if choice not in (None, "auto", "none") and messages and messages[-1].role == "tool":
             # A forced choice ("required", a tool name) applies to the turn's first call;
@@ -124,19 +134,32 @@ class ModelCalls:
         """What ``generate()`` would send, without sending it (batches use this).
 
         Checks the limits first (``LimitReachedError``; ``check_limits=False`` skips them,
-        for a call whose limits were checked when it was sent), then resolves the provider
-        and builds the request with the same mapping as every model call.
+        for a call whose limits were checked when it was sent), then resolves the provider,
+        compacts the chat when its request outgrows the context window (not with
+        ``check_limits=False``: that call was compacted when it was sent) and builds the
+        request with the same mapping as every model call.
         """
         if transcript is None:
             transcript = self.store.load_transcript()
         config = self.store.get_config()
         if check_limits:
             self._check_limits(transcript, config)
-        model = config.model or agentloop_settings.DEFAULT_MODEL
-        provider, model_id = providers.resolve(model, config.provider)
+        prepared = self._prepare_for(transcript, config, None, stream)
+        if check_limits and self.compaction_due(transcript, config, prepared.model_id):
+            self.compact(transcript, config)
+            prepared.request = self._request(transcript, config, prepared.model_id, stream)
+        return prepared
+
+    def _prepare_for(
+        self, transcript: list[Message], config: ChatConfig, model: str | None, stream: bool
+    ) -> PreparedCall:
+        """The call to ``model`` (a fallback), or to the chat's model when None."""
+        hint = None if model else config.provider
+        model = model or config.model or agentloop_settings.DEFAULT_MODEL
+        provider, model_id = providers.resolve(model, hint)
         return PreparedCall(
             provider=provider,
-            provider_name=providers.split_model(model, config.provider)[0],
+            provider_name=providers.split_model(model, hint)[0],
             model_id=model_id,
             request=self._request(transcript, config, model_id, stream),
             transcript=transcript,
@@ -178,12 +201,64 @@ class ModelCalls:
         return record
 
     def _generate(self, transcript: list[Message], stream: StreamCallback | None, run: Any) -> Any:
-        checkpoints: Checkpoints = run.checkpoints
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
+        config = self.store.get_config()
+        streams = stream is not None
+        self._emit("before_message")
+        chain: list[str | None] = [None, *config.fallbacks]  # None: the chat's own model
+        compacted = False
+        index = 0
+        while True:
+            try:
+                response, partial_key, started = self._send(prepared, stream, run)
+                break
+            except ContextLengthError as exc:
+                if not compacted and self.compact(transcript, config) is not None:
+                    # One compaction and one retry of the same model.
+                    compacted = True
+                    prepared = self._prepare_for(transcript, config, chain[index], streams)
+                    continue
+                error: ProviderError = exc
+                if compacted:
+                    error = ContextLengthError(
+                        f"The conversation is still too long for {prepared.model_id} after "
+                        f"compaction: {exc}",
+                        status=exc.status,
+                        body=exc.body,
+                    )
+                    error.__cause__ = exc
+            except ProviderError as exc:
+                if not falls_back(exc):
+                    raise
+                error = exc
+            if index + 1 >= len(chain):
+                raise error
+            index += 1
+            failed = prepared
+            prepared = self._prepare_for(transcript, config, chain[index], streams)
+            self._emit("model_fallback", failed.provider_name + ":" + failed.model_id,
+                       prepared.provider_name + ":" + prepared.model_id, error)  # fmt: skip
+        # The step's last write releases the claim when the verb ends with it: a single
+        # step always, a loop when the answer settles the turn.
+        record = self.accept_response(
+            prepared,
+            response,
+            duration_ms=int((time.monotonic() - started) * 1000),
+            partial_key=partial_key,
+            release_after=("tools", "done") if run.single else ("done",),
+        )
+        run.next_move = next_move(transcript)
+        return record
+
+    def _send(
+        self, prepared: PreparedCall, stream: StreamCallback | None, run: Any
+    ) -> tuple[ModelResponse, Any, float]:
+        """One model's answer, with the step's retries: the response, the key of its streamed
+        partial row, and when the answering attempt started. A usage row per failure."""
+        checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
         retries = agentloop_settings.MODEL_RETRIES
-        self._emit("before_message")
         partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
@@ -209,15 +284,7 @@ class ModelCalls:
                 )
                 raise
             except Exception as exc:
-                self.store.record_usage(
-                    UsageRecord(
-                        provider=provider_name,
-                        model=model_id,
-                        status="failed",
-                        error=f"{type(exc).__name__}: {exc}",
-                        duration_ms=int((time.monotonic() - started) * 1000),
-                    )
-                )
+                self.store.record_usage(failed_usage(provider_name, model_id, exc, started))
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is not None:
                     partial_key = state.partial_key
@@ -228,17 +295,7 @@ class ModelCalls:
                     # Nothing will finish this answer: it must not look like it still streams.
                     self.store.fail_partial(state.partial_key)
                 raise
-            # The step's last write releases the claim when the verb ends with it: a single
-            # step always, a loop when the answer settles the turn.
-            record = self.accept_response(
-                prepared,
-                response,
-                duration_ms=int((time.monotonic() - started) * 1000),
-                partial_key=state.partial_key,
-                release_after=("tools", "done") if run.single else ("done",),
-            )
-            run.next_move = next_move(transcript)
-            return record
+            return response, state.partial_key, started
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:

@@ -131,6 +131,11 @@ class ChatStore(ABC):
     def record_usage(self, usage: UsageRecord) -> None:
         """A usage row for a failed attempt."""
 
+    def last_input_tokens(self) -> tuple[Any, int] | None:
+        """The key of the latest answer whose provider reported its input tokens, and that
+        count (compaction's estimate starts from it); None: not known."""
+        return None
+
     @abstractmethod
     def mark_tool_running(self, call: ToolCall) -> bool:
         """Claim the call for running: one conditional write moving it from the state it was

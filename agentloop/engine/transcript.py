@@ -55,7 +55,7 @@ def pending_round(transcript: list[Message]) -> Round:
 def is_complete(transcript: list[Message]) -> bool:
     """Settled: no messages, or the latest is an answer that asked for no tools."""
     for message in reversed(finished(transcript)):
-        if message.role == "system":
+        if message.role in ("system", "summary"):
             continue
         if message.role == "assistant":
             return not message.tool_calls

@@ -85,6 +85,12 @@ class AbstractChat(models.Model):
     caching = models.JSONField(_("prompt caching"), null=True, blank=True)
     #: ``with_thinking``: {"effort", "budget_tokens"}; null: the model's default.
     thinking = models.JSONField(_("thinking"), null=True, blank=True)
+    #: ``with_context_window``: the model's context window in tokens; null: the catalog's.
+    context_window = models.PositiveIntegerField(_("context window"), null=True, blank=True)
+    #: ``with_compaction``: {"at", "keep_recent", "model"}; null: no compaction.
+    compaction = models.JSONField(_("compaction"), null=True, blank=True)
+    #: ``with_fallbacks``: models tried in order when the chat's model fails for the step.
+    fallbacks = models.JSONField(_("fallback models"), default=list, blank=True)
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
     state = models.CharField(
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
@@ -175,6 +181,20 @@ class AbstractChat(models.Model):
         self, effort: str | None = "medium", budget_tokens: int | None = None
     ) -> AbstractChat:
         self.conversation.with_thinking(effort, budget_tokens)
+        return self
+
+    def with_context_window(self, tokens: int | None) -> AbstractChat:
+        self.conversation.with_context_window(tokens)
+        return self
+
+    def with_compaction(
+        self, at: float | None = 0.8, keep_recent: int = 8, model: str | None = None
+    ) -> AbstractChat:
+        self.conversation.with_compaction(at, keep_recent, model)
+        return self
+
+    def with_fallbacks(self, *models: str) -> AbstractChat:
+        self.conversation.with_fallbacks(*models)
         return self
 
     def with_limits(self, **limits: Any) -> AbstractChat:

@@ -43,3 +43,9 @@ def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
     conversation.on(
         "stopped", lambda reason: signals.chat_stopped.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "model_fallback",
+        lambda from_model, to_model, error: signals.model_fallback.send(
+            sender, chat=chat, from_model=from_model, to_model=to_model, error=error
+        ),
+    )

@@ -16,6 +16,8 @@ class Role(models.TextChoices):
     USER = "user", _("user")
     ASSISTANT = "assistant", _("assistant")
     TOOL = "tool", _("tool")
+    #: a compaction's summary of the messages before it (sent as context, see the docs).
+    SUMMARY = "summary", _("summary of earlier messages")
 
 
 MESSAGE_STATUS_CHOICES = [(status.value, status.value) for status in MessageStatus]

@@ -62,6 +62,9 @@
     const item = element("li", "msg msg-" + message.role);
     item.dataset.id = message.id;
     const bubble = element("div", "bubble");
+    if (message.role === "summary") {
+      bubble.append(element("span", "marker", "summary of earlier messages"));
+    }
     bubble.append(element("div", "text", message.content));
     item.append(bubble);
     if (message.status === "cancelled") markCancelled(item);
