@@ -35,7 +35,11 @@ def main(chat_pk: int, turns: int, asker: bool, go: Path) -> None:
             if chat.step() is not None:
                 steps += 1
             elif asker and chat.is_complete():
-                chat.ask_later(f"tools:step_one,step_two|step_three turn{finished + 1}")
+                # Counted again: the other process may have finished the turn since the count
+                # above (a settled chat can't change until a message is added).
+                finished = chat.messages.filter(role="assistant", tool_calls__isnull=True).count()
+                if finished < turns:
+                    chat.ask_later(f"tools:step_one,step_two|step_three turn{finished + 1}")
         except ChatBusyError:
             busy += 1
     print("SUMMARY " + json.dumps({"steps": steps, "busy": busy}), flush=True)
