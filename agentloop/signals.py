@@ -7,6 +7,7 @@ from django.dispatch import Signal
 
 __all__ = [
     "chat_cancelled",
+    "chat_halted",
     "chat_stopped",
     "message_added",
     "model_call_started",
@@ -26,3 +27,5 @@ tool_call_finished = Signal()
 chat_cancelled = Signal()
 #: a limit stopped the turn: ``reason``.
 chat_stopped = Signal()
+#: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
+chat_halted = Signal()

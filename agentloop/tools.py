@@ -86,6 +86,13 @@ class ToolContext:
         (The loop itself stops right after the tool returns.)"""
         return bool(self._cancel_check and self._cancel_check())
 
+    def halt(self, reason: str) -> bool:
+        """Stop the chat after this tool round, before its next model call (``chat.halt``)."""
+        halt = getattr(self.chat, "halt", None)
+        if halt is None:
+            raise RuntimeError("This tool runs outside a chat: there is nothing to halt.")
+        return bool(halt(reason))
+
 
 class Tool:
     """Base class of tools. Subclasses set ``Params`` and implement ``execute``.

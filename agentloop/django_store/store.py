@@ -266,6 +266,8 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
                 values: dict[str, Any] = {"cancel_requested_at": None}
                 if self.chat.stop_reason or self.chat.state in ("stopped", "failed"):
                     values.update(stop_reason="", state="idle", error="")
+                if self.chat.halt_reason:
+                    values.update(halt_reason="")
                 if self.chat.cancel_requested_at is not None or len(values) > 1:
                     self._update_chat(**values)
         message.key = record.pk
@@ -371,12 +373,17 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
 
     # -- cancellation and stopping ----------------------------------------------------------
     def _read_cancel_flag(self) -> datetime | None:
-        value: datetime | None = (
+        # A halt asked for by another process comes with the flag, in the same query.
+        row = (
             self.chat_model.objects.filter(pk=self.chat.pk)
             .order_by()
-            .values_list("cancel_requested_at", flat=True)
+            .values_list("cancel_requested_at", "halt_reason")
             .first()
         )
+        if row is None:
+            return None
+        value: datetime | None = row[0]
+        self.chat.halt_reason = row[1]
         return value
 
     def cancel_requested_at(self) -> datetime | None:
@@ -450,7 +457,29 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
 
     def record_stop(self, reason: str) -> None:
         with self._writing():
-            self._update_chat(stop_reason=reason[:300], state="stopped")
+            self._update_chat(stop_reason=reason[:300], state="stopped", halt_reason="")
+
+    def request_halt(self, reason: str) -> bool:
+        if self.lease is not None:
+            # This process runs the chat (a tool, a callback): the run sees it in memory.
+            self.chat.halt_reason = reason
+            return True
+        now = timezone.now()
+        running = Q(lease_token__gt="", lease_expires_at__gt=now) | Q(
+            state__in=["queued", "running"]
+        )
+        pk = self._saved_chat().pk
+        if not self.chat_model.objects.filter(running, pk=pk).update(halt_reason=reason):
+            return False
+        self.chat.halt_reason = reason
+        # Function-local: cancel notices reach the Redis client, kept off Django's import path.
+        from ..cancel_notices import notify
+
+        notify(self.chat)  # the run's next checkpoint reads the row (and the halt) at once
+        return True
+
+    def halt_requested(self) -> str:
+        return str(self.chat.halt_reason or "")
 
     def turn_cost(self, since: datetime) -> Decimal:
         total = self.usage_model.objects.filter(chat_id=self.chat.pk, created_at__gte=since)

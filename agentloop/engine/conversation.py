@@ -20,6 +20,7 @@ from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
     ConfigurationError,
+    LimitReachedError,
     PendingToolCallsError,
 )
 from ..messages import Message, ToolCall, ToolCallState
@@ -32,6 +33,7 @@ from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
 from .transcript import (
+    counted_tool_results,
     finished,
     is_complete,
     is_waiting,
@@ -39,7 +41,14 @@ from .transcript import (
     pending_round,
 )
 
-__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "PreparedCall", "StepResult", "StreamCallback"]
+__all__ = [
+    "CANCELLED_TOOL_RESULT",
+    "HALTED_PREFIX",
+    "Conversation",
+    "PreparedCall",
+    "StepResult",
+    "StreamCallback",
+]
 
 #: the result given to calls left unanswered by a cancel when the user moves on.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
@@ -51,7 +60,16 @@ _EVENTS = (
     "after_tool_result",
     "cancelled",
     "stopped",
+    "halted",
 )
+
+#: how a halted chat's ``stop_reason`` begins.
+HALTED_PREFIX = "halted: "
+
+
+class _HaltedError(LimitReachedError):
+    """How a halted run is released: like a limit (the chat is ``stopped``, a job reports
+    "stopped"); never raised, since a halt is asked for, not an error."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,8 @@ class _Run:
     single: bool
     transcript: list[Message] | None = None
     next_move: str | None = None
+    #: set when a halt stopped the run: the release records it as the chat's stop.
+    halted: _HaltedError | None = None
 
 
 class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
@@ -93,7 +113,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Conversation:
-        """Call ``callback`` on ``event`` (one of the callback names, "cancelled", "stopped")."""
+        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
         if event not in _EVENTS:
             raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(_EVENTS)}")
         self._callbacks[event].append(callback)
@@ -144,6 +164,16 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         True when a run was in progress, queued or waiting for a person; False (and nothing
         is set) when there was none, so a later message never inherits the cancel."""
         return self.store.request_cancel()
+
+    def halt(self, reason: str) -> bool:
+        """Stop the run after its current tool round, before its next model call; works
+        from a tool, a callback, another thread or another process.
+
+        The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
+        (nothing is cancelled; the next message goes on normally). True when a run was in
+        progress or queued; False, and nothing set, when none was."""
+        text = " ".join(str(reason).split()) or "no reason given"
+        return self.store.request_halt(text[:240])
 
     def ask_later(self, content: str, attachments: Any = None) -> Conversation:
         """Add a user message; no model call. Refuses while tool calls wait for results,
@@ -217,7 +247,10 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
                 self.store.release(None, failure=exc)
             raise
         if owns:
-            self.store.release(run.next_move)
+            if run.halted is not None:
+                self.store.release(None, failure=run.halted)
+            else:
+                self.store.release(run.next_move)
 
     def _record_cancel(
         self,
@@ -319,9 +352,10 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         last: Any = None
         while True:
             added = self._step(stream, run)
-            if added is None:
+            if added is not None:
+                last = added
+            if added is None or run.halted is not None:
                 break
-            last = added
         if last is None:
             transcript = finished(run.transcript or [])
             return self.store.native_message(transcript[-1]) if transcript else None
@@ -345,10 +379,27 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             self._read(run)
         if move == "tools":
             results = self._run_tools(transcript, run)
+            if run.next_move == "generate":
+                # A halt asked for during the round stops the run here, in the same step.
+                self._halt_if_requested(run)
             return results[-1] if results else None
         if move == "generate":
+            if self._halt_if_requested(run):
+                return None
             return self._generate(transcript, stream, run)
         return None
+
+    def _halt_if_requested(self, run: _Run) -> bool:
+        """Before a model call: a pending halt stops the run (recorded, "halted" sent; the
+        verb's release marks the chat stopped)."""
+        reason = self.store.halt_requested()
+        if not reason:
+            return False
+        stop_reason = HALTED_PREFIX + reason
+        self.store.record_stop(stop_reason)
+        run.next_move, run.halted = "done", _HaltedError(stop_reason)
+        self._emit("halted", reason)
+        return True
 
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}
@@ -364,6 +415,8 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             options = options.model_copy(
                 update={"concurrency": agentloop_settings.TOOL_CONCURRENCY}
             )
+        limit = self.store.get_config().limits.max_tool_calls
+        budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
         runner = ToolRunner(
             self.store,
             self._tool_map(),
@@ -371,6 +424,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             run.checkpoints,
             self._emit,
             chat=self.owner,
+            tool_budget=budget,
         )
         try:
             results = runner.run(round_.message.tool_calls, round_.unanswered)

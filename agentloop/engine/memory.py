@@ -32,6 +32,8 @@ class MemoryStore(ChatStore):
         #: who decided what about waiting calls, by call id.
         self.decisions: dict[str, dict[str, Any]] = {}
         self.stop_reason: str = ""
+        #: a halt asked for during the run, applied before its next model call.
+        self.halt_reason: str = ""
         self._cancel_requested_at: datetime | None = None
         self._notice = threading.Event()
         self.cancel_notice = self._notice
@@ -91,7 +93,7 @@ class MemoryStore(ChatStore):
 
     def append_message(self, message: Message) -> Message:
         if message.role == "user":
-            self.stop_reason = ""
+            self.stop_reason = self.halt_reason = ""
             with self._lock:
                 self._cancel_requested_at = None  # a new turn never inherits a cancel
         stored = self._add(message)
@@ -243,7 +245,17 @@ class MemoryStore(ChatStore):
             self._call(call).state = ToolCallState.CANCELLED
 
     def record_stop(self, reason: str) -> None:
-        self.stop_reason = reason
+        self.stop_reason, self.halt_reason = reason, ""
+
+    def request_halt(self, reason: str) -> bool:
+        with self._lock:
+            if self._holder is None:
+                return False  # nothing runs: nothing to halt, and nothing is left set
+            self.halt_reason = reason
+        return True
+
+    def halt_requested(self) -> str:
+        return self.halt_reason
 
     def turn_cost(self, since: datetime) -> Decimal:
         return sum(

@@ -189,7 +189,16 @@ class ChatStore(ABC):
 
     @abstractmethod
     def record_stop(self, reason: str) -> None:
-        """Remember why the turn stopped (a limit)."""
+        """Remember why the turn stopped (a limit, a halt); a pending halt is cleared."""
+
+    @abstractmethod
+    def request_halt(self, reason: str) -> bool:
+        """Ask the run to stop before its next model call (one write, or none when this
+        store runs the chat); False, and nothing set, when no run is in progress or queued."""
+
+    @abstractmethod
+    def halt_requested(self) -> str:
+        """The reason of a halt asked for and not yet applied ("" when there is none)."""
 
     @abstractmethod
     def turn_cost(self, since: datetime) -> Decimal:

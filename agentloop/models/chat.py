@@ -90,6 +90,8 @@ class AbstractChat(models.Model):
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
     )
     stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    #: ``halt(reason)`` asked while a run was in progress: applied before its next model call.
+    halt_reason = models.CharField(_("halt requested"), max_length=250, blank=True)
     #: what went wrong, in one line a user may see (no traceback, no paths).
     error = models.TextField(_("error"), blank=True)
     #: the traceback behind ``error``, for the admin and the log only.
@@ -235,6 +237,13 @@ class AbstractChat(models.Model):
         was: a later message never inherits a cancel.
         """
         return self.conversation.cancel()
+
+    def halt(self, reason: str) -> bool:
+        """Stop the run after its current tool round, before its next model call: the chat
+        becomes ``stopped`` with ``stop_reason`` "halted: <reason>" (not a cancel).
+
+        True when a run was in progress or queued; False, and nothing set, when none was."""
+        return self.conversation.halt(reason)
 
     # people in the loop
     def pending_approvals(self) -> list[Any]:

@@ -43,3 +43,6 @@ def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
     conversation.on(
         "stopped", lambda reason: signals.chat_stopped.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
+    )
