@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "STEP_RETRIES": 5,
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
     "STALE_QUEUED_SECONDS": 300,
+    #: seconds a call may wait for approval before the sweeper denies it; None: no limit.
+    "APPROVAL_TIMEOUT": None,
     #: seconds between writes of a streaming partial answer to the database.
     "PARTIAL_SAVE_INTERVAL": 1.0,
     #: largest attachment (bytes of one image or document) ask_later accepts; None: no cap.

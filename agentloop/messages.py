@@ -84,6 +84,8 @@ class ToolCall(BaseModel):
     decision: str | None = None
     #: digest of the arguments the decision was made for (see ``arguments_digest``).
     decision_digest: str | None = None
+    #: the model's arguments, when an approver edited them (``arguments`` ran instead).
+    original_arguments: dict[str, Any] | None = None
     #: the store's key for this call (a primary key for the Django store).
     key: Any = None
 

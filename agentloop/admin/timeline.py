@@ -59,6 +59,8 @@ class CallEntry:
     child: Any = None
     child_url: str = ""
     decide_url: str = ""
+    #: the model's arguments, when an approver edited them ("" otherwise).
+    original_arguments: str = ""
 
     @property
     def state_label(self) -> str:
@@ -178,6 +180,8 @@ def build_timeline(
         call_pks.add(call.pk)
         child = getattr(call, "child_chat", None) if with_children else None
         entry = CallEntry(call, _pretty_json(call.arguments), results.get(call.pk), child)
+        if call.original_arguments is not None:
+            entry.original_arguments = _pretty_json(call.original_arguments)
         if child is not None and url_for_chat is not None:
             entry.child_url = url_for_chat(child.pk)
         if call.state == ToolCallState.WAITING and call.pk not in results:

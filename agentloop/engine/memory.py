@@ -191,6 +191,8 @@ class MemoryStore(ChatStore):
             )
         stored.decision = decision
         stored.decision_digest = call.arguments_digest()
+        if call.original_arguments is not None:
+            stored.arguments, stored.original_arguments = call.arguments, call.original_arguments
         self.decisions[call.id] = {"decision": decision, "by": by, "reason": reason, "at": _now()}
         if result is None:
             stored.state = ToolCallState.PENDING  # approved: runs at the next step

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import DecisionConflictError, ToolCallNotWaitingError
+from pydantic import ValidationError
+
+from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
+from ..tools import describe_validation_error
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
 from .transcript import pending_round
@@ -61,10 +65,41 @@ class PeopleInTheLoop:
                 return call
         raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
 
-    def approve(self, tool_call_id: Any, by: Any = None) -> None:
-        """Let a call that needs approval run (at the next step), for exactly its arguments."""
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        """Let a call that needs approval run (at the next step), for exactly its arguments,
+        or for ``arguments`` edited by the approver: validated by the tool's ``Params`` first
+        (``InvalidArgumentsError``, nothing written); the model's are kept."""
         call = self._find_waiting(tool_call_id, "approval")
+        if arguments is not None:
+            self._edit_arguments(call, arguments)
         self.store.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def _edit_arguments(self, call: ToolCall, arguments: Any) -> None:
+        """Check the approver's arguments, then make them the call's (the approval's digest
+        binds them); the model's arguments go to ``original_arguments``."""
+        tool_class = next((t for t in self.store.get_tools() if t.name == call.name), None)
+        if tool_class is None:
+            raise InvalidArgumentsError(
+                f"Tool {call.name!r} is not among the chat's tools: its arguments can't be edited."
+            )
+        if not isinstance(arguments, dict):
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} must be a JSON object, not "
+                f"{type(arguments).__name__}."
+            )
+        try:
+            tool_class.parse_arguments(arguments)
+            edited = json.loads(json.dumps(arguments))  # what the row will hold
+        except ValidationError as exc:
+            raise InvalidArgumentsError(describe_validation_error(call.name, exc)) from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} are not JSON: {exc}"
+            ) from None
+        if edited != call.arguments:
+            call.original_arguments, call.arguments = call.arguments, edited
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
         """Refuse a call: the model gets an error result saying the user denied it."""

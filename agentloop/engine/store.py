@@ -154,7 +154,8 @@ class ChatStore(ABC):
     ) -> Any:
         """Atomically, and only if the call still waits (else ``DecisionConflictError``): a
         person's decision (who, when, for which arguments) and, for a denial or an answer,
-        the call's result message (returned)."""
+        the call's result message (returned). An approval with edited arguments
+        (``call.original_arguments`` set) also writes ``call.arguments`` and keeps those."""
 
     @abstractmethod
     def native_message(self, message: Message) -> Any:

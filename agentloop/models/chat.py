@@ -254,9 +254,13 @@ class AbstractChat(models.Model):
         """Tool calls waiting for a person's answer (``.question``)."""
         return self.conversation.pending_questions()
 
-    def approve(self, tool_call_id: Any, by: Any = None) -> None:
-        """Approve a waiting call (by call id, pk or row) for exactly its arguments."""
-        self.conversation.approve(tool_call_id, by=by)
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        """Approve a waiting call (by call id, pk or row) for exactly its arguments, or for
+        ``arguments`` edited by the approver (``InvalidArgumentsError`` when its tool's
+        ``Params`` refuse them; nothing is written); the model's are kept."""
+        self.conversation.approve(tool_call_id, by=by, arguments=arguments)
         self.resume_if_waiting()
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
