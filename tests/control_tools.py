@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agentloop import Tool
+from agentloop import Tool, tool
 from tests.processes import run_script
 
 
@@ -28,3 +28,21 @@ class HaltFromAnotherProcess(Tool):
         spec = '{"verb": "halt", "reason": "operator stop"}'
         done = run_script("drive_chat.py", self.context.chat.pk, spec)
         return done.stdout.splitlines()[-2] if done.returncode == 0 else done.stderr[-300:]
+
+
+@tool(deferred=True)
+def ask_accounting(invoice: str) -> str:
+    """Asks the accounting system about an invoice; its answer comes back by webhook."""
+    raise AssertionError("agentloop never runs a deferred tool")
+
+
+class OperatorCheck(Tool):
+    """Has a human operator check an order; the operator's system submits the outcome."""
+
+    deferred = True
+
+    class Params(BaseModel):
+        order: str
+
+    def execute(self, order: str) -> str:
+        raise AssertionError("agentloop never runs a deferred tool")

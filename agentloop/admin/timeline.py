@@ -29,11 +29,13 @@ WAIT_LABELS = {
     "approval": _("waiting for approval"),
     "question": _("waiting for an answer"),
     "subagent": _("waiting for its subagent"),
+    "deferred": _("waiting for its result from outside"),
 }
 DECISION_LABELS = {
     "approved": _("approved"),
     "denied": _("denied"),
     "answered": _("answered"),
+    "submitted": _("result submitted"),
 }
 
 

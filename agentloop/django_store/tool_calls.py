@@ -105,7 +105,7 @@ class ToolCallRows:
                     )
                 if result is None:
                     return None
-                state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+                state = ToolCallState.FAILED if result.is_error else ToolCallState.SUCCEEDED
                 return self._tool_result(call, result, state, None)
         except IntegrityError as exc:
             raise DecisionConflictError(

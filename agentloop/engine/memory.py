@@ -197,7 +197,7 @@ class MemoryStore(ChatStore):
         if result is None:
             stored.state = ToolCallState.PENDING  # approved: runs at the next step
             return None
-        state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+        state = ToolCallState.FAILED if result.is_error else ToolCallState.SUCCEEDED
         return self.save_tool_result(call, result, state, None)
 
     def native_message(self, message: Message) -> Message:

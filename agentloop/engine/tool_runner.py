@@ -114,7 +114,12 @@ class ToolRunner:
             )
             return ToolOutcome(text, is_error=True, error=text)
         if tool_class.needs_approval(call.arguments):
-            return self._approval(call)
+            held = self._approval(call)
+            if held is not None:
+                return held
+        if tool_class.deferred:
+            # Its result comes from outside (submit_result): held, never run here.
+            return ToolOutcome(wait_reason="deferred")
         return None
 
     def _approval(self, call: ToolCall) -> ToolOutcome | None:

@@ -275,6 +275,17 @@ class AbstractChat(models.Model):
         self.resume_if_waiting()
         return record
 
+    def pending_results(self) -> list[Any]:
+        """Calls of deferred tools waiting for their result from outside."""
+        return self.conversation.pending_results()
+
+    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
+        """Give a deferred tool's call its result (a webhook, an operator's system); a chat a
+        worker left waiting goes on. A second submit gets ``DecisionConflictError``."""
+        record = self.conversation.submit_result(tool_call_id, content, error=error)
+        self.resume_if_waiting()
+        return record
+
     def resume_if_waiting(self) -> None:
         """A chat a worker left waiting continues in the background once nothing holds it
         (after a decision, or a subagent's answer).
