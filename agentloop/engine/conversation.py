@@ -61,6 +61,7 @@ _EVENTS = (
     "cancelled",
     "stopped",
     "halted",
+    "claimed",
 )
 
 #: how a halted chat's ``stop_reason`` begins.
@@ -235,6 +236,13 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         holds the chat), released by the verb's last write or at its end, with how it ended.
         A CancelledError is recorded on the way out."""
         owns = self.store.claim()
+        if owns:
+            try:
+                # A verb took the chat: configuration that follows code (agents) applies now.
+                self._emit("claimed")
+            except BaseException as exc:
+                self.store.release(None, failure=exc)
+                raise
         run = _Run(Checkpoints(self.store, float(agentloop_settings.CANCEL_POLL_INTERVAL)), single)
         try:
             yield run

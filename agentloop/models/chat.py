@@ -86,6 +86,12 @@ class AbstractChat(models.Model):
     #: ``with_thinking``: {"effort", "budget_tokens"}; null: the model's default.
     thinking = models.JSONField(_("thinking"), null=True, blank=True)
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
+    #: the inputs the agent's instructions were filled from (re-applied when the code changes).
+    agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)
+    #: digest of the agent configuration last applied (see ``agentloop.following``).
+    agent_digest = models.CharField(
+        _("agent configuration digest"), max_length=64, blank=True, editable=False
+    )
     state = models.CharField(
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
     )

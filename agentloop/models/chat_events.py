@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from .. import signals, subagents
+from .. import following, signals, subagents
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
     """Wire the chat's conversation events to the signals and the subagent hooks."""
     conversation.on("after_message", lambda m: subagents.settle_parent(chat, m))
+    # A chat made by an agent follows the agent's code: each verb applies its configuration.
+    conversation.on("claimed", lambda: following.follow_agent(chat))
     # A cancelled chat's running subagents stop too (their own subagents follow in turn).
     conversation.on(
         "cancelled", lambda: subagents.cancel_children(type(chat), chat.pk, timezone.now())
