@@ -20,13 +20,13 @@ from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
     ConfigurationError,
-    LimitReachedError,
     PendingToolCallsError,
 )
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
 from .checkpoints import Checkpoints
 from .configuration import Configuration
+from .control import HALTED_PREFIX, Control, HaltedRelease
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
 from .store import ChatStore, UsageRecord
@@ -62,15 +62,8 @@ _EVENTS = (
     "stopped",
     "halted",
     "claimed",
+    "subagents_waiting",
 )
-
-#: how a halted chat's ``stop_reason`` begins.
-HALTED_PREFIX = "halted: "
-
-
-class _HaltedError(LimitReachedError):
-    """How a halted run is released: like a limit (the chat is ``stopped``, a job reports
-    "stopped"); never raised, since a halt is asked for, not an error."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +85,10 @@ class _Run:
     transcript: list[Message] | None = None
     next_move: str | None = None
     #: set when a halt stopped the run: the release records it as the chat's stop.
-    halted: _HaltedError | None = None
+    halted: HaltedRelease | None = None
 
 
-class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
+class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -165,16 +158,6 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         True when a run was in progress, queued or waiting for a person; False (and nothing
         is set) when there was none, so a later message never inherits the cancel."""
         return self.store.request_cancel()
-
-    def halt(self, reason: str) -> bool:
-        """Stop the run after its current tool round, before its next model call; works
-        from a tool, a callback, another thread or another process.
-
-        The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
-        (nothing is cancelled; the next message goes on normally). True when a run was in
-        progress or queued; False, and nothing set, when none was."""
-        text = " ".join(str(reason).split()) or "no reason given"
-        return self.store.request_halt(text[:240])
 
     def ask_later(self, content: str, attachments: Any = None) -> Conversation:
         """Add a user message; no model call. Refuses while tool calls wait for results,
@@ -362,7 +345,11 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             added = self._step(stream, run)
             if added is not None:
                 last = added
-            if added is None or run.halted is not None:
+            if run.halted is not None:
+                break
+            if added is None:
+                if run.next_move == "wait" and self._drive_subagents(run):
+                    continue  # a subagent went on and settled its call: so do we
                 break
         if last is None:
             transcript = finished(run.transcript or [])
@@ -396,18 +383,6 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
                 return None
             return self._generate(transcript, stream, run)
         return None
-
-    def _halt_if_requested(self, run: _Run) -> bool:
-        """Before a model call: a pending halt stops the run (recorded, "halted" sent; the
-        verb's release marks the chat stopped)."""
-        reason = self.store.halt_requested()
-        if not reason:
-            return False
-        stop_reason = HALTED_PREFIX + reason
-        self.store.record_stop(stop_reason)
-        run.next_move, run.halted = "done", _HaltedError(stop_reason)
-        self._emit("halted", reason)
-        return True
 
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}

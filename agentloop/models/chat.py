@@ -14,6 +14,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .. import subagents
 from ..background import enqueue
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
@@ -239,10 +240,16 @@ class AbstractChat(models.Model):
         """Request cancellation: one UPDATE, seen by the run wherever it is.
 
         True when a run was in progress, queued or waiting for a person (subagent chats
-        still running for this one are cancelled too); False, and nothing set, when no run
-        was: a later message never inherits a cancel.
+        still running for this one are cancelled too, and those waiting for a person have
+        their held calls cancelled); False, and nothing set, when no run was: a later
+        message never inherits a cancel.
         """
-        return self.conversation.cancel()
+        cancelled = self.conversation.cancel()
+        if cancelled and self.state not in (ChatState.QUEUED, ChatState.RUNNING):
+            # No worker will come back to record this cancel (its "cancelled" hook does that
+            # for a run): the subagents it waits for that wait for a person are cancelled now.
+            subagents.cancel_waiting_children(self)
+        return cancelled
 
     def halt(self, reason: str) -> bool:
         """Stop the run after its current tool round, before its next model call: the chat
@@ -251,14 +258,16 @@ class AbstractChat(models.Model):
         True when a run was in progress or queued; False, and nothing set, when none was."""
         return self.conversation.halt(reason)
 
-    # people in the loop
+    # people in the loop (a parent also finds the calls of the subagents it waits for)
     def pending_approvals(self) -> list[Any]:
-        """Tool calls (``ToolCall`` rows) waiting for approval."""
-        return self.conversation.pending_approvals()
+        """Tool calls (``ToolCall`` rows) waiting for approval, its subagents' included."""
+        own = self.conversation.pending_approvals()
+        return own + subagents.pending_in_children(self, "pending_approvals")
 
     def pending_questions(self) -> list[Any]:
-        """Tool calls waiting for a person's answer (``.question``)."""
-        return self.conversation.pending_questions()
+        """Tool calls waiting for a person's answer (``.question``), its subagents' included."""
+        own = self.conversation.pending_questions()
+        return own + subagents.pending_in_children(self, "pending_questions")
 
     def approve(
         self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
@@ -266,20 +275,15 @@ class AbstractChat(models.Model):
         """Approve a waiting call (by call id, pk or row) for exactly its arguments, or for
         ``arguments`` edited by the approver (``InvalidArgumentsError`` when its tool's
         ``Params`` refuse them; nothing is written); the model's are kept."""
-        self.conversation.approve(tool_call_id, by=by, arguments=arguments)
-        self.resume_if_waiting()
+        subagents.decide(self, "approve", tool_call_id, by=by, arguments=arguments)
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
         """Deny a waiting call: the model gets an error result saying so."""
-        record = self.conversation.deny(tool_call_id, reason=reason, by=by)
-        self.resume_if_waiting()
-        return record
+        return subagents.decide(self, "deny", tool_call_id, reason=reason, by=by)
 
     def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
         """Answer a waiting call's question; the answer is the call's result."""
-        record = self.conversation.answer(tool_call_id, text, by=by)
-        self.resume_if_waiting()
-        return record
+        return subagents.decide(self, "answer", tool_call_id, text=text, by=by)
 
     def pending_results(self) -> list[Any]:
         """Calls of deferred tools waiting for their result from outside."""
@@ -288,9 +292,7 @@ class AbstractChat(models.Model):
     def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
         """Give a deferred tool's call its result (a webhook, an operator's system); a chat a
         worker left waiting goes on. A second submit gets ``DecisionConflictError``."""
-        record = self.conversation.submit_result(tool_call_id, content, error=error)
-        self.resume_if_waiting()
-        return record
+        return subagents.decide(self, "submit_result", tool_call_id, content=content, error=error)
 
     def resume_if_waiting(self) -> None:
         """A chat a worker left waiting continues in the background once nothing holds it
