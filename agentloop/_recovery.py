@@ -9,7 +9,7 @@ from django.apps import apps
 from django.db.models import Q
 from django.utils import timezone
 
-from .approval_timeouts import deny_timed_out_approvals
+from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
 from .conf import agentloop_settings
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
+from ._following import fingerprint, follow, hand_over
 from .conf import agentloop_settings, get_chat_model
 from .engine.transcript import next_move
 from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
@@ -117,10 +118,6 @@ class Agent:
         # Function-local: agentloop/__init__ imports this module (a cycle at import time).
         from . import chat as new_chat
 
-        # Function-local: following imports nothing heavy, but agents must stay importable
-        # from agentloop/__init__ without a cycle.
-        from .following import fingerprint, follow
-
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
         applied = [fingerprint(cls, inputs)]
 
@@ -135,10 +132,6 @@ class Agent:
     def create(cls, owner: Any = None, **inputs: Any) -> Any:
         """A persisted chat configured by this agent (its import path and inputs are stored
         too: each verb applies the agent's configuration as the code has it then)."""
-        # Function-local: following imports nothing heavy, but agents must stay importable
-        # from agentloop/__init__ without a cycle.
-        from .following import fingerprint
-
         links = ("parent", "parent_tool_call", "parent_tool_call_id")
         extra = {key: inputs.pop(key) for key in links if key in inputs}
         chat = get_chat_model()(
@@ -159,10 +152,6 @@ class Agent:
         """The persisted chat ``pk`` under this agent's configuration from then on: a chat
         made by another agent (or by none) is handed over (a handoff: its ``agent_path``
         is re-recorded). ``inputs`` add to the chat's stored ones."""
-        # Function-local: following imports nothing heavy, but agents must stay importable
-        # from agentloop/__init__ without a cycle.
-        from .following import hand_over
-
         chat = get_chat_model().objects.get(pk=pk)
         path = import_path_of(cls)
         if chat.agent_path != path or inputs:

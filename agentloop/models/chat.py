@@ -89,7 +89,7 @@ class AbstractChat(models.Model):
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
     agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)
-    #: digest of the agent configuration last applied (see ``agentloop.following``).
+    #: digest of the agent configuration last applied (see ``agentloop._following``).
     agent_digest = models.CharField(
         _("agent configuration digest"), max_length=64, blank=True, editable=False
     )
