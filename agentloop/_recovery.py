@@ -9,6 +9,7 @@ from django.apps import apps
 from django.db.models import Q
 from django.utils import timezone
 
+from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
 from .conf import agentloop_settings
 
@@ -33,7 +34,9 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
 
 
 def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
-    """Enqueue a step for each stalled chat; returns their primary keys."""
+    """Deny approvals past ``APPROVAL_TIMEOUT`` (their background chats go on), then
+    enqueue a step for each stalled chat; returns the stalled chats' primary keys."""
+    deny_timed_out_approvals(model_label)
     ids = list(stalled_chats(model_label).values_list("pk", flat=True))
     for chat_id in ids:
         enqueue(chat_id, model_label)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
+from ._following import fingerprint, follow, hand_over
 from .conf import agentloop_settings, get_chat_model
 from .engine.transcript import next_move
 from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
@@ -99,8 +100,10 @@ class Agent:
             chat.with_model(cls.model, cls.provider)
         if instructions:
             chat.with_instructions(instructions)
-        if cls.tools:
-            chat.with_tools(*cls.tools)
+        store = getattr(chat, "conversation", chat).store
+        if cls.tools or store.get_tools():
+            # The agent's tools are the chat's: a tool removed from the class goes too.
+            chat.with_tools(*cls.tools, replace=True)
         if cls.tool_options:
             chat.with_tool_options(**cls.tool_options)
         if cls.temperature is not None:
@@ -120,11 +123,19 @@ class Agent:
         from . import chat as new_chat
 
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
+        applied = [fingerprint(cls, inputs)]
+
+        def follow_code() -> None:
+            # Each verb applies the class as it is now (attributes changed since, say).
+            applied[0] = follow(cls, conversation, inputs, applied[0])
+
+        conversation.on("claimed", follow_code)
         return conversation
 
     @classmethod
     def create(cls, owner: Any = None, **inputs: Any) -> Any:
-        """A persisted chat configured by this agent (its import path is stored too)."""
+        """A persisted chat configured by this agent (its import path and inputs are stored
+        too: each verb applies the agent's configuration as the code has it then)."""
         links = ("parent", "parent_tool_call", "parent_tool_call_id")
         extra = {key: inputs.pop(key) for key in links if key in inputs}
         chat = get_chat_model()(
@@ -132,17 +143,24 @@ class Agent:
             model=cls.model or agentloop_settings.DEFAULT_MODEL,
             provider=cls.provider or "",
             agent_path=import_path_of(cls),
+            agent_inputs=inputs,
             title=cls.__name__,
             **extra,
         )
-        cls.render_instructions(inputs)  # fail before saving anything
+        chat.agent_digest = fingerprint(cls, inputs)  # fails before saving anything
         chat.save()
         return cls.configure(chat, **inputs)
 
     @classmethod
-    def find(cls, pk: Any) -> Any:
-        """The persisted chat ``pk`` made by this agent."""
-        return get_chat_model().objects.get(pk=pk, agent_path=import_path_of(cls))
+    def find(cls, pk: Any, **inputs: Any) -> Any:
+        """The persisted chat ``pk`` under this agent's configuration from then on: a chat
+        made by another agent (or by none) is handed over (a handoff: its ``agent_path``
+        is re-recorded). ``inputs`` add to the chat's stored ones."""
+        chat = get_chat_model().objects.get(pk=pk)
+        path = import_path_of(cls)
+        if chat.agent_path != path or inputs:
+            hand_over(cls, chat, path, inputs)
+        return chat
 
     # -- as a tool ------------------------------------------------------------------------
     @classmethod

@@ -92,6 +92,8 @@ class Settings(BaseModel):
     STEP_RETRIES: _Count = 5
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
     STALE_QUEUED_SECONDS: _Seconds = 300
+    #: seconds a call may wait for approval before the sweeper denies it; None: no limit.
+    APPROVAL_TIMEOUT: _Seconds | None = None
     #: seconds between writes of a streaming partial answer to the database.
     PARTIAL_SAVE_INTERVAL: _Seconds = 1.0
     #: largest provider response read (bytes of one answer, plain or streamed); larger fails

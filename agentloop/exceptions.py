@@ -15,6 +15,7 @@
     │   └── NeedsInput              the call waits for a person's answer to a question
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
     │   └── DecisionConflictError   someone else decided that call first (a race: views say 409)
+    ├── InvalidArgumentsError       approve(arguments=...) that the tool's Params refuse
     ├── BatchError                  these chats can't go into one batch (or the provider has none)
     ├── MCPServerError              an MCP server can't be reached, timed out, or broke the protocol
     └── ProviderError               the model provider failed (status and redacted body attached)
@@ -50,6 +51,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthError",
     "DecisionConflictError",
+    "InvalidArgumentsError",
     "InvalidResponseError",
     "LeaseLostError",
     "LimitReachedError",
@@ -152,6 +154,11 @@ class NeedsInput(ToolWaiting):  # noqa: N818 - a request, not a failure
 
 class ToolCallNotWaitingError(AgentloopError):
     """approve(), deny() or answer() named a call that is not waiting for that decision."""
+
+
+class InvalidArgumentsError(AgentloopError, ValueError):
+    """Edited arguments given with ``approve(arguments=...)`` that the tool's ``Params``
+    refuse (the message says which and why). Nothing was written; the call still waits."""
 
 
 class DecisionConflictError(ToolCallNotWaitingError):

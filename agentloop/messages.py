@@ -78,14 +78,16 @@ class ToolCall(BaseModel):
     state: ToolCallState = ToolCallState.PENDING
     #: opaque per-provider data that must be sent back (e.g. Gemini thought signatures).
     provider_data: dict[str, Any] = Field(default_factory=dict)
-    #: why a WAITING call waits: "approval", "question" or "subagent".
+    #: why a WAITING call waits: "approval", "question", "subagent" or "deferred".
     wait_reason: str | None = None
     #: the question put to a person (wait_reason "question").
     question: str | None = None
-    #: a person's decision: "approved", "denied" or "answered".
+    #: a decision: "approved", "denied", "answered" or "submitted" (a deferred result).
     decision: str | None = None
     #: digest of the arguments the decision was made for (see ``arguments_digest``).
     decision_digest: str | None = None
+    #: the model's arguments, when an approver edited them (``arguments`` ran instead).
+    original_arguments: dict[str, Any] | None = None
     #: the store's key for this call (a primary key for the Django store).
     key: Any = None
 

@@ -7,6 +7,7 @@ from django.dispatch import Signal
 
 __all__ = [
     "chat_cancelled",
+    "chat_halted",
     "chat_stopped",
     "message_added",
     "model_call_started",
@@ -30,3 +31,5 @@ chat_stopped = Signal()
 #: a model call failed in a way retrying can't fix and the step tries the next model
 #: (``with_fallbacks``); args: chat, from_model, to_model, error.
 model_fallback = Signal()
+#: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
+chat_halted = Signal()

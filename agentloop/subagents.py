@@ -10,6 +10,7 @@ their parent is cancelled.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 
 from .engine.transcript import finished
+from .exceptions import AgentloopError, DecisionConflictError, ToolCallNotWaitingError
 
 if TYPE_CHECKING:
     from .agents import Agent
@@ -24,11 +26,17 @@ if TYPE_CHECKING:
 __all__ = [
     "SUBAGENT_CANCELLED_RESULT",
     "cancel_children",
+    "cancel_waiting_children",
     "child_for",
+    "decide",
+    "drive_children",
+    "pending_in_children",
     "last_answer",
     "release_parent",
     "settle_parent",
 ]
+
+logger = logging.getLogger("agentloop")
 
 #: a parent's tool result when its subagent's run was cancelled before it answered.
 SUBAGENT_CANCELLED_RESULT = "The subagent's run was cancelled before it answered."
@@ -98,6 +106,68 @@ def cancel_children(chat_model: Any, parent_pk: Any, now: datetime) -> int:
             cancel_requested_at=Coalesce("cancel_requested_at", now)
         )
     )
+
+
+def _waiting_children(chat: Any) -> Any:
+    """The subagent chats ``chat``'s calls wait for, that no worker is running now."""
+    if not has_children(type(chat)):
+        return type(chat)._default_manager.none()
+    return (
+        type(chat)
+        ._default_manager.filter(
+            parent=chat, parent_tool_call__state="waiting", parent_tool_call__wait_reason="subagent"
+        )
+        .exclude(state__in=["queued", "running"])
+        .order_by("pk")
+    )
+
+
+def drive_children(chat: Any, calls: list[Any]) -> None:
+    """In process: the subagent chats these calls wait for go on where they can (a person
+    decided); a child's answer settles its call (``settle_parent``)."""
+    keys = [call.key for call in calls]
+    for child in _waiting_children(chat).filter(parent_tool_call_id__in=keys):
+        try:
+            child.complete()
+        except AgentloopError:
+            # A child that fails or stops (a limit, a cancel) answers for itself: a cancel
+            # settles the parent's call (release_parent); anything else leaves it waiting.
+            logger.warning("Subagent chat %s could not go on", child.pk, exc_info=True)
+
+
+def pending_in_children(chat: Any, kind: str) -> list[Any]:
+    """The calls waiting for a person (``kind``: "pending_approvals", "pending_questions")
+    in the subagent chats ``chat`` waits for, and theirs in turn."""
+    return [call for child in _waiting_children(chat) for call in getattr(child, kind)()]
+
+
+def decide(chat: Any, verb: str, tool_call_id: Any, **kwargs: Any) -> Any:
+    """A decision (``verb``: "approve", "deny", "answer", "submit_result") on a call of
+    ``chat`` or, when it has no such pending call, of a subagent chat it waits for."""
+    try:
+        record = getattr(chat.conversation, verb)(tool_call_id, **kwargs)
+    except DecisionConflictError:
+        raise
+    except ToolCallNotWaitingError:
+        for child in _waiting_children(chat):
+            try:
+                return decide(child, verb, tool_call_id, **kwargs)
+            except ToolCallNotWaitingError as exc:
+                if isinstance(exc, DecisionConflictError):
+                    raise
+        raise
+    chat.resume_if_waiting()
+    return record
+
+
+def cancel_waiting_children(chat: Any) -> None:
+    """Cancelling a chat cancels the subagents it waits for that wait for a person (no run
+    would ever come back to them): their held calls are cancelled, and each parent's call
+    gets the cancelled result (``release_parent``)."""
+    for child in _waiting_children(chat):
+        cancel_waiting_children(child)
+        if child.conversation.cancel_waiting():
+            type(child)._default_manager.filter(pk=child.pk, state="waiting").update(state="idle")
 
 
 def _parent(chat: Any) -> Any:

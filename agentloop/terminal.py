@@ -333,7 +333,9 @@ class TerminalChat:
 
     def _held(self, chat: Any) -> list[tuple[Any, Any]]:
         """(chat, tool call) for each decision holding ``chat``, its subagents' included."""
-        calls = sorted([*chat.pending_approvals(), *chat.pending_questions()], key=_order)
+        # The chat's own calls (Chat.pending_* add its subagents'; they are walked below).
+        own = chat.conversation
+        calls = sorted([*own.pending_approvals(), *own.pending_questions()], key=_order)
         found = [(chat, call) for call in calls]
         waiting = chat.tool_calls.filter(state="waiting", wait_reason="subagent")
         for call in waiting.order_by("pk"):

@@ -87,6 +87,13 @@ class ToolContext:
         (The loop itself stops right after the tool returns.)"""
         return bool(self._cancel_check and self._cancel_check())
 
+    def halt(self, reason: str) -> bool:
+        """Stop the chat after this tool round, before its next model call (``chat.halt``)."""
+        halt = getattr(self.chat, "halt", None)
+        if halt is None:
+            raise RuntimeError("This tool runs outside a chat: there is nothing to halt.")
+        return bool(halt(reason))
+
 
 class Tool:
     """Base class of tools. Subclasses set ``Params`` and implement ``execute``.
@@ -97,6 +104,8 @@ class Tool:
         Params: pydantic model of the arguments (default: no arguments).
         idempotent: ``False`` means: if a run was interrupted by a crash, don't
             run it again; the model gets an error result saying so.
+        deferred: ``True`` means: agentloop never runs the call; it waits until its
+            result comes from outside (``chat.submit_result``).
     """
 
     name: ClassVar[str] = ""
@@ -106,6 +115,8 @@ class Tool:
     #: True, or a callable ``(arguments: dict) -> bool`` deciding per call: the call runs
     #: only after ``chat.approve(...)`` for exactly these arguments (no decision: no run).
     requires_approval: ClassVar[bool | Callable[[dict[str, Any]], bool]] = False
+    #: True: the call is not run here; the chat waits for ``chat.submit_result(...)``.
+    deferred: ClassVar[bool] = False
 
     #: set on the instance before ``execute`` runs.
     context: ToolContext
@@ -251,8 +262,10 @@ def tool(
     description: str | None = None,
     idempotent: bool = True,
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    deferred: bool = False,
 ) -> Any:
     """Make a tool from a function: ``@tool`` or ``@tool(name=..., idempotent=False)``.
+    With ``deferred=True`` the function only describes the call: it is never run.
 
     The arguments' schema comes from the type hints and defaults; descriptions
     come from the docstring's summary and its ``Args:`` section.
@@ -290,6 +303,7 @@ def tool(
             "requires_approval": staticmethod(requires_approval)
             if callable(requires_approval)
             else requires_approval,
+            "deferred": deferred,
             "function": staticmethod(fn),
             "context_parameter": context_parameter,
             "__module__": fn.__module__,

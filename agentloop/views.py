@@ -7,6 +7,7 @@ and a redirect back for plain HTML forms.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -17,7 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from .conf import get_chat_model
-from .exceptions import ToolCallNotWaitingError
+from .exceptions import InvalidArgumentsError, ToolCallNotWaitingError
 
 __all__ = [
     "answer_tool_call",
@@ -104,8 +105,24 @@ def _decide(request: HttpRequest, pk: int, call_pk: int, decide: Any) -> HttpRes
 @require_POST
 @login_required
 def approve_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
-    """Approve a call that waits for approval (for exactly its arguments)."""
-    return _decide(request, pk, call_pk, lambda chat, call: chat.approve(call, by=request.user))
+    """Approve a call that waits for approval: for exactly its arguments, or for the JSON
+    object posted as ``arguments`` (edited; 400 when the tool's ``Params`` refuse it)."""
+    posted = request.POST.get("arguments", "").strip()
+    try:
+        arguments = json.loads(posted) if posted else None
+    except ValueError:
+        return HttpResponse(
+            "arguments must be a JSON object.", status=400, content_type="text/plain"
+        )
+    try:
+        return _decide(
+            request,
+            pk,
+            call_pk,
+            lambda chat, call: chat.approve(call, by=request.user, arguments=arguments),
+        )
+    except InvalidArgumentsError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
 
 
 @require_POST

@@ -37,7 +37,6 @@ from tests.agents import (
     Lead,
     Research,
     Stepper,
-    Writer,
     register_agents_provider,
 )
 from tests.billing import agents as billing
@@ -148,14 +147,6 @@ def test_find_returns_the_agents_chat_and_it_carries_on_configured(brains, user)
 
 
 @pytest.mark.django_db
-def test_find_does_not_return_a_chat_made_by_another_agent(user):
-    chat = Writer.create(owner=user)
-
-    with pytest.raises(Chat.DoesNotExist):
-        Research.find(chat.pk)
-
-
-@pytest.mark.django_db
 def test_chat_is_an_in_memory_chat_configured_by_the_agent(brains):
     brains.script("You are RESEARCH.", "Owls hunt at night.")
 
@@ -257,27 +248,40 @@ def test_an_unknown_agent_reference_is_an_error_naming_it(user):
 
 
 @pytest.mark.django_db
-def test_two_agents_of_one_name_get_the_newcomers_package_as_prefix(user):
+@pytest.mark.parametrize(
+    "order", [(legal.Research, billing.Research), (billing.Research, legal.Research)]
+)
+def test_two_agents_of_one_name_both_take_their_package_as_prefix_in_any_order(user, order):
     chat = Chat.objects.create(model="agents:test", owner=user)
 
-    chat.with_tools(legal.Research, billing.Research)
+    chat.with_tools(*order)
 
-    assert sorted(chat.conversation.tools()) == ["billing_research", "research"]
-    assert sorted(Chat.objects.get(pk=chat.pk).conversation.tools()) == [
-        "billing_research",
-        "research",
-    ]
+    assert sorted(chat.conversation.tools()) == ["billing_research", "legal_research"]
+    tools = Chat.objects.get(pk=chat.pk).conversation.tools()
+    assert tools["billing_research"].agent_class is billing.Research
+    assert tools["legal_research"].agent_class is legal.Research
 
 
 @pytest.mark.django_db
-def test_an_agent_clashing_with_one_of_another_module_is_prefixed(user):
+def test_agents_added_one_call_at_a_time_get_the_same_names(user):
     chat = Chat.objects.create(model="agents:test", owner=user)
 
-    chat.with_tools(Research).with_tools(billing.Research)
+    chat.with_tools(legal.Research).with_tools(billing.Research).with_tools(legal.Research)
 
     tools = Chat.objects.get(pk=chat.pk).conversation.tools()
-    assert tools["research"].agent_class is Research
-    assert tools["billing_research"].agent_class is billing.Research
+    assert sorted(tools) == ["billing_research", "legal_research"]
+    assert tools["legal_research"].agent_class is legal.Research
+
+
+@pytest.mark.django_db
+def test_an_agent_alone_again_gets_its_own_name_back(user):
+    chat = Chat.objects.create(model="agents:test", owner=user)
+
+    chat.with_tools(Research, billing.Research)
+    assert sorted(chat.conversation.tools()) == ["billing_research", "tests_research"]
+    chat.with_tools(billing.Research, replace=True)
+
+    assert list(Chat.objects.get(pk=chat.pk).conversation.tools()) == ["research"]
 
 
 @pytest.mark.django_db
@@ -292,8 +296,8 @@ def test_the_same_agent_twice_is_one_tool(user):
 @pytest.mark.django_db
 def test_a_prefixed_agent_tool_runs_its_own_agent(brains, user):
     chat = Chat.objects.create(model="agents:test", owner=user)
-    chat.with_instructions("You are LEAD.").with_tools(legal.Research)
-    chat.with_tools(billing.Research)
+    chat.with_instructions("You are LEAD.").with_tools(billing.Research)
+    chat.with_tools(legal.Research)
     brains.script(
         "You are LEAD.", tool_call("billing_research", {"task": "Why two invoices?"}), "Done."
     )

@@ -11,6 +11,7 @@ import time_machine
 import agentloop
 from agentloop import ConfigurationError, LimitReachedError, providers
 from agentloop.engine import Limits
+from agentloop.engine.transcript import TOOL_LIMIT_RESULT
 from agentloop.testing import ScriptedProvider, tool_call
 from tests.tools import add
 
@@ -117,12 +118,49 @@ def test_max_tool_calls_stops_before_the_next_model_call(chat, scripted):
     assert chat.store.stop_reason.startswith("max_tool_calls")
 
 
-def test_max_tool_calls_counts_every_result_of_a_round(chat, scripted):
+def test_max_tool_calls_holds_before_every_tool_call_of_a_round(chat, scripted):
     chat.with_limits(max_tool_calls=2)
-    scripted.add([add_call(), add_call(), add_call()], "never sent")
-    with pytest.raises(LimitReachedError, match=r"\(3 of 2\)"):
-        chat.ask("three at once")
+    scripted.add([add_call(1, n) for n in range(6)], "never sent")
+    with pytest.raises(LimitReachedError, match=r"max_tool_calls reached \(2 of 2\)"):
+        chat.ask("six at once")
+    results = [(m.content, m.is_error) for m in chat.messages if m.role == "tool"]
+    assert results == [("1", False), ("2", False)] + [(TOOL_LIMIT_RESULT, True)] * 4
+    assert TOOL_LIMIT_RESULT == "not run: the tool call limit was reached"
     assert len(scripted.requests) == 1
+    assert chat.store.stop_reason == "max_tool_calls reached (2 of 2)"
+
+
+def test_calls_kept_from_running_by_the_limit_do_not_count_once_it_is_raised(chat, scripted):
+    chat.with_limits(max_tool_calls=2)
+    scripted.add([add_call(1, n) for n in range(4)], "Done.")
+    with pytest.raises(LimitReachedError):
+        chat.ask("four at once")
+    chat.with_limits(max_tool_calls=3)
+    assert chat.complete().content == "Done."
+    assert len(scripted.requests) == 2
+
+
+def test_the_tool_call_limit_counts_calls_of_earlier_rounds(chat, scripted):
+    chat.with_limits(max_tool_calls=3)
+    scripted.add([add_call(), add_call()], [add_call(2, 2), add_call(3, 3)], "never sent")
+    with pytest.raises(LimitReachedError, match=r"\(3 of 3\)"):
+        chat.ask("two rounds")
+    assert [m.content for m in chat.messages if m.role == "tool"] == [
+        "2",
+        "2",
+        "4",
+        TOOL_LIMIT_RESULT,
+    ]
+    assert len(scripted.requests) == 2
+
+
+def test_the_tool_call_limit_holds_on_tool_threads(chat, scripted):
+    chat.with_limits(max_tool_calls=2).with_tool_options(concurrency="threads")
+    scripted.add([add_call(1, n) for n in range(4)], "never sent")
+    with pytest.raises(LimitReachedError):
+        chat.ask("four at once")
+    contents = sorted(m.content for m in chat.messages if m.role == "tool")
+    assert contents == ["1", "2", TOOL_LIMIT_RESULT, TOOL_LIMIT_RESULT]
 
 
 # -- max_seconds --------------------------------------------------------------------------------

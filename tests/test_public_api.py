@@ -26,6 +26,7 @@ EXPECTED_ALL = {
     "ConfigurationError",
     "Conversation",
     "DecisionConflictError",
+    "InvalidArgumentsError",
     "LimitReachedError",
     "Message",
     "NeedsInput",

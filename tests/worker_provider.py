@@ -46,6 +46,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "charge_card_slowly": {"amount": 42},
     "add": {"a": 2, "b": 3},
     "slow": {"seconds": 0.2},
+    "guard": {"amount": 500},
+    "ask_accounting": {"invoice": "INV-7"},
 }
 
 _LOG_ENV = "AGENTLOOP_TEST_PROVIDER_LOG"

@@ -29,11 +29,13 @@ WAIT_LABELS = {
     "approval": _("waiting for approval"),
     "question": _("waiting for an answer"),
     "subagent": _("waiting for its subagent"),
+    "deferred": _("waiting for its result from outside"),
 }
 DECISION_LABELS = {
     "approved": _("approved"),
     "denied": _("denied"),
     "answered": _("answered"),
+    "submitted": _("result submitted"),
 }
 
 
@@ -59,6 +61,8 @@ class CallEntry:
     child: Any = None
     child_url: str = ""
     decide_url: str = ""
+    #: the model's arguments, when an approver edited them ("" otherwise).
+    original_arguments: str = ""
 
     @property
     def state_label(self) -> str:
@@ -178,6 +182,8 @@ def build_timeline(
         call_pks.add(call.pk)
         child = getattr(call, "child_chat", None) if with_children else None
         entry = CallEntry(call, _pretty_json(call.arguments), results.get(call.pk), child)
+        if call.original_arguments is not None:
+            entry.original_arguments = _pretty_json(call.original_arguments)
         if child is not None and url_for_chat is not None:
             entry.child_url = url_for_chat(child.pk)
         if call.state == ToolCallState.WAITING and call.pk not in results:

@@ -163,6 +163,8 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         "question": question or None,
                         "decision": decision or None,
                         "decision_digest": decision_digest or None,
+                        # Edited arguments are only written by a decision: none read back.
+                        "original_arguments": None,
                         "key": call_key,
                     },
                 )

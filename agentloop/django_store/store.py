@@ -15,20 +15,19 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
-from django.db.models import Q, Sum
-from django.db.models.functions import Coalesce
-from django.utils import timezone
+from django.db.models import Sum
 
-from .._cancel_notices import listen_locally, notify
+from .._cancel_notices import listen_locally
 from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
-from ..messages import Message, MessageStatus, ToolCall, ToolCallState
-from ..subagents import cancel_children, has_children
+from ..messages import Message, MessageStatus
+from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
 from .claims import ClaimMixin
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
+from .stopping import Stopping
 from .tool_calls import ToolCallRows
 
 if TYPE_CHECKING:
@@ -109,7 +108,7 @@ def _models(chat_model: Any) -> _Models:
     return models
 
 
-class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
+class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
     def __init__(self, chat: AbstractChat) -> None:
@@ -268,6 +267,8 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
                 values: dict[str, Any] = {"cancel_requested_at": None}
                 if self.chat.stop_reason or self.chat.state in ("stopped", "failed"):
                     values.update(stop_reason="", state="idle", error="")
+                if self.chat.halt_reason:
+                    values.update(halt_reason="")
                 if self.chat.cancel_requested_at is not None or len(values) > 1:
                     self._update_chat(**values)
         message.key = record.pk
@@ -386,87 +387,6 @@ class DjangoStore(ClaimMixin, ToolCallRows, ChatStore):
 
     def native_message(self, message: Message) -> Any:
         return self.message_model.objects.get(pk=message.key)
-
-    # -- cancellation and stopping ----------------------------------------------------------
-    def _read_cancel_flag(self) -> datetime | None:
-        value: datetime | None = (
-            self.chat_model.objects.filter(pk=self.chat.pk)
-            .order_by()
-            .values_list("cancel_requested_at", flat=True)
-            .first()
-        )
-        return value
-
-    def cancel_requested_at(self) -> datetime | None:
-        if self.chat.pk is None:
-            return None
-        flag, self._flag_after_write = self._flag_after_write, UNREAD
-        if flag is not UNREAD and not (self.cancel_notice and self.cancel_notice.is_set()):
-            # The last write's lease renewal read the flag just now: no query needed.
-            value: datetime | None = flag
-            return value
-        return self._read_cancel_flag()
-
-    def request_cancel(self) -> bool:
-        # Keep the first request's time: clearing compares against it. Only a run that is in
-        # progress, queued or held for a person can be cancelled; else nothing is set, so a
-        # later message can't inherit it.
-        pk = self._saved_chat().pk
-        now = timezone.now()
-        active = (
-            Q(lease_token__gt="", lease_expires_at__gt=now)
-            | Q(state__in=["queued", "running", "waiting"])
-            | Q(tool_calls__state=ToolCallState.WAITING)
-        )
-        if self.models.has_batches:
-            active |= Q(batch_items__status="pending", batch_items__cancelled_at__isnull=True)
-        flagged = self.chat_model.objects.filter(
-            pk__in=self.chat_model.objects.filter(active, pk=pk)
-        ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
-        if not flagged:
-            return False
-        cancel_children(self.chat_model, pk, now)  # running subagents stop too
-
-        notify(self.chat)
-        return True
-
-    def record_cancellation(
-        self,
-        requested_at: datetime | None,
-        *,
-        partial: Message | None,
-        partial_key: Any,
-        usage: UsageRecord | None,
-        unanswered: list[ToolCall],
-    ) -> None:
-        with self._writing():
-            flag = self.chat_model.objects.filter(pk=self.chat.pk)
-            if requested_at is not None:
-                # A cancel requested after the one we saw stays for the next run.
-                flag = flag.filter(cancel_requested_at__lte=requested_at)
-            flag.update(cancel_requested_at=None)
-            message = None
-            if partial is not None:
-                message = self._message_row(partial.model_copy(update={"status": "cancelled"}))
-                if partial_key is not None:
-                    message.pk = partial_key
-                    message.save(force_update=True)
-                else:
-                    message.save()
-            elif partial_key is not None:
-                self.message_model.objects.filter(pk=partial_key).update(status="cancelled")
-            if usage is not None:
-                self._usage_row(usage, message).save()
-            if unanswered:
-                self.tool_call_model.objects.filter(
-                    pk__in=[call.key for call in unanswered]
-                ).update(state=ToolCallState.CANCELLED)
-        self.chat.cancel_requested_at = None
-        self._flag_after_write = UNREAD  # it was read before the flag was cleared
-
-    def record_stop(self, reason: str) -> None:
-        with self._writing():
-            self._update_chat(stop_reason=reason[:300], state="stopped")
 
     def turn_cost(self, since: datetime) -> Decimal:
         total = self.usage_model.objects.filter(chat_id=self.chat.pk, created_at__gte=since)

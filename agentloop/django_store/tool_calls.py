@@ -76,7 +76,10 @@ class ToolCallRows:
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         with self._writing():
             self.tool_call_model.objects.filter(pk=call.key).update(
-                state=ToolCallState.WAITING, wait_reason=reason, question=question or ""
+                state=ToolCallState.WAITING,
+                wait_reason=reason,
+                question=question or "",
+                waiting_since=timezone.now(),
             )
 
     def record_decision(
@@ -91,6 +94,9 @@ class ToolCallRows:
         }
         if result is None:  # approved: the call runs at the next step
             fields["state"] = ToolCallState.PENDING
+        if call.original_arguments is not None:
+            # Edited by the approver: these run, bound by the digest; the model's are kept.
+            fields.update(arguments=call.arguments, original_arguments=call.original_arguments)
         # Only while the call still waits (for this reason): of two racing decisions exactly
         # one changes the row; the other changes nothing and is told so.
         waiting = self.tool_call_model.objects.filter(
@@ -105,7 +111,7 @@ class ToolCallRows:
                     )
                 if result is None:
                     return None
-                state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+                state = ToolCallState.FAILED if result.is_error else ToolCallState.SUCCEEDED
                 return self._tool_result(call, result, state, None)
         except IntegrityError as exc:
             raise DecisionConflictError(

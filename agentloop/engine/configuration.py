@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from collections.abc import Iterable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -123,6 +124,33 @@ def _package_name(obj: Any) -> str:
     return parts[-1] if parts else obj.__module__.split(".")[-1]
 
 
+def _base_name(tool_class: Any, agent: Any) -> str:
+    """An agent tool's name before any package prefix a clash gave it."""
+    prefixed = f"{_package_name(agent)}_{agent.tool_name()}"
+    return agent.tool_name() if tool_class.name == prefixed else str(tool_class.name)
+
+
+def _agent_names(tool_classes: list[Any]) -> list[Any]:
+    """Agent tools named alike by agents of different modules (billing.Research,
+    legal.Research) all take their package's name as a prefix ("billing_research",
+    "legal_research"), whatever the order they came in; a lone one keeps its own name."""
+    agents_by_name: dict[str, set[Any]] = defaultdict(set)
+    for tool_class in tool_classes:
+        agent = getattr(tool_class, "agent_class", None)
+        if agent is not None:
+            agents_by_name[_base_name(tool_class, agent)].add(agent)
+    named = []
+    for tool_class in tool_classes:
+        agent = getattr(tool_class, "agent_class", None)
+        if agent is not None:
+            base = _base_name(tool_class, agent)
+            name = f"{_package_name(agent)}_{base}" if len(agents_by_name[base]) > 1 else base
+            if name != tool_class.name:
+                tool_class = agent.as_tool(name=name, **getattr(tool_class, "bound_inputs", {}))
+        named.append(tool_class)
+    return named
+
+
 class Configuration:
     """Chainable configuration; each method persists through the store and returns the chat."""
 
@@ -146,19 +174,9 @@ class Configuration:
     def with_tools(self, *tools: Any, replace: bool = False) -> Self:
         """Offer these tools (Tool classes, @tool functions, agents) to the model."""
         current = [] if replace else list(self.store.get_tools())
-        by_name = {tool.name: tool for tool in current}
-        for tool in tools:
-            tool_class = _as_tool_class(tool)
-            existing = by_name.get(tool_class.name)
-            agent = getattr(tool_class, "agent_class", None)
-            clash = existing is not None and existing.__module__ != tool_class.__module__
-            if clash and agent is not None:
-                # Two agents named alike (billing.Research, legal.Research): the newcomer's
-                # name takes its package's name, as in "billing_research".
-                tool_class = agent.as_tool(
-                    name=f"{_package_name(agent)}_{tool_class.name}",
-                    **getattr(tool_class, "bound_inputs", {}),
-                )
+        by_name: dict[str, type[Tool]] = {}
+        # A later tool of the same name replaces an earlier one.
+        for tool_class in _agent_names([*current, *(_as_tool_class(tool) for tool in tools)]):
             by_name[tool_class.name] = tool_class
         self.store.set_tools(list(by_name.values()))
         return self

@@ -26,12 +26,14 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
 from .checkpoints import Checkpoints
 from .configuration import Configuration
+from .control import HALTED_PREFIX, Control, HaltedRelease
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
 from .transcript import (
+    counted_tool_results,
     finished,
     is_complete,
     is_waiting,
@@ -39,7 +41,14 @@ from .transcript import (
     pending_round,
 )
 
-__all__ = ["CANCELLED_TOOL_RESULT", "Conversation", "PreparedCall", "StepResult", "StreamCallback"]
+__all__ = [
+    "CANCELLED_TOOL_RESULT",
+    "HALTED_PREFIX",
+    "Conversation",
+    "PreparedCall",
+    "StepResult",
+    "StreamCallback",
+]
 
 #: the result given to calls left unanswered by a cancel when the user moves on.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
@@ -52,6 +61,9 @@ _EVENTS = (
     "cancelled",
     "stopped",
     "model_fallback",
+    "halted",
+    "claimed",
+    "subagents_waiting",
 )
 
 
@@ -73,9 +85,11 @@ class _Run:
     single: bool
     transcript: list[Message] | None = None
     next_move: str | None = None
+    #: set when a halt stopped the run: the release records it as the chat's stop.
+    halted: HaltedRelease | None = None
 
 
-class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
+class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -94,7 +108,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Conversation:
-        """Call ``callback`` on ``event`` (one of the callback names, "cancelled", "stopped")."""
+        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
         if event not in _EVENTS:
             raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(_EVENTS)}")
         self._callbacks[event].append(callback)
@@ -206,6 +220,13 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         holds the chat), released by the verb's last write or at its end, with how it ended.
         A CancelledError is recorded on the way out."""
         owns = self.store.claim()
+        if owns:
+            try:
+                # A verb took the chat: configuration that follows code (agents) applies now.
+                self._emit("claimed")
+            except BaseException as exc:
+                self.store.release(None, failure=exc)
+                raise
         run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
             yield run
@@ -218,7 +239,10 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
                 self.store.release(None, failure=exc)
             raise
         if owns:
-            self.store.release(run.next_move)
+            if run.halted is not None:
+                self.store.release(None, failure=run.halted)
+            else:
+                self.store.release(run.next_move)
 
     def _record_cancel(
         self,
@@ -320,9 +344,14 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
         last: Any = None
         while True:
             added = self._step(stream, run)
-            if added is None:
+            if added is not None:
+                last = added
+            if run.halted is not None:
                 break
-            last = added
+            if added is None:
+                if run.next_move == "wait" and self._drive_subagents(run):
+                    continue  # a subagent went on and settled its call: so do we
+                break
         if last is None:
             transcript = finished(run.transcript or [])
             return self.store.native_message(transcript[-1]) if transcript else None
@@ -346,8 +375,13 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             self._read(run)
         if move == "tools":
             results = self._run_tools(transcript, run)
+            if run.next_move == "generate":
+                # A halt asked for during the round stops the run here, in the same step.
+                self._halt_if_requested(run)
             return results[-1] if results else None
         if move == "generate":
+            if self._halt_if_requested(run):
+                return None
             return self._generate(transcript, stream, run)
         return None
 
@@ -365,6 +399,8 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             options = options.model_copy(
                 update={"concurrency": agentloop_settings.TOOL_CONCURRENCY}
             )
+        limit = self.store.get_config().limits.max_tool_calls
+        budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
         runner = ToolRunner(
             self.store,
             self._tool_map(),
@@ -373,6 +409,7 @@ class Conversation(Configuration, PeopleInTheLoop, ModelCalls):
             self._emit,
             chat=self.owner,
             release_last=run.single,
+            tool_budget=budget,
         )
         try:
             results = runner.run(round_.message.tool_calls, round_.unanswered)

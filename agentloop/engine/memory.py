@@ -34,6 +34,8 @@ class MemoryStore(ChatStore):
         self.stop_reason: str = ""
         #: the latest answer's key and its reported input tokens (compaction's estimate).
         self.reported_input: tuple[Any, int] | None = None
+        #: a halt asked for during the run, applied before its next model call.
+        self.halt_reason: str = ""
         self._cancel_requested_at: datetime | None = None
         self._notice = threading.Event()
         self.cancel_notice = self._notice
@@ -93,7 +95,7 @@ class MemoryStore(ChatStore):
 
     def append_message(self, message: Message) -> Message:
         if message.role == "user":
-            self.stop_reason = ""
+            self.stop_reason = self.halt_reason = ""
             with self._lock:
                 self._cancel_requested_at = None  # a new turn never inherits a cancel
         stored = self._add(message)
@@ -202,11 +204,13 @@ class MemoryStore(ChatStore):
             )
         stored.decision = decision
         stored.decision_digest = call.arguments_digest()
+        if call.original_arguments is not None:
+            stored.arguments, stored.original_arguments = call.arguments, call.original_arguments
         self.decisions[call.id] = {"decision": decision, "by": by, "reason": reason, "at": _now()}
         if result is None:
             stored.state = ToolCallState.PENDING  # approved: runs at the next step
             return None
-        state = ToolCallState.SUCCEEDED if decision == "answered" else ToolCallState.FAILED
+        state = ToolCallState.FAILED if result.is_error else ToolCallState.SUCCEEDED
         return self.save_tool_result(call, result, state, None)
 
     def native_message(self, message: Message) -> Message:
@@ -256,7 +260,17 @@ class MemoryStore(ChatStore):
             self._call(call).state = ToolCallState.CANCELLED
 
     def record_stop(self, reason: str) -> None:
-        self.stop_reason = reason
+        self.stop_reason, self.halt_reason = reason, ""
+
+    def request_halt(self, reason: str) -> bool:
+        with self._lock:
+            if self._holder is None:
+                return False  # nothing runs: nothing to halt, and nothing is left set
+            self.halt_reason = reason
+        return True
+
+    def halt_requested(self) -> str:
+        return self.halt_reason
 
     def turn_cost(self, since: datetime) -> Decimal:
         return sum(

@@ -33,7 +33,7 @@ from .retries import retry_delay
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
 from .summaries import Summaries, failed_usage
-from .transcript import next_move, turn_start
+from .transcript import counted_tool_results, next_move, turn_start
 
 __all__ = ["ModelCalls", "PreparedCall"]
 
@@ -77,7 +77,7 @@ class ModelCalls(Summaries):
         turn = [m for m in transcript[start:] if m.is_finished]
         reason = None
         model_calls = sum(1 for m in turn if m.role == "assistant")
-        tool_calls = sum(1 for m in turn if m.role == "tool")
+        tool_calls = counted_tool_results(transcript)
         if limits.max_model_calls is not None and model_calls >= limits.max_model_calls:
             reason = f"max_model_calls reached ({model_calls} of {limits.max_model_calls})"
         elif limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:

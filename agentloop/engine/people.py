@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import DecisionConflictError, ToolCallNotWaitingError
+from pydantic import ValidationError
+
+from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
+from ..tools import describe_validation_error, format_result
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
 from .transcript import pending_round
 
 __all__ = ["PeopleInTheLoop"]
+
+#: what a call waiting for each reason waits for, in an error message.
+_WAITS_FOR = {"approval": "approval", "question": "an answer", "deferred": "a submitted result"}
+
+
+def _names(call: ToolCall, key: Any) -> bool:
+    """Whether ``key`` (a provider call id or a store key) names ``call``."""
+    return call.id == key or call.key == key or str(call.key) == str(key)
 
 
 class PeopleInTheLoop:
@@ -28,6 +40,10 @@ class PeopleInTheLoop:
         """Tool calls waiting for a person's answer (``call.question`` asks it)."""
         return self._waiting_calls("question")
 
+    def pending_results(self) -> list[Any]:
+        """Calls of deferred tools waiting for their result from outside (``submit_result``)."""
+        return self._waiting_calls("deferred")
+
     def _waiting_calls(self, reason: str) -> list[Any]:
         round_ = pending_round(self.store.load_transcript())
         return [
@@ -39,9 +55,10 @@ class PeopleInTheLoop:
     def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
         """The waiting call named by its provider id, its store key, or a store record."""
         key = getattr(tool_call_id, "pk", tool_call_id)
-        round_ = pending_round(self.store.load_transcript())
+        transcript = self.store.load_transcript()
+        round_ = pending_round(transcript)
         for call in round_.message.tool_calls if round_.message is not None else []:
-            if call.id == key or call.key == key or str(call.key) == str(key):
+            if _names(call, key):
                 if call.decision and (
                     call.state != ToolCallState.WAITING or call not in round_.unanswered
                 ):
@@ -56,15 +73,53 @@ class PeopleInTheLoop:
                 ):
                     raise ToolCallNotWaitingError(
                         f"Tool call {call.id!r} ({call.name}) is not waiting for "
-                        f"{'an answer' if reason == 'question' else 'approval'}."
+                        f"{_WAITS_FOR.get(reason, reason)}."
                     )
                 return call
+        for message in transcript:
+            for call in message.tool_calls:
+                if call.decision and _names(call, key):
+                    # Decided in an earlier round (a late retry of a webhook, say).
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
+                    )
         raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
 
-    def approve(self, tool_call_id: Any, by: Any = None) -> None:
-        """Let a call that needs approval run (at the next step), for exactly its arguments."""
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        """Let a call that needs approval run (at the next step), for exactly its arguments,
+        or for ``arguments`` edited by the approver: validated by the tool's ``Params`` first
+        (``InvalidArgumentsError``, nothing written); the model's are kept."""
         call = self._find_waiting(tool_call_id, "approval")
+        if arguments is not None:
+            self._edit_arguments(call, arguments)
         self.store.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def _edit_arguments(self, call: ToolCall, arguments: Any) -> None:
+        """Check the approver's arguments, then make them the call's (the approval's digest
+        binds them); the model's arguments go to ``original_arguments``."""
+        tool_class = next((t for t in self.store.get_tools() if t.name == call.name), None)
+        if tool_class is None:
+            raise InvalidArgumentsError(
+                f"Tool {call.name!r} is not among the chat's tools: its arguments can't be edited."
+            )
+        if not isinstance(arguments, dict):
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} must be a JSON object, not "
+                f"{type(arguments).__name__}."
+            )
+        try:
+            tool_class.parse_arguments(arguments)
+            edited = json.loads(json.dumps(arguments))  # what the row will hold
+        except ValidationError as exc:
+            raise InvalidArgumentsError(describe_validation_error(call.name, exc)) from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} are not JSON: {exc}"
+            ) from None
+        if edited != call.arguments:
+            call.original_arguments, call.arguments = call.arguments, edited
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
         """Refuse a call: the model gets an error result saying the user denied it."""
@@ -83,6 +138,19 @@ class PeopleInTheLoop:
         call = self._find_waiting(tool_call_id, "question")
         result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
         record = self.store.record_decision(call, "answered", by=by, reason="", result=result)
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
+        """Give a deferred tool's call its result (``error=True``: the model sees an error
+        result). A conditional decision: a second submit gets ``DecisionConflictError``."""
+        call = self._find_waiting(tool_call_id, "deferred")
+        text = content if isinstance(content, str) else format_result(content)
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=error
+        )
+        record = self.store.record_decision(call, "submitted", by=None, reason="", result=result)
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return record

@@ -166,7 +166,8 @@ class ChatStore(ABC):
     ) -> Any:
         """Atomically, and only if the call still waits (else ``DecisionConflictError``): a
         person's decision (who, when, for which arguments) and, for a denial or an answer,
-        the call's result message (returned)."""
+        the call's result message (returned). An approval with edited arguments
+        (``call.original_arguments`` set) also writes ``call.arguments`` and keeps those."""
 
     @abstractmethod
     def native_message(self, message: Message) -> Any:
@@ -201,7 +202,16 @@ class ChatStore(ABC):
 
     @abstractmethod
     def record_stop(self, reason: str) -> None:
-        """Remember why the turn stopped (a limit)."""
+        """Remember why the turn stopped (a limit, a halt); a pending halt is cleared."""
+
+    @abstractmethod
+    def request_halt(self, reason: str) -> bool:
+        """Ask the run to stop before its next model call (one write, or none when this
+        store runs the chat); False, and nothing set, when no run is in progress or queued."""
+
+    @abstractmethod
+    def halt_requested(self) -> str:
+        """The reason of a halt asked for and not yet applied ("" when there is none)."""
 
     @abstractmethod
     def turn_cost(self, since: datetime) -> Decimal:

@@ -22,6 +22,7 @@ from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, f
 from .checkpoints import Checkpoints
 from .configuration import ToolOptions
 from .store import ChatStore
+from .transcript import TOOL_LIMIT_RESULT
 
 __all__ = ["DENIED_RESULT", "ToolRunner", "execute_tool"]
 
@@ -76,11 +77,14 @@ class ToolRunner:
         chat: Any = None,
         *,
         release_last: bool = False,
+        tool_budget: int | None = None,
     ) -> None:
         self.store = store
         #: the round is the verb's last move: its last result's write also releases the claim.
         self.release_last = release_last
         self.unanswered: list[ToolCall] = []
+        #: how many more calls may run this turn (``max_tool_calls``); None: no limit.
+        self.tool_budget = tool_budget
         self.tools = tools
         self.options = options
         self.checkpoints = checkpoints
@@ -115,7 +119,12 @@ class ToolRunner:
             )
             return ToolOutcome(text, is_error=True, error=text)
         if tool_class.needs_approval(call.arguments):
-            return self._approval(call)
+            held = self._approval(call)
+            if held is not None:
+                return held
+        if tool_class.deferred:
+            # Its result comes from outside (submit_result): held, never run here.
+            return ToolOutcome(wait_reason="deferred")
         return None
 
     def _approval(self, call: ToolCall) -> ToolOutcome | None:
@@ -180,6 +189,11 @@ class ToolRunner:
         calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
         refusals = {call.id: self._refusal(call, round_calls) for call in calls}
         runnable = [call for call in calls if refusals[call.id] is None]
+        if self.tool_budget is not None and len(runnable) > self.tool_budget:
+            # Past max_tool_calls a call is not run; the turn stops before the next model call.
+            for call in runnable[self.tool_budget :]:
+                refusals[call.id] = ToolOutcome(TOOL_LIMIT_RESULT, is_error=True)
+            runnable = runnable[: self.tool_budget]
         concurrency = self.options.concurrency
         if concurrency is None or len(runnable) <= 1:
             self._run_in_order(calls, refusals)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from ..messages import Message, ToolCall, ToolCallState
 
 __all__ = [
+    "TOOL_LIMIT_RESULT",
     "Round",
+    "counted_tool_results",
     "finished",
     "is_complete",
     "is_waiting",
@@ -19,6 +21,10 @@ __all__ = [
     "pending_round",
     "turn_start",
 ]
+
+
+#: the result of a call that ``max_tool_calls`` kept from running.
+TOOL_LIMIT_RESULT = "not run: the tool call limit was reached"
 
 
 def finished(transcript: list[Message]) -> list[Message]:
@@ -90,3 +96,14 @@ def turn_start(transcript: list[Message]) -> int:
         if transcript[index].role == "user":
             return index
     return 0
+
+
+def counted_tool_results(transcript: list[Message]) -> int:
+    """The turn's tool results that count towards ``max_tool_calls``: every result except
+    those of calls the limit kept from running (raising the limit lets the turn go on)."""
+    return sum(
+        1
+        for message in finished(transcript[turn_start(transcript) :])
+        if message.role == "tool"
+        and not (message.is_error and message.content == TOOL_LIMIT_RESULT)
+    )

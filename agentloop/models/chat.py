@@ -14,6 +14,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .. import subagents
 from ..background import enqueue
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
@@ -92,10 +93,18 @@ class AbstractChat(models.Model):
     #: ``with_fallbacks``: models tried in order when the chat's model fails for the step.
     fallbacks = models.JSONField(_("fallback models"), default=list, blank=True)
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
+    #: the inputs the agent's instructions were filled from (re-applied when the code changes).
+    agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)
+    #: digest of the agent configuration last applied (see ``agentloop._following``).
+    agent_digest = models.CharField(
+        _("agent configuration digest"), max_length=64, blank=True, editable=False
+    )
     state = models.CharField(
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
     )
     stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    #: ``halt(reason)`` asked while a run was in progress: applied before its next model call.
+    halt_reason = models.CharField(_("halt requested"), max_length=250, blank=True)
     #: what went wrong, in one line a user may see (no traceback, no paths).
     error = models.TextField(_("error"), blank=True)
     #: the traceback behind ``error``, for the admin and the log only.
@@ -256,36 +265,59 @@ class AbstractChat(models.Model):
         """Request cancellation: one UPDATE, seen by the run wherever it is.
 
         True when a run was in progress, queued or waiting for a person (subagent chats
-        still running for this one are cancelled too); False, and nothing set, when no run
-        was: a later message never inherits a cancel.
+        still running for this one are cancelled too, and those waiting for a person have
+        their held calls cancelled); False, and nothing set, when no run was: a later
+        message never inherits a cancel.
         """
-        return self.conversation.cancel()
+        cancelled = self.conversation.cancel()
+        if cancelled and self.state not in (ChatState.QUEUED, ChatState.RUNNING):
+            # No worker will come back to record this cancel (its "cancelled" hook does that
+            # for a run): the subagents it waits for that wait for a person are cancelled now.
+            subagents.cancel_waiting_children(self)
+        return cancelled
 
-    # people in the loop
+    def halt(self, reason: str) -> bool:
+        """Stop the run after its current tool round, before its next model call: the chat
+        becomes ``stopped`` with ``stop_reason`` "halted: <reason>" (not a cancel).
+
+        True when a run was in progress or queued; False, and nothing set, when none was."""
+        return self.conversation.halt(reason)
+
+    # people in the loop (a parent also finds the calls of the subagents it waits for)
     def pending_approvals(self) -> list[Any]:
-        """Tool calls (``ToolCall`` rows) waiting for approval."""
-        return self.conversation.pending_approvals()
+        """Tool calls (``ToolCall`` rows) waiting for approval, its subagents' included."""
+        own = self.conversation.pending_approvals()
+        return own + subagents.pending_in_children(self, "pending_approvals")
 
     def pending_questions(self) -> list[Any]:
-        """Tool calls waiting for a person's answer (``.question``)."""
-        return self.conversation.pending_questions()
+        """Tool calls waiting for a person's answer (``.question``), its subagents' included."""
+        own = self.conversation.pending_questions()
+        return own + subagents.pending_in_children(self, "pending_questions")
 
-    def approve(self, tool_call_id: Any, by: Any = None) -> None:
-        """Approve a waiting call (by call id, pk or row) for exactly its arguments."""
-        self.conversation.approve(tool_call_id, by=by)
-        self.resume_if_waiting()
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        """Approve a waiting call (by call id, pk or row) for exactly its arguments, or for
+        ``arguments`` edited by the approver (``InvalidArgumentsError`` when its tool's
+        ``Params`` refuse them; nothing is written); the model's are kept."""
+        subagents.decide(self, "approve", tool_call_id, by=by, arguments=arguments)
 
     def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
         """Deny a waiting call: the model gets an error result saying so."""
-        record = self.conversation.deny(tool_call_id, reason=reason, by=by)
-        self.resume_if_waiting()
-        return record
+        return subagents.decide(self, "deny", tool_call_id, reason=reason, by=by)
 
     def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
         """Answer a waiting call's question; the answer is the call's result."""
-        record = self.conversation.answer(tool_call_id, text, by=by)
-        self.resume_if_waiting()
-        return record
+        return subagents.decide(self, "answer", tool_call_id, text=text, by=by)
+
+    def pending_results(self) -> list[Any]:
+        """Calls of deferred tools waiting for their result from outside."""
+        return self.conversation.pending_results()
+
+    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
+        """Give a deferred tool's call its result (a webhook, an operator's system); a chat a
+        worker left waiting goes on. A second submit gets ``DecisionConflictError``."""
+        return subagents.decide(self, "submit_result", tool_call_id, content=content, error=error)
 
     def resume_if_waiting(self) -> None:
         """A chat a worker left waiting continues in the background once nothing holds it

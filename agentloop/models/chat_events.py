@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from .. import signals, subagents
+from .. import _following, signals, subagents
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -21,11 +21,17 @@ if TYPE_CHECKING:
 def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
     """Wire the chat's conversation events to the signals and the subagent hooks."""
     conversation.on("after_message", lambda m: subagents.settle_parent(chat, m))
+    # A chat made by an agent follows the agent's code: each verb applies its configuration.
+    conversation.on("claimed", lambda: _following.follow_agent(chat))
+    # In process, a parent's complete() drives on the subagents a person unblocked.
+    conversation.on("subagents_waiting", lambda calls: subagents.drive_children(chat, calls))
     # A cancelled chat's running subagents stop too (their own subagents follow in turn).
     conversation.on(
         "cancelled", lambda: subagents.cancel_children(type(chat), chat.pk, timezone.now())
     )
     conversation.on("cancelled", lambda: subagents.release_parent(chat))
+    # ... and the subagents it waits for that wait for a person (no run would come back).
+    conversation.on("cancelled", lambda: subagents.cancel_waiting_children(chat))
     sender = type(chat)
     conversation.on("before_message", lambda: signals.model_call_started.send(sender, chat=chat))
     conversation.on(
@@ -48,4 +54,7 @@ def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
         lambda from_model, to_model, error: signals.model_fallback.send(
             sender, chat=chat, from_model=from_model, to_model=to_model, error=error
         ),
+    )
+    conversation.on(
+        "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )

@@ -69,6 +69,8 @@ class AbstractToolCall(models.Model):
     call_id = models.CharField(_("provider call id"), max_length=200)
     name = models.CharField(_("tool name"), max_length=200)
     arguments = models.JSONField(_("arguments"), default=dict, blank=True)
+    #: the model's arguments, when the approver edited them (``arguments`` is what ran).
+    original_arguments = models.JSONField(_("original arguments"), null=True, blank=True)
     state = models.CharField(
         _("state"), max_length=20, choices=TOOL_CALL_STATE_CHOICES, default=ToolCallState.PENDING
     )
@@ -90,6 +92,8 @@ class AbstractToolCall(models.Model):
         related_name="+",
     )
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    #: when the call began to wait (``APPROVAL_TIMEOUT`` counts from then).
+    waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 

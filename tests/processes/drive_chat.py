@@ -3,12 +3,14 @@
 The spec says what to do::
 
     {
-      "verb": "complete" | "step" | "generate" | "cancel",
+      "verb": "complete" | "step" | "generate" | "cancel" | "halt" | "submit_result",
       "replies": [                      # queued on a ScriptedProvider registered as "scripted"
         {"text": "all done"},
         {"tool_calls": [{"id": "c1", "name": "step_one", "arguments": {}}]},
         {"stream": ["Once ", "upon "], "delay": 0.05}
       ],
+      "reason": "budget",               # the halt's reason
+      "call": "c1", "content": "paid",  # submit_result's call id and content
       "stream": true,                   # pass a stream callback that prints "chunk <n>"
       "settings": {"PARTIAL_SAVE_INTERVAL": 0}   # merged into settings.AGENTLOOP
     }
@@ -69,6 +71,13 @@ def main(chat_pk: int, spec: dict[str, Any]) -> None:
     result: Any = None
     if verb == "cancel":
         chat.cancel()
+    elif verb == "submit_result":
+        from agentloop.background import wait_for_embedded_jobs
+
+        result = chat.submit_result(spec["call"], spec["content"], error=spec.get("error", False))
+        wait_for_embedded_jobs(60)  # a chat a worker left waiting goes on here (embedded)
+    elif verb == "halt":
+        print(f"halted {chat.halt(spec.get('reason', ''))}", flush=True)
     elif verb == "complete":
         result = chat.complete(stream=on_stream)
     elif verb == "step":

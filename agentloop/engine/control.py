@@ -1,0 +1,87 @@
+"""Control beyond cancel: halting a run before its next model call, driving subagents a
+person unblocked, and cancelling calls no run will come back to (part of ``Conversation``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..exceptions import LimitReachedError
+from ..messages import ToolCallState
+from .store import ChatStore
+from .transcript import next_move, pending_round
+
+__all__ = ["HALTED_PREFIX", "Control", "HaltedRelease"]
+
+#: how a halted chat's ``stop_reason`` begins.
+HALTED_PREFIX = "halted: "
+
+
+class HaltedRelease(LimitReachedError):  # noqa: N818 - a release record, never raised
+    """How a halted run is released: like a limit (the chat is ``stopped``, a job reports
+    "stopped"); never raised, since a halt is asked for, not an error."""
+
+
+class Control:
+    """Halts, subagents driven in process, held calls cancelled (a part of ``Conversation``)."""
+
+    store: ChatStore
+    _emit: Callable[..., None]
+    _callbacks: dict[str, list[Callable[..., Any]]]
+
+    def halt(self, reason: str) -> bool:
+        """Stop the run after its current tool round, before its next model call; works
+        from a tool, a callback, another thread or another process.
+
+        The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
+        (nothing is cancelled; the next message goes on normally). True when a run was in
+        progress or queued; False, and nothing set, when none was."""
+        text = " ".join(str(reason).split()) or "no reason given"
+        return self.store.request_halt(text[:240])
+
+    def _halt_if_requested(self, run: Any) -> bool:
+        """Before a model call: a pending halt stops the run (recorded, "halted" sent; the
+        verb's release marks the chat stopped)."""
+        reason = self.store.halt_requested()
+        if not reason:
+            return False
+        stop_reason = HALTED_PREFIX + reason
+        self.store.record_stop(stop_reason)
+        run.next_move, run.halted = "done", HaltedRelease(stop_reason)
+        self._emit("halted", reason)
+        return True
+
+    def _drive_subagents(self, run: Any) -> bool:
+        """In process, held by subagents: "subagents_waiting" lets the chats they run go on
+        where a person unblocked them. True when a call was settled and the run can go on."""
+        if self.store.background or not self._callbacks.get("subagents_waiting"):
+            return False
+        held = [
+            call
+            for call in pending_round(run.transcript or []).unanswered
+            if call.state == ToolCallState.WAITING and call.wait_reason == "subagent"
+        ]
+        if not held:
+            return False
+        self._emit("subagents_waiting", held)
+        run.transcript = self.store.load_transcript()
+        run.next_move = next_move(run.transcript)
+        return run.next_move != "wait"
+
+    def cancel_waiting(self) -> bool:
+        """Cancel the calls held for a person or from outside (approvals, questions, deferred
+        results): marked cancelled, "cancelled" sent. For a chat no run will come back to (a
+        subagent whose parent was cancelled); False when nothing was held."""
+        round_ = pending_round(self.store.load_transcript())
+        held = [
+            call
+            for call in round_.unanswered
+            if call.state == ToolCallState.WAITING and call.wait_reason != "subagent"
+        ]
+        if not held:
+            return False
+        self.store.record_cancellation(
+            None, partial=None, partial_key=None, usage=None, unanswered=held
+        )
+        self._emit("cancelled")
+        return True
