@@ -126,6 +126,26 @@ def test_a_halt_in_a_background_step_is_released_as_stopped(persisted, scripted)
     assert len(scripted.requests) == 1
 
 
+@pytest.mark.django_db
+def test_a_halt_from_the_rounds_last_tool_stops_the_background_step(persisted, scripted):
+    """The round's last result would release the chat with its write; a halt asked for by
+    that very tool keeps the release for the verb, which records the halt."""
+    last_halts = [tool_call("add", {"a": 1, "b": 2}), tool_call("guard", {"amount": 500})]
+    scripted.add(last_halts, "never sent")
+    persisted.ask_later("pay 500")
+    Chat.objects.filter(pk=persisted.pk).update(state=ChatState.QUEUED)
+
+    assert run_step(persisted.pk).action == "again"
+    assert run_step(persisted.pk).action == "stopped"
+
+    persisted.refresh_from_db()
+    assert (persisted.state, persisted.stop_reason) == (
+        ChatState.STOPPED,
+        "halted: amount 500 is over budget",
+    )
+    assert len(scripted.requests) == 1
+
+
 @pytest.mark.subprocess
 @pytest.mark.django_db(transaction=True)
 def test_a_halt_from_another_process_stops_a_background_chat_before_its_next_model_call(

@@ -230,9 +230,12 @@ class ToolRunner:
                     return
             self.checkpoints.check()
 
-    def _then(self, call: ToolCall) -> str:
+    def _then(self, call: ToolCall) -> str | None:
         """The move after ``call``, the round's last, gets its result: the model is called
-        again unless another call of the round still waits."""
+        again unless another call of the round still waits. None (release later, not with
+        this write) when a halt was asked for: the verb applies it after the round."""
+        if self.store.halt_requested():
+            return None
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
 
