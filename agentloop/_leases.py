@@ -56,6 +56,8 @@ class _ClaimStatement:
         self.returning = connection.vendor == "postgresql" or (
             connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
         )
+        #: psycopg 3 can send the claim and the transcript read together (pipeline mode).
+        self.pipelines = connection.vendor == "postgresql" and _psycopg_pipelines()
         selected = ", ".join(quote(field.column) for field in meta.concrete_fields)
         assignments = (
             f"{quote('lease_token')} = %s, {quote('lease_expires_at')} = %s, "
@@ -91,28 +93,59 @@ class _ClaimStatement:
         row[index] = value
         return next(iter(self.compiler.apply_converters([row], converters)))[index]
 
-    def run(self, using: str, pk: Any, token: str, expires: datetime, state: str | None) -> Any:
-        """The claimed row's values (converted), or None when the chat is held or missing."""
+    def run(
+        self,
+        using: str,
+        pk: Any,
+        token: str,
+        expires: datetime,
+        state: str | None,
+        prefetch: tuple[str, list[Any]] | None = None,
+    ) -> tuple[Any, list[Any] | None]:
+        """The claimed row's values (converted), or None when the chat is held or missing;
+        and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
+        trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards)."""
         connection = connections[using]
         now = timezone.now()
         params: list[Any] = [token, expires, now]
         if state is not None:
             params.append(state)
         params += [pk, now]
-        with connection.cursor() as cursor:
-            cursor.execute(self.update_sql[state is not None], params)
-            if self.returning:
+        update = self.update_sql[state is not None]
+        prefetched: list[Any] | None = None
+        if prefetch is not None and self.pipelines:
+            connection.ensure_connection()
+            with connection.cursor() as cursor, connection.cursor() as reader:
+                # Both statements go out before either answer is awaited: one round trip.
+                with connection.connection.pipeline():
+                    cursor.execute(update, params)
+                    reader.execute(*prefetch)
                 row = cursor.fetchone()
-            elif cursor.rowcount:
-                cursor.execute(self.select_sql, [pk])
-                row = cursor.fetchone()
-            else:
-                row = None
+                prefetched = reader.fetchall()
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(update, params)
+                if self.returning:
+                    row = cursor.fetchone()
+                elif cursor.rowcount:
+                    cursor.execute(self.select_sql, [pk])
+                    row = cursor.fetchone()
+                else:
+                    row = None
         if row is None:
-            return None
+            return None, None
         if self.converters:
             row = next(iter(self.compiler.apply_converters([row], self.converters)))
-        return row
+        return row, prefetched
+
+
+def _psycopg_pipelines() -> bool:
+    try:
+        # Function-local: psycopg is the "postgres" extra; SQLite projects don't have it.
+        import psycopg
+    except ImportError:
+        return False
+    return bool(psycopg.Pipeline.is_supported())
 
 
 _STATEMENTS: dict[tuple[Any, str], _ClaimStatement] = {}
@@ -236,30 +269,39 @@ def claim_row(
     seconds: float | None = None,
     using: str = "default",
     state: str | None = "running",
-) -> tuple[Lease, Any] | None:
+    prefetch: tuple[str, list[Any]] | None = None,
+) -> tuple[Lease, Any, list[Any] | None] | None:
     """Take the lease on a free chat and read its row, in one statement.
 
-    Returns the lease and the row's values (in ``concrete_fields`` order), or None when
-    another process holds the chat (or it does not exist).
+    Returns the lease, the row's values (in ``concrete_fields`` order) and the raw rows of
+    ``prefetch`` when they could be read in the same round trip; None when another process
+    holds the chat (or it does not exist).
     """
     seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
     token = secrets.token_hex(16)
     statement = _statement(chat_model, using)
     expires = timezone.now() + timedelta(seconds=seconds)
-    row = statement.run(using, chat_pk, token, expires, state)
+    row, prefetched = statement.run(using, chat_pk, token, expires, state, prefetch)
     if row is None:
         return None
-    return Lease(chat_model, chat_pk, token, seconds, using), row
+    return Lease(chat_model, chat_pk, token, seconds, using), row, prefetched
 
 
-def claim(chat_model: Any, chat_pk: Any, *, using: str = "default") -> tuple[Lease, Any] | None:
-    """Take the lease and load the chat (one statement): ``(lease, chat)`` or None if held."""
-    claimed = claim_row(chat_model, chat_pk, using=using)
+def claim(
+    chat_model: Any,
+    chat_pk: Any,
+    *,
+    using: str = "default",
+    prefetch: tuple[str, list[Any]] | None = None,
+) -> tuple[Lease, Any, list[Any] | None] | None:
+    """Take the lease and load the chat (one statement): ``(lease, chat, prefetched rows)``
+    or None if held (see ``claim_row`` for ``prefetch``)."""
+    claimed = claim_row(chat_model, chat_pk, using=using, prefetch=prefetch)
     if claimed is None:
         return None
-    lease, row = claimed
+    lease, row, prefetched = claimed
     chat = chat_model.from_db(using, _statement(chat_model, using).attnames, row)
-    return lease, chat
+    return lease, chat, prefetched
 
 
 class _Heartbeats:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from django.apps import apps
+from django.db import router
 
 from ._cancel_notices import RedisCancelListener
 from ._leases import claim
+from .django_store.store import transcript_select
 from .exceptions import CancelledError, LeaseLostError, LimitReachedError
 
 __all__ = ["StepOutcome", "run_step"]
@@ -66,16 +68,19 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     chat row now, so re-enqueues (the sweeper's too) can't reset them.
     """
     chat_model: Any = apps.get_model(model_label)
-    claimed = claim(chat_model, chat_id)
+    using = router.db_for_write(chat_model)
+    # The transcript is read in the claim's round trip where the database allows it.
+    prefetch = (transcript_select(chat_model, using).sql, [chat_id])
+    claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch)
     if claimed is None:
         if not chat_model._default_manager.filter(pk=chat_id).exists():
             return StepOutcome("missing")
         return StepOutcome("busy")
-    lease, chat = claimed
+    lease, chat, transcript = claimed
     conversation = chat.conversation
     store = conversation.store
     store.background = True
-    store.adopt(lease)
+    store.adopt(lease, transcript)
     try:
         with RedisCancelListener(chat, store.cancel_notice):
             result = conversation.advance(stream=_publisher(chat))

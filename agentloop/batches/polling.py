@@ -179,7 +179,7 @@ def _claim(item: BatchItem) -> Any:
     claimed = claim(type(item.chat), item.chat_id)
     if claimed is None:
         return None
-    lease, chat = claimed
+    lease, chat, _ = claimed
     store = chat.conversation.store
     store.adopt(lease)
     store.claim()

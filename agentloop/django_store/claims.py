@@ -16,7 +16,6 @@ from typing import Any
 from django.utils import timezone
 
 from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
-from ..background import enqueue
 from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
@@ -72,8 +71,11 @@ class ClaimMixin:
     background: bool
     _config: Any
     _flag_after_write: Any
+    _prefetch: Any
 
     lease: Lease | None = None
+    #: the transcript's raw rows, read with the claim (consumed by the verb's first read).
+    _prefetched: list[Any] | None = None
     #: how the last released verb ended (workers read it to schedule what comes next).
     last_release: Release | None = None
     _depth = 0
@@ -83,8 +85,10 @@ class ClaimMixin:
     def _db(self) -> str:
         return self.chat._state.db or "default"
 
-    def adopt(self, lease: Lease) -> None:
-        """Use a lease taken elsewhere (a job took it while loading the chat)."""
+    def adopt(self, lease: Lease, transcript: list[Any] | None = None) -> None:
+        """Use a lease taken elsewhere (a job took it while loading the chat, and maybe read
+        the transcript's raw rows in the same round trip)."""
+        self._prefetched = transcript
         self.lease = lease
         self._depth = 0
         self._claimed_at = timezone.now()
@@ -102,14 +106,17 @@ class ClaimMixin:
             return True
         if self.chat.pk is None:
             self.chat.save()
-        claimed = claim_row(self.chat_model, self.chat.pk, using=self._db, state=None)
+        claimed = claim_row(
+            self.chat_model, self.chat.pk, using=self._db, state=None, prefetch=self._prefetch()
+        )
         if claimed is None:
             raise ChatBusyError(
                 f"Chat {self.chat.pk} is busy: another process (a worker's job, another "
                 "request) is running it. Try again when it is done, or cancel() its run."
             )
-        lease, row = claimed
+        lease, row, prefetched = claimed
         self._refresh(row)
+        self._prefetched = prefetched
         self.lease, self._depth, self._claimed_at = lease, 1, timezone.now()
         # The claim read the chat row a moment ago: its cancel flag serves the start checkpoint.
         self._flag_after_write = self.chat.cancel_requested_at
@@ -151,6 +158,9 @@ class ClaimMixin:
         release = self._wake_if_decided(release)
         if not self.background and release.state == "queued":
             # Handed back to the background (see _release_fields): send its next job.
+            # Function-local: background imports the runner, which imports this store.
+            from ..background import enqueue
+
             enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
         self.last_release = release
 

@@ -38,6 +38,10 @@ class PreparedSelect:
         with connections[self.using].cursor() as cursor:
             cursor.execute(self.sql, self.params if params is None else params)
             rows = cursor.fetchall()
+        return self.convert(rows)
+
+    def convert(self, rows: list[Any]) -> list[Any]:
+        """Rows this statement returned (read here or elsewhere), through Django's converters."""
         if self.converters:
             return list(self.compiler.apply_converters(rows, self.converters))
         return rows

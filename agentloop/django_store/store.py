@@ -97,6 +97,13 @@ class _Models:
 
 
 _MODELS: dict[Any, _Models] = {}
+
+
+def transcript_select(chat_model: Any, using: str) -> PreparedSelect:
+    """The transcript SELECT of a chat model's chats (for a job to read with its claim)."""
+    return _models(chat_model).transcript(using)
+
+
 #: tool classes by the chat's tool references, for every chat of this process.
 _LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
 
@@ -226,8 +233,14 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         # row just before (or from a query of its own when no verb holds the chat).
         if self.chat.pk is None:
             return [], None
-        rows = self.models.transcript(self._db).rows([self.chat.pk])
+        select = self.models.transcript(self._db)
+        prefetched, self._prefetched = self._prefetched, None
+        rows = select.rows([self.chat.pk]) if prefetched is None else select.convert(prefetched)
         return messages_from_rows(rows), self.cancel_requested_at()
+
+    def _prefetch(self) -> tuple[str, list[Any]]:
+        """The transcript's SELECT, to read with the claim where one round trip can do both."""
+        return self.models.transcript(self._db).sql, [self.chat.pk]
 
     def turn_started_at(self, message: Message) -> datetime | None:
         if message.created_at is not None or message.key is None:
