@@ -54,6 +54,8 @@ def message_payload(message: Any) -> dict[str, Any]:
         "tool_call_id": message.tool_call_id,
     }
     if message.role == "assistant":
+        # The readable thinking (untrusted text: pages show it escaped, collapsed).
+        payload["thinking"] = getattr(message, "thinking", "") or ""
         payload["tool_calls"] = [
             {"id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
             for call in message.tool_calls.all()

@@ -15,8 +15,10 @@ from django.test import Client
 from django.urls import reverse
 
 from agentloop.background import wait_for_embedded_jobs
+from agentloop.events import message_payload
 from agentloop.messages import Message, ModelRequest, ToolCall
 from agentloop.models import Chat, ChatState
+from agentloop.testing import reply
 from agentloop.tools import AskPerson
 from example_project.demo.agents import Assistant
 from example_project.demo.provider import CITY_QUESTION, STORY, RuleBasedProvider, plan_tool_calls
@@ -172,6 +174,19 @@ def test_the_chat_page_shows_the_transcript_with_results_inside_their_calls(owne
     assert answer["message"].content == "6 * 7 = 42."
     assert response.context["position"] == str(chat.messages.order_by("id").last().pk)
     assert response.context["can_send"] is True
+
+
+def test_the_chat_page_shows_thinking_collapsed_and_escaped(owner, user, scripted):
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    scripted.add(reply("Paris.", thinking="The capital is <b>Paris</b>."))
+    chat.ask("Capital of France?")
+
+    page = owner.get(reverse("chat_detail", args=[chat.pk])).content.decode()
+
+    assert '<details class="thinking"><summary>Thinking</summary>' in page
+    assert "The capital is &lt;b&gt;Paris&lt;/b&gt;." in page
+    answer = chat.messages.get(role="assistant")
+    assert message_payload(answer)["thinking"] == "The capital is <b>Paris</b>."
 
 
 def test_another_user_gets_404_for_the_chat_page(django_user_model, chat):

@@ -65,6 +65,13 @@
     if (message.role === "summary") {
       bubble.append(element("span", "marker", "summary of earlier messages"));
     }
+    if (message.thinking) {
+      // Collapsed, and as text: a model's thinking is untrusted like its answer.
+      const thinking = element("details", "thinking");
+      thinking.append(element("summary", "", "Thinking"));
+      thinking.append(element("div", "thinking-text", message.thinking));
+      bubble.append(thinking);
+    }
     bubble.append(element("div", "text", message.content));
     item.append(bubble);
     if (message.status === "cancelled") markCancelled(item);
