@@ -258,8 +258,37 @@ class Lease:
         heartbeats.stop(self)
         return released
 
+    def release_unless_queued(self, **fields: Any) -> str:
+        """Release with ``fields`` if no message was queued meanwhile ("released"); if one
+        was, release as ``queued`` instead ("queued": send the chat's next job); "lost" when
+        the lease is not ours. No extra statement when nothing was queued."""
+        if self.lost.is_set():
+            return "lost"
+        if not _has_inbox(self.chat_model):
+            return "released" if self.release(**fields) else "lost"
+        values = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
+        values.update(fields)
+        names = tuple(sorted(values))
+        key = (self.chat_model, names, "inbox")
+        update = _RELEASES.get(key)
+        if update is None:
+            update = _RELEASES[key] = PreparedUpdate(
+                self.chat_model, names, (("id", "="), ("lease_token", "="), ("inbox", "="))
+            )
+        where = [self.chat_pk, self.token, []]
+        if update.run(self.using, [values[name] for name in names], where):
+            heartbeats.stop(self)
+            return "released"
+        if self.release(**{**fields, "state": "queued"}):
+            return "queued"
+        return "lost"
 
-_RELEASES: dict[tuple[Any, tuple[str, ...]], PreparedUpdate] = {}
+
+def _has_inbox(chat_model: Any) -> bool:
+    return any(field.name == "inbox" for field in chat_model._meta.concrete_fields)
+
+
+_RELEASES: dict[tuple[Any, ...], PreparedUpdate] = {}
 
 
 def claim_row(

@@ -88,6 +88,9 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
         logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)
         return StepOutcome("lost")
     except CancelledError:
+        release = store.last_release
+        if release is not None and release.state == "queued":
+            return StepOutcome("again")  # a message queued to interrupt it is answered next
         return StepOutcome("cancelled")
     except LimitReachedError as exc:
         return StepOutcome("stopped", error=exc.reason)

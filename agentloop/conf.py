@@ -92,6 +92,9 @@ class Settings(BaseModel):
     STEP_RETRIES: _Count = 5
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
     STALE_QUEUED_SECONDS: _Seconds = 300
+    #: what ask_later does while a run holds the chat: "reject" (ChatBusyError), "queue"
+    #: (answered after the run), "interrupt" (the run is cancelled, then it is answered).
+    IF_BUSY: Literal["reject", "queue", "interrupt"] = "reject"
     #: seconds a call may wait for approval before the sweeper denies it; None: no limit.
     APPROVAL_TIMEOUT: _Seconds | None = None
     #: seconds between writes of a streaming partial answer to the database.

@@ -145,7 +145,13 @@ class ClaimMixin:
         if release.state == "failed" or release.retry_in is not None:
             log = logger.warning if release.state == "queued" else logger.error
             log("Chat %s: %s", self.chat.pk, release.error, exc_info=failure)
-        if lease.release(**fields):
+        if failure is None or isinstance(failure, CancelledError):
+            status = lease.release_unless_queued(**fields)
+        else:  # a failure or a stop stays what it is; queued messages wait for the next run
+            status = "released" if lease.release(**fields) else "lost"
+        if status == "queued":  # a message came in meanwhile: answer it next
+            fields, release = {**fields, "state": "queued"}, replace(release, state="queued")
+        if status != "lost":
             self._released(fields, release)
         else:
             self._forget_lease()

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -38,6 +39,10 @@ class Stopping:
     _usage_row: Callable[..., Any]
     _update_chat: Callable[..., None]
     _saved_chat: Callable[[], Any]
+
+    @property
+    def _db(self) -> str:
+        return self.chat._state.db or "default"
 
     def _read_cancel_flag(self) -> datetime | None:
         # A halt asked for by another process comes with the flag, in the same query.
@@ -142,3 +147,39 @@ class Stopping:
 
     def halt_requested(self) -> str:
         return str(self.chat.halt_reason or "")
+
+    # -- messages sent while a run holds the chat -------------------------------------------
+    def queue_message(self, message: Message) -> None:
+        data = message.model_dump(mode="json", include={"role", "content", "attachments"})
+        rows = self.chat_model._default_manager.using(self._db).filter(pk=self._saved_chat().pk)
+        with transaction.atomic(using=self._db):
+            # Locked: two messages queued at once both stay, in the order they came.
+            current = rows.select_for_update().values_list("inbox", flat=True).first()
+            inbox = [*(current or []), data]
+            rows.update(inbox=inbox)
+        self.chat.inbox = inbox
+        # A run that ended just before would leave it unanswered: queue the chat if nothing
+        # holds it (the holder's release does it otherwise; exactly one of the two wins).
+        woken = (
+            rows.filter(lease_token="")
+            .exclude(state="queued")
+            .update(state="queued", updated_at=timezone.now())
+        )
+        if woken:
+            self.chat.state = "queued"
+            # Function-local: background imports the runner, which imports this store.
+            from ..background import enqueue
+
+            enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
+
+    def has_queued(self) -> bool:
+        return bool(getattr(self.chat, "inbox", None))
+
+    def take_queued(self) -> list[Message]:
+        rows = self.chat_model._default_manager.using(self._db).filter(pk=self.chat.pk)
+        with self._writing():
+            current = rows.select_for_update().values_list("inbox", flat=True).first()
+            if current:
+                rows.update(inbox=[])
+        self.chat.inbox = []
+        return [Message.model_validate(item) for item in current or []]

@@ -24,7 +24,7 @@ from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
-from .claims import ClaimMixin
+from .claims import ClaimMixin, Release
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
@@ -145,9 +145,12 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
             if lease is not None:
                 if release is not None:
                     fields, outcome = self._release_fields(release, None)
-                    if not lease.release(**fields):
+                    status = lease.release_unless_queued(**fields)
+                    if status == "lost":
                         lease.lost.set()
                         raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+                    if status == "queued":  # a message came in meanwhile: answer it next
+                        fields, outcome = {**fields, "state": "queued"}, Release("queued")
                 else:
                     self._flag_after_write = lease.ensure()
             yield

@@ -19,6 +19,7 @@ from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
     CancelledError,
+    ChatBusyError,
     ConfigurationError,
     PendingToolCallsError,
 )
@@ -160,16 +161,35 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
         is set) when there was none, so a later message never inherits the cancel."""
         return self.store.request_cancel()
 
-    def ask_later(self, content: str, attachments: Any = None) -> Conversation:
+    def ask_later(
+        self, content: str, attachments: Any = None, *, if_busy: str | None = None
+    ) -> Conversation:
         """Add a user message; no model call. Refuses while tool calls wait for results,
         except calls left by a cancel, which are answered as cancelled first.
 
         ``attachments``: an :class:`~agentloop.attachments.Attachment`, an http(s) or
         ``data:`` URL, a ``pathlib.Path``, or a list of them (``AttachmentError`` when one
-        can't be sent; checked before anything is written)."""
+        can't be sent; checked before anything is written).
+
+        ``if_busy`` (default ``AGENTLOOP["IF_BUSY"]``), for a chat another run holds:
+        "reject" raises ``ChatBusyError``; "queue" keeps the message and it is added and
+        answered, in order, after the current run; "interrupt" cancels the current run at its
+        next checkpoint, then answers the message."""
+        mode = if_busy or agentloop_settings.IF_BUSY
+        if mode not in ("reject", "queue", "interrupt"):
+            raise ConfigurationError(
+                f"if_busy must be 'reject', 'queue' or 'interrupt', not {mode!r}."
+            )
         files = self._attachments(attachments)
-        with self._run(single=True) as run:
-            self._ask_later(run, content, files)
+        try:
+            with self._run(single=True) as run:
+                self._ask_later(run, content, files)
+        except ChatBusyError:
+            if mode == "reject":
+                raise
+            if mode == "interrupt":
+                self.cancel()
+            self.store.queue_message(Message(role="user", content=content, attachments=files))
         return self
 
     def generate(self, stream: StreamCallback | None = None) -> Any:
@@ -364,6 +384,12 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
             run.transcript, requested_at = self.store.read_for_step()
         transcript = run.transcript
         move = next_move(transcript)
+        if self.store.has_queued() and self._takes_a_message(transcript):
+            # Messages sent while another run held the chat: added now, in order.
+            for queued in self.store.take_queued():
+                self._ask_later(run, queued.content, list(queued.attachments))
+            transcript, requested_at = run.transcript or transcript, None
+            move = next_move(transcript)
         run.next_move = move
         if move in ("done", "wait") and not (move == "wait" and first and requested_at):
             # Nothing to do (a cancel that came as the turn finished is dropped by the
@@ -384,6 +410,12 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
                 return None
             return self._generate(transcript, stream, run)
         return None
+
+    @staticmethod
+    def _takes_a_message(transcript: list[Message]) -> bool:
+        """A user message can be added: the turn is settled, or a cancel left its calls."""
+        unanswered = pending_round(transcript).unanswered
+        return all(call.state == ToolCallState.CANCELLED for call in unanswered)
 
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}

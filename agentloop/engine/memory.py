@@ -42,8 +42,22 @@ class MemoryStore(ChatStore):
         self._keys = itertools.count(1)
         # cancel() comes from other threads; everything else from the running one.
         self._lock = threading.Lock()
+        #: user messages sent while a verb held the chat, added when it can take them.
+        self.inbox: list[Message] = []
         #: the thread whose verb holds the chat.
         self._holder: int | None = None
+
+    def queue_message(self, message: Message) -> None:
+        with self._lock:
+            self.inbox.append(message)
+
+    def has_queued(self) -> bool:
+        return bool(self.inbox)
+
+    def take_queued(self) -> list[Message]:
+        with self._lock:
+            taken, self.inbox = self.inbox, []
+        return taken
 
     def claim(self) -> bool:
         me = threading.get_ident()

@@ -213,6 +213,20 @@ class ChatStore(ABC):
     def halt_requested(self) -> str:
         """The reason of a halt asked for and not yet applied ("" when there is none)."""
 
+    # -- messages sent while a run holds the chat (double-texting) -----------------------
+    @abstractmethod
+    def queue_message(self, message: Message) -> None:
+        """Keep a user message sent while another run holds the chat; the run that holds it
+        (or the next) adds it once the chat can take it. Makes sure a run will."""
+
+    @abstractmethod
+    def has_queued(self) -> bool:
+        """Messages wait to be added (as of the claim's read of the chat)."""
+
+    @abstractmethod
+    def take_queued(self) -> list[Message]:
+        """The waiting messages, oldest first, removed (under the verb's claim)."""
+
     @abstractmethod
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""

@@ -114,6 +114,9 @@ class AbstractChat(models.Model):
     attempts = models.PositiveIntegerField(_("attempts of the current step"), default=0)
     #: the next attempt is due then (the sweeper leaves a queued chat alone until it is).
     retry_at = models.DateTimeField(_("retry at"), null=True, blank=True)
+    #: user messages sent while a run held the chat (``ask_later(if_busy="queue")``): each
+    #: is added and answered, in order, once the run is over.
+    inbox = models.JSONField(_("queued messages"), default=list, blank=True, editable=False)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
     #: the one worker allowed to write (see agentloop._leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
@@ -228,9 +231,12 @@ class AbstractChat(models.Model):
         return self
 
     # verbs
-    def ask_later(self, content: str, attachments: Any = None) -> AbstractChat:
-        """Add a user message; no model call."""
-        self.conversation.ask_later(content, attachments)
+    def ask_later(
+        self, content: str, attachments: Any = None, *, if_busy: str | None = None
+    ) -> AbstractChat:
+        """Add a user message; no model call. ``if_busy``: what to do while another run
+        holds the chat ("reject", "queue", "interrupt"; default ``AGENTLOOP["IF_BUSY"]``)."""
+        self.conversation.ask_later(content, attachments, if_busy=if_busy)
         return self
 
     def ask(
