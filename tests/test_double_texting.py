@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
 from django.conf import settings
+from django.db import connection
 from django.test import override_settings
 
 from agentloop import chat as memory_chat
