@@ -140,6 +140,7 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         lease = self.lease
         if lease is not None and lease.lost.is_set():
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        self._prefetched = None  # a transcript read with the claim is stale after a write
         fields: dict[str, Any] | None = None
         with transaction.atomic(using=self._db):
             if lease is not None:
