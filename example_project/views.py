@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from agentloop.exceptions import ChatBusyError, PendingToolCallsError
+from agentloop.exceptions import PendingToolCallsError
 from agentloop.models import Chat, ChatState
 from agentloop.sse import resume_point
 from agentloop.views import get_chat_for_view
@@ -105,15 +105,13 @@ def send_message(request: HttpRequest, pk: int) -> HttpResponse:
         return _refused("Write a message first.", 400)
     if len(text) > MAX_MESSAGE_LENGTH:
         return _refused(f"A message has at most {MAX_MESSAGE_LENGTH} characters.", 400)
-    if chat.state in (ChatState.QUEUED, ChatState.RUNNING):
-        return _refused("The assistant is still answering: wait, or cancel it.", 409)
     try:
-        chat.ask_later(text)
+        # Typed while an answer streams: kept and answered after it, in order.
+        chat.ask_later(text, if_busy="queue")
     except PendingToolCallsError:
         return _refused("Decide on the waiting tool calls first.", 409)
-    except ChatBusyError:
-        return _refused("The assistant is still answering: wait, or cancel it.", 409)
-    chat.complete_later()
+    if chat.state not in (ChatState.QUEUED, ChatState.RUNNING):
+        chat.complete_later()
     if "text/html" in request.headers.get("Accept", ""):
         return redirect(reverse("chat_detail", args=[chat.pk]))
     return HttpResponse(status=204)

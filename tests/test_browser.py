@@ -276,7 +276,7 @@ def send(page, text: str) -> None:
     from playwright.sync_api import expect
 
     button = page.locator("#send button[type=submit]")
-    expect(button).to_be_enabled()  # not while the assistant is still answering
+    expect(button).to_be_enabled()  # not while a call waits for a person
     page.fill("#send textarea", text)
     button.click()
     expect(page.locator("li.msg-user").last).to_have_text(text)
@@ -330,6 +330,33 @@ def test_the_answer_of_a_quick_question_replaces_the_streamed_text(page, site, p
     expect(calls.first.locator(".result")).to_have_text("84")
     answer = Message.objects.filter(chat_id=chat_id, role="assistant").last()
     assert last_answer(page).text_content() == answer.content
+
+
+def test_a_message_typed_while_an_answer_streams_is_answered_after_it(page, site, person):
+    """Double-texting: Send stays enabled while the answer streams; the second message is
+    queued, then answered after the first answer, in order."""
+    from playwright.sync_api import expect
+
+    log_in(page, site, "ada", "lovelace")
+    chat_id = start_chat(page, "Tell me a story slowly")
+    text_lengths_as_it_grows(page, STREAMING_TEXT, observations=1)
+
+    button = page.locator("#send button[type=submit]")
+    expect(button).to_be_enabled()  # while the story still streams
+    page.fill("#send textarea", "What is 2 + 2?")
+    button.click()
+
+    expect(last_answer(page)).to_have_text("2 + 2 = 4.", timeout=60_000)
+    rows = list(
+        Message.objects.filter(chat_id=chat_id)
+        .exclude(role="system")
+        .order_by("id")
+        .values_list("role", "content")
+    )
+    # The story first, whole; then the second question and its answer (via the calculator).
+    assert [role for role, _ in rows[:3]] == ["user", "assistant", "user"]
+    assert rows[1][1] == STORY and rows[2][1] == "What is 2 + 2?"
+    assert rows[-1] == ("assistant", "2 + 2 = 4.")
 
 
 # -- cancel ------------------------------------------------------------------------------------

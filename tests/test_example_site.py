@@ -14,10 +14,11 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
+from agentloop._leases import Lease
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.events import message_payload
 from agentloop.messages import Message, ModelRequest, ToolCall
-from agentloop.models import Chat, ChatState
+from agentloop.models import Chat
 from agentloop.testing import reply
 from agentloop.tools import AskPerson
 from example_project.demo.agents import Assistant
@@ -220,13 +221,16 @@ def test_sending_adds_the_message_and_answers_it_in_the_background(owner, chat):
     assert chat.messages.last().content == "2 + 2 = 4."
 
 
-def test_sending_is_refused_while_the_assistant_answers(owner, chat):
-    Chat.objects.filter(pk=chat.pk).update(state=ChatState.RUNNING)
+def test_a_message_sent_while_the_assistant_answers_is_queued_for_after_it(owner, chat):
+    held = Lease.take(Chat, chat.pk)  # a worker's job streams the answer
 
     response = owner.post(reverse("chat_send", args=[chat.pk]), {"text": "Hello?"})
 
-    assert response.status_code == 409
-    assert not chat.messages.filter(role="user").exists()
+    assert response.status_code == 204
+    assert not chat.messages.filter(role="user").exists()  # nothing written into the run
+    chat.refresh_from_db()
+    assert [item["content"] for item in chat.inbox] == ["Hello?"]
+    assert held.release(state="running")
 
 
 def test_sending_is_refused_while_a_call_waits_for_approval(owner, chat):

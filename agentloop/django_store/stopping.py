@@ -172,6 +172,12 @@ class Stopping:
 
             enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
 
+    def run_in_progress(self) -> bool:
+        state = self.chat_model._default_manager.filter(pk=self.chat.pk).values_list(
+            "state", flat=True
+        )
+        return state.first() in ("queued", "running")
+
     def has_queued(self) -> bool:
         return bool(getattr(self.chat, "inbox", None))
 

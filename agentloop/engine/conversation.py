@@ -184,8 +184,11 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
         try:
             with self._run(single=True) as run:
                 self._ask_later(run, content, files)
-        except ChatBusyError:
-            if mode == "reject":
+        except (ChatBusyError, PendingToolCallsError) as exc:
+            # Between two jobs of a background run no one holds the chat, but the run is on:
+            # its pending calls are not a reason to refuse a message that can wait its turn.
+            between_jobs = isinstance(exc, PendingToolCallsError) and self.store.run_in_progress()
+            if mode == "reject" or not (isinstance(exc, ChatBusyError) or between_jobs):
                 raise
             if mode == "interrupt":
                 self.cancel()

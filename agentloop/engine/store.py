@@ -214,6 +214,10 @@ class ChatStore(ABC):
         """The reason of a halt asked for and not yet applied ("" when there is none)."""
 
     # -- messages sent while a run holds the chat (double-texting) -----------------------
+    def run_in_progress(self) -> bool:
+        """A background run of this chat is on (as last read), even between two of its jobs."""
+        return False
+
     @abstractmethod
     def queue_message(self, message: Message) -> None:
         """Keep a user message sent while another run holds the chat; the run that holds it

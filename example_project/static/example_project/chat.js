@@ -154,7 +154,8 @@
     stateBadge.className = "state state-" + state.state;
     cancelButton.disabled = !busy || state.cancel_requested;
     if (form) {
-      const blocked = busy || state.pending.length > 0;
+      // A message typed while an answer streams is queued and answered after it.
+      const blocked = state.pending.length > 0;
       form.querySelector("button").disabled = blocked;
       form.classList.toggle("blocked", blocked);
     }
