@@ -40,6 +40,7 @@ from tests.agents import (
     register_agents_provider,
 )
 from tests.billing import agents as billing
+from tests.helpers import transcript
 from tests.legal import agents as legal
 from tests.processes import run_script
 
@@ -64,10 +65,6 @@ def run_log(tmp_path, monkeypatch):
 
 def runs(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
-
-
-def transcript(chat):
-    return [(m.role, m.content) for m in chat.messages.all()]
 
 
 def settle_background():
