@@ -148,18 +148,20 @@ class ChatEventReader:
         """The chat's state, and its new messages when there is no Redis (one or two queries).
 
         The state is read first: a run saves its messages before it releases the
-        chat, so a state read before the messages never runs ahead of them. When the
-        reader's access is due for a check and is gone, nothing is read and the
-        stream ends.
+        chat, so a state read before the messages never runs ahead of them.
         """
-        if self.access is not None and self.access.due() and not self.access.allowed():
-            self.gone = True
-            return []
         state = self._read_state()
         frames = [] if self.keeps_events else self._read_messages()
         if state is not None:
             frames.append(state)
         return frames
+
+    def still_allowed(self) -> bool:
+        """Whether what was read may be sent: access is checked when due, after the reads,
+        so nothing read after a logout or a lost permission reaches the reader."""
+        if self.access is not None and self.access.due() and not self.access.allowed():
+            self.gone = True
+        return not self.gone
 
     def frames_for(self, events: list[Event]) -> list[bytes]:
         """Events read from Redis, in the wire format; the position moves past them."""
@@ -231,6 +233,7 @@ _SEND = "send"  # write these bytes to the reader
 _POLL = "poll"  # run reader.poll(); answer: its frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _SLEEP = "sleep"  # sleep this many seconds
+_ALLOWED = "allowed"  # run reader.still_allowed() before sending; answer: a bool
 
 Step = tuple[str, Any]
 
@@ -251,11 +254,11 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
         if reader.keeps_events:
             wait = max(0.001, next_poll - time.monotonic())
             frames += reader.frames_for((yield _READ, wait))
-        if frames:
-            yield _SEND, b"".join(frames)
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= keepalive:
-            yield _SEND, KEEPALIVE
+        if frames or time.monotonic() - quiet_since >= keepalive:
+            # Checked after the reads: a logout before them ends the stream unsent.
+            if not (yield _ALLOWED, None):
+                return
+            yield _SEND, b"".join(frames) if frames else KEEPALIVE
             quiet_since = time.monotonic()
         if not reader.keeps_events:
             yield _SLEEP, max(0.0, next_poll - time.monotonic())
@@ -276,6 +279,7 @@ def event_stream(
     reader = ChatEventReader(chat, after, access)
     run: dict[str, Callable[[Any], Any]] = {
         _POLL: lambda _: reader.poll(),
+        _ALLOWED: lambda _: reader.still_allowed(),
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
         _SLEEP: time.sleep,
     }
@@ -297,6 +301,7 @@ async def aevent_stream(
     connection = reader.backend.aconnect() if reader.keeps_events else None
     run: dict[str, Callable[[Any], Any]] = {
         _POLL: lambda _: sync_to_async(reader.poll)(),
+        _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
         _SLEEP: asyncio.sleep,
     }
