@@ -232,7 +232,9 @@ class _Verb:
         TraceContextTextMapPropagator().inject(
             carrier, context=trace.set_span_in_context(self.span)
         )
-        self.store.set_trace_context(carrier)
+        if carrier or self.store.trace_context():
+            # (No SDK installed: no context to keep, and none to clear: no write.)
+            self.store.set_trace_context(carrier)
 
     def _open_continuation(self) -> None:
         """A later verb of the turn: a child of the stored turn context (linked to the
@@ -273,6 +275,7 @@ class _ModelCall:
         from opentelemetry import context
 
         trace = _otel()
+        parent = self.running.parent()  # opens the verb's span (and its labels) if need be
         prepared, request = self.prepared, self.prepared.request
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -296,7 +299,7 @@ class _ModelCall:
             attributes["gen_ai.input.messages"] = _dumps(_messages(others))
         self.span = self.running.tracer.start_span(
             f"chat {prepared.model_id}",
-            context=self.running.parent(),
+            context=parent,
             kind=trace.SpanKind.CLIENT,
             attributes=attributes,
         )
@@ -360,6 +363,7 @@ class _ToolCall:
         from opentelemetry import context
 
         trace = _otel()
+        parent = self.running.parent()  # opens the verb's span (and its labels) if need be
         call = self.call
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
@@ -375,7 +379,7 @@ class _ToolCall:
             attributes["gen_ai.tool.call.arguments"] = _dumps(call.arguments)
         self.span = self.running.tracer.start_span(
             f"execute_tool {call.name}",
-            context=self.running.parent(),
+            context=parent,
             kind=trace.SpanKind.INTERNAL,
             attributes=attributes,
         )
