@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -158,6 +159,24 @@ def time_turns(
     }
 
 
+def environment() -> dict[str, Any]:
+    from importlib.metadata import version
+
+    import django
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        server = cursor.fetchone()[0]
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "postgres": server,
+        "opentelemetry-sdk": version("opentelemetry-sdk"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -180,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     providers.register("bench", provider)
     install_sdk()
     variants = Variants()
-    results: dict[str, Any] = {"load_average_at_start": load_average()}
+    results: dict[str, Any] = {
+        "environment": environment(),
+        "load_average_at_start": load_average(),
+    }
     tools = [lookup]
 
     def memory_chat() -> Any:
@@ -191,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         provider.requests.clear()
         return Chat.objects.create(model="bench:zero-latency").with_tools(*tools)
 
+    print(f"environment: {results['environment']}")
     print("timing (variants in turn, medians):", flush=True)
     results["memory"] = time_turns(
         variants, memory_chat, lambda chat: None, args.samples, args.warmup
