@@ -50,6 +50,7 @@ from bench.step_overhead import (  # noqa: E402  (after the path fix above)
 )
 
 VARIANTS = ("floor", "off", "on", "content")
+CASES = ("memory", "persisted")
 
 
 @tool
@@ -72,11 +73,14 @@ def answer(request: Any) -> Any:
 
 
 class _DropSpans:
-    """An exporter that keeps nothing (the SDK's interface, without the network)."""
+    """An exporter that keeps nothing but a count (the SDK's interface, without the network)."""
+
+    exported = 0
 
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        _DropSpans.exported += len(spans)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -141,20 +145,28 @@ def time_turns(
     samples: int, warmup: int,
 ) -> dict[str, Any]:  # fmt: skip
     seconds: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    spans = dict.fromkeys(VARIANTS, 0)  # how many spans each variant made (a check, not timed)
     for index in range(warmup + samples):
         shift = index % len(VARIANTS)
         for variant in VARIANTS[shift:] + VARIANTS[:shift]:
             variants.use(variant)
             chat = make_chat()
+            exported = _DropSpans.exported
             started = time.perf_counter()
             chat.ask("What is the value of k?")
             elapsed = time.perf_counter() - started
+            spans[variant] += _DropSpans.exported - exported
             cleanup(chat)
             if index >= warmup:
                 seconds[variant].append(elapsed)
     floor = statistics.median(seconds["floor"])
+    turns = warmup + samples
     return {
-        variant: {**summary(values), "ratio": statistics.median(values) / floor}
+        variant: {
+            **summary(values),
+            "ratio": statistics.median(values) / floor,
+            "spans_per_turn": spans[variant] / turns,
+        }
         for variant, values in seconds.items()
     }
 
@@ -223,17 +235,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     variants.use("off")
     results["load_average_at_end"] = load_average()
-    for case in ("memory", "persisted"):
+    for case in CASES:
         print(f"\n{case} turn (ask with one tool round)")
-        print(f"  {'variant':<8} {'median':>10} {'p90':>10} {'ratio':>7}  samples")
+        print(f"  {'variant':<8} {'median':>10} {'p90':>10} {'ratio':>7}  samples  spans/turn")
         for variant, row in results[case].items():
             print(
                 f"  {variant:<8} {row['median_ms']:>8.3f}ms {row['p90_ms']:>8.3f}ms"
-                f" {row['ratio']:>6.3f}x  {row['samples']}"
+                f" {row['ratio']:>6.3f}x  {row['samples']:>7}  {row['spans_per_turn']:g}"
             )
     print(f"\nload average: {results['load_average_at_start']} -> {results['load_average_at_end']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    made = {(case, v): results[case][v]["spans_per_turn"] for case in CASES for v in VARIANTS}
+    expected = {key: 4 if key[1] in ("on", "content") else 0 for key in made}
+    if made != expected:  # timing a variant that did not do what it says would mean nothing
+        print(f"spans per turn {made}, expected {expected}", file=sys.stderr)
+        return 1
     return 0
 
 
