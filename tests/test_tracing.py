@@ -410,6 +410,41 @@ def test_a_persisted_agent_chat_names_its_agent(spans, scripted, user):
 
 
 @pytest.mark.django_db
+def test_a_subagents_turn_is_under_the_parents_tool_span(spans, user):
+    # Function-local: the agents' provider and agents are only this test's.
+    from tests.agents import Lead, register_agents_provider
+
+    brains = register_agents_provider()
+    try:
+        brains.script(
+            "You are LEAD.",
+            tool_call("research", {"task": "When do owls hunt?", "topic": "owls"}, id="c1"),
+            "At night, says research.",
+        )
+        brains.script("You are RESEARCH.", "At night.")
+        lead = Lead.create(owner=user)
+
+        lead.ask("Tell me about owls")
+    finally:
+        agentloop.providers.unregister("agents")
+
+    finished = records()
+    parent_turn = only(finished, "invoke_agent Lead")
+    tool = only(finished, "execute_tool research")
+    child_turn = only(finished, "invoke_agent Research")
+    assert tool["parent_id"] == parent_turn["span_id"]
+    assert child_turn["parent_id"] == tool["span_id"]
+    child = Chat.objects.get(parent=lead)
+    # The child's ask_later opened its turn; its complete() goes on under that turn.
+    child_run = only(finished, "agentloop.complete")
+    assert child_run["parent_id"] == child_turn["span_id"]
+    child_calls = [s for s in named(finished, "chat ") if s["parent_id"] == child_run["span_id"]]
+    assert len(child_calls) == 1
+    assert child_calls[0]["attributes"]["agentloop.chat.id"] == str(child.pk)
+    assert {span["trace_id"] for span in finished} == {parent_turn["trace_id"]}
+
+
+@pytest.mark.django_db
 def test_starting_a_traced_turn_costs_one_more_statement(scripted, user):
     memory_exporter()  # an SDK records the spans (without one there is no context to keep)
     chat = Chat.objects.create(model="scripted:test", owner=user)
