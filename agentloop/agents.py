@@ -123,6 +123,7 @@ class Agent:
         from . import chat as new_chat
 
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
+        conversation.store.agent_name = cls.__name__  # type: ignore[attr-defined]  # for traces
         applied = [fingerprint(cls, inputs)]
 
         def follow_code() -> None:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
-from . import providers
+from . import _tracing, providers
 from .background import backend_name
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
@@ -81,6 +81,22 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
                 hint="Configure Celery with a broker (e.g. Redis) for production, or set "
                 "AGENTLOOP['RUNNER'] = 'embedded' to accept this.",
                 id="agentloop.W001",
+            )
+        ]
+    return []
+
+
+@register(Tags.compatibility)
+def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """TRACING without opentelemetry-api traces nothing: say so."""
+    if agentloop_settings.TRACING and not _tracing.available():
+        return [
+            Warning(
+                "AGENTLOOP['TRACING'] is on, but opentelemetry-api is not installed: "
+                "no spans are made.",
+                hint="pip install 'django-agentloop[otel]' (and an OpenTelemetry SDK to "
+                "export the spans), or set AGENTLOOP['TRACING'] = False.",
+                id="agentloop.W004",
             )
         ]
     return []

@@ -34,6 +34,8 @@ _Seconds = Annotated[float, BeforeValidator(_a_number), Field(ge=0)]
 _Count = Annotated[int, Field(strict=True, ge=0)]
 #: a count of at least 1 (sizes, pool sizes).
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+#: True or False (not "yes", not 1).
+_Flag = Annotated[bool, Field(strict=True)]
 
 
 class Settings(BaseModel):
@@ -110,6 +112,11 @@ class Settings(BaseModel):
     #: MCP tool servers by name: {"files": {"command": [...], "env": {...}}} (stdio) or
     #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.mcp.
     MCP_SERVERS: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: OpenTelemetry spans after the GenAI semantic conventions (needs opentelemetry-api;
+    #: see docs/tracing.md).
+    TRACING: _Flag = False
+    #: message text, tool arguments and results on the spans too (they may hold personal data).
+    TRACE_CONTENT: _Flag = False
 
 
 #: every key and its default value.

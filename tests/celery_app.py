@@ -6,7 +6,9 @@ then pointed at the test run's broker and queue from the environment:
 * ``AGENTLOOP_TEST_BROKER_URL``: default ``redis://127.0.0.1:6379/15``;
 * ``AGENTLOOP_TEST_QUEUE``: the queue the test publishes to and the worker consumes, unique
   per test, so messages left by another test or run never reach this worker;
-* ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes.
+* ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes;
+* ``AGENTLOOP_TEST_SPANS``: a file each worker process appends its finished OpenTelemetry
+  spans to, as JSON lines (tests/span_files.py; the tracing tests read it).
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
@@ -51,3 +53,13 @@ def _announce_ready(**kwargs: Any) -> None:
     path = os.environ.get("AGENTLOOP_TEST_WORKER_READY")
     if path:
         Path(path).touch()
+
+
+@worker_process_init.connect
+def _export_spans(**kwargs: Any) -> None:
+    path = os.environ.get("AGENTLOOP_TEST_SPANS")
+    if path:
+        # Function-local: only the tracing tests' workers load the OpenTelemetry SDK.
+        from tests.span_files import export_to_file
+
+        export_to_file(path)

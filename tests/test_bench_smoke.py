@@ -1,4 +1,4 @@
-"""The job-path and sweeper benchmarks still run (tiny sample counts; nothing here is timed).
+"""The job-path, sweeper and tracing benchmarks still run (tiny samples; nothing is timed here).
 
 They need PostgreSQL: skipped unless ``DATABASE_URL`` names one. Each script gets a database
 of its own, named after this process (the scripts empty their tables), dropped afterwards.
@@ -103,3 +103,19 @@ def test_sweeper_finds_exactly_the_stalled_chats_and_explains_its_query(
     assert results["chats"] == 2000
     assert results["stalled"] == 20  # 1%, and the script exits if it finds more or fewer
     assert "agentloop_chat" in results["plan"]
+
+
+def test_tracing_bench_times_each_variant_and_checks_its_spans(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "tracing.json"
+    # The script exits non-zero unless off made no span and on made the turn's four.
+    run(
+        "tracing.py", "--samples=3", "--db-samples=2", "--warmup=0",
+        f"--database-url={bench_database}", f"--json={out}",
+    )  # fmt: skip
+
+    results = json.loads(out.read_text())
+    assert results["memory"]["on"]["spans_per_turn"] == 4
+    assert results["persisted"]["off"]["spans_per_turn"] == 0
+    assert results["persisted"]["content"]["samples"] == 2

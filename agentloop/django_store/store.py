@@ -296,6 +296,16 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         for field, value in values.items():
             setattr(self.chat, field, value)
 
+    def trace_names(self) -> tuple[str, str]:
+        path = self.chat.agent_path
+        return str(self.chat.pk or ""), path.rsplit(".", 1)[-1] if path else ""
+
+    def trace_context(self) -> dict[str, str]:
+        return self.chat.trace_context or {}
+
+    def set_trace_context(self, carrier: dict[str, str]) -> None:
+        self._update_chat(trace_context=carrier)
+
     def replace_instructions(self, text: str) -> None:
         system = self.message_model.objects.filter(chat_id=self._saved_chat().pk, role="system")
         with self._writing():

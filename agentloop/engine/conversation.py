@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .. import _tracing
 from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
@@ -252,7 +253,8 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
                 raise
         run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
-            yield run
+            with _tracing.verb(self.store, single):
+                yield run
         except BaseException as exc:
             if isinstance(exc, CancelledError) and not exc.recorded:
                 self._record_cancel(exc)
@@ -357,6 +359,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
                 self._emit("after_message", record)
         message = Message(role="user", content=content, attachments=files)
         record = self.store.append_message(message)
+        _tracing.turn_started(self.store, message)
         transcript.append(message)
         # The new turn starts with what was read (no cancel: a user message never inherits one).
         run.transcript = transcript

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -46,6 +47,21 @@ class MemoryStore(ChatStore):
         self.inbox: list[Message] = []
         #: the thread whose verb holds the chat.
         self._holder: int | None = None
+        #: the current turn's trace context, and how spans name the chat and its agent.
+        self.trace_carrier: dict[str, str] = {}
+        self.agent_name = ""
+        self._trace_id = ""
+
+    def trace_names(self) -> tuple[str, str]:
+        if not self._trace_id:  # made on first use: an untraced chat never pays for it
+            self._trace_id = uuid.uuid4().hex
+        return self._trace_id, self.agent_name
+
+    def trace_context(self) -> dict[str, str]:
+        return self.trace_carrier
+
+    def set_trace_context(self, carrier: dict[str, str]) -> None:
+        self.trace_carrier = carrier
 
     def queue_message(self, message: Message) -> None:
         with self._lock:

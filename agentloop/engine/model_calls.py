@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .. import providers
+from .. import _tracing, providers
 from ..conf import agentloop_settings
 from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
 from ..importing import load_by_path
@@ -266,9 +266,11 @@ class ModelCalls(Summaries):
             state.partial_key = partial_key
             started = time.monotonic()
             try:
-                response = provider.request(
-                    request, on_chunk=state.on_chunk if request.stream else None
-                )
+                with _tracing.model_call(prepared) as span:  # one span per attempt
+                    response = provider.request(
+                        request, on_chunk=state.on_chunk if request.stream else None
+                    )
+                    span.response(response)
             except CancelledError as exc:
                 partial = None
                 if state.text:

@@ -235,6 +235,20 @@ class ChatStore(ABC):
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
 
+    # -- tracing (AGENTLOOP["TRACING"], agentloop._tracing) ---------------------------
+    def trace_names(self) -> tuple[str, str]:
+        """The chat's id and its agent's name ("" when it has none), as spans show them."""
+        return "", ""
+
+    @abstractmethod
+    def trace_context(self) -> dict[str, str]:
+        """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
+
+    @abstractmethod
+    def set_trace_context(self, carrier: dict[str, str]) -> None:
+        """Keep the trace context of the turn that starts (it replaces the last turn's), so
+        every later job of the turn joins its trace."""
+
     # -- threads -------------------------------------------------------------------
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap work run on a tool thread (the Django store closes its connections)."""

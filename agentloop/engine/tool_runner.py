@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .. import _tracing
 from ..exceptions import CancelledError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
@@ -48,8 +49,9 @@ def execute_tool(
     instance = tool_class()
     instance.context = ToolContext(call, chat, background=background, cancel_check=cancel_check)
     try:
-        value = instance.execute(**arguments)
-        return ToolOutcome(format_result(value))
+        with _tracing.tool_call(call, tool_class) as span:
+            content = span.result(format_result(instance.execute(**arguments)))
+        return ToolOutcome(content)
     except ToolWaiting as exc:
         return ToolOutcome(wait_reason=exc.reason, question=exc.question, after_wait=exc.then)
     except ToolError as exc:
@@ -254,7 +256,8 @@ class ToolRunner:
                     call = queue.pop(0)
                     if not self._start(call):
                         continue
-                    work = self.store.wrap_thread(partial(self._execute, call))
+                    # carry: the tool thread's span joins this verb's trace.
+                    work = _tracing.carry(self.store.wrap_thread(partial(self._execute, call)))
                     running[pool.submit(work)] = call
                 if not running:
                     break

@@ -117,6 +117,9 @@ class AbstractChat(models.Model):
     #: user messages sent while a run held the chat (``ask_later(if_busy="queue")``): each
     #: is added and answered, in order, once the run is over.
     inbox = models.JSONField(_("queued messages"), default=list, blank=True, editable=False)
+    #: the current turn's OpenTelemetry trace context (W3C headers), so every job of the
+    #: turn joins its trace (``AGENTLOOP["TRACING"]``); replaced when a turn starts.
+    trace_context = models.JSONField(_("trace context"), default=dict, blank=True, editable=False)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
     #: the one worker allowed to write (see agentloop._leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
