@@ -30,7 +30,7 @@ from .conf import agentloop_settings
 from .django_store.sql import PreparedUpdate
 from .exceptions import LeaseLostError
 
-__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats"]
+__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
 
 logger = logging.getLogger(__name__)
 
@@ -208,21 +208,24 @@ class Lease:
         """Renew; the chat's cancel flag as read by the same statement (``UNREAD`` where the
         database can't return it), or ``_LOST`` when the lease is no longer ours."""
         statement = _statement(self.chat_model, self.using)
-        expires = timezone.now() + timedelta(seconds=self.seconds)
         with connections[self.using].cursor() as cursor:
-            cursor.execute(statement.renew_sql, [expires, self.chat_pk, self.token])
+            cursor.execute(*renewal(self))
             if statement.returning:
                 row = cursor.fetchone()
                 if row is None:
                     return _LOST
                 # As the ORM would read it (SQLite gives naive datetimes or text).
-                flag = statement.convert("cancel_requested_at", row[0])
+                flag = self.flag_from(row[0])
             elif not cursor.rowcount:
                 return _LOST
             else:
                 flag = UNREAD
         self.renewed_at = time.monotonic()
         return flag
+
+    def flag_from(self, raw: Any) -> Any:
+        """The cancel flag as a renewal's RETURNING gave it, converted as the ORM would."""
+        return _statement(self.chat_model, self.using).convert("cancel_requested_at", raw)
 
     def ensure(self) -> Any:
         """Renew, or raise :class:`LeaseLostError` (call first in a write transaction: the
@@ -282,6 +285,14 @@ class Lease:
         if self.release(**{**fields, "state": "queued"}):
             return "queued"
         return "lost"
+
+
+def renewal(lease: Lease) -> tuple[str, list[Any]]:
+    """The renewal's UPDATE (RETURNING the cancel flag where the database can) and its
+    parameters, for a statement that writes behind it (``django_store.writes``)."""
+    expires = timezone.now() + timedelta(seconds=lease.seconds)
+    sql = _statement(lease.chat_model, lease.using).renew_sql
+    return sql, [expires, lease.chat_pk, lease.token]
 
 
 def _has_inbox(chat_model: Any) -> bool:

@@ -29,6 +29,7 @@ from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
+from .writes import OneStatementWrites
 
 if TYPE_CHECKING:
     from ..models import AbstractChat
@@ -115,7 +116,7 @@ def _models(chat_model: Any) -> _Models:
     return models
 
 
-class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
+class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
     def __init__(self, chat: AbstractChat) -> None:
@@ -350,6 +351,9 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         *,
         release: str | None = None,
     ) -> Any:
+        writes = self._step_writes()
+        if writes is not None and partial_key is None and not self.chat.stop_reason:
+            return self._save_answer_at_once(writes, message, usage, release)
         with self._writing(release=release):
             record = self._message_row(message)
             if partial_key is not None:
