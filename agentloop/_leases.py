@@ -75,6 +75,22 @@ class _ClaimStatement:
             f"WHERE {condition}{returning}",
             False: f"UPDATE {table} SET {assignments} WHERE {condition}{returning}",  # noqa: S608
         }
+        # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
+        # the WAL flush (synchronous_commit off for this statement's transaction only): the
+        # lease is visible to every process at once, and a server crash that lost it loses
+        # nothing built on it, since every later write (a call's claim, the step's rows) commits
+        # synchronously and flushes the WAL up to and including the claim.
+        self.quick_sql = {
+            with_state: sql.replace(
+                " WHERE ",
+                " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS "
+                f"{quote('agentloop_quick')} WHERE ",
+                1,
+            )
+            for with_state, sql in self.update_sql.items()
+        }
+        if connection.vendor != "postgresql":
+            self.quick_sql = self.update_sql
         self.renew_sql = (
             f"UPDATE {table} SET {quote('lease_expires_at')} = %s "  # noqa: S608
             f"WHERE {pk} = %s AND {quote('lease_token')} = %s"
@@ -111,7 +127,8 @@ class _ClaimStatement:
         if state is not None:
             params.append(state)
         params += [pk, now]
-        update = self.update_sql[state is not None]
+        forms = self.update_sql if connection.in_atomic_block else self.quick_sql
+        update = forms[state is not None]
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
