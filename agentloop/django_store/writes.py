@@ -26,13 +26,40 @@ from .claims import Release
 __all__ = ["OneStatementWrites", "StepWrites"]
 
 
-def _cast(field: Any, connection: Any) -> str:
+def _type(field: Any, connection: Any) -> str:
     # Values selected (not VALUES of the INSERT itself) need their column's type spelled out.
-    return f"CAST(%s AS {field.cast_db_type(connection)})"
+    return str(field.cast_db_type(connection))
+
+
+#: values written as constants, not parameters: psycopg caches a statement's conversion only
+#: up to 50 parameters, and most of a row's columns hold one of these.
+_CONSTANTS = {type(None): "NULL", bool: None, str: "''"}
+
+
+class _Values:
+    """Value expressions of one statement and their parameters, in order."""
+
+    def __init__(self) -> None:
+        self.params: list[Any] = []
+
+    def add(self, value: Any, sql_type: str) -> str:
+        kind = type(value)
+        if kind in _CONSTANTS and (kind is not str or value == ""):
+            literal = _CONSTANTS[kind] or ("true" if value else "false")
+            return f"CAST({literal} AS {sql_type})"
+        self.params.append(value)
+        return f"CAST(%s AS {sql_type})"
+
+    def row(self, rows: _Rows, instance: Any) -> str:
+        connection = rows.connection
+        return ", ".join(
+            self.add(field.get_db_prep_save(getattr(instance, field.attname), connection), kind)
+            for field, kind in zip(rows.fields, rows.types, strict=True)
+        )
 
 
 class _Rows:
-    """One model's INSERT ... SELECT of its own columns (and an extra column from a CTE)."""
+    """One model's columns for an INSERT ... SELECT (less one written from a CTE)."""
 
     def __init__(self, model: Any, connection: Any, exclude: str | None = None) -> None:
         meta = model._meta
@@ -44,15 +71,9 @@ class _Rows:
         ]
         self.table = quote(meta.db_table)
         self.pk = quote(meta.pk.column)
-        self.columns = [quote(field.column) for field in self.fields]
-        self.casts = [_cast(field, connection) for field in self.fields]
+        self.columns = ", ".join(quote(field.column) for field in self.fields)
+        self.types = [_type(field, connection) for field in self.fields]
         self.connection = connection
-
-    def params(self, instance: Any) -> list[Any]:
-        return [
-            field.get_db_prep_save(getattr(instance, field.attname), self.connection)
-            for field in self.fields
-        ]
 
 
 class StepWrites:
@@ -111,55 +132,54 @@ class StepWrites:
         return params
 
     # -- the statements ------------------------------------------------------------------------
-    def answer_sql(self, guard: str, calls: int) -> str:
-        """The answer, its ``calls`` tool calls and its usage row, guarded."""
+    def answer(self, guard: str, values: _Values, record: Any, calls: list[Any], usage: Any) -> str:
+        """The answer, its tool calls and its usage row, guarded (``values`` collects the
+        parameters after the guard's)."""
         m, c, u = self.message, self.calls, self.usage
         parts = [
             f"g AS ({guard})",
-            f"m AS (INSERT INTO {m.table} ({', '.join(m.columns)}) "  # noqa: S608 - identifiers
-            f"SELECT {', '.join(m.casts)} FROM g RETURNING {m.pk})",
+            f"m AS (INSERT INTO {m.table} ({m.columns}) "  # noqa: S608 - quoted identifiers
+            f"SELECT {values.row(m, record)} FROM g RETURNING {m.pk})",
         ]
         select = "SELECT g.*, m.* FROM g CROSS JOIN m"
         if calls:
-            aliases = [f"f{index}" for index in range(len(c.columns))]
-            row = f"({', '.join(c.casts)})"
+            aliases = ", ".join(f"f{index}" for index in range(len(c.fields)))
+            rows = ", ".join(f"({values.row(c, call)})" for call in calls)
             parts.append(
-                f"c AS (INSERT INTO {c.table} ({', '.join(c.columns)}, {self.call_message}) "  # noqa: S608
-                f"SELECT {', '.join('v.' + alias for alias in aliases)}, m.{m.pk} FROM m "
-                f"CROSS JOIN (VALUES {', '.join([row] * calls)}) AS v({', '.join(aliases)}) "
+                f"c AS (INSERT INTO {c.table} ({c.columns}, {self.call_message}) "  # noqa: S608
+                f"SELECT v.*, m.{m.pk} FROM m CROSS JOIN (VALUES {rows}) AS v({aliases}) "
                 f"RETURNING {c.pk}, {self.call_key})"
             )
             select = "SELECT g.*, m.*, c.* FROM g CROSS JOIN m CROSS JOIN c"
         parts.append(
-            f"u AS (INSERT INTO {u.table} ({', '.join(u.columns)}, {self.usage_message}) "  # noqa: S608
-            f"SELECT {', '.join(u.casts)}, m.{m.pk} FROM m)"
+            f"u AS (INSERT INTO {u.table} ({u.columns}, {self.usage_message}) "  # noqa: S608
+            f"SELECT {values.row(u, usage)}, m.{m.pk} FROM m)"
         )
         return f"WITH {', '.join(parts)} {select}"
 
-    def result_sql(self, guard: str) -> str:
+    def result(
+        self, guard: str, values: _Values, record: Any, state: Any, error: str, key: Any
+    ) -> str:
         """A tool's result and its call's final state, guarded."""
-        m = self.message
+        m, c = self.message, self.calls
         quote = self.connection.ops.quote_name
+        inserted = values.row(m, record)
+        finished = [state, error, timezone.now()]
         sets = ", ".join(
-            f"{quote(field.column)} = {_cast(field, self.connection)}"
-            for field in self.finish_fields
+            f"{quote(field.column)} = "
+            + values.add(
+                field.get_db_prep_save(value, self.connection), _type(field, self.connection)
+            )
+            for field, value in zip(self.finish_fields, finished, strict=True)
         )
+        values.params.append(key)
         return (
             f"WITH g AS ({guard}), "  # noqa: S608 - quoted identifiers only; values are params
-            f"m AS (INSERT INTO {m.table} ({', '.join(m.columns)}) "
-            f"SELECT {', '.join(m.casts)} FROM g RETURNING {m.pk}), "
-            f"f AS (UPDATE {self.calls.table} SET {sets} FROM m WHERE {self.calls.table}."
-            f"{self.calls.pk} = %s) "
+            f"m AS (INSERT INTO {m.table} ({m.columns}) SELECT {inserted} FROM g "
+            f"RETURNING {m.pk}), "
+            f"f AS (UPDATE {c.table} SET {sets} FROM m WHERE {c.table}.{c.pk} = %s) "
             "SELECT g.*, m.* FROM g CROSS JOIN m"
         )
-
-    def finish_params(self, state: Any, error: str, call_key: Any) -> list[Any]:
-        values = [state, error, timezone.now()]
-        params = [
-            field.get_db_prep_save(value, self.connection)
-            for field, value in zip(self.finish_fields, values, strict=True)
-        ]
-        return [*params, call_key]
 
 
 _WRITES: dict[tuple[Any, str], StepWrites | None] = {}
@@ -193,7 +213,7 @@ class OneStatementWrites:
         return _WRITES[key]
 
     def _guarded(
-        self, writes: StepWrites, release: str | None, body: Callable[[str], tuple[str, list[Any]]]
+        self, writes: StepWrites, release: str | None, body: Callable[[str, _Values], str]
     ) -> list[Any]:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
@@ -206,22 +226,25 @@ class OneStatementWrites:
         released: tuple[dict[str, Any], Release] | None = None
         if release is not None:
             fields, outcome = self._release_fields(release, None)
-            values = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
-            values.update(fields)
-            names = tuple(sorted(name for name in values if name != "state"))
+            columns = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
+            columns.update(fields)
+            names = tuple(sorted(name for name in columns if name != "state"))
             guard = writes.release_sql(names)
-            params = [*writes.release_params(names, values), lease.chat_pk, lease.token]
+            params = [*writes.release_params(names, columns), lease.chat_pk, lease.token]
             released = fields, outcome
         else:
             guard, params = renewal(lease)
-        sql, more = body(guard)
+        values = _Values()
+        sql = body(guard, values)
         connection = connections[self._db]
         if connection.in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=self._db):
-                rows = self._run(connection, sql, params + more)
+                rows = self._run(connection, sql, params + values.params)
         else:
-            rows = self._run(connection, sql, params + more)  # one statement: its own transaction
+            rows = self._run(
+                connection, sql, params + values.params
+            )  # one statement: its own transaction
         if not rows:
             lease.lost.set()
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
@@ -249,25 +272,20 @@ class OneStatementWrites:
         record = self._message_row(message)
         calls = message.tool_calls
         call_rows = [
-            writes.calls.params(
-                self.models.tool_call_model(
-                    chat_id=self.chat.pk,
-                    call_id=call.id,
-                    name=call.name,
-                    arguments=call.arguments,
-                    state=call.state,
-                    provider_data=call.provider_data,
-                )
+            self.models.tool_call_model(
+                chat_id=self.chat.pk,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+                state=call.state,
+                provider_data=call.provider_data,
             )
             for call in calls
         ]
         usage_row = self._usage_row(usage)
 
-        def body(guard: str) -> tuple[str, list[Any]]:
-            params = writes.message.params(record)
-            for row in call_rows:
-                params += row
-            return writes.answer_sql(guard, len(calls)), params + writes.usage.params(usage_row)
+        def body(guard: str, values: _Values) -> str:
+            return writes.answer(guard, values, record, call_rows, usage_row)
 
         rows = self._guarded(writes, release, body)
         self._inserted(record, rows[0][1])
@@ -289,11 +307,8 @@ class OneStatementWrites:
     ) -> Any:
         record = self._message_row(message, tool_call_id=call.key)
 
-        def body(guard: str) -> tuple[str, list[Any]]:
-            params = writes.message.params(record) + writes.finish_params(
-                state, error or "", call.key
-            )
-            return writes.result_sql(guard), params
+        def body(guard: str, values: _Values) -> str:
+            return writes.result(guard, values, record, state, error or "", call.key)
 
         rows = self._guarded(writes, release, body)
         self._inserted(record, rows[0][1])
