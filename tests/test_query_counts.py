@@ -174,3 +174,26 @@ def test_complete_reads_the_history_once_per_turn(user, scripted):
     assert counts[10] == counts[200], sql
     transcript_reads = [q for q in sql if q.startswith("SELECT") and "agentloop_message" in q]
     assert len(transcript_reads) == 1, sql
+
+
+def test_get_by_pk_is_the_orms_get_compiled_once(user):
+    """``Chat.objects.get(pk=...)`` (a worker's load per job) runs a statement compiled once:
+    one query, the same chat, and the ORM's errors."""
+    chat = Chat.objects.create(model="scripted:test", owner=user, title="kept", limits={"a": 1})
+    orm = Chat.objects.filter(pk=chat.pk).get()
+    for _ in range(2):  # the second call uses the compiled statement
+        queries, sql = count_queries(lambda: Chat.objects.get(pk=chat.pk))
+        assert queries == 1, sql
+    loaded = Chat.objects.get(id=chat.pk)
+    fields = [field.attname for field in Chat._meta.concrete_fields]
+    assert [getattr(loaded, name) for name in fields] == [getattr(orm, name) for name in fields]
+    assert loaded._state.db == "default" and not loaded._state.adding
+    with pytest.raises(Chat.DoesNotExist, match="Chat matching query does not exist"):
+        Chat.objects.get(pk=chat.pk + 1000)
+    with pytest.raises(ValueError, match="expected a number but got 'x'"):
+        Chat.objects.get(pk="x")
+    assert Chat.objects.get(pk=str(chat.pk)) == chat
+    # Anything else is the ORM's get.
+    assert Chat.objects.get(pk=chat.pk, title="kept") == chat
+    with pytest.raises(Chat.DoesNotExist):
+        Chat.objects.get(pk=chat.pk, title="other")

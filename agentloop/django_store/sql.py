@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connections
 
-__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate"]
+__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate", "get_by_pk"]
 
 
 class PreparedSelect:
@@ -45,6 +45,34 @@ class PreparedSelect:
         if self.converters:
             return list(self.compiler.apply_converters(rows, self.converters))
         return rows
+
+
+_GETS: dict[tuple[Any, str], tuple[PreparedSelect, list[str]] | None] = {}
+
+
+def get_by_pk(model: Any, using: str, pk: Any) -> Any:
+    """``model._default_manager.get(pk=pk)`` by a SELECT compiled once per (model, database):
+    the same statement, conversions, errors and ``from_db``, without building the query."""
+    key = (model, using)
+    if key not in _GETS:
+        queryset = model._base_manager.using(using).filter(pk=0).order_by()[:21]
+        select = PreparedSelect(queryset)
+        compiler = select.compiler
+        names = [column.target.attname for column, _, _ in compiler.select[: compiler.col_count]]
+        usable = list(select.params) == [0] and not compiler.query.deferred_loading[0]
+        _GETS[key] = (select, names) if usable else None
+    prepared = _GETS[key]
+    if prepared is None:  # pragma: no cover - Django compiles it so today
+        return model._base_manager.using(using).get(pk=pk)
+    select, names = prepared
+    # As the ORM prepares a lookup's value: a bad one raises the ORM's own error.
+    value = model._meta.pk.get_db_prep_value(
+        model._meta.pk.get_prep_value(pk), connections[using], prepared=True
+    )
+    rows = select.rows([value])
+    if not rows:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    return model.from_db(using, names, rows[0])
 
 
 class PreparedInsert:
