@@ -27,7 +27,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
-from .django_store.sql import PreparedUpdate
+from .django_store.sql import PreparedUpdate, bound_cursor
 from .exceptions import LeaseLostError
 
 __all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
@@ -132,7 +132,7 @@ class _ClaimStatement:
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
-            with connection.cursor() as cursor, connection.cursor() as reader:
+            with bound_cursor(using) as cursor, bound_cursor(using) as reader:
                 # Both statements go out before either answer is awaited: one round trip.
                 with connection.connection.pipeline():
                     cursor.execute(update, params)
@@ -140,7 +140,7 @@ class _ClaimStatement:
                 row = cursor.fetchone()
                 prefetched = reader.fetchall()
         else:
-            with connection.cursor() as cursor:
+            with bound_cursor(using) as cursor:
                 cursor.execute(update, params)
                 if self.returning:
                     row = cursor.fetchone()

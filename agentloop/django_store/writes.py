@@ -22,6 +22,7 @@ from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .claims import Release
+from .sql import bound_cursor
 
 __all__ = ["OneStatementWrites", "StepWrites"]
 
@@ -260,9 +261,8 @@ class OneStatementWrites:
         self._released(fields, outcome)
         return rows
 
-    @staticmethod
-    def _run(connection: Any, sql: str, params: list[Any]) -> list[Any]:
-        with connection.cursor() as cursor:
+    def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
+        with bound_cursor(self._db) as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
