@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agentloop import ConcurrentWriteError, providers, tool
@@ -120,3 +120,30 @@ def test_a_duplicate_tool_result_is_refused_and_the_callers_transaction_goes_on(
         # The caller's transaction is still usable.
         assert chat.messages.filter(role="tool").count() == 1
     store.release(None)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+def test_with_a_prepare_threshold_the_per_step_statements_are_prepared(user, model):
+    """The database's OPTIONS ``prepare_threshold`` lets psycopg prepare agentloop's per-step
+    statements (they bind on the server); Django's own stay unprepared. Steps run the same."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = 0  # as OPTIONS {"prepare_threshold": 0} would set it
+    try:
+        for turn in range(3):
+            chat = Chat.objects.create(model="jobpath:test", owner=user)
+            chat.ask_later(f"Question {turn}")
+            model["answer"] = f"Answer {turn}"
+            chat.complete_later()
+            assert run_step(chat.pk).action == "done"
+            assert chat.messages.last().content == f"Answer {turn}"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in cursor.fetchall()]
+    finally:
+        raw.prepare_threshold = before
+    assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)
+    assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
+    assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
+    assert not any("pg_prepared_statements" in sql for sql in prepared)
