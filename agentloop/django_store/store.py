@@ -85,6 +85,7 @@ class _Models:
             self.tool_call_model, ("state", "error", "finished_at"), (("id", "="),)
         )
         self._transcripts: dict[str, PreparedSelect] = {}
+        self._flags: dict[str, PreparedSelect] = {}
 
     def transcript(self, using: str) -> PreparedSelect:
         """The transcript's SELECT, compiled once; its only parameter is the chat's key."""
@@ -94,6 +95,15 @@ class _Models:
             select = self._transcripts[using] = PreparedSelect(queryset, raw_columns=JSON_COLUMNS)
             if list(select.params) != [0]:  # pragma: no cover - Django compiles it so today
                 raise RuntimeError("the transcript query takes more than the chat's key")
+        return select
+
+    def cancel_flag(self, using: str) -> PreparedSelect:
+        """The chat's cancel flag and halt reason, compiled once; its parameter is the key."""
+        select = self._flags.get(using)
+        if select is None:
+            rows = self.chat_model._base_manager.using(using).filter(pk=0).order_by()
+            queryset = rows.values_list("cancel_requested_at", "halt_reason")[:1]
+            select = self._flags[using] = PreparedSelect(queryset)
         return select
 
 
