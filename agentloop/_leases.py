@@ -27,10 +27,10 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
-from .django_store.sql import PreparedUpdate
+from .django_store.sql import PreparedUpdate, bound_cursor
 from .exceptions import LeaseLostError
 
-__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats"]
+__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,22 @@ class _ClaimStatement:
             f"WHERE {condition}{returning}",
             False: f"UPDATE {table} SET {assignments} WHERE {condition}{returning}",  # noqa: S608
         }
+        # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
+        # the WAL flush (synchronous_commit off for this statement's transaction only): the
+        # lease is visible to every process at once, and a server crash that lost it loses
+        # nothing built on it, since every later write (a call's claim, the step's rows) commits
+        # synchronously and flushes the WAL up to and including the claim.
+        self.quick_sql = {
+            with_state: sql.replace(
+                " WHERE ",
+                " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS "
+                f"{quote('agentloop_quick')} WHERE ",
+                1,
+            )
+            for with_state, sql in self.update_sql.items()
+        }
+        if connection.vendor != "postgresql":
+            self.quick_sql = self.update_sql
         self.renew_sql = (
             f"UPDATE {table} SET {quote('lease_expires_at')} = %s "  # noqa: S608
             f"WHERE {pk} = %s AND {quote('lease_token')} = %s"
@@ -111,11 +127,12 @@ class _ClaimStatement:
         if state is not None:
             params.append(state)
         params += [pk, now]
-        update = self.update_sql[state is not None]
+        forms = self.update_sql if connection.in_atomic_block else self.quick_sql
+        update = forms[state is not None]
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
-            with connection.cursor() as cursor, connection.cursor() as reader:
+            with bound_cursor(using) as cursor, bound_cursor(using) as reader:
                 # Both statements go out before either answer is awaited: one round trip.
                 with connection.connection.pipeline():
                     cursor.execute(update, params)
@@ -123,7 +140,7 @@ class _ClaimStatement:
                 row = cursor.fetchone()
                 prefetched = reader.fetchall()
         else:
-            with connection.cursor() as cursor:
+            with bound_cursor(using) as cursor:
                 cursor.execute(update, params)
                 if self.returning:
                     row = cursor.fetchone()
@@ -208,21 +225,24 @@ class Lease:
         """Renew; the chat's cancel flag as read by the same statement (``UNREAD`` where the
         database can't return it), or ``_LOST`` when the lease is no longer ours."""
         statement = _statement(self.chat_model, self.using)
-        expires = timezone.now() + timedelta(seconds=self.seconds)
         with connections[self.using].cursor() as cursor:
-            cursor.execute(statement.renew_sql, [expires, self.chat_pk, self.token])
+            cursor.execute(*renewal(self))
             if statement.returning:
                 row = cursor.fetchone()
                 if row is None:
                     return _LOST
                 # As the ORM would read it (SQLite gives naive datetimes or text).
-                flag = statement.convert("cancel_requested_at", row[0])
+                flag = self.flag_from(row[0])
             elif not cursor.rowcount:
                 return _LOST
             else:
                 flag = UNREAD
         self.renewed_at = time.monotonic()
         return flag
+
+    def flag_from(self, raw: Any) -> Any:
+        """The cancel flag as a renewal's RETURNING gave it, converted as the ORM would."""
+        return _statement(self.chat_model, self.using).convert("cancel_requested_at", raw)
 
     def ensure(self) -> Any:
         """Renew, or raise :class:`LeaseLostError` (call first in a write transaction: the
@@ -282,6 +302,14 @@ class Lease:
         if self.release(**{**fields, "state": "queued"}):
             return "queued"
         return "lost"
+
+
+def renewal(lease: Lease) -> tuple[str, list[Any]]:
+    """The renewal's UPDATE (RETURNING the cancel flag where the database can) and its
+    parameters, for a statement that writes behind it (``django_store.writes``)."""
+    expires = timezone.now() + timedelta(seconds=lease.seconds)
+    sql = _statement(lease.chat_model, lease.using).renew_sql
+    return sql, [expires, lease.chat_pk, lease.token]
 
 
 def _has_inbox(chat_model: Any) -> bool:

@@ -359,6 +359,7 @@ class JobPath:
             "psycopg": psycopg.__version__,
             "postgres": server[0] if server else "?",
             "run_step_signature": self.run_step_signature,
+            "prepare_threshold": os.environ.get("BENCH_PREPARE_THRESHOLD") or None,
             "load_average_at_start": load_average(),
             "samples": self.samples,
             "warmup": self.warmup,
@@ -388,6 +389,7 @@ def report(results: dict[str, Any]) -> None:
     )
     print(
         f"load average at start {env['load_average_at_start']}, at end {env['load_average_at_end']}"
+        f"; prepare_threshold {env['prepare_threshold']}"
     )
     header = (
         f"{'variant':<34}{'L':>4}{'median':>10}{'p90':>9}{'floor':>9}{'p90':>9}"
@@ -435,11 +437,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=100, help="timed turns per cell")
     parser.add_argument("--warmup", type=int, default=6, help="untimed turns first, per cell")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--prepare-threshold",
+        type=int,
+        help="the database's OPTIONS prepare_threshold: psycopg prepares agentloop's per-step "
+        "statements after this many runs (default: Django's, never)",
+    )
     args = parser.parse_args(argv)
     if args.samples < 1 or args.warmup < 0:
         parser.error("--samples must be at least 1 and --warmup at least 0")
 
     started = time.perf_counter()
+    if args.prepare_threshold is not None:
+        os.environ["BENCH_PREPARE_THRESHOLD"] = str(args.prepare_threshold)  # bench/settings.py
     ensure_database(args.database_url)
     setup_django(args.database_url)
     bench = JobPath(args.database_url, args.samples, args.warmup)

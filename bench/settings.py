@@ -31,6 +31,12 @@ INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "agentlo
 DATABASES = {
     "default": database_from_url(os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))
 }
+if os.environ.get("BENCH_PREPARE_THRESHOLD"):
+    # psycopg prepares a server-bound statement after this many runs: agentloop's per-step
+    # statements (docs/background.md, "Running at scale"); Django's own stay client-bound.
+    DATABASES["default"]["OPTIONS"] = {
+        "prepare_threshold": int(os.environ["BENCH_PREPARE_THRESHOLD"])
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -19,6 +19,7 @@ from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, Usage
 from agentloop.testing import stream, tool_call
 from tests.processes import start_script
+from tests.test_query_counts import GENERATE_TEXT_QUERIES
 from tests.tools import CancelViaDatabase, add
 
 WORDS = [f"word{i} " for i in range(600)]  # 30 s at 0.05 s a chunk: a cancel always lands first
@@ -336,4 +337,5 @@ def test_streaming_costs_the_same_queries_for_10_and_100_chunks(user, scripted):
         assert len(received) == chunks
         counts[chunks] = len(captured)
 
-    assert counts[10] == counts[100] == 7  # see test_query_counts: generate with a text answer
+    # As in test_query_counts: generate with a text answer.
+    assert counts[10] == counts[100] == GENERATE_TEXT_QUERIES

@@ -2,22 +2,29 @@
 at 10 and at 200 messages, and the exact count asserted so a new query shows up as a failing test.
 
 Every writing verb runs under the chat's claim (docs/design.md §12). Inside the test's transaction
-atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn't log):
-  generate, text answer:  claim (UPDATE ... RETURNING the chat row), transcript read (each
-                          row carries the cancel flag: the start checkpoint is free),
-                          SAVEPOINT, release (UPDATE: the verb's last write gives the claim
-                          up, with the chat's next state), INSERT message, INSERT usage,
-                          RELEASE                                                    = 7
-  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 8
+atomic blocks are SAVEPOINT/RELEASE (BEGIN/COMMIT outside it, which Django doesn't log).
+
+On PostgreSQL a step's write is one statement (a data-modifying CTE: the lease's renewal or
+release first, every row written behind it; see agentloop/django_store/writes.py):
+  generate, text answer:  claim (UPDATE ... RETURNING the chat row), transcript read (the
+                          claim's row carries the cancel flag: the start checkpoint is
+                          free), SAVEPOINT, the write (release with the chat's next
+                          state + INSERT message + INSERT usage), RELEASE            = 5
+  generate, 2 tool calls: the same; the write also INSERTs both tool calls         = 5
   run_tools, 2 calls:     claim, transcript read                                     = 2
                           each call: UPDATE running (conditional on its state and on
-                          the lease), SAVEPOINT, lease renewal (it also reads the cancel
-                          flag: the after-tool checkpoint is free), INSERT result,
-                          UPDATE state, RELEASE                               2 x 6 = 12
-                          (the last result's transaction releases the claim instead of
-                          renewing it: the verb's last write)
+                          the lease), SAVEPOINT, the write (lease renewal, which
+                          reads the cancel flag, or for the last call the release +
+                          INSERT result + UPDATE call), RELEASE              2 x 4 = 8
+Outside a transaction SAVEPOINT/RELEASE are not sent: a job's model step is 3 statements.
+
+SQLite has no data-modifying CTE: each write is a transaction of its statements.
+  generate, text answer:  claim, transcript, SAVEPOINT, release, INSERT message,
+                          INSERT usage, RELEASE                                      = 7
+  generate, 2 tool calls: the same + one INSERT of both tool calls (bulk)            = 8
+  run_tools, 2 calls:     claim, transcript + 2 x (UPDATE running, SAVEPOINT, lease
+                          renewal or release, INSERT result, UPDATE state, RELEASE) = 14
 A job (``run_step``) costs the same as the verb: its claim also loads the chat.
-The same figures on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ pytestmark = pytest.mark.django_db
 # depending on how fast the machine is: only the forced checks read.
 SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SAVE_INTERVAL": 60})
 
-GENERATE_TEXT_QUERIES = 7
-GENERATE_TOOL_CALLS_QUERIES = 8
-RUN_TOOLS_QUERIES = 14
+ONE_STATEMENT_WRITES = connection.vendor == "postgresql"
+GENERATE_TEXT_QUERIES = 5 if ONE_STATEMENT_WRITES else 7
+GENERATE_TOOL_CALLS_QUERIES = 5 if ONE_STATEMENT_WRITES else 8
+RUN_TOOLS_QUERIES = 10 if ONE_STATEMENT_WRITES else 14
 
 
 def build_history(chat, length):
@@ -166,3 +174,26 @@ def test_complete_reads_the_history_once_per_turn(user, scripted):
     assert counts[10] == counts[200], sql
     transcript_reads = [q for q in sql if q.startswith("SELECT") and "agentloop_message" in q]
     assert len(transcript_reads) == 1, sql
+
+
+def test_get_by_pk_is_the_orms_get_compiled_once(user):
+    """``Chat.objects.get(pk=...)`` (a worker's load per job) runs a statement compiled once:
+    one query, the same chat, and the ORM's errors."""
+    chat = Chat.objects.create(model="scripted:test", owner=user, title="kept", limits={"a": 1})
+    orm = Chat.objects.filter(pk=chat.pk).get()
+    for _ in range(2):  # the second call uses the compiled statement
+        queries, sql = count_queries(lambda: Chat.objects.get(pk=chat.pk))
+        assert queries == 1, sql
+    loaded = Chat.objects.get(id=chat.pk)
+    fields = [field.attname for field in Chat._meta.concrete_fields]
+    assert [getattr(loaded, name) for name in fields] == [getattr(orm, name) for name in fields]
+    assert loaded._state.db == "default" and not loaded._state.adding
+    with pytest.raises(Chat.DoesNotExist, match="Chat matching query does not exist"):
+        Chat.objects.get(pk=chat.pk + 1000)
+    with pytest.raises(ValueError, match="expected a number but got 'x'"):
+        Chat.objects.get(pk="x")
+    assert Chat.objects.get(pk=str(chat.pk)) == chat
+    # Anything else is the ORM's get.
+    assert Chat.objects.get(pk=chat.pk, title="kept") == chat
+    with pytest.raises(Chat.DoesNotExist):
+        Chat.objects.get(pk=chat.pk, title="other")

@@ -10,11 +10,66 @@ supported database and field type works as with the ORM. Inserts bypass ``Model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
 
-__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate"]
+__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate", "bound_cursor", "get_by_pk"]
+
+
+@contextmanager
+def bound_cursor(using: str) -> Iterator[Any]:
+    """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
+    counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
+    server, so psycopg prepares a statement once it ran a few times on the connection and
+    PostgreSQL skips parsing and planning it again (psycopg's ``prepare_threshold``: set it to
+    None in the database's OPTIONS to turn this off, e.g. behind a pgbouncer older than
+    1.21 in transaction mode). Elsewhere, the connection's usual cursor."""
+    connection = connections[using]
+    factory = _server_binding(connection)
+    if factory is None:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = factory(connection.connection)
+        # As Django's own cursors: its time zone where the connection's loader differs.
+        loader = connection.connection.adapters.get_loader(_TIMESTAMPTZ_OID, 0)
+        if connection.timezone != loader.timezone:
+            _register_tzloader(connection.timezone, raw)
+    connection.validate_thread_sharing()
+    make = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    with make(raw) as cursor:
+        yield cursor
+
+
+_FACTORIES: dict[str, Any] = {}
+_TIMESTAMPTZ_OID = 1184
+
+
+def _server_binding(connection: Any) -> Any:
+    """Django's server-binding cursor class for this connection, or None."""
+    if connection.vendor != "postgresql":
+        return None
+    if connection.alias not in _FACTORIES:
+        # Function-local: the PostgreSQL backend imports psycopg, absent on SQLite projects.
+        from django.db.backends.postgresql import base
+
+        psycopg3 = getattr(base, "is_psycopg3", False)
+        factory = getattr(base, "ServerBindingCursor", None) if psycopg3 else None
+        _FACTORIES[connection.alias] = factory
+    return _FACTORIES[connection.alias]
+
+
+def _register_tzloader(timezone: Any, cursor: Any) -> None:
+    # Function-local: psycopg_any imports psycopg, absent on SQLite projects.
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    register_tzloader(timezone, cursor)
 
 
 class PreparedSelect:
@@ -35,7 +90,7 @@ class PreparedSelect:
 
     def rows(self, params: Any = None) -> list[Any]:
         """Run it (with ``params`` instead of the compiled ones, same order) and convert."""
-        with connections[self.using].cursor() as cursor:
+        with bound_cursor(self.using) as cursor:
             cursor.execute(self.sql, self.params if params is None else params)
             rows = cursor.fetchall()
         return self.convert(rows)
@@ -45,6 +100,34 @@ class PreparedSelect:
         if self.converters:
             return list(self.compiler.apply_converters(rows, self.converters))
         return rows
+
+
+_GETS: dict[tuple[Any, str], tuple[PreparedSelect, list[str]] | None] = {}
+
+
+def get_by_pk(model: Any, using: str, pk: Any) -> Any:
+    """``model._default_manager.get(pk=pk)`` by a SELECT compiled once per (model, database):
+    the same statement, conversions, errors and ``from_db``, without building the query."""
+    key = (model, using)
+    if key not in _GETS:
+        queryset = model._base_manager.using(using).filter(pk=0).order_by()[:21]
+        select = PreparedSelect(queryset)
+        compiler = select.compiler
+        names = [column.target.attname for column, _, _ in compiler.select[: compiler.col_count]]
+        usable = list(select.params) == [0] and not compiler.query.deferred_loading[0]
+        _GETS[key] = (select, names) if usable else None
+    prepared = _GETS[key]
+    if prepared is None:  # pragma: no cover - Django compiles it so today
+        return model._base_manager.using(using).get(pk=pk)
+    select, names = prepared
+    # As the ORM prepares a lookup's value: a bad one raises the ORM's own error.
+    value = model._meta.pk.get_db_prep_value(
+        model._meta.pk.get_prep_value(pk), connections[using], prepared=True
+    )
+    rows = select.rows([value])
+    if not rows:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    return model.from_db(using, names, rows[0])
 
 
 class PreparedInsert:
@@ -152,6 +235,6 @@ class PreparedUpdate:
             for (field, _), value in zip(self.where_fields, where, strict=True)
         ]
         params += list(guard)
-        with connection.cursor() as cursor:
+        with bound_cursor(using) as cursor:
             cursor.execute(self._statement(connection), params)
             return int(cursor.rowcount)

@@ -46,14 +46,10 @@ class Stopping:
 
     def _read_cancel_flag(self) -> datetime | None:
         # A halt asked for by another process comes with the flag, in the same query.
-        row = (
-            self.chat_model.objects.filter(pk=self.chat.pk)
-            .order_by()
-            .values_list("cancel_requested_at", "halt_reason")
-            .first()
-        )
-        if row is None:
+        rows = self.models.cancel_flag(self._db).rows([self.chat.pk])
+        if not rows:
             return None
+        row = rows[0]
         value: datetime | None = row[0]
         self.chat.halt_reason = row[1]
         return value

@@ -29,6 +29,7 @@ from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
+from .writes import OneStatementWrites
 
 if TYPE_CHECKING:
     from ..models import AbstractChat
@@ -84,6 +85,7 @@ class _Models:
             self.tool_call_model, ("state", "error", "finished_at"), (("id", "="),)
         )
         self._transcripts: dict[str, PreparedSelect] = {}
+        self._flags: dict[str, PreparedSelect] = {}
 
     def transcript(self, using: str) -> PreparedSelect:
         """The transcript's SELECT, compiled once; its only parameter is the chat's key."""
@@ -93,6 +95,15 @@ class _Models:
             select = self._transcripts[using] = PreparedSelect(queryset, raw_columns=JSON_COLUMNS)
             if list(select.params) != [0]:  # pragma: no cover - Django compiles it so today
                 raise RuntimeError("the transcript query takes more than the chat's key")
+        return select
+
+    def cancel_flag(self, using: str) -> PreparedSelect:
+        """The chat's cancel flag and halt reason, compiled once; its parameter is the key."""
+        select = self._flags.get(using)
+        if select is None:
+            rows = self.chat_model._base_manager.using(using).filter(pk=0).order_by()
+            queryset = rows.values_list("cancel_requested_at", "halt_reason")[:1]
+            select = self._flags[using] = PreparedSelect(queryset)
         return select
 
 
@@ -115,7 +126,7 @@ def _models(chat_model: Any) -> _Models:
     return models
 
 
-class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
+class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
     def __init__(self, chat: AbstractChat) -> None:
@@ -360,6 +371,9 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         *,
         release: str | None = None,
     ) -> Any:
+        writes = self._step_writes()
+        if writes is not None and partial_key is None and not self.chat.stop_reason:
+            return self._save_answer_at_once(writes, message, usage, release)
         with self._writing(release=release):
             record = self._message_row(message)
             if partial_key is not None:

@@ -26,6 +26,8 @@ class ToolCallRows:
     # DjangoStore's own (one write transaction under the lease; a message row).
     _writing: Callable[..., AbstractContextManager[None]]
     _message_row: Callable[..., Any]
+    _step_writes: Callable[[], Any]
+    _save_result_at_once: Callable[..., Any]
 
     @property
     def _db(self) -> str:
@@ -54,7 +56,10 @@ class ToolCallRows:
         *,
         release: str | None = None,
     ) -> Any:
+        writes = self._step_writes()
         try:
+            if writes is not None:
+                return self._save_result_at_once(writes, call, message, state, error, release)
             with self._writing(release=release):
                 record = self._tool_result(call, message, state, error)
         except IntegrityError as exc:

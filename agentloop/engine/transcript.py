@@ -42,17 +42,18 @@ class Round:
 
 def pending_round(transcript: list[Message]) -> Round:
     """The open tool round, if the latest answer asked for tools not yet answered."""
-    messages = finished(transcript)
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
+    # From the end: only the messages after the latest answer are looked at (not O(history)).
+    answered: set[str | None] = set()
+    for message in reversed(transcript):
+        if not message.is_finished:
+            continue
         if message.role == "user":
             return Round()
-        if message.role == "assistant":
+        if message.role == "tool":
+            answered.add(message.tool_call_id)
+        elif message.role == "assistant":
             if not message.tool_calls:
                 return Round()
-            answered = {
-                later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"
-            }
             unanswered = [call for call in message.tool_calls if call.id not in answered]
             return Round(message=message, unanswered=unanswered)
     return Round()
@@ -60,8 +61,8 @@ def pending_round(transcript: list[Message]) -> Round:
 
 def is_complete(transcript: list[Message]) -> bool:
     """Settled: no messages, or the latest is an answer that asked for no tools."""
-    for message in reversed(finished(transcript)):
-        if message.role in ("system", "summary"):
+    for message in reversed(transcript):
+        if not message.is_finished or message.role in ("system", "summary"):
             continue
         if message.role == "assistant":
             return not message.tool_calls

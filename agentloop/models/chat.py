@@ -10,12 +10,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, router
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .. import subagents
 from ..background import enqueue
+from ..django_store.sql import get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
@@ -57,6 +58,19 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
         from ..batches import submit
 
         return submit(self, auto_continue=auto_continue)
+
+
+class ChatManager(models.Manager.from_queryset(ChatQuerySet)):  # type: ignore[misc]
+    """``Chat.objects``: ``get(pk=...)`` alone, what a worker does per job, runs a statement
+    compiled once per process (the ORM's SQL, conversions and errors; no query building)."""
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        plain = type(self).get_queryset is ChatManager.get_queryset  # no filtering subclass
+        if plain and not args and len(kwargs) == 1 and self._db is None:
+            ((name, value),) = kwargs.items()
+            if name == "pk" or name == self.model._meta.pk.name:
+                return get_by_pk(self.model, router.db_for_read(self.model), value)
+        return super().get(*args, **kwargs)
 
 
 class AbstractChat(models.Model):
@@ -127,7 +141,7 @@ class AbstractChat(models.Model):
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
-    objects = ChatQuerySet.as_manager()
+    objects = ChatManager()
 
     class Meta:
         abstract = True

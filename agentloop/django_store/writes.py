@@ -1,0 +1,321 @@
+"""A step's write as one statement on PostgreSQL: the lease's renewal or release and the rows.
+
+A data-modifying CTE. The chat row's conditional UPDATE (renew the lease, or release it with the
+chat's next state) comes first and every INSERT selects from it, so a process that lost the
+lease writes nothing; one statement is one transaction (a savepoint inside an outer one), so
+the step's rows and the chat's next state commit together. One round trip where the
+transaction form takes BEGIN, the lease's UPDATE, two to four writes and COMMIT (part of
+``DjangoStore``; other databases, and the rarer writes, keep that form).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from .._leases import Lease, heartbeats, renewal
+from ..engine import UsageRecord
+from ..exceptions import LeaseLostError
+from ..messages import Message, ToolCall, ToolCallState
+from .claims import Release
+from .sql import bound_cursor
+
+__all__ = ["OneStatementWrites", "StepWrites"]
+
+
+def _type(field: Any, connection: Any) -> str:
+    # Values selected (not VALUES of the INSERT itself) need their column's type spelled out.
+    return str(field.cast_db_type(connection))
+
+
+#: values written as constants, not parameters: psycopg caches a statement's conversion only
+#: up to 50 parameters, and most of a row's columns hold one of these.
+_CONSTANTS = {type(None): "NULL", bool: None, str: "''"}
+
+
+class _Values:
+    """Value expressions of one statement and their parameters, in order."""
+
+    def __init__(self) -> None:
+        self.params: list[Any] = []
+
+    def add(self, value: Any, sql_type: str) -> str:
+        kind = type(value)
+        if kind in _CONSTANTS and (kind is not str or value == ""):
+            literal = _CONSTANTS[kind] or ("true" if value else "false")
+            return f"CAST({literal} AS {sql_type})"
+        self.params.append(value)
+        return f"CAST(%s AS {sql_type})"
+
+    def row(self, rows: _Rows, instance: Any) -> str:
+        connection = rows.connection
+        return ", ".join(
+            self.add(field.get_db_prep_save(getattr(instance, field.attname), connection), kind)
+            for field, kind in zip(rows.fields, rows.types, strict=True)
+        )
+
+
+class _Rows:
+    """One model's columns for an INSERT ... SELECT (less one written from a CTE)."""
+
+    def __init__(self, model: Any, connection: Any, exclude: str | None = None) -> None:
+        meta = model._meta
+        quote = connection.ops.quote_name
+        self.fields = [
+            field
+            for field in meta.concrete_fields
+            if not field.primary_key and field.name != exclude
+        ]
+        self.table = quote(meta.db_table)
+        self.pk = quote(meta.pk.column)
+        self.columns = ", ".join(quote(field.column) for field in self.fields)
+        self.types = [_type(field, connection) for field in self.fields]
+        self.connection = connection
+
+
+class StepWrites:
+    """The statements of one chat model on one PostgreSQL database, built once per process."""
+
+    def __init__(self, models: Any, using: str) -> None:
+        connection = self.connection = connections[using]
+        quote = connection.ops.quote_name
+        chat_meta = models.chat_model._meta
+        self.chat_model = models.chat_model
+        self.chat_table = quote(chat_meta.db_table)
+        self.chat_pk = quote(chat_meta.pk.column)
+        self.has_inbox = any(field.name == "inbox" for field in chat_meta.concrete_fields)
+        self.message = _Rows(models.message_model, connection)
+        self.calls = _Rows(models.tool_call_model, connection, exclude="message")
+        self.call_message = quote(models.tool_call_model._meta.get_field("message").column)
+        self.call_key = quote(models.tool_call_model._meta.get_field("call_id").column)
+        self.usage = _Rows(models.usage_model, connection, exclude="message")
+        self.usage_message = quote(models.usage_model._meta.get_field("message").column)
+        call_meta = models.tool_call_model._meta
+        self.finish_fields = [
+            call_meta.get_field(name) for name in ("state", "error", "finished_at")
+        ]
+        self._releases: dict[tuple[str, ...], str] = {}
+
+    # -- the guard: the chat row's conditional UPDATE ------------------------------------------
+    def release_sql(self, names: tuple[str, ...]) -> str:
+        """Release with the columns ``names`` (``state`` last: queued instead when a message
+        came in meanwhile); RETURNING the state set."""
+        sql = self._releases.get(names)
+        if sql is None:
+            quote = self.connection.ops.quote_name
+            meta = self.chat_model._meta
+            sets = [f"{quote(meta.get_field(name).column)} = %s" for name in names]
+            state = quote("state")
+            if self.has_inbox:
+                sets.append(f"{state} = CASE WHEN {quote('inbox')} = %s THEN %s ELSE %s END")
+            else:
+                sets.append(f"{state} = %s")
+            sql = self._releases[names] = (
+                f"UPDATE {self.chat_table} SET {', '.join(sets)} "  # noqa: S608 - identifiers
+                f"WHERE {self.chat_pk} = %s AND {quote('lease_token')} = %s RETURNING {state}"
+            )
+        return sql
+
+    def release_params(self, names: tuple[str, ...], values: dict[str, Any]) -> list[Any]:
+        meta = self.chat_model._meta
+        params = [
+            meta.get_field(name).get_db_prep_save(values[name], self.connection) for name in names
+        ]
+        if self.has_inbox:
+            inbox = meta.get_field("inbox")
+            params += [inbox.get_db_prep_save([], self.connection), values["state"], "queued"]
+        else:
+            params.append(values["state"])
+        return params
+
+    # -- the statements ------------------------------------------------------------------------
+    def answer(self, guard: str, values: _Values, record: Any, calls: list[Any], usage: Any) -> str:
+        """The answer, its tool calls and its usage row, guarded (``values`` collects the
+        parameters after the guard's)."""
+        m, c, u = self.message, self.calls, self.usage
+        parts = [
+            f"g AS ({guard})",
+            f"m AS (INSERT INTO {m.table} ({m.columns}) "  # noqa: S608 - quoted identifiers
+            f"SELECT {values.row(m, record)} FROM g RETURNING {m.pk})",
+        ]
+        select = "SELECT g.*, m.* FROM g CROSS JOIN m"
+        if calls:
+            aliases = ", ".join(f"f{index}" for index in range(len(c.fields)))
+            rows = ", ".join(f"({values.row(c, call)})" for call in calls)
+            parts.append(
+                f"c AS (INSERT INTO {c.table} ({c.columns}, {self.call_message}) "  # noqa: S608
+                f"SELECT v.*, m.{m.pk} FROM m CROSS JOIN (VALUES {rows}) AS v({aliases}) "
+                f"RETURNING {c.pk}, {self.call_key})"
+            )
+            select = "SELECT g.*, m.*, c.* FROM g CROSS JOIN m CROSS JOIN c"
+        parts.append(
+            f"u AS (INSERT INTO {u.table} ({u.columns}, {self.usage_message}) "  # noqa: S608
+            f"SELECT {values.row(u, usage)}, m.{m.pk} FROM m)"
+        )
+        return f"WITH {', '.join(parts)} {select}"
+
+    def result(
+        self, guard: str, values: _Values, record: Any, state: Any, error: str, key: Any
+    ) -> str:
+        """A tool's result and its call's final state, guarded."""
+        m, c = self.message, self.calls
+        quote = self.connection.ops.quote_name
+        inserted = values.row(m, record)
+        finished = [state, error, timezone.now()]
+        sets = ", ".join(
+            f"{quote(field.column)} = "
+            + values.add(
+                field.get_db_prep_save(value, self.connection), _type(field, self.connection)
+            )
+            for field, value in zip(self.finish_fields, finished, strict=True)
+        )
+        values.params.append(key)
+        return (
+            f"WITH g AS ({guard}), "  # noqa: S608 - quoted identifiers only; values are params
+            f"m AS (INSERT INTO {m.table} ({m.columns}) SELECT {inserted} FROM g "
+            f"RETURNING {m.pk}), "
+            f"f AS (UPDATE {c.table} SET {sets} FROM m WHERE {c.table}.{c.pk} = %s) "
+            "SELECT g.*, m.* FROM g CROSS JOIN m"
+        )
+
+
+_WRITES: dict[tuple[Any, str], StepWrites | None] = {}
+
+
+class OneStatementWrites:
+    """``save_answer`` and ``save_tool_result`` as one statement where the database allows."""
+
+    chat: Any
+    lease: Lease | None
+    models: Any
+    _prefetched: Any
+    _flag_after_write: Any
+    _release_fields: Callable[..., tuple[dict[str, Any], Release]]
+    _released: Callable[[dict[str, Any], Release], None]
+    _message_row: Callable[..., Any]
+    _usage_row: Callable[..., Any]
+
+    @property
+    def _db(self) -> str:
+        return self.chat._state.db or "default"
+
+    def _step_writes(self) -> StepWrites | None:
+        """The one-statement writes, or None: no lease held, or not PostgreSQL."""
+        if self.lease is None:
+            return None
+        key = (self.models.chat_model, self._db)
+        if key not in _WRITES:
+            vendor = connections[self._db].vendor
+            _WRITES[key] = StepWrites(self.models, self._db) if vendor == "postgresql" else None
+        return _WRITES[key]
+
+    def _guarded(
+        self, writes: StepWrites, release: str | None, body: Callable[[str, _Values], str]
+    ) -> list[Any]:
+        """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
+        the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
+        is no longer ours."""
+        lease = self.lease
+        assert lease is not None  # noqa: S101 - _step_writes checked it
+        if lease.lost.is_set():
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        self._prefetched = None  # a transcript read with the claim is stale after a write
+        released: tuple[dict[str, Any], Release] | None = None
+        if release is not None:
+            fields, outcome = self._release_fields(release, None)
+            columns = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
+            columns.update(fields)
+            names = tuple(sorted(name for name in columns if name != "state"))
+            guard = writes.release_sql(names)
+            params = [*writes.release_params(names, columns), lease.chat_pk, lease.token]
+            released = fields, outcome
+        else:
+            guard, params = renewal(lease)
+        values = _Values()
+        sql = body(guard, values)
+        connection = connections[self._db]
+        if connection.in_atomic_block:
+            # Inside a caller's transaction: a failed write must not break it.
+            with transaction.atomic(using=self._db):
+                rows = self._run(connection, sql, params + values.params)
+        else:
+            rows = self._run(
+                connection, sql, params + values.params
+            )  # one statement: its own transaction
+        if not rows:
+            lease.lost.set()
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        if released is None:
+            lease.renewed_at = time.monotonic()
+            self._flag_after_write = lease.flag_from(rows[0][0])
+            return rows
+        heartbeats.stop(lease)
+        fields, outcome = released
+        if rows[0][0] == "queued" and fields["state"] != "queued":
+            # A message came in meanwhile: answer it next.
+            fields, outcome = {**fields, "state": "queued"}, Release("queued")
+        self._released(fields, outcome)
+        return rows
+
+    def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
+        with bound_cursor(self._db) as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
+    def _save_answer_at_once(
+        self, writes: StepWrites, message: Message, usage: UsageRecord, release: str | None
+    ) -> Any:
+        record = self._message_row(message)
+        calls = message.tool_calls
+        call_rows = [
+            self.models.tool_call_model(
+                chat_id=self.chat.pk,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+                state=call.state,
+                provider_data=call.provider_data,
+            )
+            for call in calls
+        ]
+        usage_row = self._usage_row(usage)
+
+        def body(guard: str, values: _Values) -> str:
+            return writes.answer(guard, values, record, call_rows, usage_row)
+
+        rows = self._guarded(writes, release, body)
+        self._inserted(record, rows[0][1])
+        if calls:
+            keys = {row[3]: row[2] for row in rows}
+            for call in calls:
+                call.key = keys[call.id]
+        message.key = record.pk
+        return record
+
+    def _save_result_at_once(
+        self,
+        writes: StepWrites,
+        call: ToolCall,
+        message: Message,
+        state: ToolCallState,
+        error: str | None,
+        release: str | None,
+    ) -> Any:
+        record = self._message_row(message, tool_call_id=call.key)
+
+        def body(guard: str, values: _Values) -> str:
+            return writes.result(guard, values, record, state, error or "", call.key)
+
+        rows = self._guarded(writes, release, body)
+        self._inserted(record, rows[0][1])
+        message.key = record.pk
+        return record
+
+    def _inserted(self, record: Any, pk: Any) -> None:
+        record.pk = pk
+        record._state.adding = False
+        record._state.db = self._db

@@ -1,0 +1,149 @@
+"""The job path's writes (docs/design.md §13): each write renews or releases the lease first
+and writes nothing when the lease was taken over meanwhile; on PostgreSQL that is one
+statement (agentloop/django_store/writes.py), elsewhere a transaction. Run on both."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agentloop import ConcurrentWriteError, providers, tool
+from agentloop._runner import run_step
+from agentloop.messages import Message, ToolCallState
+from agentloop.models import Chat, ToolCall, Usage
+from agentloop.testing import FunctionProvider, tool_call
+
+pytestmark = pytest.mark.django_db
+
+
+def take_over(chat_pk: int) -> None:
+    """Another process takes the chat's lease (as after an expiry)."""
+    Chat.objects.filter(pk=chat_pk).update(
+        lease_token="someone-else", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+
+
+@tool
+def usurp(chat_pk: int) -> str:
+    """Takes the chat's lease away from the step that runs this tool.
+
+    Args:
+        chat_pk: The chat.
+    """
+    take_over(chat_pk)
+    return "done"
+
+
+@pytest.fixture
+def model():
+    """A model that takes the lease over while it answers, when told to."""
+    state = {"usurp": False, "answer": "answered"}
+
+    def answer(request):
+        if state["usurp"]:
+            take_over(state["chat"])
+        return state["answer"]
+
+    providers.register("jobpath", FunctionProvider(answer))
+    yield state
+    providers.unregister("jobpath")
+
+
+def test_an_answer_written_after_a_takeover_writes_nothing(user, model):
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.ask_later("Hi")
+    model.update(usurp=True, chat=chat.pk, answer=tool_call("add", {"a": 1, "b": 2}))
+    chat.complete_later()
+
+    assert run_step(chat.pk).action == "lost"
+
+    assert list(chat.messages.values_list("role", flat=True)) == ["user"]
+    assert not ToolCall.objects.filter(chat=chat).exists()
+    assert not Usage.objects.filter(chat=chat).exists()
+    # The new holder's lease is untouched.
+    assert Chat.objects.get(pk=chat.pk).lease_token == "someone-else"
+
+
+def test_a_tool_result_written_after_a_takeover_writes_nothing(user, model):
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.with_tools(usurp)
+    chat.ask_later("Take it")
+    model["answer"] = tool_call("usurp", {"chat_pk": chat.pk})
+    chat.generate()  # the model asks for the tool; nothing runs yet
+
+    assert run_step(chat.pk).action == "lost"
+
+    assert list(chat.messages.values_list("role", flat=True)) == ["user", "assistant"]
+    call = ToolCall.objects.get(chat=chat)
+    assert call.state == ToolCallState.RUNNING  # claimed and run, its result not written
+    assert Chat.objects.get(pk=chat.pk).lease_token == "someone-else"
+
+
+def test_an_answer_and_its_calls_are_written_together_with_the_release(user, model):
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.ask_later("Add twice")
+    model["answer"] = [tool_call("add", {"a": 1, "b": 2}), tool_call("add", {"a": 3, "b": 4})]
+    chat.complete_later()
+
+    assert run_step(chat.pk).action == "again"
+
+    chat = Chat.objects.get(pk=chat.pk)
+    assert (chat.state, chat.lease_token, chat.lease_expires_at) == ("queued", "", None)
+    answer = chat.messages.get(role="assistant")
+    calls = list(answer.tool_calls.order_by("id").values_list("name", "arguments", "state"))
+    assert calls == [("add", {"a": 1, "b": 2}, "pending"), ("add", {"a": 3, "b": 4}, "pending")]
+    usage = Usage.objects.get(chat=chat)
+    assert (usage.message_id, usage.owner_id, usage.status) == (answer.pk, user.pk, "succeeded")
+    transcript = chat.conversation.messages
+    assert [call.key for call in transcript[-1].tool_calls] == list(
+        answer.tool_calls.order_by("id").values_list("pk", flat=True)
+    )
+
+
+def test_a_duplicate_tool_result_is_refused_and_the_callers_transaction_goes_on(user, model):
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.ask_later("Add")
+    model["answer"] = tool_call("add", {"a": 1, "b": 2})
+    chat.generate()
+    chat.run_tools()
+    store = chat.conversation.store
+    call = chat.conversation.messages[-2].tool_calls[0]
+    store.claim()
+    with transaction.atomic():
+        with pytest.raises(ConcurrentWriteError):
+            store.save_tool_result(
+                call, Message(role="tool", content="again"), ToolCallState.SUCCEEDED, None
+            )
+        # The caller's transaction is still usable.
+        assert chat.messages.filter(role="tool").count() == 1
+    store.release(None)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+def test_with_a_prepare_threshold_the_per_step_statements_are_prepared(user, model):
+    """The database's OPTIONS ``prepare_threshold`` lets psycopg prepare agentloop's per-step
+    statements (they bind on the server); Django's own stay unprepared. Steps run the same."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = 0  # as OPTIONS {"prepare_threshold": 0} would set it
+    try:
+        for turn in range(3):
+            chat = Chat.objects.create(model="jobpath:test", owner=user)
+            chat.ask_later(f"Question {turn}")
+            model["answer"] = f"Answer {turn}"
+            chat.complete_later()
+            assert run_step(chat.pk).action == "done"
+            assert chat.messages.last().content == f"Answer {turn}"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [row[0] for row in cursor.fetchall()]
+    finally:
+        raw.prepare_threshold = before
+    assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)
+    assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
+    assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
+    assert not any("pg_prepared_statements" in sql for sql in prepared)
