@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.db.models import Sum
 
@@ -29,6 +30,8 @@ from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..models import AbstractChat
@@ -411,6 +414,11 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         return Decimal(value)
 
     # -- threads -----------------------------------------------------------------------------
+    async def run_phase(self, function: Callable[..., T], *args: Any) -> T:
+        # The ORM blocks: on the one thread Django's own async ORM calls use for this
+        # context (a request's thread under ASGI), so a phase sees the verb's connection.
+        return await sync_to_async(function, thread_sensitive=True)(*args)
+
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             try:
