@@ -12,11 +12,12 @@ of its own, so every provider works there unchanged (``HTTPProvider`` speaks asy
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 
 from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
 
@@ -49,7 +50,17 @@ class Provider(ABC):
         call = sync_to_async(self.request, thread_sensitive=False)
         if on_chunk is None:
             return await call(request)
-        return await call(request, on_chunk=async_to_sync(on_chunk))
+        loop = asyncio.get_running_loop()
+
+        async def forward(chunk: Chunk) -> None:
+            await on_chunk(chunk)
+
+        def each(chunk: Chunk) -> None:
+            # Run on this loop, in the verb's context (not asgiref's async_to_sync, which
+            # would make the verb's database phases run on this request's thread).
+            asyncio.run_coroutine_threadsafe(forward(chunk), loop).result()
+
+        return await call(request, on_chunk=each)
 
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
         """The price of ``usage`` on ``model``, or None when it is not known."""
