@@ -440,3 +440,32 @@ def test_a_threaded_providers_chunks_come_back_to_the_verbs_connection(chat, scr
     message_updates = [q for q in sql if q.startswith('UPDATE "agentloop_message"')]
     assert len(partial_inserts) == 1  # the first chunk's partial row
     assert len(message_updates) >= 2  # the next chunks' saves, then the answer itself
+
+
+@pytest.mark.django_db
+def test_cancelling_the_awaiting_task_releases_the_chat_and_stops_the_stream(chat, scripted):
+    """Not a cancel of the chat: the verb stops at its await, the claim is released, and the
+    provider's thread stops streaming at its next chunk."""
+    chat.ask_later("Hi")
+    scripted.add(stream(*WORDS, delay=0.02), "Answered again.")
+    seen: list[Any] = []
+
+    async def main() -> bool:
+        async def on_chunk(chunk: Any) -> None:
+            seen.append(chunk)
+
+        task = asyncio.ensure_future(chat.agenerate(on_chunk))
+        while len(seen) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return True
+
+    assert run(main)
+    stopped_at = len(seen)
+    reloaded = Chat.objects.get(pk=chat.pk)
+    assert (reloaded.state, reloaded.lease_token, reloaded.error) == ("idle", "", "")
+    assert list(reloaded.messages.values_list("role", flat=True)) == ["user"]
+    assert reloaded.step().content == "Answered again."
+    assert stopped_at < 10 and len(seen) == stopped_at

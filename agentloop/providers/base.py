@@ -13,12 +13,14 @@ of its own, so every provider works there unchanged (``HTTPProvider`` speaks asy
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 
 from asgiref.sync import sync_to_async
 
+from ..exceptions import CancelledError
 from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
 
 __all__ = ["AsyncChunkCallback", "ChunkCallback", "Provider"]
@@ -51,16 +53,24 @@ class Provider(ABC):
         if on_chunk is None:
             return await call(request)
         loop = asyncio.get_running_loop()
+        abandoned = threading.Event()
 
         async def forward(chunk: Chunk) -> None:
             await on_chunk(chunk)
 
         def each(chunk: Chunk) -> None:
+            if abandoned.is_set():
+                # No one awaits the answer any more: stop streaming it (closes the stream).
+                raise CancelledError("The task awaiting this request was cancelled.")
             # Run on this loop, in the verb's context (not asgiref's async_to_sync, which
             # would make the verb's database phases run on this request's thread).
             asyncio.run_coroutine_threadsafe(forward(chunk), loop).result()
 
-        return await call(request, on_chunk=each)
+        try:
+            return await call(request, on_chunk=each)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
 
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
         """The price of ``usage`` on ``model``, or None when it is not known."""
