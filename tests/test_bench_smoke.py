@@ -38,7 +38,8 @@ def bench_database(request: pytest.FixtureRequest) -> Iterator[str]:
     from psycopg import sql
 
     parts = urlsplit(DATABASE_URL)
-    name = f"agentloop_bench_smoke_{request.node.name[5:]}_{os.getpid()}"[:63]
+    # The pid first: a long test name cut at 63 characters must not drop it (parallel runs).
+    name = f"agentloop_bench_smoke_{os.getpid()}_{request.node.name[5:]}"[:63]
     yield urlunsplit(parts._replace(path=f"/{name}"))
     maintenance = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(maintenance, autocommit=True) as conn:

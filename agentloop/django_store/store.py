@@ -414,6 +414,8 @@ class DjangoStore(ClaimMixin, ToolCallRows, Stopping, ChatStore):
         return Decimal(value)
 
     # -- threads -----------------------------------------------------------------------------
+    phases_on_a_thread = True
+
     async def run_phase(self, function: Callable[..., T], *args: Any) -> T:
         # The ORM blocks: on the one thread Django's own async ORM calls use for this
         # context (a request's thread under ASGI), so a phase sees the verb's connection.

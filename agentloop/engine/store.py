@@ -241,6 +241,9 @@ class ChatStore(ABC):
         """Wrap work run on a tool thread (the Django store closes its connections)."""
         return function
 
+    #: ``run_phase`` runs off the event loop (on a thread): sync tools may run there too.
+    phases_on_a_thread: bool = False
+
     async def run_phase(self, function: Callable[..., T], *args: Any) -> T:
         """Run a database phase of an async verb (reads, decisions, writes; never network
         I/O). Here in place: a store that blocks (a database) runs it on a thread."""
