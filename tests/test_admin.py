@@ -29,7 +29,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from agentloop.admin import DEFAULT_DENY_REASON, format_cost
+from agentloop.admin.actions import DEFAULT_DENY_REASON
+from agentloop.admin.timeline import format_cost
 from agentloop.exceptions import CancelledError, LimitReachedError
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, ChatState, Message, ToolCall, Usage

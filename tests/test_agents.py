@@ -25,7 +25,8 @@ from agentloop.agents import AgentTool
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.messages import MessageStatus, ToolCallState
-from agentloop.models import SUBAGENT_CANCELLED_RESULT, Chat, ToolCall
+from agentloop.models import Chat, ToolCall
+from agentloop.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.testing import stream, tool_call
 from tests.agents import (
     Briefing,
@@ -40,6 +41,7 @@ from tests.agents import (
     register_agents_provider,
 )
 from tests.billing import agents as billing
+from tests.helpers import transcript
 from tests.legal import agents as legal
 from tests.processes import run_script
 
@@ -64,10 +66,6 @@ def run_log(tmp_path, monkeypatch):
 
 def runs(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
-
-
-def transcript(chat):
-    return [(m.role, m.content) for m in chat.messages.all()]
 
 
 def settle_background():

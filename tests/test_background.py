@@ -28,6 +28,7 @@ from agentloop.exceptions import (
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
 from agentloop.testing import FunctionProvider, stream, tool_call
+from tests.helpers import transcript
 from tests.tools import add, transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,10 +53,6 @@ def _embedded_mode():
 
 def settle() -> None:
     assert wait_for_embedded_jobs(JOB_DEADLINE), "background jobs did not finish"
-
-
-def roles(chat):
-    return [(m.role, m.status) for m in chat.messages.order_by("id")]
 
 
 def expire(lease: Lease) -> None:
@@ -137,7 +134,11 @@ def test_a_chat_stopped_by_a_limit_is_marked_stopped_with_the_reason(chat, scrip
     chat.refresh_from_db()
     assert chat.state == ChatState.STOPPED
     assert "max_model_calls" in chat.stop_reason
-    assert roles(chat) == [("user", "complete"), ("assistant", "complete"), ("tool", "complete")]
+    assert transcript(chat, "role", "status") == [
+        ("user", "complete"),
+        ("assistant", "complete"),
+        ("tool", "complete"),
+    ]
 
 
 def test_a_permanent_provider_error_marks_the_chat_failed_with_the_error(chat, scripted):
@@ -236,7 +237,7 @@ def test_a_chat_cancelled_in_the_background_completes_the_next_question(chat, sc
     settle()
     chat.refresh_from_db()
     assert chat.state == ChatState.IDLE
-    assert roles(chat) == [("user", "complete")]
+    assert transcript(chat, "role", "status") == [("user", "complete")]
 
     chat.ask_later("Hi again").complete_later()
     settle()

@@ -36,6 +36,7 @@ from agentloop.providers.batch_apis import batch_api
 from agentloop.providers.catalog import price_of
 from agentloop.testing import reply, tool_call
 from tests.batch_server import USAGE, FakeBatches
+from tests.helpers import transcript
 from tests.tools import step_one, step_three, step_two, transfer
 
 pytestmark = pytest.mark.django_db
@@ -61,10 +62,6 @@ def new_chat(user, question, *tools, model=MODEL):
     if tools:
         chat.with_tools(*tools)
     return chat.ask_later(question)
-
-
-def transcript(chat):
-    return [(m.role, m.content) for m in chat.messages.order_by("id")]
 
 
 def poll_until_collected(batch, polls=10):

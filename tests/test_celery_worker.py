@@ -30,6 +30,7 @@ from django.test import override_settings
 
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, ChatState, Usage
+from tests.helpers import roles, transcript
 from tests.processes import REPO_ROOT, process_env
 from tests.tools import charge_card_slowly, step_one, step_three, step_two, wait_for_flag
 from tests.worker_provider import logged_requests
@@ -189,13 +190,6 @@ def settled(chat: Chat) -> bool:
     return chat.state == ChatState.IDLE and not chat.lease_token and chat.is_complete()
 
 
-def transcript(chat: Chat) -> list[tuple[str, str, str | None, str]]:
-    return [
-        (m.role, m.content, m.tool_call.call_id if m.tool_call_id else None, m.status)
-        for m in chat.messages.select_related("tool_call").order_by("id")
-    ]
-
-
 def new_chat(user, *tools) -> Chat:
     chat = Chat.objects.create(model="rules:test", owner=user)
     if tools:
@@ -211,7 +205,7 @@ def test_complete_later_runs_a_multi_round_tool_conversation_to_the_end(backgrou
 
     background.wait(lambda: settled(chat), "the chat to settle")
 
-    assert transcript(chat) == [
+    assert transcript(chat, "role", "content", "call_id", "status") == [
         ("user", "tools:step_one|step_two,step_three", None, "complete"),
         ("assistant", "", None, "complete"),
         ("tool", "one done", "call_1_0_0", "complete"),
@@ -341,7 +335,7 @@ def test_killing_the_worker_mid_tool_reruns_only_the_interrupted_tool(background
     sweep_until_settled(background, chat)
 
     assert background.runs() == ["step_one", "wait_for_flag", "wait_for_flag", "step_three"]
-    assert transcript(chat) == [
+    assert transcript(chat, "role", "content", "call_id", "status") == [
         ("user", "tools:step_one,wait_for_flag,step_three", None, "complete"),
         ("assistant", "", None, "complete"),
         ("tool", "one done", "call_1_0_0", "complete"),
@@ -445,5 +439,5 @@ def test_an_in_process_verb_while_a_worker_runs_the_chat_is_refused_and_the_tool
     background.wait(lambda: settled(chat), "the chat to settle")
 
     assert background.runs() == ["charge_card_slowly"]
-    assert [role for role, *_ in transcript(chat)] == ["user", "assistant", "tool", "assistant"]
+    assert roles(chat) == ["user", "assistant", "tool", "assistant"]
     assert len(background.model_calls()) == 2

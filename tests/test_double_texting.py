@@ -16,14 +16,11 @@ from agentloop.background import wait_for_embedded_jobs
 from agentloop.exceptions import ChatBusyError, ConfigurationError
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
+from tests.helpers import transcript
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EMBEDDED = {**settings.AGENTLOOP, "RUNNER": "embedded", "CANCEL_POLL_INTERVAL": 0.05}
-
-
-def transcript(chat):
-    return [(m.role, m.content, m.status) for m in chat.messages.order_by("id")]
 
 
 def while_it_streams(chat, action):
@@ -54,7 +51,7 @@ def test_reject_is_the_default_and_writes_nothing(user):
     with pytest.raises(ChatBusyError):
         Chat.objects.get(pk=chat.pk).ask_later("second")
 
-    assert [content for _, content, _ in transcript(chat)] == ["first"]
+    assert [content for _, content, _ in transcript(chat, "role", "content", "status")] == ["first"]
     assert held.release(state="idle")
 
 
@@ -68,7 +65,7 @@ def test_queue_answers_both_messages_in_order_after_the_streaming_run(user):
     assert wait_for_embedded_jobs(60)
     chat.refresh_from_db()
     assert (chat.state, chat.inbox) == (ChatState.IDLE, [])
-    rows = transcript(chat)
+    rows = transcript(chat, "role", "content", "status")
     assert [(role, status) for role, _, status in rows] == [
         ("user", "complete"), ("assistant", "complete"), ("user", "complete"),
         ("assistant", "complete"),
@@ -87,7 +84,7 @@ def test_interrupt_cancels_the_running_answer_then_answers_the_new_message(user)
     assert wait_for_embedded_jobs(60)
     chat.refresh_from_db()
     assert chat.state == ChatState.IDLE
-    rows = transcript(chat)
+    rows = transcript(chat, "role", "content", "status")
     assert [(role, status) for role, _, status in rows] == [
         ("user", "complete"), ("assistant", "cancelled"), ("user", "complete"),
         ("assistant", "complete"),

@@ -16,6 +16,7 @@ from agentloop.exceptions import AuthenticationError, RateLimitError, ServerErro
 from agentloop.messages import Message, MessageStatus, TextDelta, ToolCallState
 from agentloop.testing import stream, tool_call
 from tests import tools as test_tools
+from tests.helpers import roles
 from tests.tools import CancelChat, Weather, add, explode, record, refuse
 
 
@@ -23,10 +24,6 @@ from tests.tools import CancelChat, Weather, add, explode, record, refuse
 def chat(scripted):
     """An in-memory chat on the scripted provider, with the add and weather tools."""
     return agentloop.chat("scripted:test", tools=[add, Weather])
-
-
-def roles(chat) -> list[str]:
-    return [message.role for message in chat.messages]
 
 
 def tool_results(chat) -> list[Message]:

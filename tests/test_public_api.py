@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -39,6 +40,58 @@ EXPECTED_ALL = {
     "chat",
     "tool",
 }
+
+
+#: what ``agentloop.models`` promises: the concrete models, their abstract mixins (custom
+#: models, docs/custom-models.md), querysets and the choices their fields take.
+EXPECTED_MODELS = {
+    "AbstractBatch",
+    "AbstractChat",
+    "AbstractMessage",
+    "AbstractToolCall",
+    "AbstractUsage",
+    "Batch",
+    "BatchItem",
+    "BatchItemStatus",
+    "BatchQuerySet",
+    "BatchStatus",
+    "Chat",
+    "ChatQuerySet",
+    "ChatState",
+    "Message",
+    "MessageQuerySet",
+    "Role",
+    "ToolCall",
+    "Usage",
+    "UsageQuerySet",
+    "UsageStatus",
+}
+
+#: what ``agentloop.admin`` promises: the model admins and actions a project's own admin reuses.
+EXPECTED_ADMIN = {
+    "BatchAdmin",
+    "ChatAdmin",
+    "MessageAdmin",
+    "Timeline",
+    "ToolCallAdmin",
+    "UsageAdmin",
+    "approve_pending",
+    "build_timeline",
+    "cancel_chats",
+    "deny_pending",
+    "resume_chats",
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [("agentloop.models", EXPECTED_MODELS), ("agentloop.admin", EXPECTED_ADMIN)],
+)
+def test_the_models_and_admin_surfaces_are_the_expected_ones(module, expected):
+    imported = importlib.import_module(module)
+    assert set(imported.__all__) == expected
+    assert len(imported.__all__) == len(expected)
+    assert [name for name in expected if not hasattr(imported, name)] == []
 
 
 def test_all_names_exist():

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, Usage
+from tests.helpers import transcript
 from tests.processes import run_script, start_script, summary
 from tests.tools import charge_card, step_one, step_three, step_two
 
@@ -55,13 +56,6 @@ def runs(log):
 
 def call_states(chat):
     return {c.call_id: c.state for c in chat.tool_calls.order_by("id")}
-
-
-def transcript(chat):
-    return [
-        (m.role, m.content, m.tool_call.call_id if m.tool_call_id else None, m.status)
-        for m in chat.messages.select_related("tool_call").order_by("id")
-    ]
 
 
 @pytest.fixture
@@ -113,7 +107,7 @@ def test_a_crash_keeps_the_first_result_and_leaves_the_second_call_marked_runnin
         "call_2": ToolCallState.RUNNING,
         "call_3": ToolCallState.PENDING,
     }
-    assert transcript(chat) == [
+    assert transcript(chat, "role", "content", "call_id", "status") == [
         ("user", "Do the three steps", None, "complete"),
         ("assistant", "", None, "complete"),
         ("tool", "one done", "call_1", "complete"),
@@ -155,7 +149,7 @@ def test_after_resuming_each_call_has_exactly_one_result_in_order(crashed_in_ste
     resumed = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
 
     assert resumed.returncode == 0, resumed.stderr
-    assert transcript(chat) == [
+    assert transcript(chat, "role", "content", "call_id", "status") == [
         ("user", "Do the three steps", None, "complete"),
         ("assistant", "", None, "complete"),
         ("tool", "one done", "call_1", "complete"),

@@ -13,6 +13,7 @@ from agentloop.models import Chat, ToolCall
 from agentloop.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.testing import tool_call
 from tests.agents import Lead, register_agents_provider
+from tests.helpers import transcript
 
 pytestmark = pytest.mark.django_db
 
@@ -33,10 +34,6 @@ def run_log(tmp_path, monkeypatch):
 
 def runs(path) -> list[str]:
     return path.read_text().split() if path.exists() else []
-
-
-def transcript(chat):
-    return [(m.role, m.content) for m in chat.messages.order_by("id")]
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``batches``: ``Batch`` and ``BatchItem``.
 """
 
-from ..subagents import SUBAGENT_CANCELLED_RESULT
 from .batches import (
     AbstractBatch,
     Batch,
@@ -23,8 +22,6 @@ from .batches import (
 )
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .messages import (
-    MESSAGE_STATUS_CHOICES,
-    TOOL_CALL_STATE_CHOICES,
     AbstractMessage,
     AbstractToolCall,
     Message,
@@ -35,9 +32,6 @@ from .messages import (
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 
 __all__ = [
-    "MESSAGE_STATUS_CHOICES",
-    "SUBAGENT_CANCELLED_RESULT",
-    "TOOL_CALL_STATE_CHOICES",
     "AbstractBatch",
     "AbstractChat",
     "AbstractMessage",

@@ -35,6 +35,7 @@ from agentloop.messages import (
 from agentloop.models import Chat
 from agentloop.providers.common import INVALID_ARGUMENTS
 from agentloop.providers.openai_responses import OUTPUT_KEY, OpenAIResponsesProvider
+from tests.helpers import transcript
 from tests.providers.wire import (
     Recorder,
     cancelling,
@@ -542,10 +543,6 @@ def test_an_exception_from_the_chunk_callback_stops_the_stream():
 
 
 # -- persisted chats over recorded wire data ---------------------------------------------------
-def transcript(chat: Chat) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.messages.order_by("id")]
-
-
 @pytest.mark.django_db
 def test_a_persisted_chat_does_a_two_round_tool_conversation(replaying, user):
     cassette = replaying(

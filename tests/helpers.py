@@ -1,0 +1,39 @@
+"""Small helpers the tests share: reading a chat's transcript back in a comparable shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["roles", "transcript"]
+
+_DEFAULT_FIELDS = ("role", "content")
+
+
+def _messages(chat: Any) -> list[Any]:
+    """A chat's messages in order: rows of a persisted chat, or an in-memory chat's list."""
+    messages = chat.messages
+    if isinstance(messages, list):  # an in-memory chat (agentloop.chat())
+        return messages
+    return list(messages.select_related("tool_call").order_by("id"))
+
+
+def _field(message: Any, name: str) -> Any:
+    if name == "call_id":  # the id of the call a tool message answers (rows hold a foreign key)
+        if hasattr(message, "tool_call_id") and not isinstance(message.tool_call_id, str):
+            return message.tool_call.call_id if message.tool_call_id else None
+        return message.tool_call_id
+    return getattr(message, name)
+
+
+def transcript(chat: Any, *fields: str) -> list[tuple[Any, ...]]:
+    """The chat's messages in order as tuples of ``fields`` (default: role and content).
+
+    ``"call_id"`` is the id of the tool call a tool message answers (None on other messages).
+    """
+    names = fields or _DEFAULT_FIELDS
+    return [tuple(_field(message, name) for name in names) for message in _messages(chat)]
+
+
+def roles(chat: Any) -> list[str]:
+    """The roles of the chat's messages in order."""
+    return [message.role for message in _messages(chat)]
