@@ -31,7 +31,7 @@ def test_a_tool_halting_in_a_worker_stops_the_chat_before_the_next_model_call(ba
 
     chat.refresh_from_db()
     assert chat.stop_reason == "halted: amount 500 is over budget"
-    assert [row[:3] for row in transcript(chat)] == [
+    assert transcript(chat, "role", "content", "call_id") == [
         ("user", "tools:guard,add", None),
         ("assistant", "", None),
         ("tool", "over budget: refused", "call_1_0_0"),
@@ -53,7 +53,7 @@ def test_a_deferred_result_submitted_here_resumes_the_worker_chat_to_the_end(bac
     Chat.objects.get(pk=chat.pk).submit_result("call_1_0_0", "paid on the 3rd")
     background.wait(lambda: settled(chat), "the chat to settle")
 
-    assert transcript(chat)[-2:] == [
+    assert transcript(chat, "role", "content", "call_id", "status")[-2:] == [
         ("tool", "paid on the 3rd", "call_1_0_0", "complete"),
         ("assistant", "done: paid on the 3rd", None, "complete"),
     ]

@@ -53,7 +53,7 @@ def test_a_worker_rebuilds_mcp_tools_from_the_row_and_runs_them(
     chat.ask_later("tools:list_files,add").complete_later()
     background.wait(lambda: settled(chat), "the chat to settle")
 
-    assert transcript(chat) == [
+    assert transcript(chat, "role", "content", "call_id", "status") == [
         ("user", "tools:list_files,add", None, "complete"),
         ("assistant", "", None, "complete"),
         ("tool", "notes.txt\ntodo.txt", "call_1_0_0", "complete"),
