@@ -23,7 +23,12 @@ from agentloop.models import Chat
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.http import HTTPProvider
-from agentloop.providers.openai import OllamaProvider, OpenAIProvider, OpenRouterProvider
+from agentloop.providers.openai import (
+    DeepSeekProvider,
+    OllamaProvider,
+    OpenAIProvider,
+    OpenRouterProvider,
+)
 from agentloop.providers.openai_responses import OpenAIResponsesProvider
 
 from . import cassettes
@@ -125,6 +130,41 @@ def test_every_family_replays_text_tool_calls_streams_and_errors() -> None:
         assert any(not i.is_stream and i.status < 400 for i in recorded), family
         tools = [i for i in recorded if "tool" in i.response_text or "function" in i.response_text]
         assert tools, family
+
+
+# -- the newer recordings: thinking and prompt caching ------------------------------------------
+def _provider_for(uri: str) -> type[HTTPProvider]:
+    """The provider class that spoke to ``uri`` in the recording."""
+    if uri.endswith("/responses"):
+        return OpenAIResponsesProvider
+    if uri.endswith("/v1/messages"):
+        return AnthropicProvider
+    if "deepseek" in uri:
+        return DeepSeekProvider
+    return OpenRouterProvider if "openrouter" in uri else OpenAIProvider
+
+
+NEXT_CASES = [name for name in names("", cassettes.NEXT) if "count_tokens" not in name]
+
+
+@pytest.mark.parametrize("name", NEXT_CASES)
+def test_thinking_and_caching_answer_alike_through_the_async_request(name: str) -> None:
+    thoughts = []
+    for interaction in cassettes.load(name, cassettes.NEXT).interactions:
+        provider_class = _provider_for(interaction.uri)
+        stream = interaction.is_stream and interaction.status < 400
+        request = ModelRequest(
+            model="m", messages=[Message(role="user", content="Hi")], stream=stream
+        )
+        outcomes = []
+        for use_async in (False, True):
+            provider, _ = cassettes.serve(provider_class, interaction)
+            outcomes.append(_outcome(provider, request, use_async))
+        assert outcomes[1] == outcomes[0]
+        if outcomes[1][0] == "answer":
+            thoughts.append(outcomes[1][1]["thinking"])
+    if any(part in name for part in ("returns_thinking", "streams_thinking", "reasoning_content")):
+        assert any(thoughts), name  # the recorded thinking came through the async path
 
 
 # -- a persisted chat, streaming over recorded traffic with the async verbs ------------------------
