@@ -173,7 +173,7 @@ class _Verb:
         self.store = store
         self.single = single
         self.span: Span | None = None
-        self._token: contextvars.Token[_Verb | None] | None = None
+        self._outer: _Verb | None = None
         self._lock = threading.Lock()  # tools on threads may open the span together
         self.agent = ""
         #: what every span of the verb carries (worked out when its first span opens: a
@@ -189,12 +189,14 @@ class _Verb:
             self.labels["gen_ai.agent.name"] = self.agent
 
     def __enter__(self) -> _Verb:
-        self._token = _VERB.set(self)
+        # Set and restored by value, not with a token: an async verb enters in one database
+        # phase and exits in another, each run in a copy of the caller's context.
+        self._outer = _VERB.get()
+        _VERB.set(self)
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
-        if self._token is not None:
-            _VERB.reset(self._token)
+        _VERB.set(self._outer)
         if self.span is not None:
             if exc is not None:
                 _failed(self.span, exc)
@@ -268,7 +270,7 @@ class _ModelCall:
         self.running = running
         self.prepared = prepared
         self.span: Span | None = None
-        self._token: Any = None
+        self._outer: Any = None
 
     def __enter__(self) -> _ModelCall:
         # Function-local: reached only with tracing on, so the optional package is there.
@@ -303,7 +305,11 @@ class _ModelCall:
             kind=trace.SpanKind.CLIENT,
             attributes=attributes,
         )
-        self._token = context.attach(trace.set_span_in_context(self.span))
+        # Current while the request runs, restored by value on exit (not detached with a
+        # token): an async verb's driver sends the request between two database phases,
+        # each run in a copy of its context.
+        self._outer = context.get_current()
+        context.attach(trace.set_span_in_context(self.span))
         return self
 
     def response(self, response: ModelResponse) -> None:
@@ -341,7 +347,7 @@ class _ModelCall:
         from opentelemetry import context
 
         assert self.span is not None
-        context.detach(self._token)
+        context.attach(self._outer)
         if exc is not None:
             _failed(self.span, exc)
         self.span.end()

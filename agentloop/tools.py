@@ -25,6 +25,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints
 
+from asgiref.sync import sync_to_async
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
@@ -87,6 +88,10 @@ class ToolContext:
         (The loop itself stops right after the tool returns.)"""
         return bool(self._cancel_check and self._cancel_check())
 
+    async def acancel_requested(self) -> bool:
+        """``cancel_requested()`` for an ``async def`` tool (the read runs off the loop)."""
+        return await sync_to_async(self.cancel_requested)()
+
     def halt(self, reason: str) -> bool:
         """Stop the chat after this tool round, before its next model call (``chat.halt``)."""
         halt = getattr(self.chat, "halt", None)
@@ -129,8 +134,16 @@ class Tool:
             cls.description = inspect.cleandoc(cls.__doc__ or "")
 
     def execute(self, *args: Any, **arguments: Any) -> Any:
-        """Run the tool with validated arguments; return ``str`` or anything JSON-able."""
+        """Run the tool with validated arguments; return ``str`` or anything JSON-able.
+
+        May be ``async def``: async verbs await it on their event loop, sync verbs run it
+        to completion; a sync ``execute`` always runs on a thread, never on a loop."""
         raise NotImplementedError(f"{type(self).__name__}.execute() is not implemented")
+
+    @classmethod
+    def is_async(cls) -> bool:
+        """True when ``execute`` is ``async def``."""
+        return inspect.iscoroutinefunction(cls.execute)
 
     @property
     def tool_call(self) -> ToolCall:
@@ -247,6 +260,10 @@ class FunctionTool(Tool):
 
     function: ClassVar[Callable[..., Any]]
     context_parameter: ClassVar[str | None] = None
+
+    @classmethod
+    def is_async(cls) -> bool:
+        return inspect.iscoroutinefunction(cls.function)
 
     def execute(self, *args: Any, **arguments: Any) -> Any:
         parameter = type(self).context_parameter

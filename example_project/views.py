@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -95,9 +96,12 @@ def _transcript(rows: list[Any], children: dict[Any, Any]) -> list[dict[str, Any
 
 @require_POST
 @login_required
-def send_message(request: HttpRequest, pk: int) -> HttpResponse:
-    """Add the owner's message and answer it in the background (204 for ``fetch``)."""
-    chat = Chat.objects.filter(pk=pk, owner=request.user).first()
+async def send_message(request: HttpRequest, pk: int) -> HttpResponse:
+    """Add the owner's message and answer it in the background (204 for ``fetch``).
+
+    An async view: under ASGI it holds no worker thread while it waits on the database."""
+    user = await request.auser()
+    chat = await Chat.objects.filter(pk=pk, owner=user).afirst()
     if chat is None:
         raise Http404("No such chat.")
     text = request.POST.get("text", "").strip()
@@ -107,11 +111,11 @@ def send_message(request: HttpRequest, pk: int) -> HttpResponse:
         return _refused(f"A message has at most {MAX_MESSAGE_LENGTH} characters.", 400)
     try:
         # Typed while an answer streams: kept and answered after it, in order.
-        chat.ask_later(text, if_busy="queue")
+        await chat.aask_later(text, if_busy="queue")
     except PendingToolCallsError:
         return _refused("Decide on the waiting tool calls first.", 409)
     if chat.state not in (ChatState.QUEUED, ChatState.RUNNING):
-        chat.complete_later()
+        await sync_to_async(chat.complete_later)()
     if "text/html" in request.headers.get("Accept", ""):
         return redirect(reverse("chat_detail", args=[chat.pk]))
     return HttpResponse(status=204)

@@ -119,3 +119,22 @@ def test_tracing_bench_times_each_variant_and_checks_its_spans(
     assert results["memory"]["on"]["spans_per_turn"] == 4
     assert results["persisted"]["off"]["spans_per_turn"] == 0
     assert results["persisted"]["content"]["samples"] == 2
+
+
+def test_async_step_prints_its_table_and_sends_the_sync_steps_statements(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "async_step.json"
+    printed = run(
+        "async_step.py", "--samples=3", "--warmup=0", f"--database-url={bench_database}",
+        f"--json={out}",
+    )  # fmt: skip
+
+    assert "async/sync" in printed
+    results = json.loads(out.read_text())
+    for name in ("generate", "tools"):
+        for length in ("10", "200"):
+            row = results[name][length]
+            assert row["sync"]["samples"] == row["async"]["samples"] == row["floor"]["samples"] == 3
+            assert row["async_over_sync"] > 0
+            assert row["statements_per_step"] > 0  # the same statements (checked by the script)

@@ -5,6 +5,7 @@ summary and the recent rows; every row stays in the database and the admin timel
 from __future__ import annotations
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.urls import reverse
 
 import agentloop
@@ -114,6 +115,25 @@ def test_a_chat_past_its_context_window_keeps_answering(chat, model):
     latest = summaries.order_by("-id").first()
     assert model.requests[-1].messages[1].content.endswith(latest.content)
     assert first.content != latest.content
+
+
+def test_an_async_chat_is_compacted_the_same_way(chat, model):
+    """The async verbs share the step's phases: compaction included (docs/async.md)."""
+
+    async def drive_async() -> None:
+        for turn in range(12):
+            answer = await chat.aask(f"Question {turn}: " + "please explain this at length " * 5)
+            assert answer.content.startswith("Answer")
+
+    async_to_sync(drive_async)()
+
+    assert model.summaries >= 2
+    assert Message.objects.filter(chat=chat, role="summary").count() == model.summaries
+    after = [r for r in model.requests if any(SUMMARY_PREFIX in m.content for m in r.messages)]
+    assert after
+    for request in after:
+        assert_window(request)
+        assert request_tokens(request) <= WINDOW
 
 
 def test_every_row_stays_in_the_database_and_the_summary_has_a_usage_row(chat, model):

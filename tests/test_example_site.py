@@ -8,10 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.urls import reverse
 
 from agentloop._leases import Lease
@@ -219,6 +221,39 @@ def test_sending_adds_the_message_and_answers_it_in_the_background(owner, chat):
     assert response.status_code == 204
     assert [m.content for m in chat.messages.filter(role="user")] == ["What is 2 + 2?"]
     assert chat.messages.last().content == "2 + 2 = 4."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_send_view_answers_under_the_asgi_handler(user, django_user_model, chat):
+    """The send view is ``async def``: Django's AsyncClient runs it through the ASGI handler
+    (the phases run on the request's own thread: committed rows, hence transaction=True)."""
+    stranger = django_user_model.objects.create_user(username="eve")
+    url = reverse("chat_send", args=[chat.pk])
+
+    async def requests() -> list[Any]:
+        owner, other = AsyncClient(), AsyncClient(enforce_csrf_checks=True)
+        await owner.aforce_login(user)
+        await other.aforce_login(stranger)
+        return [
+            await owner.post(url, {"text": "What is 2 + 2?"}),
+            await owner.get(url),
+            await _as(stranger, url),
+            await other.post(url, {"text": "Hi"}),
+        ]
+
+    sent, got, strangers, without_csrf = async_to_sync(requests)()
+    wait_for_embedded_jobs(30)
+
+    assert (sent.status_code, got.status_code) == (204, 405)
+    assert (strangers.status_code, without_csrf.status_code) == (404, 403)
+    assert [m.content for m in chat.messages.filter(role="user")] == ["What is 2 + 2?"]
+    assert chat.messages.last().content == "2 + 2 = 4."
+
+
+async def _as(person: Any, url: str) -> Any:
+    client = AsyncClient()
+    await client.aforce_login(person)
+    return await client.post(url, {"text": "Hi"})
 
 
 def test_a_message_sent_while_the_assistant_answers_is_queued_for_after_it(owner, chat):

@@ -182,3 +182,23 @@ def test_an_in_memory_chat_runs_in_a_plain_script_without_django_settings():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+ASYNC_VERBS = ("ask_later", "ask", "generate", "run_tools", "step", "complete", "cancel")
+
+
+@pytest.mark.parametrize("owner", ["Conversation", "Chat"])
+def test_every_verb_has_an_async_twin_with_the_same_parameters(owner):
+    import inspect
+
+    # Local: the models load once Django is set up.
+    from agentloop.models import Chat
+
+    verbs_of = Chat if owner == "Chat" else agentloop.Conversation
+    for verb in (*ASYNC_VERBS, "is_complete"):
+        sync, twin = getattr(verbs_of, verb), getattr(verbs_of, f"a{verb}")
+        assert inspect.iscoroutinefunction(twin), f"{owner}.a{verb}"
+        assert inspect.signature(twin).parameters.keys() == (
+            inspect.signature(sync).parameters.keys()
+        ), verb
+        assert twin.__doc__, f"{owner}.a{verb} has no docstring"

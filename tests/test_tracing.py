@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 from django.test import override_settings
@@ -494,3 +495,62 @@ def test_a_tool_turn_run_by_a_celery_worker_is_one_trace(background, user, tmp_p
     ]  # fmt: skip
     assert all(span["parent_id"] in step_ids for span in model_calls + tools)
     assert {span["attributes"]["agentloop.chat.id"] for span in worker_spans} == {str(chat.pk)}
+
+
+# -- async verbs (docs/async.md): the same spans, and nothing left current afterwards ------------
+@agentloop.tool
+async def async_add(a: int, b: int) -> int:
+    """Add two numbers (awaited on the verb's loop)."""
+    return a + b
+
+
+def _async_two_rounds(scripted: ScriptedProvider, name: str) -> None:
+    scripted.add(
+        reply("", tool_call(name, {"a": 2, "b": 3}, id="call_a")),
+        reply("It is 5.", tool_call(name, {"a": 5, "b": 1}, id="call_b")),
+        "It is 5, then 6.",
+    )
+
+
+def _assert_one_turn(finished: list[Span], tool_name: str) -> None:
+    assert [span["name"] for span in finished] == [
+        "chat test", f"execute_tool {tool_name}", "chat test", f"execute_tool {tool_name}",
+        "chat test", "invoke_agent",
+    ]  # fmt: skip
+    turn = only(finished, "invoke_agent")
+    assert {span["trace_id"] for span in finished} == {turn["trace_id"]}
+    assert all(span["parent_id"] == turn["span_id"] for span in finished if span is not turn)
+
+
+@pytest.mark.parametrize("tool_class", [add, async_add], ids=["sync tool", "async tool"])
+def test_an_async_memory_turn_traces_as_a_sync_one_and_leaves_no_span_current(
+    spans, scripted, tool_class
+):
+    _async_two_rounds(scripted, tool_class.name)
+    chat = agentloop.chat("scripted:test", tools=[tool_class])
+
+    async def turn() -> bool:
+        await chat.aask("What is 2 + 3, plus 1?")
+        return trace.get_current_span().get_span_context().is_valid
+
+    assert async_to_sync(turn)() is False  # the verb restored the caller's context
+    _assert_one_turn(records(), tool_class.name)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tool_class", [add, async_add], ids=["sync tool", "async tool"])
+def test_an_async_persisted_turn_traces_across_its_database_phases(
+    spans, scripted, user, tool_class
+):
+    _async_two_rounds(scripted, tool_class.name)
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(tool_class)
+
+    async def turn() -> bool:
+        await chat.aask("What is 2 + 3, plus 1?")
+        return trace.get_current_span().get_span_context().is_valid
+
+    assert async_to_sync(turn)() is False
+    finished = records()
+    _assert_one_turn(finished, tool_class.name)
+    chat.refresh_from_db()
+    assert only(finished, "invoke_agent")["trace_id"] in chat.trace_context["traceparent"]

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.db.models import Sum
 
@@ -30,6 +31,8 @@ from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
 from .writes import OneStatementWrites
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..models import AbstractChat
@@ -435,6 +438,13 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         return Decimal(value)
 
     # -- threads -----------------------------------------------------------------------------
+    phases_on_a_thread = True
+
+    async def run_phase(self, function: Callable[..., T], *args: Any) -> T:
+        # The ORM blocks: on the one thread Django's own async ORM calls use for this
+        # context (a request's thread under ASGI), so a phase sees the verb's connection.
+        return await sync_to_async(function, thread_sensitive=True)(*args)
+
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             try:

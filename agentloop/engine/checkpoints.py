@@ -30,15 +30,21 @@ class Checkpoints:
         if requested_at is not None:
             raise CancelledError("The run was cancelled.", requested_at=requested_at)
 
-    def check(self, *, force: bool = True) -> None:
-        """Raise :class:`CancelledError` if cancellation was requested."""
-        now = time.monotonic()
+    def due(self) -> bool:
+        """A throttled check would read the flag now (an async stream then reads it on the
+        database's thread; otherwise the check costs nothing and is skipped)."""
         notice = self.store.cancel_notice
         # A notice (same process, or a Redis message) makes the next check read at once.
         noticed = notice is not None and notice.is_set()
-        if not force and not noticed and now - self._last_read < self.interval:
+        return noticed or time.monotonic() - self._last_read >= self.interval
+
+    def check(self, *, force: bool = True) -> None:
+        """Raise :class:`CancelledError` if cancellation was requested."""
+        if not force and not self.due():
             return
-        self._last_read = now
+        notice = self.store.cancel_notice
+        noticed = notice is not None and notice.is_set()
+        self._last_read = time.monotonic()
         requested_at = self.store.cancel_requested_at()
         if noticed and notice is not None:
             notice.clear()  # after the read, which saw the flag the notice announced

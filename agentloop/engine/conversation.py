@@ -26,10 +26,13 @@ from ..exceptions import (
 )
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
+from .async_verbs import AsyncVerbs
 from .checkpoints import Checkpoints
 from .configuration import Configuration
 from .control import HALTED_PREFIX, Control, HaltedRelease
+from .drivers import drive
 from .model_calls import ModelCalls, PreparedCall
+from .moves import Moves
 from .people import PeopleInTheLoop
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
@@ -91,7 +94,7 @@ class _Run:
     halted: HaltedRelease | None = None
 
 
-class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
+class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -198,13 +201,11 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
 
     def generate(self, stream: StreamCallback | None = None) -> Any:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
-        with self._run(single=True) as run:
-            return self._generate(self._read(run), stream, run)
+        return drive(self._generating(stream))
 
     def run_tools(self) -> list[Any]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
-        with self._run(single=True) as run:
-            return self._run_tools(self._read(run), run)
+        return drive(self._running_tools())
 
     def step(self, stream: StreamCallback | None = None) -> Any:
         """Do the next move: run pending tools, else call the model. None when settled or
@@ -214,23 +215,41 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
     def advance(self, stream: StreamCallback | None = None) -> StepResult:
         """``step()``, returning what happened and what comes next (``StepResult``): what a
         background worker runs, one per job, without reading the transcript again."""
-        with self._run(single=True) as run:
-            added = self._step(stream, run)
-        return StepResult(message=added, next_move=run.next_move or "done")
+        return drive(self._advancing(stream))
 
     def complete(self, stream: StreamCallback | None = None) -> Any:
         """Step until settled or waiting; returns the last message."""
-        with self._run(single=False) as run:
-            return self._complete(run, stream)
+        return drive(self._completing(stream))
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
     ) -> Any:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
-        files = self._attachments(attachments)
+        return drive(self._completing(stream, (content, attachments)))
+
+    # -- the verbs' moves: driven by ``drive`` here, by ``drive_async`` in the async twins ------
+    def _generating(self, stream: StreamCallback | None) -> Moves[Any]:
+        with self._run(single=True) as run:
+            return (yield from self._generate(self._read(run), stream, run))
+
+    def _running_tools(self) -> Moves[list[Any]]:
+        with self._run(single=True) as run:
+            return (yield from self._run_tools(self._read(run), run))
+
+    def _advancing(self, stream: StreamCallback | None) -> Moves[StepResult]:
+        with self._run(single=True) as run:
+            added = yield from self._step(stream, run)
+        return StepResult(message=added, next_move=run.next_move or "done")
+
+    def _completing(
+        self, stream: StreamCallback | None, asked: tuple[str, Any] | None = None
+    ) -> Moves[Any]:
+        """``complete()``; with ``asked`` (content, attachments) ``ask()``."""
+        files = None if asked is None else self._attachments(asked[1])
         with self._run(single=False) as run:
-            self._ask_later(run, content, files)
-            return self._complete(run, stream)
+            if asked is not None and files is not None:
+                self._ask_later(run, asked[0], files)
+            return (yield from self._complete(run, stream))
 
     # -- internals ---------------------------------------------------------------------------
     @staticmethod
@@ -366,10 +385,10 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
         run.next_move = next_move(transcript)
         self._emit("after_message", record)
 
-    def _complete(self, run: _Run, stream: StreamCallback | None) -> Any:
+    def _complete(self, run: _Run, stream: StreamCallback | None) -> Moves[Any]:
         last: Any = None
         while True:
-            added = self._step(stream, run)
+            added = yield from self._step(stream, run)
             if added is not None:
                 last = added
             if run.halted is not None:
@@ -383,7 +402,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
             return self.store.native_message(transcript[-1]) if transcript else None
         return last
 
-    def _step(self, stream: StreamCallback | None, run: _Run) -> Any:
+    def _step(self, stream: StreamCallback | None, run: _Run) -> Moves[Any]:
         requested_at = None
         first = run.transcript is None
         if run.transcript is None:
@@ -406,7 +425,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
         else:
             self._read(run)
         if move == "tools":
-            results = self._run_tools(transcript, run)
+            results = yield from self._run_tools(transcript, run)
             if run.next_move == "generate":
                 # A halt asked for during the round stops the run here, in the same step.
                 self._halt_if_requested(run)
@@ -414,7 +433,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
         if move == "generate":
             if self._halt_if_requested(run):
                 return None
-            return self._generate(transcript, stream, run)
+            return (yield from self._generate(transcript, stream, run))
         return None
 
     @staticmethod
@@ -426,7 +445,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}
 
-    def _run_tools(self, transcript: list[Message], run: _Run) -> list[Any]:
+    def _run_tools(self, transcript: list[Message], run: _Run) -> Moves[list[Any]]:
         round_ = pending_round(transcript)
         if round_.message is None or not round_.unanswered:
             run.next_move = next_move(transcript)
@@ -450,7 +469,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls):
             tool_budget=budget,
         )
         try:
-            results = runner.run(round_.message.tool_calls, round_.unanswered)
+            results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
         except CancelledError as exc:
             transcript.extend(runner.messages)
             left = [call for call in round_.unanswered if call.id not in runner.answered]

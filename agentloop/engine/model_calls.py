@@ -29,6 +29,7 @@ from ..providers.base import Provider
 from .checkpoints import Checkpoints
 from .compaction import window
 from .configuration import ChatConfig
+from .moves import Moves, Send, Sleep
 from .retries import retry_delay
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
@@ -200,7 +201,9 @@ class ModelCalls(Summaries):
         self._emit("after_message", record)
         return record
 
-    def _generate(self, transcript: list[Message], stream: StreamCallback | None, run: Any) -> Any:
+    def _generate(
+        self, transcript: list[Message], stream: StreamCallback | None, run: Any
+    ) -> Moves[Any]:
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         config = self.store.get_config()
         streams = stream is not None
@@ -210,7 +213,7 @@ class ModelCalls(Summaries):
         index = 0
         while True:
             try:
-                response, partial_key, started = self._send(prepared, stream, run)
+                response, partial_key, started = yield from self._send(prepared, stream, run)
                 break
             except ContextLengthError as exc:
                 if not compacted and self.compact(transcript, config) is not None:
@@ -252,9 +255,10 @@ class ModelCalls(Summaries):
 
     def _send(
         self, prepared: PreparedCall, stream: StreamCallback | None, run: Any
-    ) -> tuple[ModelResponse, Any, float]:
+    ) -> Moves[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
-        partial row, and when the answering attempt started. A usage row per failure."""
+        partial row, and when the answering attempt started. A usage row per failure.
+        The request and the backoff are moves (:mod:`.moves`): the driver does the I/O."""
         checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
@@ -267,9 +271,7 @@ class ModelCalls(Summaries):
             started = time.monotonic()
             try:
                 with _tracing.model_call(prepared) as span:  # one span per attempt
-                    response = provider.request(
-                        request, on_chunk=state.on_chunk if request.stream else None
-                    )
+                    response = yield Send(provider, request, state if request.stream else None)
                     span.response(response)
             except CancelledError as exc:
                 partial = None
@@ -290,7 +292,7 @@ class ModelCalls(Summaries):
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is not None:
                     partial_key = state.partial_key
-                    time.sleep(delay)
+                    yield Sleep(delay)
                     checkpoints.check()
                     continue
                 if state.partial_key is not None:

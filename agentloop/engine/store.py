@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .configuration import ChatConfig
 
 __all__ = ["ChatStore", "UsageRecord"]
 
+T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
 
 
@@ -253,3 +254,11 @@ class ChatStore(ABC):
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap work run on a tool thread (the Django store closes its connections)."""
         return function
+
+    #: ``run_phase`` runs off the event loop (on a thread): sync tools may run there too.
+    phases_on_a_thread: bool = False
+
+    async def run_phase(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a database phase of an async verb (reads, decisions, writes; never network
+        I/O). Here in place: a store that blocks (a database) runs it on a thread."""
+        return function(*args)

@@ -1,18 +1,19 @@
-"""Running a round of tool calls: one after another or on a bounded thread pool.
+"""Running a round of tool calls: one after another or a bounded number at once.
 
 Every result is written as soon as its tool finishes, in its own transaction, so a
 crash loses at most the tool that was running. Database writes happen on the
-calling thread; tool threads only run tools.
+calling thread; running a tool is a move (:mod:`.moves`) its driver performs: on a
+thread, or awaited on the event loop for an ``async def`` tool of an async verb.
 """
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from functools import partial
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from pydantic import ValidationError
 
 from .. import _tracing
@@ -22,15 +23,43 @@ from ..providers.common import INVALID_ARGUMENTS
 from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
 from .checkpoints import Checkpoints
 from .configuration import ToolOptions
+from .moves import Launch, Moves, RunTool, WaitAny
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
 
-__all__ = ["DENIED_RESULT", "ToolRunner", "execute_tool"]
+__all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
 
 #: what the model is told about a call a person denied.
 DENIED_RESULT = "The user denied this tool call; it was not run."
 
 Emit = Callable[..., None]
+
+
+def _instance(
+    tool_class: type[Tool],
+    call: ToolCall,
+    chat: Any,
+    background: bool,
+    cancel_check: Callable[[], bool] | None,
+) -> tuple[Tool, dict[str, Any]] | ToolOutcome:
+    """The tool ready to run with its validated arguments, or the outcome of bad ones."""
+    try:
+        arguments = tool_class.parse_arguments(call.arguments)
+    except ValidationError as exc:
+        message = describe_validation_error(call.name, exc)
+        return ToolOutcome(message, is_error=True, error=message)
+    instance = tool_class()
+    instance.context = ToolContext(call, chat, background=background, cancel_check=cancel_check)
+    return instance, arguments
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _value_of(value: Any) -> Any:
+    """A sync verb runs an ``async def`` tool to completion (on an event loop of its own)."""
+    return async_to_sync(_awaited)(value) if inspect.isawaitable(value) else value
 
 
 def execute_tool(
@@ -41,17 +70,47 @@ def execute_tool(
     cancel_check: Callable[[], bool] | None = None,
 ) -> ToolOutcome:
     """Validate the arguments and run the tool; every failure becomes an error outcome."""
-    try:
-        arguments = tool_class.parse_arguments(call.arguments)
-    except ValidationError as exc:
-        message = describe_validation_error(call.name, exc)
-        return ToolOutcome(message, is_error=True, error=message)
-    instance = tool_class()
-    instance.context = ToolContext(call, chat, background=background, cancel_check=cancel_check)
+    ready = _instance(tool_class, call, chat, background, cancel_check)
+    if isinstance(ready, ToolOutcome):
+        return ready
+    instance, arguments = ready
+
+    def run() -> str:
+        with _tracing.tool_call(call, tool_class) as span:
+            return span.result(format_result(_value_of(instance.execute(**arguments))))
+
+    return _outcome(call, run)
+
+
+async def aexecute_tool(
+    tool_class: type[Tool],
+    call: ToolCall,
+    chat: Any = None,
+    background: bool = False,
+    cancel_check: Callable[[], bool] | None = None,
+) -> ToolOutcome:
+    """``execute_tool`` for an ``async def`` tool, awaited on the running event loop."""
+    ready = _instance(tool_class, call, chat, background, cancel_check)
+    if isinstance(ready, ToolOutcome):
+        return ready
+    instance, arguments = ready
     try:
         with _tracing.tool_call(call, tool_class) as span:
-            content = span.result(format_result(instance.execute(**arguments)))
-        return ToolOutcome(content)
+            content = span.result(format_result(await instance.execute(**arguments)))
+    except Exception as exc:
+        failure = exc
+
+        def reraise() -> Any:
+            raise failure
+
+        return _outcome(call, reraise)
+    return _outcome(call, lambda: content)
+
+
+def _outcome(call: ToolCall, run: Callable[[], str]) -> ToolOutcome:
+    """What the tool's run gave (``run()``'s result text or what it raised), as an outcome."""
+    try:
+        return ToolOutcome(run())
     except ToolWaiting as exc:
         return ToolOutcome(wait_reason=exc.reason, question=exc.question, after_wait=exc.then)
     except ToolError as exc:
@@ -166,13 +225,14 @@ class ToolRunner:
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
 
-    def _execute(self, call: ToolCall) -> ToolOutcome:
-        return execute_tool(
+    def _execute(self, call: ToolCall) -> RunTool:
+        return RunTool(
             self.tools[call.name],
             call,
             self.chat,
             self.store.background,
             cancel_check=lambda: self.store.cancel_requested_at() is not None,
+            wrap=self.store.wrap_thread,
         )
 
     def _start(self, call: ToolCall) -> bool:
@@ -184,7 +244,7 @@ class ToolRunner:
         return True
 
     # -- the round ---------------------------------------------------------------------
-    def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> list[Any]:
+    def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Moves[list[Any]]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
         self.unanswered = unanswered
         # Calls held by a person or a subagent are not ours to run.
@@ -198,17 +258,19 @@ class ToolRunner:
             runnable = runnable[: self.tool_budget]
         concurrency = self.options.concurrency
         if concurrency is None or len(runnable) <= 1:
-            self._run_in_order(calls, refusals)
+            yield from self._run_in_order(calls, refusals)
         else:
             for call in calls:
                 refusal = refusals[call.id]
                 if refusal is not None:
                     self._save(call, refusal)
             size = len(runnable) if concurrency == "threads" else int(concurrency)
-            self._run_on_threads(runnable, size)
+            yield from self._run_at_once(runnable, size)
         return self.results
 
-    def _run_in_order(self, calls: list[ToolCall], refusals: dict[str, ToolOutcome | None]) -> None:
+    def _run_in_order(
+        self, calls: list[ToolCall], refusals: dict[str, ToolOutcome | None]
+    ) -> Moves[None]:
         """One after another, results in call order."""
         checked = False
         for index, call in enumerate(calls):
@@ -223,7 +285,7 @@ class ToolRunner:
                 self.checkpoints.check(force=False)
                 checked = True
             if self._start(call):
-                outcome = self._execute(call)
+                outcome = yield self._execute(call)
                 release = self._then(call) if last and outcome.wait_reason is None else None
                 self._save(call, outcome, release=release)
                 if release is not None:
@@ -241,33 +303,30 @@ class ToolRunner:
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
 
-    def _run_on_threads(self, calls: list[ToolCall], size: int) -> None:
+    def _run_at_once(self, calls: list[ToolCall], size: int) -> Moves[None]:
+        """At most ``size`` tools running at once (threads, or tasks of an async verb)."""
         queue = list(calls)
-        running: dict[Future[ToolOutcome], ToolCall] = {}
+        running: dict[Any, ToolCall] = {}
         cancelled: CancelledError | None = None
-        with ThreadPoolExecutor(max_workers=size, thread_name_prefix="agentloop-tool") as pool:
-            while queue or running:
-                while queue and len(running) < size and cancelled is None:
+        while queue or running:
+            while queue and len(running) < size and cancelled is None:
+                try:
+                    self.checkpoints.check()
+                except CancelledError as exc:
+                    cancelled = exc
+                    break
+                call = queue.pop(0)
+                if not self._start(call):
+                    continue
+                running[(yield Launch(self._execute(call), size))] = call
+            if not running:
+                break
+            for handle, outcome in (yield WaitAny(list(running))):
+                self._save(running.pop(handle), outcome)
+                if cancelled is None:
                     try:
                         self.checkpoints.check()
                     except CancelledError as exc:
-                        cancelled = exc
-                        break
-                    call = queue.pop(0)
-                    if not self._start(call):
-                        continue
-                    # carry: the tool thread's span joins this verb's trace.
-                    work = _tracing.carry(self.store.wrap_thread(partial(self._execute, call)))
-                    running[pool.submit(work)] = call
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    self._save(running.pop(future), future.result())
-                    if cancelled is None:
-                        try:
-                            self.checkpoints.check()
-                        except CancelledError as exc:
-                            cancelled = exc  # let the running tools finish and be saved
+                        cancelled = exc  # let the running tools finish and be saved
         if cancelled is not None:
             raise cancelled

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import models, router
 from django.utils import timezone
@@ -277,6 +278,44 @@ class AbstractChat(models.Model):
     def complete(self, stream: StreamCallback | None = None) -> Any:
         """Step until complete or waiting; returns the last ``Message``."""
         return self.conversation.complete(stream)
+
+    # async twins: the same verbs for async code (views under ASGI, Channels consumers)
+    async def aask_later(
+        self, content: str, attachments: Any = None, *, if_busy: str | None = None
+    ) -> AbstractChat:
+        """``ask_later`` for async code."""
+        await self.conversation.aask_later(content, attachments, if_busy=if_busy)
+        return self
+
+    async def aask(
+        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
+    ) -> Any:
+        """``ask`` for async code; ``stream`` may be sync or ``async def``."""
+        return await self.conversation.aask(content, stream, attachments=attachments)
+
+    async def agenerate(self, stream: StreamCallback | None = None) -> Any:
+        """``generate`` for async code."""
+        return await self.conversation.agenerate(stream)
+
+    async def arun_tools(self) -> list[Any]:
+        """``run_tools`` for async code (``async def`` tools awaited, sync ones on a thread)."""
+        return await self.conversation.arun_tools()
+
+    async def astep(self, stream: StreamCallback | None = None) -> Any:
+        """``step`` for async code."""
+        return await self.conversation.astep(stream)
+
+    async def acomplete(self, stream: StreamCallback | None = None) -> Any:
+        """``complete`` for async code."""
+        return await self.conversation.acomplete(stream)
+
+    async def acancel(self) -> bool:
+        """``cancel`` for async code; the same answer."""
+        return await sync_to_async(self.cancel)()
+
+    async def ais_complete(self) -> bool:
+        """``is_complete`` for async code."""
+        return await self.conversation.ais_complete()
 
     def is_complete(self) -> bool:
         return self.conversation.is_complete()

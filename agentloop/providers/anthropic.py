@@ -18,10 +18,8 @@ only: see :mod:`agentloop.providers.thinking`); the thinking text is also the an
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from httpx_sse import ServerSentEvent
 
 from ..exceptions import InvalidResponseError, ProviderError, StreamInterruptedError
 from ..messages import (
@@ -44,7 +42,7 @@ from .common import (
     tool_call_from_text,
 )
 from .errors import error_for_status
-from .http import HTTPProvider
+from .http import HTTPProvider, StreamParser
 from .thinking import budget_tokens, replays_to, stamped
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "default_max_tokens"]
@@ -332,15 +330,13 @@ class AnthropicProvider(HTTPProvider):
             blocks, data.get("usage") or {}, data.get("stop_reason"), data.get("model"), data
         )
 
-    def parse_stream(
-        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
-    ) -> ModelResponse:
+    def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
         blocks: dict[int, dict[str, Any]] = {}
         tool_numbers: dict[int, int] = {}  # block index -> position among the tool calls
         usage: dict[str, Any] = {}
         message: dict[str, Any] = {}
         stop_reason: str | None = None
-        for event in events:
+        while (event := (yield)) is not None:
             if not event.data.strip():
                 continue
             data = json.loads(event.data)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
 import httpx
-from httpx_sse import ServerSentEvent, connect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from ..conf import agentloop_settings
 from ..exceptions import (
@@ -29,39 +29,76 @@ from ..exceptions import (
     ServerError,
     StreamInterruptedError,
 )
-from ..messages import ModelRequest, ModelResponse, TokenUsage
-from .base import ChunkCallback, Provider
+from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
+from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
 from .common import with_parsed_json
 from .errors import error_for_status, redact, status_of_error
 
-__all__ = ["HTTPProvider"]
+__all__ = ["HTTPProvider", "StreamParser"]
 
 _DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
+#: a push parser of a stream: sent each server-sent event, then None at the end of the
+#: stream; it returns the answer (``StopIteration.value``), possibly before the end.
+StreamParser = Generator[None, ServerSentEvent | None, ModelResponse]
 
-class _CappedStream(httpx.SyncByteStream):
-    """A response body that raises ResponseTooLargeError once more than ``limit`` bytes came.
 
-    Counts bytes as received (before any content decoding), as they arrive: a runaway
-    answer fails early and is never held whole in memory.
-    """
+class _Budget:
+    """Counts a body's bytes as received (before any content decoding), as they arrive,
+    and raises ResponseTooLargeError past ``limit``: a runaway answer fails early and is
+    never held whole in memory."""
 
-    def __init__(self, stream: httpx.SyncByteStream, limit: int, provider: str) -> None:
-        self.stream = stream
+    def __init__(self, limit: int, provider: str) -> None:
         self.limit = limit
         self.provider = provider
+        self.received = 0
+
+    def take(self, chunk: bytes) -> bytes:
+        self.received += len(chunk)
+        if self.received > self.limit:
+            raise _too_large(self.provider, self.limit)
+        return chunk
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """A response body read through a :class:`_Budget`."""
+
+    def __init__(self, stream: httpx.SyncByteStream, budget: _Budget) -> None:
+        self.stream = stream
+        self.budget = budget
 
     def __iter__(self) -> Iterator[bytes]:
-        received = 0
         for chunk in self.stream:
-            received += len(chunk)
-            if received > self.limit:
-                raise _too_large(self.provider, self.limit)
-            yield chunk
+            yield self.budget.take(chunk)
 
     def close(self) -> None:
         self.stream.close()
+
+
+class _AsyncCappedStream(httpx.AsyncByteStream):
+    """An async response body read through a :class:`_Budget`."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, budget: _Budget) -> None:
+        self.stream = stream
+        self.budget = budget
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.stream:
+            yield self.budget.take(chunk)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def _feed(parser: StreamParser, event: ServerSentEvent | None) -> ModelResponse | None:
+    """Push one event (None: the stream ended) into ``parser``; its answer once it has one."""
+    try:
+        parser.send(event)
+    except StopIteration as stop:
+        answer: ModelResponse = stop.value
+        return answer
+    return None
 
 
 def _too_large(provider: str, limit: int) -> ResponseTooLargeError:
@@ -81,7 +118,9 @@ def _cap(response: httpx.Response, provider: str) -> None:
     if length.isdigit() and int(length) > limit:
         raise _too_large(provider, limit)  # said up front: not a byte of it is read
     if isinstance(response.stream, httpx.SyncByteStream):
-        response.stream = _CappedStream(response.stream, limit, provider)
+        response.stream = _CappedStream(response.stream, _Budget(limit, provider))
+    elif isinstance(response.stream, httpx.AsyncByteStream):
+        response.stream = _AsyncCappedStream(response.stream, _Budget(limit, provider))
 
 
 class HTTPProvider(Provider):
@@ -162,20 +201,32 @@ class HTTPProvider(Provider):
             return ()
         return (key,) if key else ()
 
+    def _timeout_setting(self) -> httpx.Timeout:
+        timeout = self._timeout or self._setting("timeout") or _DEFAULT_TIMEOUT
+        return timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+
     @property
     def client(self) -> httpx.Client:
         """One pooled client per provider instance, made on first use."""
         with self._lock:
             if self._client is None:
-                timeout = self._timeout or self._setting("timeout") or _DEFAULT_TIMEOUT
                 self._client = httpx.Client(
                     base_url=self.base_url,
-                    timeout=timeout
-                    if isinstance(timeout, httpx.Timeout)
-                    else httpx.Timeout(timeout),
+                    timeout=self._timeout_setting(),
                     transport=self._transport,
                 )
             return self._client
+
+    def _async_client(self) -> httpx.AsyncClient:
+        """A client for one async request. An AsyncClient belongs to the event loop it
+        first ran on, and a provider serves many loops (each ``async_to_sync`` call, each
+        test): one per request, closed with it, is always right."""
+        transport = self._transport
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=self._timeout_setting(),
+            transport=transport if isinstance(transport, httpx.AsyncBaseTransport) else None,
+        )
 
     def close(self) -> None:
         """Close the HTTP client (a new one is made if the provider is used again)."""
@@ -201,11 +252,49 @@ class HTTPProvider(Provider):
         """A ModelResponse from a JSON answer."""
         raise NotImplementedError
 
+    def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
+        """A push parser of the SSE stream (a generator: see :data:`StreamParser`), calling
+        ``on_chunk`` as pieces arrive. Both the sync and the async requests feed it."""
+        raise NotImplementedError
+
     def parse_stream(
         self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
     ) -> ModelResponse:
-        """A ModelResponse from SSE events, calling ``on_chunk`` as pieces arrive."""
-        raise NotImplementedError
+        """A ModelResponse from SSE events, calling ``on_chunk`` as pieces arrive (feeds
+        :meth:`stream_parser`; a subclass may override this instead, sync requests only)."""
+        parser = self.stream_parser(on_chunk)
+        next(parser)
+        for event in events:
+            answer = _feed(parser, event)
+            if answer is not None:
+                return answer
+        return self._last_answer(parser)
+
+    async def _aparse_stream(
+        self, events: AsyncIterator[ServerSentEvent], on_chunk: AsyncChunkCallback
+    ) -> ModelResponse:
+        """:meth:`parse_stream` over an async stream: each event's chunks are awaited
+        before the next event is read."""
+        chunks: list[Chunk] = []
+        parser = self.stream_parser(chunks.append)
+        next(parser)
+        async for event in events:
+            answer = _feed(parser, event)
+            for chunk in chunks:
+                await on_chunk(chunk)
+            chunks.clear()
+            if answer is not None:
+                return answer
+        answer = self._last_answer(parser)
+        for chunk in chunks:
+            await on_chunk(chunk)
+        return answer
+
+    def _last_answer(self, parser: StreamParser) -> ModelResponse:
+        answer = _feed(parser, None)
+        if answer is None:
+            raise InvalidResponseError(f"{self.name}: the stream parser gave no answer at its end")
+        return answer
 
     def error_from_body(self, status: int | None, data: Any) -> ProviderError:
         """The ProviderError for an error body the vendor sent instead of an answer: with
@@ -233,37 +322,72 @@ class HTTPProvider(Provider):
         response = self._answer(request, on_chunk)
         return with_parsed_json(request, response) if self.parses_json_text else response
 
-    def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
-        stream = on_chunk is not None
-        headers = self._headers_for(request)
+    async def arequest(
+        self, request: ModelRequest, *, on_chunk: AsyncChunkCallback | None = None
+    ) -> ModelResponse:
+        """``request()`` over ``httpx.AsyncClient``: the same body, errors, size cap and
+        stream parser. A provider given a sync-only transport, or whose subclass parses
+        streams with ``parse_stream`` only, runs ``request()`` on a thread instead."""
+        transport = self._transport
+        own_parser = type(self).stream_parser is not HTTPProvider.stream_parser
+        if (transport is not None and not isinstance(transport, httpx.AsyncBaseTransport)) or (
+            on_chunk is not None and not own_parser
+        ):
+            return await super().arequest(request, on_chunk=on_chunk)
+        response = await self._aanswer(request, on_chunk)
+        return with_parsed_json(request, response) if self.parses_json_text else response
+
+    def _post(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        """The arguments of the POST for ``request``."""
         body = self.build_body(request, stream)
-        url = self.endpoint(request, stream)
+        return {"url": self.endpoint(request, stream), "json": body,
+                "headers": self._headers_for(request)}  # fmt: skip
+
+    def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
+        post = self._post(request, on_chunk is not None)
         if on_chunk is None:
-            with (
-                self._translate_errors(),
-                self.client.stream("POST", url, json=body, headers=headers) as response,
-            ):
+            with self._translate_errors(), self.client.stream("POST", **post) as response:
                 _cap(response, self.name)
                 response.read()
-            self._raise_for_status(response)
-            try:
-                data = response.json()
-            except ValueError as exc:
-                raise InvalidResponseError(
-                    f"{self.name} answered with invalid JSON",
-                    status=response.status_code,
-                    body=redact(response.text[:2000], self._secrets()),
-                ) from exc
-            return self._parse(data)
-        with (
-            self._translate_errors(),
-            connect_sse(self.client, "POST", url, json=body, headers=headers) as source,
-        ):
+            return self._json_answer(response)
+        with self._translate_errors(), connect_sse(self.client, "POST", **post) as source:
             _cap(source.response, self.name)
             if source.response.status_code >= 400:
                 source.response.read()
                 self._raise_for_status(source.response)
             return self._parse_stream(source.iter_sse(), on_chunk)
+
+    async def _aanswer(
+        self, request: ModelRequest, on_chunk: AsyncChunkCallback | None
+    ) -> ModelResponse:
+        post = self._post(request, on_chunk is not None)
+        with self._translate_errors():
+            async with self._async_client() as client:
+                if on_chunk is None:
+                    async with client.stream("POST", **post) as response:
+                        _cap(response, self.name)
+                        await response.aread()
+                    return self._json_answer(response)
+                async with aconnect_sse(client, "POST", **post) as source:
+                    _cap(source.response, self.name)
+                    if source.response.status_code >= 400:
+                        await source.response.aread()
+                        self._raise_for_status(source.response)
+                    with self._unexpected_shape("streamed"):
+                        return await self._aparse_stream(source.aiter_sse(), on_chunk)
+
+    def _json_answer(self, response: httpx.Response) -> ModelResponse:
+        """The answer of a read, non-streamed response (or its error)."""
+        self._raise_for_status(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise InvalidResponseError(
+                f"{self.name} answered with invalid JSON",
+                status=response.status_code,
+                body=redact(response.text[:2000], self._secrets()),
+            ) from exc
+        return self._parse(data)
 
     def _parse(self, data: Any) -> ModelResponse:
         with self._unexpected_shape("answered in"):

@@ -15,11 +15,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
 from typing import Any, ClassVar
 from urllib.parse import urlparse
-
-from httpx_sse import ServerSentEvent
 
 from ..exceptions import AttachmentError, InvalidResponseError, StreamInterruptedError
 from ..messages import (
@@ -41,7 +38,7 @@ from .common import (
     strict_json_schema,
     tool_call_from_text,
 )
-from .http import HTTPProvider
+from .http import HTTPProvider, StreamParser
 from .openai_reasoning import DETAILS_KEY, ReasoningDetails, reasoning_fields, usage_from
 from .thinking import replays_to, stamped
 
@@ -335,9 +332,7 @@ class OpenAIProvider(HTTPProvider):
         kept = {key: value for key, value in provider_data.items() if value}
         return stamped(kept, self.name) if reasoning or details else kept
 
-    def parse_stream(
-        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
-    ) -> ModelResponse:
+    def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
         text: list[str] = []
         reasoning: list[str] = []
         refusal: list[str] = []
@@ -346,7 +341,7 @@ class OpenAIProvider(HTTPProvider):
         indexes: dict[str, int] = {}  # call id -> index, for servers that send no index
         usage = usage_from(None)
         finish_reason = model = response_id = None
-        for event in events:
+        while (event := (yield)) is not None:
             data = event.data.strip()
             if not data:
                 continue

@@ -37,10 +37,8 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from httpx_sse import ServerSentEvent
 
 from ..exceptions import (
     AuthenticationError,
@@ -73,7 +71,7 @@ from .common import (
     tool_call_from_text,
 )
 from .errors import redact
-from .http import HTTPProvider
+from .http import HTTPProvider, StreamParser
 from .thinking import replays_to, stamped
 
 __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
@@ -372,12 +370,10 @@ class OpenAIResponsesProvider(HTTPProvider):
         )
 
     # -- the stream ------------------------------------------------------------------------
-    def parse_stream(
-        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
-    ) -> ModelResponse:
+    def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
         done: dict[int, dict[str, Any]] = {}  # output_index -> finished item
         call_numbers: dict[str, int] = {}  # function_call item id -> index among calls
-        for event in events:
+        while (event := (yield)) is not None:
             if not event.data or event.data.strip() == "[DONE]":
                 continue
             data = json.loads(event.data)

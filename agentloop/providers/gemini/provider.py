@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
-from httpx_sse import ServerSentEvent
 
 from ...exceptions import (
     AuthenticationError,
@@ -19,7 +18,7 @@ from ...exceptions import (
 from ...messages import ModelRequest, ModelResponse
 from ..base import ChunkCallback
 from ..errors import error_for_status, redact
-from ..http import HTTPProvider
+from ..http import HTTPProvider, StreamParser
 from .mapping import Answer, request_body
 
 __all__ = ["GeminiProvider"]
@@ -88,11 +87,9 @@ class GeminiProvider(HTTPProvider):
             raise InvalidResponseError(f"{self.name} answered without candidates")
         return answer.response()
 
-    def parse_stream(
-        self, events: Iterator[ServerSentEvent], on_chunk: ChunkCallback
-    ) -> ModelResponse:
+    def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
         answer = Answer(self.name)
-        for event in events:
+        while (event := (yield)) is not None:
             if not event.data.strip():
                 continue
             data = json.loads(event.data)

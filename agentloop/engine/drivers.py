@@ -1,0 +1,171 @@
+"""The two drivers of a verb's moves (:mod:`.moves`): one for sync verbs, one for async.
+
+A verb is a generator: its decisions and its database phases run between two ``yield``s;
+the driver performs what it yields (a model request, a backoff, a tool run) and sends the
+result back, or throws the error in. The sync driver does the I/O in place. The async
+driver awaits it on the event loop (``Provider.arequest``, ``asyncio.sleep``, an
+``async def`` tool) and runs each database phase with ``ChatStore.run_phase``: on the
+thread Django's async ORM uses for the Django store, in place for the memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from functools import partial
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+
+from .. import _tracing
+from ..messages import Chunk
+from .moves import Launch, Moves, RunTool, Send, Sleep, WaitAny
+from .store import ChatStore
+from .tool_runner import aexecute_tool, execute_tool
+
+__all__ = ["drive", "drive_async"]
+
+T = TypeVar("T")
+
+
+def _resume(moves: Moves[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Run the verb to its next move: (False, move), or (True, its result) when it ended.
+    (A StopIteration can't cross a thread's future: the end is returned as a flag.)"""
+    try:
+        move = moves.throw(error) if error is not None else moves.send(value)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, move
+
+
+def _advance(
+    moves: Moves[T], value: Any, error: BaseException | None, tools_here: bool
+) -> tuple[bool, Any]:
+    """``_resume``; with ``tools_here`` (the phase runs on the database's thread, where a
+    sync tool runs anyway) a sync tool's run is done in place, saving two thread hops."""
+    while True:
+        ended, move = _resume(moves, value, error)
+        if ended or not (tools_here and isinstance(move, RunTool)) or move.tool_class.is_async():
+            return ended, move
+        value, error = None, None
+        try:
+            value = _sync_call(move)()
+        except BaseException as exc:
+            error = exc
+
+
+def _sync_call(tool: RunTool) -> Callable[[], Any]:
+    return partial(
+        execute_tool, tool.tool_class, tool.call, tool.chat, tool.background, tool.cancel_check
+    )
+
+
+def drive(moves: Moves[T]) -> T:
+    """Run a verb's moves in this thread: the I/O in place, concurrent tools on a pool."""
+    pool: ThreadPoolExecutor | None = None
+    pool_size = 0
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            ended, move = _resume(moves, value, error)
+            if ended:
+                result: T = move
+                return result
+            value, error = None, None
+            try:
+                if isinstance(move, Send):
+                    on_chunk = move.state.on_chunk if move.state is not None else None
+                    value = move.provider.request(move.request, on_chunk=on_chunk)
+                elif isinstance(move, Sleep):
+                    time.sleep(move.seconds)
+                elif isinstance(move, RunTool):
+                    value = _sync_call(move)()
+                elif isinstance(move, Launch):
+                    if pool is None or pool_size != move.size:
+                        # A round's tools all finished before the next round launches any.
+                        if pool is not None:
+                            pool.shutdown()
+                        pool = ThreadPoolExecutor(move.size, thread_name_prefix="agentloop-tool")
+                        pool_size = move.size
+                    # carry: the tool thread's spans join this verb's trace.
+                    value = pool.submit(_tracing.carry(move.tool.wrap(_sync_call(move.tool))))
+                elif isinstance(move, WaitAny):
+                    done, _ = wait(move.handles, return_when=FIRST_COMPLETED)
+                    value = [(future, future.result()) for future in done]
+                else:  # pragma: no cover - a move this driver doesn't know is a bug
+                    raise TypeError(f"unknown move {move!r}")
+            except BaseException as exc:
+                error = exc
+    finally:
+        moves.close()
+        if pool is not None:
+            pool.shutdown()
+
+
+async def drive_async(moves: Moves[T], store: ChatStore) -> T:
+    """Run a verb's moves from a coroutine: its database phases with ``store.run_phase``,
+    its I/O awaited; sync tools on a thread, ``async def`` tools on this loop."""
+    phase = store.run_phase
+    tools_here = store.phases_on_a_thread
+    value: Any = None
+    error: BaseException | None = None
+    tasks: set[asyncio.Future[Any]] = set()
+    try:
+        while True:
+            ended, move = await phase(_advance, moves, value, error, tools_here)
+            if ended:
+                result: T = move
+                return result
+            value, error = None, None
+            try:
+                value = await _perform(move, phase, tasks)
+            except BaseException as exc:
+                error = exc
+    finally:
+        for task in tasks:
+            task.cancel()
+        if inspect.getgeneratorstate(moves) == inspect.GEN_SUSPENDED:
+            # Left mid-verb (the task was cancelled during a phase): the verb's cleanup (its
+            # release) is a database phase too.
+            await phase(moves.close)
+
+
+async def _perform(move: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
+    if isinstance(move, Send):
+        state = move.state
+        if state is None:
+            return await move.provider.arequest(move.request)
+
+        async def on_chunk(chunk: Chunk) -> None:
+            await state.aon_chunk(chunk, phase)
+
+        return await move.provider.arequest(move.request, on_chunk=on_chunk)
+    if isinstance(move, Sleep):
+        await asyncio.sleep(move.seconds)
+        return None
+    if isinstance(move, RunTool):
+        # One at a time: a sync tool runs where the verb's database phases run (it may use
+        # the ORM, as in a sync verb), never on the loop.
+        return await _run_tool(move, thread_sensitive=True)
+    if isinstance(move, Launch):
+        task = asyncio.ensure_future(_run_tool(move.tool, thread_sensitive=False))
+        tasks.add(task)
+        return task
+    if isinstance(move, WaitAny):
+        done, _ = await asyncio.wait(move.handles, return_when=asyncio.FIRST_COMPLETED)
+        tasks.difference_update(done)
+        return [(task, task.result()) for task in done]
+    raise TypeError(f"unknown move {move!r}")  # pragma: no cover - a bug
+
+
+async def _run_tool(tool: RunTool, *, thread_sensitive: bool) -> Any:
+    if tool.tool_class.is_async():
+        return await aexecute_tool(
+            tool.tool_class, tool.call, tool.chat, tool.background, tool.cancel_check
+        )
+    work = _sync_call(tool) if thread_sensitive else tool.wrap(_sync_call(tool))
+    return await sync_to_async(work, thread_sensitive=thread_sensitive)()

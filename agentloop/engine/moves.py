@@ -1,0 +1,72 @@
+"""The I/O a verb asks its driver for: the verbs' decisions and database phases are written
+once, as generators that yield these moves; a sync driver and an async driver perform them
+(:mod:`.drivers`).
+
+A verb's generator runs its database phases itself (between two yields) and hands out only
+the waiting: a model request, a backoff sleep, a tool run. What a move returns is sent back
+into the generator; what it raises is thrown into it, at the ``yield``, so the verb's own
+``try``/``except`` handle it exactly as if the call had been made in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..messages import ModelRequest, ToolCall
+from ..providers.base import Provider
+
+if TYPE_CHECKING:  # the stream state imports the store; only its type is named here
+    from .streaming import StreamState
+
+__all__ = ["Launch", "Moves", "RunTool", "Send", "Sleep", "WaitAny"]
+
+T = TypeVar("T")
+
+#: a verb (or a part of one) written as a generator of moves, returning ``T``.
+Moves = Generator[Any, Any, T]
+
+
+@dataclass
+class Send:
+    """One provider request; with ``state`` it streams into it. Returns the ModelResponse."""
+
+    provider: Provider
+    request: ModelRequest
+    state: StreamState | None
+
+
+@dataclass
+class Sleep:
+    """A backoff between two attempts."""
+
+    seconds: float
+
+
+@dataclass
+class RunTool:
+    """Run one tool call (validated, errors turned into outcomes). Returns a ToolOutcome."""
+
+    tool_class: Any
+    call: ToolCall
+    chat: Any
+    background: bool
+    cancel_check: Callable[[], bool]
+    #: wraps work run on a thread of its own (the Django store closes its connections).
+    wrap: Callable[[Callable[[], Any]], Callable[[], Any]]
+
+
+@dataclass
+class Launch:
+    """Start ``tool`` alongside others (at most ``size`` at once). Returns a handle."""
+
+    tool: RunTool
+    size: int
+
+
+@dataclass
+class WaitAny:
+    """Wait until one of the launched ``handles`` finishes. Returns ``[(handle, outcome)]``."""
+
+    handles: list[Any]
