@@ -19,7 +19,6 @@ each kind runs with its SQL captured: both send the same statements. See bench/R
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from bench.step_overhead import (  # noqa: E402  (after the path fix above)
     Bench,
     PoolChat,
     ensure_database,
-    load_average,
+    finish,
     setup_django,
     summary,
 )
@@ -179,14 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         results["tools"] = await bench.variant("tools", tool_round=True)
 
     async_to_sync(measure)()
-    results["seconds"] = time.perf_counter() - started
-    results["environment"]["load_average_at_end"] = load_average()
-    report(results)
-    print(f"(run took {results['seconds']:.0f} s)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
-    return 0
+    return finish(results, started, report, args.json)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import platform
 import statistics
@@ -54,6 +53,7 @@ from agentloop.testing import tool_call  # noqa: E402
 from bench.sql_floor import Floor  # noqa: E402
 from bench.step_overhead import (  # noqa: E402
     ensure_database,
+    finish,
     load_average,
     setup_django,
     summary,
@@ -457,15 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"environment": bench.environment()}
     print("timing (A/B alternating, medians per step):", flush=True)
     results["cells"] = bench.run()
-    results["seconds"] = time.perf_counter() - started
-    results["environment"]["load_average_at_end"] = load_average()
     bench.reset_tables()
-    report(results)
-    print(f"(run took {results['seconds']:.0f} s)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
-    return 0
+    return finish(results, started, report, args.json)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,19 @@ def load_average() -> str:
         return " ".join(loadavg.read().split()[:3])
 
 
+def finish(results: dict[str, Any], started: float, report: Any, json_path: Any) -> int:
+    """End a run: its time and the load at its end recorded, the table printed, the figures
+    written to ``json_path`` when given. The script's exit status."""
+    results["seconds"] = time.perf_counter() - started
+    results["environment"]["load_average_at_end"] = load_average()
+    report(results)
+    print(f"(run took {results['seconds']:.0f} s)")
+    if json_path:
+        json_path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+        print(f"results written to {json_path}")
+    return 0
+
+
 def summary(seconds: list[float]) -> dict[str, float]:
     ordered = sorted(seconds)
     p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
@@ -577,14 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"RSS over {args.rss_chats} chats...", flush=True)
     results["rss"] = bench.rss(args.rss_chats)
     results["storage"] = bench.storage()
-    results["seconds"] = time.perf_counter() - started
-    results["environment"]["load_average_at_end"] = load_average()
-    report(results)
-    print(f"(run took {results['seconds']:.0f} s)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
-        print(f"results written to {args.json}")
-    return 0
+    return finish(results, started, report, args.json)
 
 
 if __name__ == "__main__":
