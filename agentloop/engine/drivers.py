@@ -164,8 +164,6 @@ async def _perform(move: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> An
 
 async def _run_tool(tool: RunTool, *, thread_sensitive: bool) -> Any:
     if tool.tool_class.is_async():
-        return await aexecute_tool(
-            tool.tool_class, tool.call, tool.chat, tool.background, tool.cancel_check
-        )
+        return await aexecute_tool(tool)
     work = _sync_call(tool) if thread_sensitive else tool.wrap(_sync_call(tool))
     return await sync_to_async(work, thread_sensitive=thread_sensitive)()

@@ -82,15 +82,10 @@ def execute_tool(
     return _outcome(call, run)
 
 
-async def aexecute_tool(
-    tool_class: type[Tool],
-    call: ToolCall,
-    chat: Any = None,
-    background: bool = False,
-    cancel_check: Callable[[], bool] | None = None,
-) -> ToolOutcome:
+async def aexecute_tool(tool: RunTool) -> ToolOutcome:
     """``execute_tool`` for an ``async def`` tool, awaited on the running event loop."""
-    ready = _instance(tool_class, call, chat, background, cancel_check)
+    tool_class, call = tool.tool_class, tool.call
+    ready = _instance(tool_class, call, tool.chat, tool.background, tool.cancel_check)
     if isinstance(ready, ToolOutcome):
         return ready
     instance, arguments = ready
