@@ -207,7 +207,19 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
             )
         ]
     if current_app.conf.broker_url:
-        return []
+        # Read as Celery's Django fixup reads it: unset, it closes every database connection
+        # before and after each task, so each step opens a new one.
+        if current_app.conf.get("CELERY_DB_REUSE_MAX"):
+            return []
+        return [
+            Warning(
+                "CELERY_DB_REUSE_MAX is not set: every agentloop job (one step) opens a new "
+                "database connection, whatever CONN_MAX_AGE says.",
+                hint="Set CELERY_DB_REUSE_MAX = 1000 in the settings Celery reads (see "
+                'docs/background.md, "Running at scale").',
+                id="agentloop.W005",
+            )
+        ]
     return [
         Warning(
             "CELERY_BROKER_URL is set but no Celery app with a broker is loaded: "

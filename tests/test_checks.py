@@ -237,6 +237,32 @@ def test_w003_no_broker_setting_or_an_embedded_choice_passes(overrides, celery_w
         assert celery_warnings() == []
 
 
+# -- W005: Celery runs the steps, but closes the database connection around every job --------
+def reuse_warnings():
+    return [m for m in run_checks() if m.id == "agentloop.W005"]
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w005_celery_without_db_reuse_warns_and_names_the_setting(celery_with_broker):
+    (warning,) = reuse_warnings()
+    assert "CELERY_DB_REUSE_MAX" in warning.msg and "CELERY_DB_REUSE_MAX" in warning.hint
+
+
+@override_settings(
+    CELERY_BROKER_URL=BROKER, CELERY_DB_REUSE_MAX=1000, AGENTLOOP={"BACKGROUND": "auto"}
+)
+def test_w005_db_reuse_in_the_settings_celery_reads_passes(celery_with_broker):
+    # As a project's celery.py configures its app (docs/install.md): the CELERY_ settings.
+    celery_with_broker.config_from_object("django.conf:settings", namespace="CELERY")
+    assert reuse_warnings() == []
+    assert celery_warnings() == []
+
+
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "embedded"})
+def test_w005_the_embedded_runner_is_not_warned_about_celery(celery_with_broker):
+    assert reuse_warnings() == []
+
+
 # -- W002: only the chosen DEFAULT_MODEL's provider, only where a chat could run --------------
 @pytest.fixture
 def no_anthropic_key(monkeypatch):
