@@ -1,10 +1,13 @@
-"""Small helpers the tests share: reading a chat's transcript back in a comparable shape."""
+"""Small helpers the tests share: a chat's transcript read back in a comparable shape, and a
+one-question model request for the provider tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["roles", "transcript"]
+from agentloop.messages import Message, ModelRequest
+
+__all__ = ["roles", "transcript", "user_request"]
 
 _DEFAULT_FIELDS = ("role", "content")
 
@@ -37,3 +40,8 @@ def transcript(chat: Any, *fields: str) -> list[tuple[Any, ...]]:
 def roles(chat: Any) -> list[str]:
     """The roles of the chat's messages in order."""
     return [message.role for message in _messages(chat)]
+
+
+def user_request(model: str, text: str = "Hi", **fields: Any) -> ModelRequest:
+    """A request to ``model`` holding one user message (``fields``: the request's others)."""
+    return ModelRequest(model=model, messages=[Message(role="user", content=text)], **fields)

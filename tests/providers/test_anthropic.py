@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from typing import Any
 
 import httpx
@@ -35,6 +36,7 @@ from agentloop.messages import (
 from agentloop.models import Usage
 from agentloop.providers.anthropic import AnthropicProvider, default_max_tokens
 from agentloop.providers.common import INVALID_ARGUMENTS
+from tests.helpers import user_request
 from tests.providers.cassettes import (
     ask_both,
     assert_claude_answered_both,
@@ -117,8 +119,7 @@ def end(stop: str = "end_turn", output_tokens: int = 7) -> list[dict[str, Any]]:
     ]
 
 
-def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
-    return ModelRequest(model=MODEL, messages=[Message(role="user", content=text)], **fields)
+ask = partial(user_request, MODEL)  # one user message to this file's model
 
 
 def error(status: int, error_type: str, message: str, **headers: str) -> httpx.Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from typing import Any, Literal
 
 import httpx
@@ -43,6 +44,7 @@ from agentloop.providers.gemini import (
     gemini_schema,
 )
 from agentloop.tools import tool
+from tests.helpers import user_request
 from tests.providers.cassettes import (
     ask_both,
     assert_two_complete_rounds,
@@ -117,8 +119,7 @@ def call_part(name: str, args: Any, signature: str | None = None, **call: Any) -
     return part
 
 
-def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
-    return ModelRequest(model=MODEL, messages=[Message(role="user", content=text)], **fields)
+ask = partial(user_request, MODEL)  # one user message to this file's model
 
 
 def error(status: int, rpc: str, message: str, *details: dict[str, Any], **headers: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from agentloop.providers.openai import (
     strict_json_schema,
 )
 from tests import test_docs
+from tests.helpers import user_request
 from tests.providers.cassettes import (
     ask_both,
     assert_claude_answered_both,
@@ -116,8 +118,7 @@ def sse(*data: str) -> httpx.Response:
     return event_stream("".join(f"data: {item}\n\n" for item in data))
 
 
-def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
-    return ModelRequest(model=MODEL, messages=[Message(role="user", content=text)], **fields)
+ask = partial(user_request, MODEL)  # one user message to this file's model
 
 
 WEATHER = ToolDefinition(

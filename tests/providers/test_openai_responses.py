@@ -5,6 +5,7 @@ the end-to-end conversations)."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import httpx
@@ -35,7 +36,7 @@ from agentloop.messages import (
 from agentloop.models import Chat
 from agentloop.providers.common import INVALID_ARGUMENTS
 from agentloop.providers.openai_responses import OUTPUT_KEY, OpenAIResponsesProvider
-from tests.helpers import transcript
+from tests.helpers import transcript, user_request
 from tests.providers.wire import (
     Recorder,
     cancelling,
@@ -113,8 +114,7 @@ def sse(*events: dict[str, Any]) -> httpx.Response:
     )
 
 
-def ask(text: str = "Hi", **fields: Any) -> ModelRequest:
-    return ModelRequest(model="gpt-5-nano", messages=[Message(role="user", content=text)], **fields)
+ask = partial(user_request, "gpt-5-nano")  # one user message to this file's model
 
 
 # -- the body ----------------------------------------------------------------------------
