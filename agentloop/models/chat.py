@@ -447,7 +447,13 @@ class Chat(AbstractChat):
         verbose_name_plural = _("chats")
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["state"], name="agentloop_chat_state_idx"),
+            # The settled states people look for (admin filters, ``failed()``...); partial,
+            # so a claim (running) or a release to idle writes no entry into it.
+            models.Index(
+                fields=["state"],
+                name="agentloop_chat_settled_idx",
+                condition=models.Q(state__in=["waiting", "stopped", "failed"]),
+            ),
             models.Index(fields=["owner", "-created_at"], name="agentloop_chat_owner_idx"),
             # The sweeper's scan (lease expiry included): only the few chats in flight.
             models.Index(
