@@ -117,6 +117,10 @@ class Settings(BaseModel):
     TRACING: _Flag = False
     #: message text, tool arguments and results on the spans too (they may hold personal data).
     TRACE_CONTENT: _Flag = False
+    #: PostgreSQL with psycopg 3: prepare the statements every step runs (claim, transcript
+    #: read, write) on first use, whatever the database's ``prepare_threshold``. Off by default:
+    #: behind pgbouncer in transaction mode it needs 1.21+ with ``max_prepared_statements > 0``.
+    PREPARED_STATEMENTS: _Flag = False
 
 
 #: every key and its default value.

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from agentloop import ConcurrentWriteError, providers, tool
@@ -147,3 +148,44 @@ def test_with_a_prepare_threshold_the_per_step_statements_are_prepared(user, mod
     assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
     assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
     assert not any("pg_prepared_statements" in sql for sql in prepared)
+
+
+def _prepared_by_a_step(user: object, model: dict, question: str) -> set[str]:
+    """The statements a background step left prepared on the connection (new ones only)."""
+    connection.ensure_connection()
+
+    def prepared() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return {row[0] for row in cursor.fetchall()}
+
+    before = prepared()
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.ask_later(question)
+    model["answer"] = f"Answer to {question}"
+    chat.complete_later()
+    assert run_step(chat.pk).action == "done"
+    assert chat.messages.last().content == f"Answer to {question}"
+    return prepared() - before
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+def test_prepared_statements_setting_prepares_them_on_first_run_without_a_threshold(user, model):
+    """``AGENTLOOP["PREPARED_STATEMENTS"]`` prepares the per-step statements the first time
+    they run, on a connection whose ``prepare_threshold`` is Django's default None; Django's
+    own statements stay unprepared. Off (the default), the same step prepares nothing."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = None  # Django's default, whatever the test database's OPTIONS
+    try:
+        assert _prepared_by_a_step(user, model, "Unprepared?") == set()
+        with override_settings(AGENTLOOP={"PREPARED_STATEMENTS": True}):
+            prepared = _prepared_by_a_step(user, model, "Prepared?")
+    finally:
+        raw.prepare_threshold = before
+    assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)
+    assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
+    assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
+    assert not any("pg_prepared_statements" in sql for sql in prepared)
+    assert not any(sql.startswith("INSERT INTO") for sql in prepared)  # Django's create()

@@ -16,6 +16,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..conf import agentloop_settings
+
 __all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate", "bound_cursor", "get_by_pk"]
 
 
@@ -23,12 +25,15 @@ __all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate", "bound_cursor",
 def bound_cursor(using: str) -> Iterator[Any]:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
-    server, so psycopg prepares a statement once it ran a few times on the connection and
-    PostgreSQL skips parsing and planning it again (psycopg's ``prepare_threshold``: set it to
-    None in the database's OPTIONS to turn this off, e.g. behind a pgbouncer older than
-    1.21 in transaction mode). Elsewhere, the connection's usual cursor."""
+    server, so psycopg prepares a statement once it ran a few times on the connection
+    (the database's OPTIONS ``prepare_threshold``; Django's default None: never) and
+    PostgreSQL skips parsing and planning it again; with ``AGENTLOOP["PREPARED_STATEMENTS"]``
+    it prepares each on its first run, whatever the threshold. Elsewhere, the connection's
+    usual cursor."""
     connection = connections[using]
     factory = _server_binding(connection)
+    if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
+        factory = _preparing(factory)
     if factory is None:
         with connection.cursor() as cursor:
             yield cursor
@@ -63,6 +68,27 @@ def _server_binding(connection: Any) -> Any:
         factory = getattr(base, "ServerBindingCursor", None) if psycopg3 else None
         _FACTORIES[connection.alias] = factory
     return _FACTORIES[connection.alias]
+
+
+#: psycopg prepares nothing on a connection whose threshold is None, not even on request:
+#: with the setting on, such a connection gets one no count reaches (only requests prepare).
+_NEVER_BY_COUNT = 2**31 - 1
+_PREPARING: dict[Any, Any] = {}
+
+
+def _preparing(factory: Any) -> Any:
+    """``factory``'s subclass whose ``execute`` asks psycopg to prepare the statement."""
+    if factory not in _PREPARING:
+
+        class Preparing(factory):
+            def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+                if self.connection.prepare_threshold is None:
+                    self.connection.prepare_threshold = _NEVER_BY_COUNT
+                kwargs.setdefault("prepare", True)
+                return super().execute(query, params, **kwargs)
+
+        _PREPARING[factory] = Preparing
+    return _PREPARING[factory]
 
 
 def _register_tzloader(timezone: Any, cursor: Any) -> None:

@@ -100,6 +100,7 @@ class Usage(AbstractUsage):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="usage_records",
+        db_index=False,  # (chat, created_at) below serves it
     )
     message = models.ForeignKey(
         Message,
@@ -116,6 +117,7 @@ class Usage(AbstractUsage):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="agentloop_usage",
+        db_index=False,  # (owner, created_at) below serves it
     )
 
     class Meta(AbstractUsage.Meta):
