@@ -156,10 +156,14 @@ class ChatEventReader:
             frames.append(state)
         return frames
 
+    def access_due(self) -> bool:
+        """Whether the reader's access is due for a check (no query)."""
+        return self.access is not None and self.access.due()
+
     def still_allowed(self) -> bool:
-        """Whether what was read may be sent: access is checked when due, after the reads,
-        so nothing read after a logout or a lost permission reaches the reader."""
-        if self.access is not None and self.access.due() and not self.access.allowed():
+        """Whether what was read may be sent (a few queries): checked when due, after the
+        reads, so nothing read after a logout or a lost permission reaches the reader."""
+        if self.access is not None and not self.access.allowed():
             self.gone = True
         return not self.gone
 
@@ -255,8 +259,9 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
             wait = max(0.001, next_poll - time.monotonic())
             frames += reader.frames_for((yield _READ, wait))
         if frames or time.monotonic() - quiet_since >= keepalive:
-            # Checked after the reads: a logout before them ends the stream unsent.
-            if not (yield _ALLOWED, None):
+            # Checked after the reads: a logout before them ends the stream unsent. (Only
+            # when due: the async driver pays a thread hop for the check.)
+            if reader.access_due() and not (yield _ALLOWED, None):
                 return
             yield _SEND, b"".join(frames) if frames else KEEPALIVE
             quiet_since = time.monotonic()
