@@ -9,6 +9,7 @@ import pytest
 from agentloop import providers
 from agentloop.conf import agentloop_settings
 from agentloop.testing import ScriptedProvider, block_network
+from tests.agents import register_agents_provider
 
 
 @pytest.fixture(autouse=True)
@@ -45,3 +46,19 @@ def chat(user):
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="pw")
+
+
+@pytest.fixture
+def brains() -> Iterator[object]:
+    """The "agents" provider (tests/agents.py): ``brains.script("You are LEAD.", replies...)``."""
+    provider = register_agents_provider()
+    yield provider
+    providers.unregister("agents")
+
+
+@pytest.fixture
+def run_log(tmp_path, monkeypatch):
+    """Tools in tests/tools.py log each run here (see ``tests.tools.runs``)."""
+    path = tmp_path / "runs.log"
+    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
+    return path

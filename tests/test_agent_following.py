@@ -7,18 +7,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentloop import ConfigurationError, providers
+from agentloop import ConfigurationError
 from agentloop._runner import run_step
 from agentloop.models import Chat, ChatState
 from agentloop.testing import tool_call
-from tests.agents import Calculator, Research, Writer, register_agents_provider
-
-
-@pytest.fixture
-def brains():
-    provider = register_agents_provider()
-    yield provider
-    providers.unregister("agents")
+from tests.agents import Calculator, Research, Writer
 
 
 def system_of(request) -> str:

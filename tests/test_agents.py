@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import agentloop
-from agentloop import CancelledError, ConfigurationError, providers
+from agentloop import CancelledError, ConfigurationError
 from agentloop.agents import AgentTool
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.tool_runner import DENIED_RESULT
@@ -38,7 +38,6 @@ from tests.agents import (
     Lead,
     Research,
     Stepper,
-    register_agents_provider,
 )
 from tests.billing import agents as billing
 from tests.helpers import transcript
@@ -46,22 +45,6 @@ from tests.legal import agents as legal
 from tests.processes import run_script
 
 EMBEDDED = {"BACKGROUND": "embedded", "CANCEL_POLL_INTERVAL": 0.05}
-
-
-@pytest.fixture
-def brains():
-    """The "agents" provider: ``brains.script("You are LEAD.", replies...)``."""
-    provider = register_agents_provider()
-    yield provider
-    providers.unregister("agents")
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    """Tools in tests/tools.py log each run here (see ``runs``)."""
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
-    return path
 
 
 def runs(path: Path) -> list[str]:

@@ -24,14 +24,6 @@ from tests.tools import Wire, add, archive, ask_manager, refund, transfer
 EMBEDDED = {"BACKGROUND": "embedded", "CANCEL_POLL_INTERVAL": 0.05}
 
 
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    """Tools in tests/tools.py log each run here (see ``runs``)."""
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
-    return path
-
-
 def runs(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 

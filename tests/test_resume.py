@@ -63,9 +63,9 @@ def log(tmp_path):
     return tmp_path / "runs.log"
 
 
-@pytest.fixture
-def crashed_in_step_two(user, log):
-    """A chat whose process died inside step_two, the second of three tool calls."""
+def crash_in_step_two(user, log) -> Chat:
+    """A chat whose process died inside step_two, the second of three tool calls (its claim
+    still held)."""
     chat = Chat.objects.create(model="scripted:test", owner=user)
     chat.with_tools(step_one, step_two, step_three).ask_later("Do the three steps")
     crashed = drive(
@@ -75,6 +75,13 @@ def crashed_in_step_two(user, log):
         env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "step_two"},
     )
     assert crashed.returncode == 17, crashed.stderr
+    return chat
+
+
+@pytest.fixture
+def crashed_in_step_two(user, log):
+    """``crash_in_step_two``, then the dead process's claim runs out."""
+    chat = crash_in_step_two(user, log)
     claim_expires(chat)
     return chat
 
@@ -118,15 +125,7 @@ def test_a_crash_keeps_the_first_result_and_leaves_the_second_call_marked_runnin
 def test_a_fresh_process_waits_for_the_dead_process_claim_to_expire(user, log):
     """Until the claim of a process that died runs out, nobody else may write: a second
     writer could otherwise run the tool the dead process was running a second time."""
-    chat = Chat.objects.create(model="scripted:test", owner=user)
-    chat.with_tools(step_one, step_two, step_three).ask_later("Do the three steps")
-    crashed = drive(
-        chat,
-        "complete",
-        THREE_STEPS,
-        env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "step_two"},
-    )
-    assert crashed.returncode == 17, crashed.stderr
+    chat = crash_in_step_two(user, log)
 
     early = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -737,25 +738,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def uvicorn_server(tmp_path) -> Iterator[str]:
+@contextmanager
+def uvicorn_serving(tmp_path, settings: dict) -> Iterator[str]:
+    """uvicorn serving the test site (``settings`` over its AGENTLOOP); yields the site's URL."""
     pytest.importorskip("uvicorn", reason="uvicorn is a dev dependency (pip install -e '.[dev]')")
     port = free_port()
     log = (tmp_path / "uvicorn.log").open("w")
     process = subprocess.Popen(  # noqa: S603 - our own interpreter
         [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
          "--host", "127.0.0.1", "--log-level", "warning"],
-        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(FAST)),
+        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(settings)),
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    url = f"http://localhost:{port}"  # a host the test settings allow
     try:
         wait_for_port(port, process, tmp_path / "uvicorn.log")
-        yield url
+        yield f"http://localhost:{port}"  # a host the test settings allow
     finally:
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture
+def uvicorn_server(tmp_path) -> Iterator[str]:
+    with uvicorn_serving(tmp_path, FAST) as url:
+        yield url
 
 
 def wait_for_port(port: int, process, log) -> None:

@@ -9,9 +9,6 @@ request, checked like the first. Both drivers: sync (WSGI, the test client) and 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,17 +19,15 @@ from django.contrib.sessions.models import Session
 from django.test import AsyncClient, Client
 
 from agentloop.models import Chat
-from tests.processes import REPO_ROOT, process_env
 from tests.test_sse import (
     AsyncReader,
     Frame,
     Reader,
     events_url,
-    free_port,
     is_state,
     say,
     session_cookie,
-    wait_for_port,
+    uvicorn_serving,
 )
 
 pytestmark = pytest.mark.django_db
@@ -217,22 +212,8 @@ def test_the_async_stream_goes_on_while_access_holds(user, chat):
 @pytest.fixture
 def uvicorn_checking_every_poll(tmp_path) -> Iterator[str]:
     """uvicorn serving the test site, its streams checking access at every poll."""
-    pytest.importorskip("uvicorn", reason="uvicorn is a dev dependency (pip install -e '.[dev]')")
-    port = free_port()
-    log = (tmp_path / "uvicorn.log").open("w")
-    process = subprocess.Popen(  # noqa: S603 - our own interpreter
-        [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
-         "--host", "127.0.0.1", "--log-level", "warning"],
-        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(EVERY_POLL)),
-        cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_for_port(port, process, tmp_path / "uvicorn.log")
-        yield f"http://localhost:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+    with uvicorn_serving(tmp_path, EVERY_POLL) as url:
+        yield url
 
 
 @pytest.mark.subprocess

@@ -6,30 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop import DecisionConflictError, providers
+from agentloop import DecisionConflictError
 from agentloop.exceptions import ToolCallNotWaitingError
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.testing import tool_call
-from tests.agents import Lead, register_agents_provider
+from tests.agents import Lead
 from tests.helpers import transcript
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def brains():
-    provider = register_agents_provider()
-    yield provider
-    providers.unregister("agents")
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
-    return path
 
 
 def runs(path) -> list[str]:

@@ -15,7 +15,7 @@ from agentloop.exceptions import AuthenticationError, RateLimitError
 from agentloop.messages import TokenUsage
 from agentloop.models import Chat, Usage
 from agentloop.testing import ScriptedProvider, reply, tool_call
-from tests.agents import Director, Lead, Writer, register_agents_provider
+from tests.agents import Director, Lead, Writer
 
 pytestmark = pytest.mark.django_db
 
@@ -35,13 +35,6 @@ def priced():
     providers.register("priced", provider)
     yield provider
     providers.unregister("priced")
-
-
-@pytest.fixture
-def brains():
-    provider = register_agents_provider()
-    yield provider
-    providers.unregister("agents")
 
 
 @pytest.fixture
