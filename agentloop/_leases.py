@@ -27,7 +27,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
-from .django_store.sql import PreparedUpdate, bound_cursor
+from .django_store.sql import PreparedUpdate, bound_cursor, stop_preparing
 from .exceptions import LeaseLostError
 
 __all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
@@ -132,13 +132,15 @@ class _ClaimStatement:
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
-            with bound_cursor(using) as cursor, bound_cursor(using) as reader:
-                # Both statements go out before either answer is awaited: one round trip.
-                with connection.connection.pipeline():
-                    cursor.execute(update, params)
-                    reader.execute(*prefetch)
-                row = cursor.fetchone()
-                prefetched = reader.fetchall()
+            try:
+                row, prefetched = self._pipelined(using, update, params, prefetch)
+            except Exception as exc:
+                # A pooler lost a prepared statement: the pipeline's one implicit
+                # transaction rolled back, so it runs again, unprepared.
+                retry = stop_preparing(using, exc, connection.connection)
+                if not retry or connection.in_atomic_block:
+                    raise
+                row, prefetched = self._pipelined(using, update, params, prefetch)
         else:
             with bound_cursor(using) as cursor:
                 cursor.execute(update, params)
@@ -154,6 +156,19 @@ class _ClaimStatement:
         if self.converters:
             row = next(iter(self.compiler.apply_converters([row], self.converters)))
         return row, prefetched
+
+    @staticmethod
+    def _pipelined(
+        using: str, update: str, params: list[Any], prefetch: tuple[str, list[Any]]
+    ) -> tuple[Any, list[Any]]:
+        connection = connections[using]
+        with bound_cursor(using) as cursor, bound_cursor(using) as reader:
+            # Both statements go out before either answer is awaited: one round trip. Their
+            # errors come at the pipeline's end, outside the cursors' translation.
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                cursor.execute(update, params)
+                reader.execute(*prefetch)
+            return cursor.fetchone(), reader.fetchall()
 
 
 def _psycopg_pipelines() -> bool:

@@ -118,9 +118,10 @@ class Settings(BaseModel):
     #: message text, tool arguments and results on the spans too (they may hold personal data).
     TRACE_CONTENT: _Flag = False
     #: PostgreSQL with psycopg 3: prepare the statements every step runs (claim, transcript
-    #: read, write) on first use, whatever the database's ``prepare_threshold``. Off by default:
-    #: behind pgbouncer in transaction mode it needs 1.21+ with ``max_prepared_statements > 0``.
-    PREPARED_STATEMENTS: _Flag = False
+    #: read, write) on first use, whatever the database's ``prepare_threshold``. A pooler that
+    #: loses them (pgbouncer before 1.21 in transaction mode) turns it off in that process at
+    #: its first error, with a warning; False never prepares.
+    PREPARED_STATEMENTS: _Flag = True
 
 
 #: every key and its default value.

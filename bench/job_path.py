@@ -360,7 +360,7 @@ class JobPath:
             "postgres": server[0] if server else "?",
             "run_step_signature": self.run_step_signature,
             "prepare_threshold": os.environ.get("BENCH_PREPARE_THRESHOLD") or None,
-            "prepared_statements": bool(os.environ.get("BENCH_PREPARED_STATEMENTS")),
+            "prepared_statements": os.environ.get("BENCH_PREPARED_STATEMENTS") != "0",
             "load_average_at_start": load_average(),
             "samples": self.samples,
             "warmup": self.warmup,
@@ -391,7 +391,7 @@ def report(results: dict[str, Any]) -> None:
     print(
         f"load average at start {env['load_average_at_start']}, at end {env['load_average_at_end']}"
         f"; prepare_threshold {env['prepare_threshold']}"
-        f"; PREPARED_STATEMENTS {env.get('prepared_statements', False)}"
+        f"; PREPARED_STATEMENTS {env.get('prepared_statements', True)}"
     )
     header = (
         f"{'variant':<34}{'L':>4}{'median':>10}{'p90':>9}{'floor':>9}{'p90':>9}"
@@ -446,10 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         "statements after this many runs (default: Django's, never)",
     )
     parser.add_argument(
-        "--prepared-statements",
+        "--unprepared",
         action="store_true",
-        help="AGENTLOOP['PREPARED_STATEMENTS'] = True: psycopg prepares agentloop's per-step "
-        "statements on their first run, whatever the threshold",
+        help="AGENTLOOP['PREPARED_STATEMENTS'] = False: agentloop's per-step statements are "
+        "parsed and planned on every run, as behind a pooler that can't keep them",
     )
     args = parser.parse_args(argv)
     if args.samples < 1 or args.warmup < 0:
@@ -458,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     if args.prepare_threshold is not None:
         os.environ["BENCH_PREPARE_THRESHOLD"] = str(args.prepare_threshold)  # bench/settings.py
-    if args.prepared_statements:
-        os.environ["BENCH_PREPARED_STATEMENTS"] = "1"  # bench/settings.py
+    if args.unprepared:
+        os.environ["BENCH_PREPARED_STATEMENTS"] = "0"  # bench/settings.py
     ensure_database(args.database_url)
     setup_django(args.database_url)
     bench = JobPath(args.database_url, args.samples, args.warmup)

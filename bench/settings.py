@@ -41,5 +41,5 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
 AGENTLOOP: dict[str, Any] = {}
-if os.environ.get("BENCH_PREPARED_STATEMENTS"):
-    AGENTLOOP["PREPARED_STATEMENTS"] = True  # docs/settings.md
+if os.environ.get("BENCH_PREPARED_STATEMENTS") == "0":
+    AGENTLOOP["PREPARED_STATEMENTS"] = False  # docs/settings.md (on by default)

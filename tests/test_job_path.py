@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentloop import ConcurrentWriteError, providers, tool
@@ -170,22 +171,100 @@ def _prepared_by_a_step(user: object, model: dict, question: str) -> set[str]:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
-def test_prepared_statements_setting_prepares_them_on_first_run_without_a_threshold(user, model):
-    """``AGENTLOOP["PREPARED_STATEMENTS"]`` prepares the per-step statements the first time
-    they run, on a connection whose ``prepare_threshold`` is Django's default None; Django's
-    own statements stay unprepared. Off (the default), the same step prepares nothing."""
+def test_per_step_statements_are_prepared_on_first_run_by_default(user, model):
+    """By default (``AGENTLOOP["PREPARED_STATEMENTS"]``) the per-step statements are prepared
+    the first time they run, on a connection whose ``prepare_threshold`` is Django's default
+    None; Django's own statements stay unprepared. Set to False, the same step prepares
+    nothing."""
     connection.ensure_connection()
     raw = connection.connection
     before = raw.prepare_threshold
     raw.prepare_threshold = None  # Django's default, whatever the test database's OPTIONS
     try:
-        assert _prepared_by_a_step(user, model, "Unprepared?") == set()
-        with override_settings(AGENTLOOP={"PREPARED_STATEMENTS": True}):
+        with override_settings(AGENTLOOP={"PREPARED_STATEMENTS": False}):
+            assert _prepared_by_a_step(user, model, "Unprepared?") == set()
+        with CaptureQueriesContext(connection) as logged:
             prepared = _prepared_by_a_step(user, model, "Prepared?")
     finally:
         raw.prepare_threshold = before
+    # Prepared statements are logged with their text, as Django logs its own.
+    assert all(isinstance(query["sql"], str) for query in logged.captured_queries)
+    assert any("WITH g AS (UPDATE" in query["sql"] for query in logged.captured_queries)
     assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)
     assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
     assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
     assert not any("pg_prepared_statements" in sql for sql in prepared)
     assert not any(sql.startswith("INSERT INTO") for sql in prepared)  # Django's create()
+
+
+def _lose_prepared_statements() -> int:
+    """Deallocate the session's prepared statements behind psycopg's back, as a pooler that
+    hands the next transaction another server connection does: psycopg still believes them
+    there. How many there were."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        names = [row[0] for row in cursor.fetchall()]
+        for name in names:
+            # One by name: psycopg forgets its own list only at DEALLOCATE ALL.
+            cursor.execute(f'DEALLOCATE "{name}"')
+    return len(names)
+
+
+@pytest.fixture
+def preparing_again():
+    """Whatever a test's pooler errors switched off is on again afterwards."""
+    from agentloop.django_store import sql
+
+    yield sql._UNPREPARED
+    sql._UNPREPARED.clear()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_pooler_losing_prepared_statements_costs_a_warning_not_a_job(
+    user, model, preparing_again, caplog
+):
+    """Behind a pooler that doesn't keep prepared statements (pgbouncer before 1.21 in
+    transaction mode) the first job that meets "prepared statement ... does not exist" runs
+    its statement again unprepared and succeeds; the process warns once and prepares nothing
+    more on that database."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = None
+    try:
+        assert _prepared_by_a_step(user, model, "Prepared?")  # the claim, the read, the write
+        assert _lose_prepared_statements() >= 3
+        with caplog.at_level("WARNING", logger="agentloop"):
+            for turn in range(2):
+                assert _prepared_by_a_step(user, model, f"After the pooler {turn}?") == set()
+    finally:
+        raw.prepare_threshold = before
+    warnings = [r.getMessage() for r in caplog.records if "prepared statement" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "does not exist" in warnings[0]
+    assert 'AGENTLOOP["PREPARED_STATEMENTS"] = False' in warnings[0]
+    assert preparing_again == {"default"}
+    assert Chat.objects.filter(state="idle", lease_token="").count() == 3
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_prepared_statement_inside_a_transaction_fails_that_block_only(
+    user, model, preparing_again
+):
+    """Inside a caller's transaction the failed statement can't simply run again (the
+    transaction is broken): the block fails with Django's database error and nothing of it
+    is kept; the next one, unprepared, succeeds."""
+    from django.db import DatabaseError
+
+    chat = Chat.objects.create(model="jobpath:test", owner=user)
+    chat.ask("Warm up")  # prepares the per-step statements on this connection
+    assert _lose_prepared_statements() >= 3
+    model["answer"] = "Second answer"
+    with pytest.raises(DatabaseError, match="does not exist"), transaction.atomic():
+        chat.ask("Inside a transaction")
+    assert [m.content for m in chat.messages.all()][-1] == "answered"
+    assert preparing_again == {"default"}
+    fresh = Chat.objects.get(pk=chat.pk)
+    assert fresh.ask("Again").content == "Second answer"

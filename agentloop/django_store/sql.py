@@ -10,6 +10,7 @@ supported database and field type works as with the ORM. Inserts bypass ``Model.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,22 +19,33 @@ from django.db import connections
 
 from ..conf import agentloop_settings
 
-__all__ = ["PreparedInsert", "PreparedSelect", "PreparedUpdate", "bound_cursor", "get_by_pk"]
+__all__ = [
+    "PreparedInsert",
+    "PreparedSelect",
+    "PreparedUpdate",
+    "bound_cursor",
+    "get_by_pk",
+    "stop_preparing",
+]
+
+logger = logging.getLogger("agentloop")
 
 
 @contextmanager
 def bound_cursor(using: str) -> Iterator[Any]:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
-    server, so psycopg prepares a statement once it ran a few times on the connection
-    (the database's OPTIONS ``prepare_threshold``; Django's default None: never) and
-    PostgreSQL skips parsing and planning it again; with ``AGENTLOOP["PREPARED_STATEMENTS"]``
-    it prepares each on its first run, whatever the threshold. Elsewhere, the connection's
-    usual cursor."""
+    server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
+    prepare each statement on its first run on the connection, so PostgreSQL parses and plans
+    it once per connection instead of once per job (Django's own statements are left to the
+    database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual cursor."""
     connection = connections[using]
     factory = _server_binding(connection)
     if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
-        factory = _preparing(factory)
+        if using in _UNPREPARED:
+            _unprepare(connection)
+        else:
+            factory = _preparing(factory, using)
     if factory is None:
         with connection.cursor() as cursor:
             yield cursor
@@ -73,22 +85,83 @@ def _server_binding(connection: Any) -> Any:
 #: psycopg prepares nothing on a connection whose threshold is None, not even on request:
 #: with the setting on, such a connection gets one no count reaches (only requests prepare).
 _NEVER_BY_COUNT = 2**31 - 1
-_PREPARING: dict[Any, Any] = {}
+_PREPARING: dict[tuple[Any, str], Any] = {}
+#: what the server answers when the statement psycopg prepared on "this" connection is not
+#: there (invalid_sql_statement_name) or another client's is (duplicate_prepared_statement):
+#: a pooler handing each transaction another server connection (pgbouncer before 1.21 in
+#: transaction mode, or with max_prepared_statements = 0).
+_POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+#: databases where a pooler lost a prepared statement: this process prepares nothing there.
+_UNPREPARED: set[str] = set()
 
 
-def _preparing(factory: Any) -> Any:
-    """``factory``'s subclass whose ``execute`` asks psycopg to prepare the statement."""
-    if factory not in _PREPARING:
+def stop_preparing(using: str, error: BaseException, raw: Any) -> bool:
+    """Whether ``error`` says a pooler lost a prepared statement; if so, stop preparing on
+    ``using`` for the rest of the process (one warning) and say whether the statement can
+    simply run again: nothing of it ran, and ``raw`` (the psycopg connection) is in no
+    transaction that the error broke."""
+    cause: BaseException | None = error
+    while cause is not None and getattr(cause, "sqlstate", None) not in _POOLER_SQLSTATES:
+        cause = cause.__cause__
+    if cause is None:
+        return False
+    if using not in _UNPREPARED:
+        _UNPREPARED.add(using)
+        logger.warning(
+            "agentloop: a prepared statement went missing on database %r (%s): a connection "
+            "pooler is between this process and PostgreSQL that doesn't keep them (pgbouncer "
+            "in transaction mode needs 1.21+ with max_prepared_statements > 0). This process "
+            'prepares no more statements there; set AGENTLOOP["PREPARED_STATEMENTS"] = False '
+            "to start that way.",
+            using,
+            str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__,
+        )
+    if raw.prepare_threshold == _NEVER_BY_COUNT:
+        raw.prepare_threshold = None
+    # Function-local: psycopg is the "postgres" extra; only a psycopg error gets here.
+    from psycopg.pq import TransactionStatus
+
+    return bool(raw.info.transaction_status == TransactionStatus.IDLE)
+
+
+def _unprepare(connection: Any) -> None:
+    """Back to Django's threshold on a connection this module set one on: psycopg uses a
+    statement it prepared while it has any threshold, and those are what a pooler lost."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold == _NEVER_BY_COUNT:
+        raw.prepare_threshold = None
+
+
+def _preparing(factory: Any, using: str) -> Any:
+    """``factory``'s subclass whose ``execute`` asks psycopg to prepare the statement, and
+    runs it again unprepared when a pooler lost it (see ``stop_preparing``)."""
+    key = (factory, using)
+    if key not in _PREPARING:
 
         class Preparing(factory):
             def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-                if self.connection.prepare_threshold is None:
-                    self.connection.prepare_threshold = _NEVER_BY_COUNT
-                kwargs.setdefault("prepare", True)
-                return super().execute(query, params, **kwargs)
+                raw = self.connection
+                if raw.prepare_threshold is None:
+                    raw.prepare_threshold = _NEVER_BY_COUNT
+                if kwargs.get("prepare") is False or using in _UNPREPARED:
+                    return super().execute(query, params, **kwargs)
+                try:
+                    return super().execute(query, params, **{**kwargs, "prepare": True})
+                except Exception as exc:
+                    # In pipeline mode errors come at the sync: the caller handles those.
+                    if raw._pipeline is not None or not stop_preparing(using, exc, raw):
+                        raise
+                return super().execute(query, params, **{**kwargs, "prepare": False})
 
-        _PREPARING[factory] = Preparing
-    return _PREPARING[factory]
+            def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> Any:
+                # As psycopg's unprepared path does: Django logs the statement from it
+                # (CaptureQueriesContext, debug logging), which would otherwise read None.
+                self._query = pgq
+                return super()._send_query_prepared(name, pgq, **kwargs)
+
+        _PREPARING[key] = Preparing
+    return _PREPARING[key]
 
 
 def _register_tzloader(timezone: Any, cursor: Any) -> None:
