@@ -174,6 +174,9 @@ def test_complete_reads_the_history_once_per_turn(user, scripted):
     assert counts[10] == counts[200], sql
     transcript_reads = [q for q in sql if q.startswith("SELECT") and "agentloop_message" in q]
     assert len(transcript_reads) == 1, sql
+    # The flag comes back from each write: no step reads it on its own.
+    flag_reads = [q for q in sql if q.startswith("SELECT") and q not in transcript_reads]
+    assert flag_reads == [], sql
 
 
 def test_get_by_pk_is_the_orms_get_compiled_once(user):

@@ -287,7 +287,15 @@ class ToolRunner:
                     # Released with the round's result: a cancel that came meanwhile stays
                     # set and stops the next step at its start.
                     return
+                if self._next_step_checks(index, calls, call):
+                    return
             self.checkpoints.check()
+
+    def _next_step_checks(self, index: int, calls: list[ToolCall], call: ToolCall) -> bool:
+        """The round's last result is written and the verb goes on to call the model: that
+        step's start checkpoint reads the flag the result's write returned, so no check (and
+        no query) here."""
+        return not self.release_last and index == len(calls) - 1 and self._then(call) == "generate"
 
     def _then(self, call: ToolCall) -> str | None:
         """The move after ``call``, the round's last, gets its result: the model is called
