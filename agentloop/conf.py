@@ -118,9 +118,9 @@ class Settings(BaseModel):
     #: message text, tool arguments and results on the spans too (they may hold personal data).
     TRACE_CONTENT: _Flag = False
     #: PostgreSQL with psycopg 3: prepare the statements every step runs (claim, transcript
-    #: read, write) on first use, whatever the database's ``prepare_threshold``. A pooler that
-    #: loses them (pgbouncer before 1.21 in transaction mode) turns it off in that process at
-    #: its first error, with a warning; False never prepares.
+    #: read, write) from their second run on a connection, whatever the database's
+    #: ``prepare_threshold``. A pooler that loses them (pgbouncer before 1.21 in transaction
+    #: mode) turns it off in that process at its first error, with a warning; False: never.
     PREPARED_STATEMENTS: _Flag = True
 
 

@@ -171,30 +171,36 @@ def _prepared_by_a_step(user: object, model: dict, question: str) -> set[str]:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
-def test_per_step_statements_are_prepared_on_first_run_by_default(user, model):
+@pytest.mark.django_db(transaction=True)
+def test_per_step_statements_are_prepared_on_their_second_run_by_default(user, model):
     """By default (``AGENTLOOP["PREPARED_STATEMENTS"]``) the per-step statements are prepared
-    the first time they run, on a connection whose ``prepare_threshold`` is Django's default
-    None; Django's own statements stay unprepared. Set to False, the same step prepares
-    nothing."""
+    the second time they run on a connection (not the first: a connection opened per job
+    would pay for it every job), whatever its ``prepare_threshold`` (Django's default None);
+    Django's own statements stay unprepared. Set to False, nothing is prepared."""
+    connection.close()  # a connection of its own: none of the statements ran on it yet
     connection.ensure_connection()
     raw = connection.connection
-    before = raw.prepare_threshold
     raw.prepare_threshold = None  # Django's default, whatever the test database's OPTIONS
-    try:
-        with override_settings(AGENTLOOP={"PREPARED_STATEMENTS": False}):
-            assert _prepared_by_a_step(user, model, "Unprepared?") == set()
-        with CaptureQueriesContext(connection) as logged:
-            prepared = _prepared_by_a_step(user, model, "Prepared?")
-    finally:
-        raw.prepare_threshold = before
+    with override_settings(AGENTLOOP={"PREPARED_STATEMENTS": False}):
+        assert _prepared_by_a_step(user, model, "Unprepared?") == set()
+        assert _prepared_by_a_step(user, model, "Still unprepared?") == set()
+    first = _prepared_by_a_step(user, model, "First run?")
+    # (ask_later read the transcript before the job did: that read is its second.)
+    assert not any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in first)
+    assert not any(sql.startswith("WITH g AS (UPDATE") for sql in first)
+    with CaptureQueriesContext(connection) as logged:
+        prepared = _prepared_by_a_step(user, model, "Second run?")
     # Prepared statements are logged with their text, as Django logs its own.
     assert all(isinstance(query["sql"], str) for query in logged.captured_queries)
     assert any("WITH g AS (UPDATE" in query["sql"] for query in logged.captured_queries)
     assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)
-    assert any(sql.startswith('SELECT "agentloop_message"') for sql in prepared)
     assert any(sql.startswith("WITH g AS (UPDATE") for sql in prepared)
-    assert not any("pg_prepared_statements" in sql for sql in prepared)
-    assert not any(sql.startswith("INSERT INTO") for sql in prepared)  # Django's create()
+    everything = first | prepared
+    assert any(sql.startswith('SELECT "agentloop_message"') for sql in everything)
+    assert not any("pg_prepared_statements" in sql for sql in everything)
+    assert not any(sql.startswith("INSERT INTO") for sql in everything)  # Django's create()
+    assert _prepared_by_a_step(user, model, "Third run?") == set()  # nothing new to prepare
+    connection.close()
 
 
 def _lose_prepared_statements() -> int:
@@ -233,6 +239,7 @@ def test_a_pooler_losing_prepared_statements_costs_a_warning_not_a_job(
     before = raw.prepare_threshold
     raw.prepare_threshold = None
     try:
+        _prepared_by_a_step(user, model, "Run once?")
         assert _prepared_by_a_step(user, model, "Prepared?")  # the claim, the read, the write
         assert _lose_prepared_statements() >= 3
         with caplog.at_level("WARNING", logger="agentloop"):
@@ -245,7 +252,7 @@ def test_a_pooler_losing_prepared_statements_costs_a_warning_not_a_job(
     assert "does not exist" in warnings[0]
     assert 'AGENTLOOP["PREPARED_STATEMENTS"] = False' in warnings[0]
     assert preparing_again == {"default"}
-    assert Chat.objects.filter(state="idle", lease_token="").count() == 3
+    assert Chat.objects.filter(state="idle", lease_token="").count() == 4
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
@@ -259,7 +266,8 @@ def test_a_lost_prepared_statement_inside_a_transaction_fails_that_block_only(
     from django.db import DatabaseError
 
     chat = Chat.objects.create(model="jobpath:test", owner=user)
-    chat.ask("Warm up")  # prepares the per-step statements on this connection
+    chat.ask("Warm up")
+    chat.ask("Warm up again")  # the second run prepares the per-step statements
     assert _lose_prepared_statements() >= 3
     model["answer"] = "Second answer"
     with pytest.raises(DatabaseError, match="does not exist"), transaction.atomic():

@@ -37,8 +37,8 @@ def bound_cursor(using: str) -> Iterator[Any]:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
     server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
-    prepare each statement on its first run on the connection, so PostgreSQL parses and plans
-    it once per connection instead of once per job (Django's own statements are left to the
+    prepare each statement on its second run on the connection, so PostgreSQL parses and
+    plans it once per connection instead of once per job (Django's own statements are left to the
     database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual cursor."""
     connection = connections[using]
     factory = _server_binding(connection)
@@ -192,9 +192,14 @@ def _unprepare(connection: Any) -> None:
         raw.prepare_threshold = None
 
 
+#: the statements each psycopg connection ran once: prepared from their second run.
+_SEEN: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
+
+
 def _preparing(factory: Any, using: str) -> Any:
-    """``factory``'s subclass whose ``execute`` asks psycopg to prepare the statement, and
-    runs it again unprepared when a pooler lost it (see ``stop_preparing``)."""
+    """``factory``'s subclass whose ``execute`` asks psycopg to prepare a statement the
+    second time it runs on the connection, and runs it again unprepared when a pooler lost
+    it (see ``stop_preparing``)."""
     key = (factory, using)
     if key not in _PREPARING:
 
@@ -205,6 +210,15 @@ def _preparing(factory: Any, using: str) -> Any:
                     raw.prepare_threshold = _NEVER_BY_COUNT
                 if kwargs.get("prepare") is False or using in _UNPREPARED:
                     return super().execute(query, params, **kwargs)
+                seen = _SEEN.get(raw)
+                if seen is None:
+                    seen = _SEEN[raw] = set()
+                if query not in seen:
+                    # Its first run on this connection: not prepared (preparing outside a
+                    # pipeline waits for one more answer), which a connection opened per
+                    # job (Celery's default) would pay on every job and never use.
+                    seen.add(query)
+                    return super().execute(query, params, **{**kwargs, "prepare": False})
                 try:
                     return super().execute(query, params, **{**kwargs, "prepare": True})
                 except Exception as exc:
