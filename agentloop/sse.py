@@ -258,11 +258,12 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
         if reader.keeps_events:
             wait = max(0.001, next_poll - time.monotonic())
             frames += reader.frames_for((yield _READ, wait))
+        # Checked after the reads, whether or not they found anything: a logout before them
+        # ends the stream with what they read unsent, and an idle stream ends too. (Only
+        # when due: the async driver pays a thread hop for the check.)
+        if reader.access_due() and not (yield _ALLOWED, None):
+            return
         if frames or time.monotonic() - quiet_since >= keepalive:
-            # Checked after the reads: a logout before them ends the stream unsent. (Only
-            # when due: the async driver pays a thread hop for the check.)
-            if reader.access_due() and not (yield _ALLOWED, None):
-                return
             yield _SEND, b"".join(frames) if frames else KEEPALIVE
             quiet_since = time.monotonic()
         if not reader.keeps_events:

@@ -140,6 +140,20 @@ def test_a_reconnect_after_the_chat_changed_hands_is_404(user, chat, django_user
     assert client.get(events_url(chat), HTTP_LAST_EVENT_ID="1").status_code == 404
 
 
+@pytest.mark.timeout(60)
+def test_an_idle_stream_ends_when_access_is_gone_without_waiting_for_a_keepalive(
+    user, chat, settings, django_user_model
+):
+    """Nothing new to send: the check still runs when due, not at the next keepalive (an
+    hour away here; with that, this test would hang until its timeout)."""
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_KEEPALIVE": 3600}
+    _client, reader = open_sync(user, chat)
+    reader.until(is_state)
+    give_away(chat, django_user_model)
+
+    assert [f for f in frames_to_the_end(reader) if f.event == "message"] == []
+
+
 def test_access_is_checked_only_every_reauth_seconds(user, chat, settings, django_user_model):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_REAUTH_SECONDS": 3600}
     _client, reader = open_sync(user, chat)
