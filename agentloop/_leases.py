@@ -27,7 +27,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
-from .django_store.sql import PreparedUpdate, bound_cursor, stop_preparing
+from .django_store.sql import PreparedUpdate, bound_cursor, recover_prepared
 from .exceptions import LeaseLostError
 
 __all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
@@ -135,9 +135,9 @@ class _ClaimStatement:
             try:
                 row, prefetched = self._pipelined(using, update, params, prefetch)
             except Exception as exc:
-                # A pooler lost a prepared statement: the pipeline's one implicit
-                # transaction rolled back, so it runs again, unprepared.
-                retry = stop_preparing(using, exc, connection.connection)
+                # The server lost a prepared statement (a pooler, a migration): the
+                # pipeline's one implicit transaction rolled back, so it runs again.
+                retry = recover_prepared(using, exc, connection.connection)
                 if not retry or connection.in_atomic_block:
                     raise
                 row, prefetched = self._pipelined(using, update, params, prefetch)

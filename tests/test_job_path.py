@@ -216,6 +216,22 @@ def _lose_prepared_statements() -> int:
     return len(names)
 
 
+def _from_another_connection(sql: str) -> None:
+    """Run ``sql`` on a connection of its own (a migration elsewhere: this connection's psycopg
+    doesn't see it)."""
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=settings["PORT"] or 5432,
+        user=settings["USER"] or "postgres",
+        dbname=settings["NAME"],
+        autocommit=True,
+    ) as other:
+        other.execute(sql)
+
+
 @pytest.fixture
 def preparing_again():
     """Whatever a test's pooler errors switched off is on again afterwards."""
@@ -276,3 +292,37 @@ def test_a_lost_prepared_statement_inside_a_transaction_fails_that_block_only(
     assert preparing_again == {"default"}
     fresh = Chat.objects.get(pk=chat.pk)
     assert fresh.ask("Again").content == "Second answer"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("verb", ["run_step", "ask"])
+def test_a_migration_under_prepared_statements_costs_no_job(
+    user, model, preparing_again, caplog, verb
+):
+    """A migration that changes a column the claim returns, run from elsewhere while this
+    process holds the claim prepared, makes PostgreSQL refuse the cached plan ("cached plan
+    must not change result type"): the connection's prepared statements are dropped, the
+    statement runs again, and nothing fails; preparing goes on (no pooler warning)."""
+    _prepared_by_a_step(user, model, "Run once?")
+    _prepared_by_a_step(user, model, "Prepared?")
+    table = Chat._meta.db_table
+    _from_another_connection(f'ALTER TABLE "{table}" ALTER COLUMN "title" TYPE varchar(201)')
+    try:
+        with caplog.at_level("WARNING", logger="agentloop"):
+            if verb == "run_step":
+                _prepared_by_a_step(user, model, "After the migration?")
+            else:
+                chat = Chat.objects.create(model="jobpath:test", owner=user)
+                model["answer"] = "Answered after the migration"
+                assert chat.ask("After the migration?").content == model["answer"]
+            # and the statements prepared again afterwards work as prepared ones
+            _prepared_by_a_step(user, model, "And after that?")
+    finally:
+        _from_another_connection(f'ALTER TABLE "{table}" ALTER COLUMN "title" TYPE varchar(200)')
+    assert preparing_again == set()
+    assert not [r for r in caplog.records if "prepared statement" in r.getMessage()]
+    with connection.cursor() as cursor:  # prepared again, under new names
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert any(sql.startswith('UPDATE "agentloop_chat" SET "lease_token"') for sql in prepared)

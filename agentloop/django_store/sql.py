@@ -26,7 +26,7 @@ __all__ = [
     "PreparedUpdate",
     "bound_cursor",
     "get_by_pk",
-    "stop_preparing",
+    "recover_prepared",
 ]
 
 logger = logging.getLogger("agentloop")
@@ -150,20 +150,60 @@ _PREPARING: dict[tuple[Any, str], Any] = {}
 #: a pooler handing each transaction another server connection (pgbouncer before 1.21 in
 #: transaction mode, or with max_prepared_statements = 0).
 _POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+#: "cached plan must not change result type" (feature_not_supported): a migration changed a
+#: column a prepared statement returns, under a connection that prepared it before.
+_STALE_PLAN_SQLSTATE = "0A000"
 #: databases where a pooler lost a prepared statement: this process prepares nothing there.
 _UNPREPARED: set[str] = set()
 
 
-def stop_preparing(using: str, error: BaseException, raw: Any) -> bool:
-    """Whether ``error`` says a pooler lost a prepared statement; if so, stop preparing on
-    ``using`` for the rest of the process (one warning) and say whether the statement can
-    simply run again: nothing of it ran, and ``raw`` (the psycopg connection) is in no
-    transaction that the error broke."""
-    cause: BaseException | None = error
-    while cause is not None and getattr(cause, "sqlstate", None) not in _POOLER_SQLSTATES:
-        cause = cause.__cause__
-    if cause is None:
+def recover_prepared(using: str, error: BaseException, raw: Any) -> bool:
+    """Whether ``error`` came from a prepared statement the server no longer has as psycopg
+    believes, and the statement can now simply run again (nothing of it ran, and ``raw``,
+    the psycopg connection, is in no transaction the error broke).
+
+    A pooler lost it: this process stops preparing on ``using`` (one warning). A migration
+    changed a table under its plan: this connection's prepared statements are dropped (and
+    prepared again as they run). Anything else: False, nothing done."""
+    sqlstate, cause = _sqlstate(error)
+    if sqlstate == _STALE_PLAN_SQLSTATE and not _forget_prepared(raw):
+        sqlstate = "26000"  # pragma: no cover - another psycopg: stop preparing instead
+    if sqlstate in _POOLER_SQLSTATES:
+        _stop_preparing(using, cause, raw)
+    elif sqlstate != _STALE_PLAN_SQLSTATE:
         return False
+    # Function-local: psycopg is the "postgres" extra; only a psycopg error gets here.
+    from psycopg.pq import TransactionStatus
+
+    return bool(raw.info.transaction_status == TransactionStatus.IDLE)
+
+
+def _forget_prepared(raw: Any) -> bool:
+    """psycopg forgets the statements it prepared on ``raw`` and prepares them again, under
+    new names, as they run; the stale ones stay on the server until the connection closes.
+    (psycopg's own ``clear()`` also queues a DEALLOCATE ALL, which it sends after the next
+    statement: after that statement's own new preparation, which it would then lose.)"""
+    prepared = getattr(raw, "_prepared", None)
+    flush = getattr(prepared, "_to_flush", None)
+    if prepared is None or flush is None or not hasattr(prepared, "clear"):
+        return False  # pragma: no cover - a psycopg without these
+    prepared.clear()
+    flush.clear()
+    return True
+
+
+def _sqlstate(error: BaseException) -> tuple[str | None, BaseException]:
+    """The SQLSTATE of ``error`` or of the psycopg error Django wrapped in it."""
+    cause: BaseException | None = error
+    while cause is not None:
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate:
+            return str(sqlstate), cause
+        cause = cause.__cause__
+    return None, error
+
+
+def _stop_preparing(using: str, cause: BaseException, raw: Any) -> None:
     if using not in _UNPREPARED:
         _UNPREPARED.add(using)
         logger.warning(
@@ -177,10 +217,6 @@ def stop_preparing(using: str, error: BaseException, raw: Any) -> bool:
         )
     if raw.prepare_threshold == _NEVER_BY_COUNT:
         raw.prepare_threshold = None
-    # Function-local: psycopg is the "postgres" extra; only a psycopg error gets here.
-    from psycopg.pq import TransactionStatus
-
-    return bool(raw.info.transaction_status == TransactionStatus.IDLE)
 
 
 def _unprepare(connection: Any) -> None:
@@ -223,7 +259,7 @@ def _preparing(factory: Any, using: str) -> Any:
                     return super().execute(query, params, **{**kwargs, "prepare": True})
                 except Exception as exc:
                     # In pipeline mode errors come at the sync: the caller handles those.
-                    if raw._pipeline is not None or not stop_preparing(using, exc, raw):
+                    if raw._pipeline is not None or not recover_prepared(using, exc, raw):
                         raise
                 return super().execute(query, params, **{**kwargs, "prepare": False})
 
