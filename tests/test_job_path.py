@@ -250,6 +250,7 @@ def test_a_pooler_losing_prepared_statements_costs_a_warning_not_a_job(
     transaction mode) the first job that meets "prepared statement ... does not exist" runs
     its statement again unprepared and succeeds; the process warns once and prepares nothing
     more on that database."""
+    connection.close()  # a connection of its own: none of the statements ran on it yet
     connection.ensure_connection()
     raw = connection.connection
     before = raw.prepare_threshold
@@ -304,6 +305,7 @@ def test_a_migration_under_prepared_statements_costs_no_job(
     process holds the claim prepared, makes PostgreSQL refuse the cached plan ("cached plan
     must not change result type"): the connection's prepared statements are dropped, the
     statement runs again, and nothing fails; preparing goes on (no pooler warning)."""
+    connection.close()  # a connection of its own: none of the statements ran on it yet
     _prepared_by_a_step(user, model, "Run once?")
     _prepared_by_a_step(user, model, "Prepared?")
     table = Chat._meta.db_table
