@@ -190,6 +190,8 @@ def test_get_by_pk_is_the_orms_get_compiled_once(user):
     loaded = Chat.objects.get(id=chat.pk)
     fields = [field.attname for field in Chat._meta.concrete_fields]
     assert [getattr(loaded, name) for name in fields] == [getattr(orm, name) for name in fields]
+    # Timestamps in the same time zone object as the ORM's (psycopg's own parser on PostgreSQL).
+    assert loaded.created_at.tzinfo is orm.created_at.tzinfo
     assert loaded._state.db == "default" and not loaded._state.adding
     with pytest.raises(Chat.DoesNotExist, match="Chat matching query does not exist"):
         Chat.objects.get(pk=chat.pk + 1000)
