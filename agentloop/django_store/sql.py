@@ -38,8 +38,9 @@ def bound_cursor(using: str) -> Iterator[Any]:
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
     server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
     prepare each statement on its second run on the connection, so PostgreSQL parses and
-    plans it once per connection instead of once per job (Django's own statements are left to the
-    database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual cursor."""
+    plans it once per connection instead of once per job (Django's own statements follow
+    the database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual
+    cursor. Its raw cursors are kept for the connection's next statements."""
     connection = connections[using]
     factory = _server_binding(connection)
     if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
@@ -234,8 +235,8 @@ _SEEN: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
 
 def _preparing(factory: Any, using: str) -> Any:
     """``factory``'s subclass whose ``execute`` asks psycopg to prepare a statement the
-    second time it runs on the connection, and runs it again unprepared when a pooler lost
-    it (see ``stop_preparing``)."""
+    second time it runs on the connection, and runs it again when the server lost it (see
+    ``recover_prepared``)."""
     key = (factory, using)
     if key not in _PREPARING:
 
