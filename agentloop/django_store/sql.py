@@ -80,9 +80,12 @@ class _KeptCursors:
         self.timezone = connection.timezone
         self.free: dict[Any, list[Any]] = {}
         self.loader = _native_tz_loader(self.raw_connection, self.timezone)
+        #: the statements run once on this connection: prepared from their second run.
+        self.seen: set[str] = set()
 
     def new(self, factory: Any) -> Any:
         raw = factory(self.raw_connection)
+        raw.seen = self.seen
         if self.loader is not None:
             raw.adapters.register_loader(_TIMESTAMPTZ_OID, self.loader)
         else:
@@ -167,11 +170,12 @@ def recover_prepared(using: str, error: BaseException, raw: Any) -> bool:
     changed a table under its plan: this connection's prepared statements are dropped (and
     prepared again as they run). Anything else: False, nothing done."""
     sqlstate, cause = _sqlstate(error)
-    if sqlstate == _STALE_PLAN_SQLSTATE and not _forget_prepared(raw):
-        sqlstate = "26000"  # pragma: no cover - another psycopg: stop preparing instead
-    if sqlstate in _POOLER_SQLSTATES:
+    if sqlstate == _STALE_PLAN_SQLSTATE:
+        if not _forget_prepared(raw):  # pragma: no cover - another psycopg: stop instead
+            _stop_preparing(using, cause, raw)
+    elif sqlstate in _POOLER_SQLSTATES:
         _stop_preparing(using, cause, raw)
-    elif sqlstate != _STALE_PLAN_SQLSTATE:
+    else:
         return False
     # Function-local: psycopg is the "postgres" extra; only a psycopg error gets here.
     from psycopg.pq import TransactionStatus
@@ -229,10 +233,6 @@ def _unprepare(connection: Any) -> None:
         raw.prepare_threshold = None
 
 
-#: the statements each psycopg connection ran once: prepared from their second run.
-_SEEN: WeakKeyDictionary[Any, set[str]] = WeakKeyDictionary()
-
-
 def _preparing(factory: Any, using: str) -> Any:
     """``factory``'s subclass whose ``execute`` asks psycopg to prepare a statement the
     second time it runs on the connection, and runs it again when the server lost it (see
@@ -241,20 +241,20 @@ def _preparing(factory: Any, using: str) -> Any:
     if key not in _PREPARING:
 
         class Preparing(factory):
+            #: the connection's statements run once (its kept cursors share one set).
+            seen: set[str]
+
             def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
                 raw = self.connection
                 if raw.prepare_threshold is None:
                     raw.prepare_threshold = _NEVER_BY_COUNT
                 if kwargs.get("prepare") is False or using in _UNPREPARED:
                     return super().execute(query, params, **kwargs)
-                seen = _SEEN.get(raw)
-                if seen is None:
-                    seen = _SEEN[raw] = set()
-                if query not in seen:
+                if query not in self.seen:
                     # Its first run on this connection: not prepared (preparing outside a
                     # pipeline waits for one more answer), which a connection opened per
                     # job (Celery's default) would pay on every job and never use.
-                    seen.add(query)
+                    self.seen.add(query)
                     return super().execute(query, params, **{**kwargs, "prepare": False})
                 try:
                     return super().execute(query, params, **{**kwargs, "prepare": True})
