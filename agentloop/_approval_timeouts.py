@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from .conf import agentloop_settings
 from .exceptions import ToolCallNotWaitingError
@@ -25,7 +25,7 @@ def deny_timed_out_approvals(model_label: str = "agentloop.Chat") -> list[Any]:
         return []
     chat_model: Any = apps.get_model(model_label)
     tool_call_model: Any = chat_model._meta.get_field("tool_calls").related_model
-    cutoff = timezone.now() - timedelta(seconds=float(timeout))
+    cutoff = Now() - timedelta(seconds=float(timeout))  # the database's clock, as the wait's
     overdue = tool_call_model._default_manager.filter(
         state="waiting", wait_reason="approval", waiting_since__lt=cutoff
     ).values_list("chat_id", "pk")

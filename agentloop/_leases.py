@@ -7,20 +7,33 @@ which locks the row until the transaction ends), and the verb's last write relea
 same transaction (:meth:`Lease.release`). A process whose lease was taken over fails that
 UPDATE and writes nothing (``LeaseLostError``).
 
-A single heartbeat thread per process renews every lease held here while a long model call or
-tool runs. It rides out transient database errors, retrying until the lease would expire; just
-before that it marks the lease lost, so the step writes nothing more and a takeover can't make
-a tool run twice.
+A single heartbeat thread per process renews every lease held here, all of them in one
+statement, while a long model call or tool runs. It rides out transient database errors,
+retrying until the lease would expire; just before that it marks the lease lost, so the step
+writes nothing more and a takeover can't make a tool run twice.
+
+One clock: on PostgreSQL every expiry is set and judged by the database's clock inside the
+statement (``clock_timestamp()``), never a worker's, so a host whose clock is ahead can't take
+a live lease. (SQLite is one file on one host: its processes share that host's clock.)
+
+A lease records its holder (host, boot, pid and the process's start time). A claimant on the
+same host that finds the holder gone (the process died, or its pid now names another process)
+takes the chat at once instead of waiting for the expiry; across hosts a dead holder's lease
+runs out within three heartbeat periods (``LEASE_SECONDS``; the heartbeat renews every third).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import socket
 import sqlite3
 import threading
 import time
-from datetime import datetime, timedelta
+import weakref
+from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
@@ -30,7 +43,17 @@ from .conf import agentloop_settings
 from .django_store.sql import PreparedUpdate, bound_cursor, recover_prepared
 from .exceptions import LeaseLostError
 
-__all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
+__all__ = [
+    "UNREAD",
+    "Lease",
+    "attnames",
+    "claim",
+    "claim_row",
+    "heartbeats",
+    "holder_alive",
+    "holder_id",
+    "renewal",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,28 +75,41 @@ class _ClaimStatement:
         self.converters = self.compiler.get_converters(columns)
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
-        pk = quote(meta.pk.column)
+        pk = self.pk = quote(meta.pk.column)
+        self.table = table
         self.returning = connection.vendor == "postgresql" or (
             connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
         )
         #: psycopg 3 can send the claim and the transcript read together (pipeline mode).
         self.pipelines = connection.vendor == "postgresql" and _psycopg_pipelines()
+        #: PostgreSQL sets and judges every expiry by its own clock, inside the statement;
+        #: elsewhere (SQLite: one host) the parameters carry this host's clock.
+        self.db_clock = connection.vendor == "postgresql"
+        now = "clock_timestamp()" if self.db_clock else "%s"
+        self.expiry = f"{now} + %s * INTERVAL '1 second'" if self.db_clock else "%s"
+        self.pk_type = str(meta.pk.cast_db_type(connection))
         selected = ", ".join(quote(field.column) for field in meta.concrete_fields)
+        token, expires = quote("lease_token"), quote("lease_expires_at")
         assignments = (
-            f"{quote('lease_token')} = %s, {quote('lease_expires_at')} = %s, "
-            f"{quote('updated_at')} = %s"
+            f"{token} = %s, {expires} = {self.expiry}, {quote('updated_at')} = {now}, "
+            f"{quote('lease_holder')} = %s"
         )
-        condition = (
-            f"{pk} = %s AND ({quote('lease_token')} = '' OR {quote('lease_expires_at')} < %s)"
-        )
+        conditions = {
+            # A free chat: no lease, or an expired one.
+            False: f"{pk} = %s AND ({token} = '' OR {expires} < {now})",
+            # A lease whose holder is known to be gone, taken over by its token.
+            True: f"{pk} = %s AND {token} = %s",
+        }
         # Only quoted identifiers from the model's metadata go into the text; values are
         # always parameters.
         returning = f" RETURNING {selected}" if self.returning else ""
-        # Two forms: a job's claim also marks the chat running; a verb in-process keeps it.
+        # Two forms each: a job's claim also marks the chat running; a verb in-process keeps it.
         self.update_sql = {
-            True: f"UPDATE {table} SET {assignments}, {quote('state')} = %s "  # noqa: S608
-            f"WHERE {condition}{returning}",
-            False: f"UPDATE {table} SET {assignments} WHERE {condition}{returning}",  # noqa: S608
+            (with_state, takeover): f"UPDATE {table} SET {assignments}"  # noqa: S608
+            + (f", {quote('state')} = %s" if with_state else "")
+            + f" WHERE {condition}{returning}"
+            for with_state in (True, False)
+            for takeover, condition in conditions.items()
         }
         # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
         # the WAL flush (synchronous_commit off for this statement's transaction only): the
@@ -81,23 +117,42 @@ class _ClaimStatement:
         # nothing built on it, since every later write (a call's claim, the step's rows) commits
         # synchronously and flushes the WAL up to and including the claim.
         self.quick_sql = {
-            with_state: sql.replace(
+            form: sql.replace(
                 " WHERE ",
                 " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS "
                 f"{quote('agentloop_quick')} WHERE ",
                 1,
             )
-            for with_state, sql in self.update_sql.items()
+            for form, sql in self.update_sql.items()
         }
         if connection.vendor != "postgresql":
             self.quick_sql = self.update_sql
+        signals = f"{quote('cancel_requested_at')}, {quote('halt_reason')}"
         self.renew_sql = (
-            f"UPDATE {table} SET {quote('lease_expires_at')} = %s "  # noqa: S608
-            f"WHERE {pk} = %s AND {quote('lease_token')} = %s"
+            f"UPDATE {table} SET {expires} = {self.expiry} "  # noqa: S608
+            f"WHERE {pk} = %s AND {token} = %s"
         )
         if self.returning:
-            self.renew_sql += f" RETURNING {quote('cancel_requested_at')}"
+            self.renew_sql += f" RETURNING {signals}"
+        #: the renewal of many leases, completed by ``renew_many_sql``.
+        self._renew_many = (
+            f"UPDATE {table} SET {expires} = {self.expiry} "  # noqa: S608
+            f"WHERE ({pk}, {token}) IN (VALUES {{rows}}) RETURNING {pk}, {token}, {signals}"
+        )
         self.select_sql = f"SELECT {selected} FROM {table} WHERE {pk} = %s"  # noqa: S608
+        self.holder_sql = f"SELECT {token}, {quote('lease_holder')} FROM {table} WHERE {pk} = %s"  # noqa: S608
+
+    def clock(self, seconds: float) -> tuple[list[Any], list[Any]]:
+        """The parameters of the expiry and of "now" (none for the database's own clock)."""
+        if self.db_clock:
+            return [seconds], []
+        now = timezone.now()
+        return [now + timedelta(seconds=seconds)], [now]
+
+    def renew_many_sql(self, count: int) -> str:
+        """The renewal of ``count`` leases in one statement, returning the renewed ones."""
+        row = f"(CAST(%s AS {self.pk_type}), CAST(%s AS varchar))" if self.db_clock else "(%s, %s)"
+        return self._renew_many.format(rows=", ".join([row] * count))
 
     def convert(self, attname: str, value: Any) -> Any:
         """One column's raw value as the ORM would return it."""
@@ -114,21 +169,24 @@ class _ClaimStatement:
         using: str,
         pk: Any,
         token: str,
-        expires: datetime,
+        seconds: float,
         state: str | None,
         prefetch: tuple[str, list[Any]] | None = None,
+        *,
+        taking_over: str | None = None,
     ) -> tuple[Any, list[Any] | None]:
         """The claimed row's values (converted), or None when the chat is held or missing;
         and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
-        trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards)."""
+        trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards).
+        ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry."""
         connection = connections[using]
-        now = timezone.now()
-        params: list[Any] = [token, expires, now]
+        expiry, now = self.clock(seconds)
+        params: list[Any] = [token, *expiry, *now, holder_id()]
         if state is not None:
             params.append(state)
-        params += [pk, now]
+        params += [pk, taking_over] if taking_over is not None else [pk, *now]
         forms = self.update_sql if connection.in_atomic_block else self.quick_sql
-        update = forms[state is not None]
+        update = forms[state is not None, taking_over is not None]
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
@@ -156,6 +214,13 @@ class _ClaimStatement:
         if self.converters:
             row = next(iter(self.compiler.apply_converters([row], self.converters)))
         return row, prefetched
+
+    def holder(self, using: str, pk: Any) -> tuple[str, str] | None:
+        """The chat's lease token and its holder as stored now; None when it doesn't exist."""
+        with connections[using].cursor() as cursor:
+            cursor.execute(self.holder_sql, [pk])
+            row = cursor.fetchone()
+        return None if row is None else (str(row[0] or ""), str(row[1] or ""))
 
     @staticmethod
     def _pipelined(
@@ -212,17 +277,20 @@ class Lease:
         self.using = using
         #: set when the lease can't be trusted any more (expired unrenewed, or taken over).
         self.lost = threading.Event()
-        #: monotonic time of the last successful renewal (or the take).
+        #: monotonic time just before the last successful renewal (or the take) was sent: the
+        #: database's expiry is at least ``seconds`` after it.
         self.renewed_at = time.monotonic()
+        #: taken inside a caller's transaction: uncommitted, so no other connection can see or
+        #: renew it; the row's lock holds others off until that transaction ends.
+        self.in_transaction = False
+        #: a halt asked for by another process, as a renewal read it ("" when none).
+        self.halt_reason = ""
+        #: set when a renewal sees a cancel or a halt (the run's checkpoint then reads it).
+        self.notice: threading.Event | None = None
+        _HELD[token] = self
 
     def __repr__(self) -> str:
         return f"<Lease chat={self.chat_pk} token={self.token[:6]}…>"
-
-    @property
-    def _rows(self) -> Any:
-        return self.chat_model._default_manager.using(self.using).filter(
-            pk=self.chat_pk, lease_token=self.token
-        )
 
     @classmethod
     def take(
@@ -240,24 +308,27 @@ class Lease:
         """Renew; the chat's cancel flag as read by the same statement (``UNREAD`` where the
         database can't return it), or ``_LOST`` when the lease is no longer ours."""
         statement = _statement(self.chat_model, self.using)
+        sent = time.monotonic()
         with connections[self.using].cursor() as cursor:
             cursor.execute(*renewal(self))
             if statement.returning:
                 row = cursor.fetchone()
                 if row is None:
                     return _LOST
-                # As the ORM would read it (SQLite gives naive datetimes or text).
-                flag = self.flag_from(row[0])
+                flag = self.observe(row[0], row[1])
             elif not cursor.rowcount:
                 return _LOST
             else:
                 flag = UNREAD
-        self.renewed_at = time.monotonic()
+        self.renewed_at = sent
         return flag
 
-    def flag_from(self, raw: Any) -> Any:
-        """The cancel flag as a renewal's RETURNING gave it, converted as the ORM would."""
-        return _statement(self.chat_model, self.using).convert("cancel_requested_at", raw)
+    def observe(self, raw_flag: Any, halt_reason: Any) -> Any:
+        """What a renewal read with the chat row: keeps a halt asked for elsewhere; returns
+        the cancel flag, converted as the ORM would."""
+        if halt_reason:
+            self.halt_reason = str(halt_reason)
+        return _statement(self.chat_model, self.using).convert("cancel_requested_at", raw_flag)
 
     def ensure(self) -> Any:
         """Renew, or raise :class:`LeaseLostError` (call first in a write transaction: the
@@ -271,6 +342,13 @@ class Lease:
                 "this process stops without writing."
             )
         return flag
+
+    def forget(self) -> None:
+        """This process is done with the lease (released, lost, or given up after an error):
+        the heartbeat stops, and a claim from this process may take it if it is still held."""
+        heartbeats.stop(self)
+        if _HELD.get(self.token) is self:
+            del _HELD[self.token]
 
     def release(self, **fields: Any) -> bool:
         """Give the chat up, setting ``fields`` (e.g. state) in the same UPDATE."""
@@ -290,7 +368,7 @@ class Lease:
         released = bool(
             update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
         )
-        heartbeats.stop(self)
+        self.forget()
         return released
 
     def release_unless_queued(self, **fields: Any) -> str:
@@ -312,7 +390,7 @@ class Lease:
             )
         where = [self.chat_pk, self.token, []]
         if update.run(self.using, [values[name] for name in names], where):
-            heartbeats.stop(self)
+            self.forget()
             return "released"
         if self.release(**{**fields, "state": "queued"}):
             return "queued"
@@ -320,11 +398,11 @@ class Lease:
 
 
 def renewal(lease: Lease) -> tuple[str, list[Any]]:
-    """The renewal's UPDATE (RETURNING the cancel flag where the database can) and its
-    parameters, for a statement that writes behind it (``django_store.writes``)."""
-    expires = timezone.now() + timedelta(seconds=lease.seconds)
-    sql = _statement(lease.chat_model, lease.using).renew_sql
-    return sql, [expires, lease.chat_pk, lease.token]
+    """The renewal's UPDATE (RETURNING the cancel flag and the halt reason where the database
+    can) and its parameters, for a statement that writes behind it (``django_store.writes``)."""
+    statement = _statement(lease.chat_model, lease.using)
+    expiry, _ = statement.clock(lease.seconds)
+    return statement.renew_sql, [*expiry, lease.chat_pk, lease.token]
 
 
 def _has_inbox(chat_model: Any) -> bool:
@@ -332,6 +410,85 @@ def _has_inbox(chat_model: Any) -> bool:
 
 
 _RELEASES: dict[tuple[Any, ...], PreparedUpdate] = {}
+#: the leases this process holds, by token (a lease left in the database by this process but
+#: held by no live ``Lease`` here was leaked by an error, and may be taken at once).
+_HELD: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
+
+
+# -- who holds a lease -------------------------------------------------------------------------
+_IDENTITY: tuple[int, str] = (0, "")
+
+
+def holder_id() -> str:
+    """This process as a lease holder: ``"<host>/<boot>:<pid>:<start time>"``."""
+    global _IDENTITY
+    pid = os.getpid()
+    if _IDENTITY[0] != pid:  # computed once per process (a forked child is a new holder)
+        _IDENTITY = (pid, f"{_host()}:{pid}:{_started(pid) or ''}")
+    return _IDENTITY[1]
+
+
+def _host() -> str:
+    """This host: its name and, on Linux, its boot (a pid means nothing after a reboot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()[:8]
+    except OSError:
+        boot = ""
+    name = socket.gethostname()[:180]
+    return f"{name}/{boot}" if boot else name
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from the process state on (field 3), or None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _started(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks after boot; Linux), None where that can't be read."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def holder_alive(holder: str) -> bool | None:
+    """Whether the process named by ``holder`` (see :func:`holder_id`) still runs: None when
+    this host can't tell (another host, or a holder written by an older version)."""
+    try:
+        host, pid_text, started = holder.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if host != _host():
+        return None  # another host: only the lease's expiry tells
+    if os.path.isdir("/proc/self"):
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("Z", "X", "x"):
+            return False  # gone, or a zombie nobody reaped yet
+        # The pid names another process now when it started at another time.
+        return not started or (len(fields) > 19 and fields[19] == started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _gone(token: str, holder: str) -> bool:
+    """The lease ``token`` can be taken whatever its expiry: its holder is gone, or it is this
+    process and no lease here holds it any more (an error left it behind)."""
+    if not token or not holder:
+        return False
+    if holder == holder_id():
+        held = _HELD.get(token)
+        return held is None or held.lost.is_set()
+    return holder_alive(holder) is False
 
 
 def claim_row(
@@ -347,16 +504,32 @@ def claim_row(
 
     Returns the lease, the row's values (in ``concrete_fields`` order) and the raw rows of
     ``prefetch`` when they could be read in the same round trip; None when another process
-    holds the chat (or it does not exist).
+    holds the chat (or it does not exist). A lease whose holder is known to be gone (a dead
+    process on this host) is taken over at once, with one more statement to find that out.
     """
     seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
     token = secrets.token_hex(16)
     statement = _statement(chat_model, using)
-    expires = timezone.now() + timedelta(seconds=seconds)
-    row, prefetched = statement.run(using, chat_pk, token, expires, state, prefetch)
+    sent = time.monotonic()
+    row, prefetched = statement.run(using, chat_pk, token, seconds, state, prefetch)
     if row is None:
-        return None
-    return Lease(chat_model, chat_pk, token, seconds, using), row, prefetched
+        held = statement.holder(using, chat_pk)
+        if held is None or not _gone(*held):
+            return None
+        row, prefetched = statement.run(
+            using, chat_pk, token, seconds, state, prefetch, taking_over=held[0]
+        )
+        if row is None:
+            return None  # someone else took it first
+        logger.warning(
+            "Chat %s: took over the lease of %s, a process on this host that is gone",
+            chat_pk,
+            held[1],
+        )
+    lease = Lease(chat_model, chat_pk, token, seconds, using)
+    lease.renewed_at = sent
+    lease.in_transaction = connections[using].in_atomic_block
+    return lease, row, prefetched
 
 
 def claim(
@@ -377,7 +550,8 @@ def claim(
 
 
 class _Heartbeats:
-    """One daemon thread per process renewing every lease held here."""
+    """One daemon thread per process renewing every lease held here, in one statement per
+    chat model and database."""
 
     def __init__(self) -> None:
         self._leases: set[Lease] = set()
@@ -387,6 +561,10 @@ class _Heartbeats:
 
     def start(self, lease: Lease) -> None:
         """Keep ``lease`` alive until :meth:`stop` (or its release)."""
+        if lease.in_transaction:
+            # Uncommitted: the heartbeat's own connection can't see it (and would wait on
+            # its row lock); the lock itself keeps others off until the transaction ends.
+            return
         with self._lock:
             self._leases.add(lease)
             if self._thread is None or not self._thread.is_alive():
@@ -413,36 +591,92 @@ class _Heartbeats:
                     return
                 tick = min(lease.seconds for lease in self._leases) / 6
             self._wake.wait(max(0.05, min(tick, 1.0)))
-            for lease in self._due():
-                beat(lease)
+            due = self._due()
+            if due:
+                beat(*due)
 
 
-def beat(lease: Lease) -> None:
-    """Renew ``lease`` once; on a database error retry later, and mark it lost before it
-    would expire (the step then writes nothing more)."""
-    try:
-        close_old_connections()
-        if not lease.renew():
+#: the most leases one renewal statement names (a few thousand parameters at most).
+_BATCH = 500
+
+
+def beat(*leases: Lease) -> None:
+    """Renew ``leases`` (one statement per chat model, database and lease length); on a
+    database error retry later, and mark a lease lost before it would expire (its step then
+    writes nothing more)."""
+    groups: dict[tuple[Any, str, float], list[Lease]] = {}
+    for lease in leases:
+        groups.setdefault((lease.chat_model, lease.using, lease.seconds), []).append(lease)
+    for (_, using, _), group in groups.items():
+        for start in range(0, len(group), _BATCH):
+            batch = group[start : start + _BATCH]
+            sent = time.monotonic()
+            try:
+                close_old_connections()
+                renewed = _renew_many(batch)
+            except Exception:
+                # A transient error (a restarted server, a dropped connection): drop the
+                # connection so the next try opens a new one; keep trying while leases hold.
+                logger.warning("Lease renewal failed; retrying", exc_info=True)
+                try:
+                    connections[using].close()
+                except Exception:  # noqa: S110 - closing a broken connection may fail too
+                    pass
+                for lease in batch:
+                    _give_up_if_expiring(lease)
+                continue
+            for lease in batch:
+                _renewed(lease, renewed, sent)
+
+
+def _renewed(lease: Lease, renewed: dict[tuple[str, str], tuple[Any, Any]], sent: float) -> None:
+    signals = renewed.get((str(lease.chat_pk), lease.token))
+    if signals is None:
+        if _HELD.get(lease.token) is lease:  # not released meanwhile: taken over
             lease.lost.set()
             heartbeats.stop(lease)
             logger.warning("Lost the lease on chat %s (taken over)", lease.chat_pk)
-    except Exception:
-        # A transient error (a restarted server, a dropped connection): drop the connection
-        # so the next try opens a new one, and keep trying while the lease still holds.
-        logger.warning("Lease renewal for chat %s failed; retrying", lease.chat_pk, exc_info=True)
-        try:
-            connections[lease.using].close()
-        except Exception:  # noqa: S110 - closing a broken connection may fail too
-            pass
-        margin = max(lease.seconds / 6, 0.1)
-        if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
-            lease.lost.set()
-            heartbeats.stop(lease)
-            logger.error(
-                "Chat %s: the lease could not be renewed before it expires; the step is "
-                "abandoned and writes nothing more",
-                lease.chat_pk,
-            )
+        return
+    lease.renewed_at = sent
+    if signals[0] is UNREAD:
+        return
+    flag = lease.observe(*signals)
+    if (flag is not None or lease.halt_reason) and lease.notice is not None:
+        lease.notice.set()  # a cancel or a halt from elsewhere: the next checkpoint reads it
+
+
+def _renew_many(leases: Iterable[Lease]) -> dict[tuple[str, str], tuple[Any, Any]]:
+    """Renew ``leases`` (one chat model, database and length) in one statement: the renewed
+    ones' cancel flags and halt reasons, by (str(pk), token)."""
+    leases = list(leases)
+    first = leases[0]
+    statement = _statement(first.chat_model, first.using)
+    expiry, _ = statement.clock(first.seconds)
+    params: list[Any] = list(expiry)
+    for lease in leases:
+        params += [lease.chat_pk, lease.token]
+    with connections[first.using].cursor() as cursor:
+        if not statement.returning:  # an old SQLite: one statement each
+            found: dict[tuple[str, str], tuple[Any, Any]] = {}
+            for lease in leases:
+                cursor.execute(*renewal(lease))
+                if cursor.rowcount:
+                    found[str(lease.chat_pk), lease.token] = (UNREAD, "")
+            return found
+        cursor.execute(statement.renew_many_sql(len(leases)), params)
+        return {(str(pk), token): (flag, halt) for pk, token, flag, halt in cursor.fetchall()}
+
+
+def _give_up_if_expiring(lease: Lease) -> None:
+    margin = max(lease.seconds / 6, 0.1)
+    if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
+        lease.lost.set()
+        heartbeats.stop(lease)
+        logger.error(
+            "Chat %s: the lease could not be renewed before it expires; the step is "
+            "abandoned and writes nothing more",
+            lease.chat_pk,
+        )
 
 
 heartbeats = _Heartbeats()

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.apps import apps
 from django.db.models import Q
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
@@ -20,7 +20,9 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
     """Running chats whose lease expired, and queued chats nobody picked up for a while (with
     no lease, or one that expired: a process that claimed it in-process died holding it)."""
     chat_model: Any = apps.get_model(model_label)
-    now = timezone.now()
+    # The database's clock, as for every lease decision: a sweeper on a host whose clock is
+    # ahead must not call a live lease expired.
+    now = Now()
     stale = now - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS)
     # Both arms match the partial index on (state, updated_at) of chats in flight.
     return chat_model._default_manager.filter(

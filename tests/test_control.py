@@ -195,3 +195,23 @@ def test_the_admin_timeline_shows_why_a_chat_was_halted(admin_client, persisted,
     content = admin_client.get(url).content.decode()
 
     assert "Stopped: halted: amount 500 is over budget" in content
+
+
+@pytest.mark.subprocess
+@pytest.mark.django_db(transaction=True)
+def test_a_halt_from_another_process_stops_an_in_process_complete_before_its_next_model_call(
+    user, scripted
+):
+    """In loop mode the run reads no chat row of its own between rounds: the halt comes back
+    with the lease's renewal in the tool result's write (it was ignored: all rounds ran)."""
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.with_tools(HaltFromAnotherProcess, add)
+    later_rounds = [tool_call("add", {"a": 1, "b": n}) for n in range(7)]
+    scripted.add(tool_call("halt_from_another_process", id="h1"), *later_rounds, "never sent")
+
+    chat.ask("go")
+
+    chat.refresh_from_db()
+    assert chat.messages.get(role="tool").content == "halted True"
+    assert (chat.state, chat.stop_reason) == (ChatState.STOPPED, "halted: operator stop")
+    assert len(scripted.requests) == 1

@@ -13,6 +13,7 @@ import pytest
 from django.db import OperationalError, connections
 from django.utils import timezone
 
+from agentloop import _leases
 from agentloop._leases import Lease, beat
 from agentloop._recovery import resume_stalled
 from agentloop._runner import run_step
@@ -182,15 +183,15 @@ def beat_elsewhere(lease):
 def test_the_heartbeat_rides_out_transient_database_errors(user, monkeypatch):
     chat = Chat.objects.create(owner=user)
     lease = Lease.take(Chat, chat.pk, seconds=60)
-    real = Lease.renew
+    real = _leases._renew_many
     failures = iter([True, True, True])
 
-    def flaky(self):
+    def flaky(leases):
         if next(failures, False):
             raise OperationalError("server closed the connection unexpectedly")
-        return real(self)
+        return real(leases)
 
-    monkeypatch.setattr(Lease, "renew", flaky)
+    monkeypatch.setattr(_leases, "_renew_many", flaky)
     for _ in range(4):
         beat_elsewhere(lease)
 
@@ -203,10 +204,10 @@ def test_a_heartbeat_that_cannot_renew_before_expiry_marks_the_step_lost(user, m
     chat = Chat.objects.create(owner=user)
     lease = Lease.take(Chat, chat.pk, seconds=60)
 
-    def down(self):
+    def down(leases):
         raise OperationalError("could not connect to server")
 
-    monkeypatch.setattr(Lease, "renew", down)
+    monkeypatch.setattr(_leases, "_renew_many", down)
     beat_elsewhere(lease)
     assert not lease.lost.is_set()  # still well before the expiry: keep trying
     lease.renewed_at -= 55  # the lease is about to run out, never renewed

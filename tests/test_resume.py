@@ -122,16 +122,39 @@ def test_a_crash_keeps_the_first_result_and_leaves_the_second_call_marked_runnin
     assert not chat.is_complete()
 
 
-def test_a_fresh_process_waits_for_the_dead_process_claim_to_expire(user, log):
-    """Until the claim of a process that died runs out, nobody else may write: a second
-    writer could otherwise run the tool the dead process was running a second time."""
+def test_a_fresh_process_on_the_same_host_takes_the_dead_process_claim_at_once(user, log):
+    """The claim records its holder; a process on the same host that finds the holder gone
+    carries on at once instead of waiting LEASE_SECONDS (it waited, with ChatBusyError, before).
+    It does what it would after the expiry: the idempotent step_two runs again."""
     chat = crash_in_step_two(user, log)
+    assert Chat.objects.get(pk=chat.pk).lease_expires_at > timezone.now()  # still unexpired
 
-    early = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
+    resumed = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
 
-    assert early.returncode != 0
-    assert "ChatBusyError" in early.stderr
-    assert runs(log) == ["step_one", "step_two"]
+    assert resumed.returncode == 0, resumed.stderr
+    assert "took over the lease" in resumed.stderr
+    assert runs(log) == ["step_one", "step_two", "step_two", "step_three"]
+    assert summary(resumed.stdout)["result"] == {"role": "assistant", "content": "all done"}
+
+
+def test_a_non_idempotent_tool_of_a_dead_process_is_not_run_again_by_the_taker(user, log):
+    """Taken over at once, the at-most-once rule holds as after an expiry: the call the dead
+    process was running is answered as interrupted, never run a second time."""
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.with_tools(step_one, charge_card, step_three).ask_later("Pay, between two steps")
+    crashed = drive(
+        chat,
+        "complete",
+        CHARGE_BETWEEN_STEPS,
+        env={"AGENTLOOP_TEST_RUN_LOG": log, "AGENTLOOP_TEST_CRASH_IN": "charge_card"},
+    )
+    assert crashed.returncode == 17, crashed.stderr
+
+    resumed = drive(chat, "complete", ALL_DONE, env={"AGENTLOOP_TEST_RUN_LOG": log})
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert runs(log).count("charge_card") == 1
+    assert call_states(chat)["call_2"] != ToolCallState.RUNNING
 
 
 def test_a_fresh_process_runs_only_the_second_and_third_tool(crashed_in_step_two, log):

@@ -28,6 +28,7 @@ from ..exceptions import (
     ProviderError,
     ToolCallNotWaitingError,
 )
+from ..messages import ToolCallState
 
 __all__ = ["ClaimMixin", "Release", "one_line"]
 
@@ -79,7 +80,10 @@ class ClaimMixin:
     #: how the last released verb ended (workers read it to schedule what comes next).
     last_release: Release | None = None
     _depth = 0
-    _claimed_at: Any = None
+    #: keys of the calls this verb saw held for a person (read, or marked while it ran): a
+    #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
+    _held_calls: frozenset[Any] | set[Any] = frozenset()
+    cancel_notice: Any
 
     @property
     def _db(self) -> str:
@@ -91,9 +95,10 @@ class ClaimMixin:
         self._prefetched = transcript
         self.lease = lease
         self._depth = 0
-        self._claimed_at = timezone.now()
+        self._held_calls = set()
         # The claim read the chat row a moment ago: its cancel flag serves the start checkpoint.
         self._flag_after_write = self.chat.cancel_requested_at
+        lease.notice = self.cancel_notice
         heartbeats.start(lease)
 
     def claim(self) -> bool:
@@ -117,9 +122,10 @@ class ClaimMixin:
         lease, row, prefetched = claimed
         self._refresh(row)
         self._prefetched = prefetched
-        self.lease, self._depth, self._claimed_at = lease, 1, timezone.now()
+        self.lease, self._depth, self._held_calls = lease, 1, set()
         # The claim read the chat row a moment ago: its cancel flag serves the start checkpoint.
         self._flag_after_write = self.chat.cancel_requested_at
+        lease.notice = self.cancel_notice
         heartbeats.start(lease)
         return True
 
@@ -242,19 +248,23 @@ class ClaimMixin:
 
     def _forget_lease(self) -> None:
         if self.lease is not None:
-            heartbeats.stop(self.lease)
+            self.lease.forget()
         self.lease, self._depth = None, 0
         self._flag_after_write = UNREAD  # a flag read for this verb says nothing to the next
 
     def _wake_if_decided(self, release: Release) -> Release:
         """Released as waiting, but a person decided a call while the step ran (their own
-        wake-up found the chat still held): queue it now, so the decision isn't stranded."""
-        if release.state != "waiting":
+        wake-up found the chat still held): queue it now, so the decision isn't stranded.
+
+        Judged by the calls' states, not by comparing times: a decision committed before
+        this check is seen here; one committed after it finds the chat released and wakes
+        it itself. No clock (the approver's or ours) takes part."""
+        if release.state != "waiting" or not self._held_calls:
             return release
         decided = self.tool_call_model._default_manager.using(self._db).filter(
-            chat_id=self.chat.pk, decided_at__gte=self._claimed_at
+            pk__in=self._held_calls
         )
-        if not decided.exclude(state="waiting").exists():
+        if not decided.exclude(state=ToolCallState.WAITING).exists():
             return release
         woken = self.chat_model._default_manager.using(self._db).filter(
             pk=self.chat.pk, state="waiting", lease_token=""

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from .._cancel_notices import notify
@@ -71,7 +71,8 @@ class Stopping:
         pk = self._saved_chat().pk
         now = timezone.now()
         active = (
-            Q(lease_token__gt="", lease_expires_at__gt=now)
+            # Judged by the database's clock, as every lease decision is.
+            Q(lease_token__gt="", lease_expires_at__gt=Now())
             | Q(state__in=["queued", "running", "waiting"])
             | Q(tool_calls__state=ToolCallState.WAITING)
         )
@@ -124,14 +125,15 @@ class Stopping:
     def record_stop(self, reason: str) -> None:
         with self._writing():
             self._update_chat(stop_reason=reason[:300], state="stopped", halt_reason="")
+        if self.lease is not None:
+            self.lease.halt_reason = ""  # recorded: it stops this run, not the next one
 
     def request_halt(self, reason: str) -> bool:
         if self.lease is not None:
             # This process runs the chat (a tool, a callback): the run sees it in memory.
             self.chat.halt_reason = reason
             return True
-        now = timezone.now()
-        running = Q(lease_token__gt="", lease_expires_at__gt=now) | Q(
+        running = Q(lease_token__gt="", lease_expires_at__gt=Now()) | Q(
             state__in=["queued", "running"]
         )
         pk = self._saved_chat().pk
@@ -142,6 +144,10 @@ class Stopping:
         return True
 
     def halt_requested(self) -> str:
+        if self.lease is not None and self.lease.halt_reason and not self.chat.halt_reason:
+            # Asked for by another process and read by a renewal of the lease (a write's
+            # guard or the heartbeat): no query of its own.
+            self.chat.halt_reason = self.lease.halt_reason
         return str(self.chat.halt_reason or "")
 
     # -- messages sent while a run holds the chat -------------------------------------------

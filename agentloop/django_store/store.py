@@ -22,7 +22,7 @@ from .._cancel_notices import listen_locally
 from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
-from ..messages import Message, MessageStatus
+from ..messages import Message, MessageStatus, ToolCallState
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
 from .claims import ClaimMixin, Release
@@ -120,6 +120,14 @@ def transcript_select(chat_model: Any, using: str) -> PreparedSelect:
 
 #: tool classes by the chat's tool references, for every chat of this process.
 _LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
+
+
+def _held_calls(messages: list[Message]) -> set[Any]:
+    """Keys of the latest round's calls held for a person (only that round can be held)."""
+    for message in reversed(messages):
+        if message.role == "assistant":
+            return {call.key for call in message.tool_calls if call.state == ToolCallState.WAITING}
+    return set()
 
 
 def _models(chat_model: Any) -> _Models:
@@ -254,7 +262,10 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         select = self.models.transcript(self._db)
         prefetched, self._prefetched = self._prefetched, None
         rows = select.rows([self.chat.pk]) if prefetched is None else select.convert(prefetched)
-        return messages_from_rows(rows), self.cancel_requested_at()
+        messages = messages_from_rows(rows)
+        if self.lease is not None:
+            self._held_calls = _held_calls(messages)
+        return messages, self.cancel_requested_at()
 
     def _prefetch(self) -> tuple[str, list[Any]]:
         """The transcript's SELECT, to read with the claim where one round trip can do both."""

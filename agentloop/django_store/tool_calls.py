@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
@@ -23,6 +24,7 @@ class ToolCallRows:
     lease: Any
     models: Any
     tool_call_model: Any
+    _held_calls: frozenset[Any] | set[Any]
     # DjangoStore's own (one write transaction under the lease; a message row).
     _writing: Callable[..., AbstractContextManager[None]]
     _message_row: Callable[..., Any]
@@ -79,12 +81,14 @@ class ToolCallRows:
         return record
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
+        # A decision made before this verb releases the chat wakes it (see _wake_if_decided).
+        self._held_calls = {*self._held_calls, call.key}
         with self._writing():
             self.tool_call_model.objects.filter(pk=call.key).update(
                 state=ToolCallState.WAITING,
                 wait_reason=reason,
                 question=question or "",
-                waiting_since=timezone.now(),
+                waiting_since=Now(),  # the database's clock: the sweeper's timeout uses it
             )
 
     def record_decision(

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .._leases import Lease, heartbeats, renewal
+from .._leases import Lease, renewal
 from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
@@ -103,7 +103,8 @@ class StepWrites:
     # -- the guard: the chat row's conditional UPDATE ------------------------------------------
     def release_sql(self, names: tuple[str, ...]) -> str:
         """Release with the columns ``names`` (``state`` last: queued instead when a message
-        came in meanwhile); RETURNING the state set."""
+        came in meanwhile); RETURNING the state set (and the halt reason, so that both guards,
+        this and the renewal, return two columns)."""
         sql = self._releases.get(names)
         if sql is None:
             quote = self.connection.ops.quote_name
@@ -116,7 +117,8 @@ class StepWrites:
                 sets.append(f"{state} = %s")
             sql = self._releases[names] = (
                 f"UPDATE {self.chat_table} SET {', '.join(sets)} "  # noqa: S608 - identifiers
-                f"WHERE {self.chat_pk} = %s AND {quote('lease_token')} = %s RETURNING {state}"
+                f"WHERE {self.chat_pk} = %s AND {quote('lease_token')} = %s "
+                f"RETURNING {state}, {quote('halt_reason')}"
             )
         return sql
 
@@ -184,6 +186,9 @@ class StepWrites:
 
 
 _WRITES: dict[tuple[Any, str], StepWrites | None] = {}
+#: columns the guard returns ahead of the inserted rows' (the cancel flag or the state, and
+#: the halt reason).
+_GUARD = 2
 
 
 class OneStatementWrites:
@@ -238,6 +243,7 @@ class OneStatementWrites:
         values = _Values()
         sql = body(guard, values)
         connection = connections[self._db]
+        sent = time.monotonic()
         if connection.in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=self._db):
@@ -250,10 +256,11 @@ class OneStatementWrites:
             lease.lost.set()
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
         if released is None:
-            lease.renewed_at = time.monotonic()
-            self._flag_after_write = lease.flag_from(rows[0][0])
+            lease.renewed_at = sent
+            # The renewal read the cancel flag and a halt asked for elsewhere: free checkpoints.
+            self._flag_after_write = lease.observe(rows[0][0], rows[0][1])
             return rows
-        heartbeats.stop(lease)
+        lease.forget()
         fields, outcome = released
         if rows[0][0] == "queued" and fields["state"] != "queued":
             # A message came in meanwhile: answer it next.
@@ -288,9 +295,9 @@ class OneStatementWrites:
             return writes.answer(guard, values, record, call_rows, usage_row)
 
         rows = self._guarded(writes, release, body)
-        self._inserted(record, rows[0][1])
+        self._inserted(record, rows[0][_GUARD])
         if calls:
-            keys = {row[3]: row[2] for row in rows}
+            keys = {row[_GUARD + 2]: row[_GUARD + 1] for row in rows}
             for call in calls:
                 call.key = keys[call.id]
         message.key = record.pk
@@ -311,7 +318,7 @@ class OneStatementWrites:
             return writes.result(guard, values, record, state, error or "", call.key)
 
         rows = self._guarded(writes, release, body)
-        self._inserted(record, rows[0][1])
+        self._inserted(record, rows[0][_GUARD])
         message.key = record.pk
         return record
 

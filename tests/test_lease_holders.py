@@ -1,0 +1,241 @@
+"""One clock and known holders: every lease decision is the database's, and a lease whose
+holder is gone on this host is taken at once (DESIGN §19)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import time_machine
+from django.db import connection, connections
+from django.utils import timezone
+
+from agentloop import _leases
+from agentloop._leases import Lease, beat, claim_row, holder_alive, holder_id
+from agentloop._runner import run_step
+from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.testing import tool_call
+from tests.processes import start_script
+from tests.tools import transfer, wait_for_flag
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+postgres_only = pytest.mark.skipif(
+    os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
+    reason="SQLite is one file on one host: its processes share that host's clock",
+)
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def eventually(condition, what, timeout=30.0):
+    deadline = timezone.now() + timedelta(seconds=timeout)
+    while not condition():
+        if timezone.now() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.02)
+
+
+def hold(chat, holder, seconds=60):
+    """The chat held by ``holder`` as another process would leave it."""
+    Chat.objects.filter(pk=chat.pk).update(
+        lease_token="theirs",
+        lease_holder=holder,
+        lease_expires_at=timezone.now() + timedelta(seconds=seconds),
+        state=ChatState.RUNNING,
+    )
+
+
+def started(pid):
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+@pytest.fixture
+def chat(user):
+    return Chat.objects.create(model="scripted:test", owner=user)
+
+
+@pytest.fixture
+def sleeper():
+    """A live process on this host, killed (and reaped) at the end."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # noqa: S603
+    yield process
+    process.kill()
+    process.wait()
+
+
+# -- one clock ------------------------------------------------------------------------------
+@postgres_only
+def test_a_process_whose_clock_is_two_minutes_ahead_cannot_take_a_live_lease(chat):
+    held = Lease.take(Chat, chat.pk, seconds=10)
+    assert held is not None
+
+    with time_machine.travel(timezone.now() + timedelta(seconds=120), tick=True):
+        # By this process's clock the lease ran out long ago; by the database's it holds.
+        assert Lease.take(Chat, chat.pk, seconds=10) is None
+
+    assert Chat.objects.get(pk=chat.pk).lease_token == held.token
+
+
+@postgres_only
+def test_a_renewal_by_a_process_whose_clock_is_behind_still_holds_the_lease(chat):
+    held = Lease.take(Chat, chat.pk, seconds=10)
+    assert held is not None
+    with time_machine.travel(timezone.now() - timedelta(seconds=120), tick=True):
+        assert held.renew()
+        beat(held)
+
+    expires = Chat.objects.get(pk=chat.pk).lease_expires_at
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        database_now = cursor.fetchone()[0]
+    # Set by the database's clock: about ten seconds ahead of it, not two minutes behind.
+    assert timedelta(seconds=5) < expires - database_now <= timedelta(seconds=10)
+    assert not held.lost.is_set()
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(not LIBFAKETIME.exists(), reason="libfaketime is not installed")
+def test_an_approval_by_a_person_whose_clock_is_behind_is_not_stranded(
+    chat, monkeypatch, tmp_path, scripted
+):
+    """A decision made while a step runs wakes the chat when the step releases it as
+    waiting, whatever the approver's clock said (it compared the approver's clock with the
+    worker's: two minutes behind, the chat waited forever)."""
+    flag = tmp_path / "flag"
+    monkeypatch.setenv("AGENTLOOP_TEST_FLAG", str(flag))
+    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(tmp_path / "runs.log"))
+    chat.with_tools(transfer, wait_for_flag)
+    scripted.add(
+        [tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"), tool_call("wait_for_flag")]
+    )
+    chat.ask_later("pay bob")
+    assert run_step(chat.pk).action == "again"  # the model asked for the two tools
+    outcomes = []
+
+    def step():
+        try:
+            outcomes.append(run_step(chat.pk))
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    scripted_step = threading.Thread(target=step)
+    scripted_step.start()
+    try:
+        eventually(
+            lambda: ToolCall.objects.filter(chat=chat, call_id="t1", state="waiting").exists()
+            or outcomes,
+            "the transfer to wait for approval",
+        )
+        assert not outcomes, outcomes
+        approve = ToolCall.objects.get(chat=chat, call_id="t1").pk
+        go = tmp_path / "go"
+        go.touch()
+        approver = start_script(
+            "decide.py",
+            chat.pk,
+            approve,
+            "approve",
+            go,
+            env={
+                "LD_PRELOAD": LIBFAKETIME,
+                "FAKETIME": "-120s",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            },
+        )
+        out, err = approver.communicate(timeout=60)
+        assert '"outcome": "ok"' in out, err
+    finally:
+        flag.touch()
+        scripted_step.join(timeout=60)
+
+    chat.refresh_from_db()
+    assert chat.state == ChatState.QUEUED  # the approval's step comes next
+
+
+# -- holders --------------------------------------------------------------------------------
+def test_a_lease_records_this_process_as_its_holder(chat):
+    lease = Lease.take(Chat, chat.pk)
+    assert lease is not None
+
+    stored = Chat.objects.get(pk=chat.pk).lease_holder
+    assert stored == holder_id()
+    assert stored.rsplit(":", 2)[1] == str(os.getpid())
+    assert holder_alive(stored) is True
+
+
+def test_a_live_holder_on_this_host_keeps_the_chat(chat, sleeper):
+    host = holder_id().rsplit(":", 2)[0]
+    hold(chat, f"{host}:{sleeper.pid}:{started(sleeper.pid)}")
+
+    assert claim_row(Chat, chat.pk) is None
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once(chat, sleeper):
+    host = holder_id().rsplit(":", 2)[0]
+    hold(chat, f"{host}:{sleeper.pid}:{started(sleeper.pid)}", seconds=600)
+    sleeper.send_signal(signal.SIGKILL)
+    sleeper.wait()
+
+    claimed = claim_row(Chat, chat.pk)
+
+    assert claimed is not None
+    assert Chat.objects.get(pk=chat.pk).lease_token == claimed[0].token
+
+
+def test_a_zombie_holder_is_gone_too(chat, sleeper):
+    host = holder_id().rsplit(":", 2)[0]
+    hold(chat, f"{host}:{sleeper.pid}:{started(sleeper.pid)}", seconds=600)
+    sleeper.send_signal(signal.SIGKILL)
+    eventually(lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().split(") ")[1][0] == "Z", "Z")
+
+    assert claim_row(Chat, chat.pk) is not None
+
+
+def test_a_pid_that_names_another_process_now_is_a_dead_holder(chat, sleeper):
+    host = holder_id().rsplit(":", 2)[0]
+    hold(chat, f"{host}:{sleeper.pid}:{int(started(sleeper.pid)) - 1}")  # started earlier
+
+    assert claim_row(Chat, chat.pk) is not None
+
+
+def test_a_holder_on_another_host_is_waited_for_until_its_lease_expires(chat):
+    hold(chat, "elsewhere/0badf00d:1:1", seconds=60)
+    assert claim_row(Chat, chat.pk) is None
+
+    Chat.objects.filter(pk=chat.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert claim_row(Chat, chat.pk) is not None
+
+
+def test_a_lease_this_process_left_behind_is_taken_again_but_a_held_one_is_not(chat):
+    held = Lease.take(Chat, chat.pk)
+    assert held is not None
+    assert claim_row(Chat, chat.pk) is None  # a lease here still holds it: busy
+
+    held.forget()  # an error made this process let go without releasing it in the database
+    claimed = claim_row(Chat, chat.pk)
+
+    assert claimed is not None
+    assert claimed[0].token != held.token
+
+
+def test_only_one_of_two_takers_of_a_dead_holders_lease_wins(chat, sleeper, monkeypatch):
+    """The takeover is conditional on the dead holder's token: a second taker that read the
+    same holder finds it changed and gets nothing."""
+    host = holder_id().rsplit(":", 2)[0]
+    hold(chat, f"{host}:{sleeper.pid}:{started(sleeper.pid)}", seconds=600)
+    sleeper.kill()
+    sleeper.wait()
+    first = claim_row(Chat, chat.pk)
+    assert first is not None
+    # The second taker still believes the dead holder holds it.
+    monkeypatch.setattr(_leases._ClaimStatement, "holder", lambda self, using, pk: ("theirs", "x"))
+    monkeypatch.setattr(_leases, "_gone", lambda token, holder: True)
+
+    assert claim_row(Chat, chat.pk) is None
+    assert Chat.objects.get(pk=chat.pk).lease_token == first[0].token
