@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import time_machine
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from agentloop import _leases
@@ -22,7 +22,7 @@ from agentloop._runner import run_step
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.testing import tool_call
 from tests.processes import start_script
-from tests.tools import transfer, wait_for_flag
+from tests.tools import slow, transfer, wait_for_flag
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,8 +128,10 @@ def test_an_approval_by_a_person_whose_clock_is_behind_is_not_stranded(
     scripted_step.start()
     try:
         eventually(
-            lambda: ToolCall.objects.filter(chat=chat, call_id="t1", state="waiting").exists()
-            or outcomes,
+            lambda: (
+                ToolCall.objects.filter(chat=chat, call_id="t1", state="waiting").exists()
+                or outcomes
+            ),
             "the transfer to wait for approval",
         )
         assert not outcomes, outcomes
@@ -239,3 +241,22 @@ def test_only_one_of_two_takers_of_a_dead_holders_lease_wins(chat, sleeper, monk
 
     assert claim_row(Chat, chat.pk) is None
     assert Chat.objects.get(pk=chat.pk).lease_token == first[0].token
+
+
+# -- a verb inside a caller's transaction -----------------------------------------------------
+def test_a_verb_inside_a_transaction_outlasting_a_heartbeat_period_keeps_its_claim(
+    chat, scripted, settings
+):
+    """ATOMIC_REQUESTS or a caller's transaction.atomic(): the claim is uncommitted, so the
+    heartbeat's own connection can't renew it; its row lock keeps others off instead (the
+    heartbeat found no such lease and the verb lost its claim mid-tool)."""
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "LEASE_SECONDS": 0.6}  # a beat every 0.2 s
+    chat.with_tools(slow)
+    scripted.add(tool_call("slow", {"seconds": 1.0}), "rested")
+
+    with transaction.atomic():
+        answer = chat.ask("take your time")
+
+    assert answer.content == "rested"
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token) == (ChatState.IDLE, "")
