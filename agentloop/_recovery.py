@@ -13,7 +13,7 @@ from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
 from .conf import agentloop_settings
 
-__all__ = ["resume_stalled", "stalled_chats"]
+__all__ = ["free_chat", "resume_stalled", "stalled_chats"]
 
 
 def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
@@ -43,3 +43,29 @@ def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
     for chat_id in ids:
         enqueue(chat_id, model_label)
     return ids
+
+
+def free_chat(chat_id: Any, model_label: str = "agentloop.Chat") -> str | None:
+    """Take the lease off a chat by hand, whoever holds it, and send a running chat on
+    (``manage.py agentloop unlock``). Returns the holder it had ("" when unknown), or None
+    when the chat held no lease.
+
+    For a holder that is certainly gone on another host, before its lease runs out. A holder
+    that still runs writes nothing more (its writes are conditional on its lease), but a tool
+    it is running finishes, and its result is dropped: the call is then answered as
+    interrupted, or run again if its tool is idempotent.
+    """
+    chat_model: Any = apps.get_model(model_label)
+    rows = chat_model._default_manager.filter(pk=chat_id)
+    found = rows.values_list("lease_token", "lease_holder", "state").first()
+    if found is None or not found[0]:
+        return None
+    token, holder, state = found
+    changes: dict[str, Any] = {"lease_token": "", "lease_expires_at": None, "updated_at": Now()}
+    if state == "running":
+        changes["state"] = "queued"
+    if not rows.filter(lease_token=token).update(**changes):
+        return free_chat(chat_id, model_label)  # released or taken meanwhile: look again
+    if state == "running":
+        enqueue(chat_id, model_label)
+    return str(holder)

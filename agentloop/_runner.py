@@ -85,8 +85,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
         with RedisCancelListener(chat, store.cancel_notice):
             result = conversation.advance(stream=_publisher(chat))
     except LeaseLostError:
-        logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)
-        return StepOutcome("lost")
+        return _after_a_lost_lease(chat_model, chat_id)
     except CancelledError:
         release = store.last_release
         if release is not None and release.state == "queued":
@@ -107,7 +106,26 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     release = store.last_release
     if release is None:  # pragma: no cover - every verb releases what it claimed
         return StepOutcome("again" if result.next_move in ("tools", "generate") else "done")
+    if release.state == "lost":
+        return _after_a_lost_lease(chat_model, chat_id)
     return StepOutcome(_BY_STATE.get(release.state, "done"))
+
+
+def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
+    """Our lease is gone and this job wrote nothing after that. Usually another worker took
+    the chat over and carries on; but a claim the database lost (a crash before its commit
+    reached the disk) leaves the chat in flight with no lease at all: send its next job now
+    rather than leave it to the sweeper."""
+    orphaned = chat_model._default_manager.filter(
+        pk=chat_id, lease_token="", state__in=("queued", "running")
+    ).exists()
+    if orphaned:
+        logger.warning(
+            "Chat %s: the database lost this job's claim; sending its step again", chat_id
+        )
+        return StepOutcome("again")
+    logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)
+    return StepOutcome("lost")
 
 
 def _publisher(chat: Any) -> Any:

@@ -59,8 +59,9 @@ class Settings(BaseModel):
     RETRY_BACKOFF_MAX: _Seconds = 30.0
     #: the longest Retry-After honoured between background attempts of a step.
     RETRY_AFTER_MAX: _Seconds = 300.0
-    #: seconds a worker's lease on a chat lasts without renewal.
-    LEASE_SECONDS: _Seconds = 60
+    #: seconds a lease on a chat lasts without renewal; the heartbeat renews every third,
+    #: so a holder that died on another host is taken over within three heartbeats.
+    LEASE_SECONDS: _Seconds = 30
     #: the chat model the views, tasks and admin use ("app_label.Model").
     CHAT_MODEL: str = "agentloop.Chat"
     #: Redis for live events and fast cancellation (e.g. "redis://127.0.0.1:6379/0"); None: DB.

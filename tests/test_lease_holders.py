@@ -9,16 +9,19 @@ import subprocess
 import sys
 import threading
 from datetime import timedelta
+from io import StringIO
 from pathlib import Path
 
 import pytest
 import time_machine
+from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from agentloop import _leases
 from agentloop._leases import Lease, beat, claim_row, holder_alive, holder_id
 from agentloop._runner import run_step
+from agentloop.django_store.lease_statements import LeaseStatements
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.testing import tool_call
 from tests.processes import start_script
@@ -236,7 +239,7 @@ def test_only_one_of_two_takers_of_a_dead_holders_lease_wins(chat, sleeper, monk
     first = claim_row(Chat, chat.pk)
     assert first is not None
     # The second taker still believes the dead holder holds it.
-    monkeypatch.setattr(_leases._ClaimStatement, "holder", lambda self, using, pk: ("theirs", "x"))
+    monkeypatch.setattr(LeaseStatements, "holder", lambda self, using, pk: ("theirs", "x"))
     monkeypatch.setattr(_leases, "_gone", lambda token, holder: True)
 
     assert claim_row(Chat, chat.pk) is None
@@ -260,3 +263,65 @@ def test_a_verb_inside_a_transaction_outlasting_a_heartbeat_period_keeps_its_cla
     assert answer.content == "rested"
     chat.refresh_from_db()
     assert (chat.state, chat.lease_token) == (ChatState.IDLE, "")
+
+
+# -- by hand --------------------------------------------------------------------------------
+def test_unlock_frees_a_chat_held_on_another_host_and_sends_it_on(chat, scripted):
+    scripted.add("back on track")
+    chat.ask_later("hello")
+    hold(chat, "elsewhere/0badf00d:1:1", seconds=600)
+    out, err = StringIO(), StringIO()
+
+    call_command("agentloop", "unlock", str(chat.pk), "--yes", stdout=out, stderr=err)
+
+    assert "held by elsewhere/0badf00d:1:1" in err.getvalue()
+    assert "a tool it is running finishes" in err.getvalue()
+    assert f"Unlocked chat {chat.pk}" in out.getvalue()
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token) == (ChatState.IDLE, "")
+    assert chat.messages.last().content == "back on track"  # its next step ran
+
+
+def test_unlock_without_a_lease_changes_nothing(chat):
+    out = StringIO()
+    call_command("agentloop", "unlock", str(chat.pk), "--yes", stdout=out, stderr=StringIO())
+    assert "holds no lease; nothing to do" in out.getvalue()
+
+
+def test_a_claim_the_database_lost_sends_the_step_again_at_once(
+    chat, scripted, monkeypatch, tmp_path
+):
+    """A claim commits without waiting for the disk; a database crash can lose it. The job
+    then finds its lease gone with nobody holding the chat: it sends the step again at once
+    (it logged "taken over" and left the chat to the sweeper, STALE_QUEUED_SECONDS later)."""
+    flag = tmp_path / "flag"
+    monkeypatch.setenv("AGENTLOOP_TEST_FLAG", str(flag))
+    monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(tmp_path / "runs.log"))
+    chat.with_tools(wait_for_flag)
+    scripted.add(tool_call("wait_for_flag", id="w1"))
+    chat.ask_later("wait")
+    assert run_step(chat.pk).action == "again"
+    outcomes = []
+
+    def step():
+        try:
+            outcomes.append(run_step(chat.pk))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=step)
+    worker.start()
+    try:
+        eventually(
+            lambda: Chat.objects.filter(pk=chat.pk).exclude(lease_token="").exists(), "claim"
+        )
+        # What the server has after a crash that lost the claim: the row as before it.
+        Chat.objects.filter(pk=chat.pk).update(
+            lease_token="", lease_expires_at=None, state=ChatState.QUEUED
+        )
+    finally:
+        flag.touch()
+        worker.join(timeout=60)
+
+    assert [outcome.action for outcome in outcomes] == ["again"]
+    assert not chat.messages.filter(role="tool").exists()  # it wrote nothing

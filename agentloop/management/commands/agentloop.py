@@ -4,6 +4,7 @@
     manage.py agentloop demo [QUESTION ...] [--model M] [--tool PATH ...] [--instructions TEXT]
                              [--owner USERNAME] [--site URL]
     manage.py agentloop resume [--dry-run]
+    manage.py agentloop unlock CHAT_ID [--yes]
     manage.py agentloop batches [--no-poll]
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
@@ -30,7 +31,7 @@ from django.db import connections
 from django.urls import NoReverseMatch, reverse
 
 from ... import providers
-from ..._recovery import resume_stalled, stalled_chats
+from ..._recovery import free_chat, resume_stalled, stalled_chats
 from ...agents import Agent
 from ...background import backend_name, wait_for_embedded_jobs
 from ...batches import poll
@@ -46,7 +47,8 @@ DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given
 class Command(BaseCommand):
     help = (
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
-        "'resume' (re-enqueue stalled chats), 'batches' (poll open batches)."
+        "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
+        "(poll open batches)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -135,6 +137,19 @@ class Command(BaseCommand):
         resume.add_argument(
             "--dry-run", action="store_true", help="List the stalled chats; enqueue nothing."
         )
+        unlock = subcommands.add_parser(
+            "unlock",
+            help="Take the lease off a chat by hand (its holder is gone for sure).",
+            description=(
+                "For a chat held by a process that is certainly gone on another host, before "
+                "its lease runs out (a dead holder on the same host is taken over at once "
+                "anyway). A running chat is queued for its next step. If the holder still "
+                "runs, it writes nothing more, but a tool it is running finishes and its "
+                "result is dropped."
+            ),
+        )
+        unlock.add_argument("unlock_id", metavar="CHAT_ID", help="The chat's primary key.")
+        unlock.add_argument("--yes", action="store_true", help="Don't ask for confirmation.")
         batches = subcommands.add_parser(
             "batches",
             help="Poll open batches (append the answers of ended ones) and list them.",
@@ -152,6 +167,7 @@ class Command(BaseCommand):
             "chat": self.handle_chat,
             "demo": self.handle_demo,
             "resume": self.handle_resume,
+            "unlock": self.handle_unlock,
             "batches": self.handle_batches,
         }
         handlers[subcommand](**options)
@@ -184,6 +200,31 @@ class Command(BaseCommand):
         if ids and backend_name() == "embedded":
             # No broker: the steps run in this process, so wait for them before exiting.
             wait_for_embedded_jobs()
+
+    # -- unlock ----------------------------------------------------------------------------
+    def handle_unlock(self, **options: Any) -> None:
+        label = agentloop_settings.CHAT_MODEL
+        chat_id = options["unlock_id"]
+        found = get_chat_model()._default_manager.filter(pk=chat_id)
+        held = found.values_list("lease_holder", "lease_expires_at").first()
+        if held is None:
+            raise CommandError(f"No chat {chat_id}.")
+        self.stderr.write(
+            self.style.WARNING(
+                f"Chat {chat_id} is held by {held[0] or 'an unknown process'} until {held[1]}. "
+                "Unlock it only if that process is gone: if it still runs, a tool it is "
+                "running finishes and its result is dropped."
+            )
+        )
+        if not options["yes"] and input("Unlock it? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise CommandError("Nothing changed.")
+        holder = free_chat(chat_id, label)
+        if holder is None:
+            self.stdout.write(f"Chat {chat_id} holds no lease; nothing to do.")
+            return
+        self.stdout.write(self.style.SUCCESS(f"Unlocked chat {chat_id} (held by {holder or '?'})."))
+        if backend_name() == "embedded":
+            wait_for_embedded_jobs()  # no broker: its next step runs in this process
 
     # -- batches ---------------------------------------------------------------------------
     def handle_batches(self, **options: Any) -> None:
