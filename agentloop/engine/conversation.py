@@ -355,7 +355,8 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         self._record_cancel(exc, unanswered=unanswered)
         raise exc
 
-    def _ask_later(self, run: _Run, content: str, files: list[Any]) -> None:
+    def _ask_later(self, run: _Run, content: str | None, files: list[Any]) -> None:
+        """Add the messages queued so far, then ``content`` (None: only the queued ones)."""
         transcript, _ = self.store.read_for_step()
         round_ = pending_round(transcript)
         if round_.unanswered:
@@ -376,14 +377,20 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
                 record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
                 transcript.append(result)
                 self._emit("after_message", record)
-        message = Message(role="user", content=content, attachments=files)
-        record = self.store.append_message(message)
-        _tracing.turn_started(self.store, message)
-        transcript.append(message)
+        # Messages queued earlier go first, in order, taken together: a message sent now (to a
+        # chat whose run failed, or waits for its retry, leaving them queued) never overtakes
+        # them.
+        messages = self.store.take_queued() if self.store.has_queued() else []
+        if content is not None:
+            messages.append(Message(role="user", content=content, attachments=files))
         # The new turn starts with what was read (no cancel: a user message never inherits one).
         run.transcript = transcript
-        run.next_move = next_move(transcript)
-        self._emit("after_message", record)
+        for message in messages:
+            record = self.store.append_message(message)
+            _tracing.turn_started(self.store, message)
+            transcript.append(message)
+            run.next_move = next_move(transcript)
+            self._emit("after_message", record)
 
     def _complete(self, run: _Run, stream: StreamCallback | None) -> Moves[Any]:
         last: Any = None
@@ -411,8 +418,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         move = next_move(transcript)
         if self.store.has_queued() and self._takes_a_message(transcript):
             # Messages sent while another run held the chat: added now, in order.
-            for queued in self.store.take_queued():
-                self._ask_later(run, queued.content, list(queued.attachments))
+            self._ask_later(run, None, [])
             transcript, requested_at = run.transcript or transcript, None
             move = next_move(transcript)
         run.next_move = move
