@@ -81,6 +81,9 @@ class Settings(BaseModel):
     EVENTS_POLL_INTERVAL: _Seconds = 0.5
     #: seconds of silence after which an event stream sends a keep-alive comment.
     EVENTS_KEEPALIVE: _Seconds = 15.0
+    #: largest event data (bytes of JSON) an event stream sends whole; a larger event is sent
+    #: with its texts cut to fit and "truncated": true (the rows keep everything).
+    EVENTS_MAX_BYTES: Annotated[int, Field(strict=True, ge=1024)] = 256 * 1024
     #: how background steps run: "celery", "embedded" (in-process threads), "django_tasks"
     #: (Django 6's tasks framework, settings.TASKS) or "auto" (Celery when its app has a
     #: broker configured, else embedded).
