@@ -29,6 +29,7 @@ from django.urls import reverse
 
 from agentloop import CancelledError, events
 from agentloop.background import wait_for_embedded_jobs
+from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.sse import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
@@ -448,6 +449,23 @@ def test_the_state_lists_the_calls_waiting_for_a_person(chat, open_stream):
         (approval.pk, "delete_notes", "approval", ""),
         (question.pk, "ask_person", "question", "Which city?"),
     ]
+
+
+def test_a_page_sees_a_cancelled_waiting_chat_go_idle_with_its_calls_answered(chat, open_stream):
+    answer = say(chat, "assistant", "")
+    ToolCall.objects.create(
+        chat=chat, message=answer, call_id="c1", name="delete_notes", arguments={},
+        state="waiting", wait_reason="approval",
+    )  # fmt: skip
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.WAITING)
+    reader = open_stream()
+    assert reader.until(is_state)[-1].data["pending"] != []
+
+    assert Chat.objects.get(pk=chat.pk).cancel() is True
+    frames = reader.until(lambda f: is_state(f) and f.data["pending"] == [])
+
+    assert (frames[-1].data["state"], frames[-1].data["cancel_requested"]) == ("idle", False)
+    assert ("tool", CANCELLED_TOOL_RESULT) in messages_in(frames)
 
 
 def test_a_failed_chat_sends_its_error(chat, open_stream):
