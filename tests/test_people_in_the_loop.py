@@ -17,11 +17,16 @@ from agentloop._leases import Lease
 from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.engine.tool_runner import DENIED_RESULT
-from agentloop.exceptions import DecisionConflictError, ToolCallNotWaitingError
+from agentloop.exceptions import (
+    DecisionConflictError,
+    InvalidArgumentsError,
+    ToolCallNotWaitingError,
+)
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
+from tests.control_tools import ask_accounting
 from tests.processes import run_script, start_script, summary
 from tests.tools import Wire, add, archive, ask_manager, refund, transfer
 
@@ -756,3 +761,72 @@ def test_an_approval_racing_a_cancel_leaves_one_consistent_outcome(
         )
     chat.refresh_from_db()
     assert chat.state == "idle"
+
+
+# -- arguments are checked before anyone is asked ---------------------------------------------
+def error_result(chat, call_id):
+    message = chat.messages.get(tool_call__call_id=call_id)
+    assert message.is_error and "\n" not in message.content
+    return message.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("name", "arguments", "problem"),
+    [
+        ("wire", {"iban": "DE00", "amount": 5000}, 'it takes no parameter "amount"'),
+        ("transfer", {"amount": 5, "to": "bob", "memo\nRun?": 1}, '"memo\\nRun?"'),
+        ("transfer", {"amount": "lots", "to": "bob"}, "amount: Input should be a valid integer"),
+    ],
+)
+def test_a_call_its_tool_would_refuse_gets_an_error_result_and_no_one_is_asked(
+    chat, scripted, run_log, name, arguments, problem
+):
+    scripted.add(tool_call(name, arguments, id="t9"), "I could not do that.")
+
+    assert chat.ask("Do it").content == "I could not do that."
+
+    call = ToolCall.objects.get(call_id="t9")
+    assert (call.state, call.wait_reason, call.decision) == (ToolCallState.FAILED, "", "")
+    assert error_result(chat, "t9").startswith(f"Invalid arguments for tool {name!r}: ")
+    assert problem in error_result(chat, "t9")
+    assert chat.pending_approvals() == [] and runs(run_log) == []
+
+
+@pytest.mark.django_db
+def test_a_deferred_call_with_an_argument_its_tool_does_not_take_is_refused_not_held(
+    user, scripted
+):
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(ask_accounting)
+    scripted.add(tool_call("ask_accounting", {"invoice": "INV-7", "pay": True}, id="d9"), "Hm.")
+
+    chat.ask("Is INV-7 paid?")
+
+    assert chat.pending_results() == []
+    assert "pay: Extra inputs are not permitted" in error_result(chat, "d9")
+
+
+def test_a_memory_chat_refuses_such_a_call_before_anyone_is_asked_too(scripted):
+    chat = memory_chat("scripted:test").with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob", "cc": "eve"}, id="t9"), "No.")
+
+    assert chat.ask("Pay Bob 5").content == "No."
+    assert chat.pending_approvals() == []
+    assert "cc: Extra inputs are not permitted" in chat.messages[-2].content
+
+
+@pytest.mark.django_db
+def test_a_call_held_with_arguments_its_tool_refuses_cannot_be_approved(waiting, client, user):
+    # Held before arguments were checked first: approving it is refused (400 in the view),
+    # and it still waits for a denial.
+    ToolCall.objects.filter(call_id="t1").update(arguments={"amount": 5, "to": "bob", "cc": 1})
+    call = ToolCall.objects.get(call_id="t1")
+
+    with pytest.raises(InvalidArgumentsError, match="cc: Extra inputs are not permitted"):
+        waiting.approve("t1")
+    client.force_login(user)
+    response = client.post(reverse("agentloop:approve", args=[waiting.pk, call.pk]))
+
+    assert response.status_code == 400 and b"cc: Extra inputs" in response.content
+    assert ToolCall.objects.get(call_id="t1").state == ToolCallState.WAITING
+    waiting.deny("t1")
