@@ -135,14 +135,15 @@ class Stopping:
         chats = self.chat_model._default_manager.using(self._db)
         calls = self.tool_call_model._default_manager.using(self._db)
         pk, now = self._saved_chat().pk, timezone.now()
-        waiting = calls.filter(chat_id=pk, state=ToolCallState.WAITING)
+        # The held round: calls still waiting, or approved meanwhile and not started.
+        held = calls.filter(chat_id=pk, state__in=[ToolCallState.WAITING, ToolCallState.PENDING])
         records = []
         with transaction.atomic(using=self._db):
             # Only while no run holds the chat or is queued to (that run applies the cancel at
             # its next checkpoint). The UPDATE locks the chat row: a claim waits for this
             # transaction, then finds the cancel applied.
             applied = (
-                chats.filter(Exists(waiting), pk=pk, lease_token="")
+                chats.filter(Exists(held), pk=pk, lease_token="")
                 .exclude(state__in=["queued", "running"])
                 .update(
                     cancel_requested_at=None,
@@ -152,7 +153,7 @@ class Stopping:
             )
             if not applied:
                 return None
-            round_calls = calls.filter(chat_id=pk, message_id__in=waiting.values("message_id"))
+            round_calls = calls.filter(chat_id=pk, message_id__in=held.values("message_id"))
             undecided = round_calls.filter(
                 Q(state=ToolCallState.PENDING)
                 | (Q(state=ToolCallState.WAITING) & ~Q(wait_reason="subagent"))

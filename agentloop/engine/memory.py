@@ -302,8 +302,9 @@ class MemoryStore(ChatStore):
     def cancel_held(self, result: str) -> list[Message] | None:
         with self._lock:
             round_ = pending_round(self.messages)  # the stored calls themselves
+            held = (ToolCallState.WAITING, ToolCallState.PENDING)
             if self._holder is not None or not any(
-                call.state == ToolCallState.WAITING for call in round_.unanswered
+                call.state in held for call in round_.unanswered
             ):
                 return None
             self._cancel_requested_at = None
