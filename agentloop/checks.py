@@ -47,7 +47,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     for key, problem in sorted(problems.items()):
         given = value.get(key)
         if key in _NON_NEGATIVE_NUMBERS:
-            message, check_id = f"must be a non-negative number, not {given!r}", "E003"
+            rule = _SECONDS_RULES.get(key, "a finite, non-negative number")
+            message, check_id = f"must be {rule}, not {given!r}", "E003"
         elif key == "MODEL_RETRIES":
             message, check_id = f"must be a non-negative integer, not {given!r}", "E004"
         elif key == "TOOL_CONCURRENCY":
@@ -65,8 +66,20 @@ _NON_NEGATIVE_NUMBERS = frozenset(
         "CANCEL_POLL_INTERVAL", "LEASE_SECONDS", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX",
         "RETRY_AFTER_MAX", "PARTIAL_SAVE_INTERVAL", "EVENTS_REAUTH_SECONDS",
         "EVENTS_POLL_INTERVAL", "EVENTS_KEEPALIVE", "STALE_QUEUED_SECONDS", "EVENTS_TTL",
+        "APPROVAL_TIMEOUT",
     }
 )  # fmt: skip
+#: what those keys must hold where it is more than a non-negative number (the bounds are
+#: the types of ``agentloop.conf.Settings``; infinity and NaN are never numbers of seconds).
+_SECONDS_RULES = {
+    "LEASE_SECONDS": "a number of seconds of at least 1 (the heartbeat renews the lease "
+    "every third of it; 0 would let two workers run one chat)",
+    "EVENTS_POLL_INTERVAL": "a number of seconds greater than 0",
+    "EVENTS_KEEPALIVE": "a number of seconds greater than 0",
+    "EVENTS_TTL": "None or a number of seconds of at least 1 (Redis expires whole seconds)",
+    "APPROVAL_TIMEOUT": "None or a number of seconds greater than 0 (0 would deny every "
+    "approval at once)",
+}
 
 
 @register(Tags.compatibility)

@@ -28,8 +28,19 @@ def _a_number(value: Any) -> Any:
     return value
 
 
-#: seconds (or another non-negative number): 0.5, 60.
-_Seconds = Annotated[float, BeforeValidator(_a_number), Field(ge=0)]
+#: seconds (or another non-negative number): 0.5, 60 (not infinity, not NaN).
+_Seconds = Annotated[float, BeforeValidator(_a_number), Field(ge=0, allow_inf_nan=False)]
+#: seconds to wait between two things: 0 would make a loop that never waits.
+_Interval = Annotated[_Seconds, Field(gt=0)]
+#: seconds of a Redis expiry, which counts whole seconds (0 or 0.5 would be "never").
+_WholeSeconds = Annotated[_Seconds, Field(ge=1)]
+#: the lease. At least a second: the heartbeat renews it every third of it and tries again
+#: every sixth, giving up a sixth before it expires, so at 1 s each of its three tries has
+#: some 170 ms, room for a database round trip or a reconnect on a busy host. Shorter, the
+#: tries shrink to the heartbeat's 50 ms tick and 100 ms margin (at 0.2 s it gives up
+#: before the first renewal is due); at 0 a lease has expired when it is taken, so two
+#: workers run one chat.
+_LeaseSeconds = Annotated[_Seconds, Field(ge=1)]
 #: a count that may be 0 (retries).
 _Count = Annotated[int, Field(strict=True, ge=0)]
 #: a count of at least 1 (sizes, pool sizes).
@@ -61,7 +72,7 @@ class Settings(BaseModel):
     RETRY_AFTER_MAX: _Seconds = 300.0
     #: seconds a lease on a chat lasts without renewal; the heartbeat renews every third,
     #: so a holder that died on another host is taken over within three heartbeats.
-    LEASE_SECONDS: _Seconds = 30
+    LEASE_SECONDS: _LeaseSeconds = 30
     #: the chat model the views, tasks and admin use ("app_label.Model").
     CHAT_MODEL: str = "agentloop.Chat"
     #: Redis for live events and fast cancellation (e.g. "redis://127.0.0.1:6379/0"); None: DB.
@@ -73,15 +84,18 @@ class Settings(BaseModel):
     REDIS_PREFIX: str | None = None
     #: seconds a chat's Redis event stream lives after its latest event; None: no expiry
     #: (a deleted chat's stream is deleted with it either way).
-    EVENTS_TTL: _Seconds | None = 24 * 60 * 60
+    EVENTS_TTL: _WholeSeconds | None = 24 * 60 * 60
     #: seconds an open event stream goes without checking again that its reader may still
     #: see the chat (logged in, active, allowed); it closes when they may not.
     EVENTS_REAUTH_SECONDS: _Seconds = 30.0
     #: seconds between an event stream's reads of the chat (its state; its messages when
     #: there is no Redis).
-    EVENTS_POLL_INTERVAL: _Seconds = 0.5
+    EVENTS_POLL_INTERVAL: _Interval = 0.5
     #: seconds of silence after which an event stream sends a keep-alive comment.
-    EVENTS_KEEPALIVE: _Seconds = 15.0
+    EVENTS_KEEPALIVE: _Interval = 15.0
+    #: largest event data (bytes of JSON) an event stream sends whole; a larger event is sent
+    #: with its texts cut to fit and "truncated": true (the rows keep everything).
+    EVENTS_MAX_BYTES: Annotated[int, Field(strict=True, ge=1024)] = 256 * 1024
     #: how background steps run: "celery", "embedded" (in-process threads), "django_tasks"
     #: (Django 6's tasks framework, settings.TASKS) or "auto" (Celery when its app has a
     #: broker configured, else embedded).
@@ -99,7 +113,7 @@ class Settings(BaseModel):
     #: (answered after the run), "interrupt" (the run is cancelled, then it is answered).
     IF_BUSY: Literal["reject", "queue", "interrupt"] = "reject"
     #: seconds a call may wait for approval before the sweeper denies it; None: no limit.
-    APPROVAL_TIMEOUT: _Seconds | None = None
+    APPROVAL_TIMEOUT: _Interval | None = None
     #: seconds between writes of a streaming partial answer to the database.
     PARTIAL_SAVE_INTERVAL: _Seconds = 1.0
     #: largest provider response read (bytes of one answer, plain or streamed); larger fails

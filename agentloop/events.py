@@ -25,6 +25,7 @@ from .conf import agentloop_settings
 from .messages import TextDelta, ToolCallDelta
 
 __all__ = [
+    "READ_COUNT",
     "DatabaseEvents",
     "Event",
     "EventBackend",
@@ -100,6 +101,11 @@ class EventBackend(ABC):
         raise NotImplementedError("backends with keeps_events = True provide latest_id()")
 
 
+#: the most events one read of a Redis stream returns (XREAD COUNT, XREVRANGE COUNT): a reader
+#: that starts from the beginning of a full stream reads it in parts, never all at once.
+READ_COUNT = 100
+
+
 class RedisEvents(EventBackend):
     """Redis Streams: XADD per event (capped, expiring), XREAD BLOCK to wait."""
 
@@ -141,6 +147,7 @@ class RedisEvents(EventBackend):
     def _xread_args(self, key: str, after: str | None, timeout: float) -> dict[str, Any]:
         return {
             "streams": {self.stream(key): after or "0-0"},
+            "count": READ_COUNT,  # a reader catching up takes the stream a part at a time
             "block": max(1, int(timeout * 1000)),
         }
 
@@ -152,7 +159,7 @@ class RedisEvents(EventBackend):
         stream = self.stream(key)
         upper = "+"
         while True:
-            entries: Any = self.client.xrevrange(stream, max=upper, min="-", count=100)
+            entries: Any = self.client.xrevrange(stream, max=upper, min="-", count=READ_COUNT)
             if not entries:
                 return "0-0"
             for event_id, fields in entries:

@@ -46,10 +46,12 @@ from .events import Event, chat_key, database_events, get_backend
 from .views import can_view_chat
 
 __all__ = [
+    "CUT_MARK",
     "KEEPALIVE",
     "ChatEventReader",
     "ReaderAccess",
     "aevent_stream",
+    "cut_to_fit",
     "event_stream",
     "format_event",
     "requested_position",
@@ -65,12 +67,87 @@ _POSITION = re.compile(r"^\d{1,20}(-\d{1,20})?$")
 _ERROR_SHOWN = 1000  # characters of a failed chat's error sent to the page
 
 
-def format_event(type_: str, data: Any, event_id: str | None = None) -> bytes:
-    """One event in the wire format: ``id:`` (if any), ``event:``, ``data:`` (JSON)."""
+def format_event(
+    type_: str, data: Any, event_id: str | None = None, *, max_bytes: int | None = None
+) -> bytes:
+    """One event in the wire format: ``id:`` (if any), ``event:``, ``data:`` (JSON).
+
+    With ``max_bytes``, data whose JSON is longer is sent cut to fit (:func:`cut_to_fit`)."""
     lines = [f"id: {event_id}"] if event_id is not None else []
     lines.append(f"event: {type_}")
-    lines.append("data: " + json.dumps(data, default=str, separators=(",", ":")))
+    body = _json(data)
+    if max_bytes is not None and len(body) > max_bytes:
+        body = _json(cut_to_fit(data, max_bytes))
+    lines.append("data: " + body)
     return ("\n".join(lines) + "\n\n").encode()
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, default=str, separators=(",", ":"))
+
+
+#: what ends a text cut to fit ``EVENTS_MAX_BYTES`` (the whole text is in the database).
+CUT_MARK = " … [truncated]"
+#: texts are not cut shorter than this (ids, roles and states stay whole); when that is not
+#: enough, only the event's identifying fields are sent.
+_KEPT_CHARACTERS = 100
+#: the fields kept when even cut texts don't fit: what a page needs to find the row again.
+_IDENTIFYING = ("id", "role", "status", "tool_call_id", "call_id", "name")
+
+
+def cut_to_fit(data: Any, max_bytes: int) -> dict[str, Any]:
+    """``data`` (an event's dict) with ``"truncated": true`` and its longest texts cut, each
+    ending in :data:`CUT_MARK`, so that its JSON fits in ``max_bytes``; when cutting texts
+    down to ``_KEPT_CHARACTERS`` is not enough, only its identifying fields."""
+    source = data if isinstance(data, dict) else {}
+    longest = max(_text_lengths(source), default=0)
+
+    def fits(keep: int) -> bool:
+        return len(_json(_cut(source, keep))) <= max_bytes
+
+    # A text longer than max_bytes can't fit whole, so the search starts below that: each
+    # try serialises a bounded payload, however large the event.
+    low, high = _KEPT_CHARACTERS, min(longest, max_bytes)
+    if high < low or not fits(low):
+        return {
+            **{key: source[key] for key in _IDENTIFYING if _is_scalar(source.get(key))},
+            "truncated": True,
+        }
+    while low < high:  # the longest cut that fits
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return _cut(source, low)
+
+
+def _text_lengths(value: Any) -> Iterator[int]:
+    if isinstance(value, str):
+        yield len(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _text_lengths(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _text_lengths(item)
+
+
+def _cut(data: dict[str, Any], keep: int) -> dict[str, Any]:
+    def cut(value: Any) -> Any:
+        if isinstance(value, str):
+            return value if len(value) <= keep else value[:keep] + CUT_MARK
+        if isinstance(value, dict):
+            return {key: cut(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [cut(item) for item in value]
+        return value
+
+    return {**cut(data), "truncated": True}
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is not None and isinstance(value, str | int | float | bool)
 
 
 def requested_position(request: HttpRequest) -> str | None:
@@ -134,6 +211,8 @@ class ChatEventReader:
         self.after = after
         self.backend = get_backend()
         self.access = access
+        #: the largest event data sent whole (``EVENTS_MAX_BYTES``); larger is cut to fit.
+        self.max_bytes = agentloop_settings.EVENTS_MAX_BYTES
         #: the chat was deleted, or its reader may no longer see it: the stream ends.
         self.gone = False
         self._state: dict[str, Any] | None = None
@@ -171,7 +250,8 @@ class ChatEventReader:
         """Events read from Redis, in the wire format; the position moves past them."""
         frames = []
         for event in events:
-            frames.append(format_event(event["type"], event.get("data", {}), event["id"]))
+            data = event.get("data", {})
+            frames.append(format_event(event["type"], data, event["id"], max_bytes=self.max_bytes))
             self.after = event["id"]
         return frames
 
@@ -179,7 +259,7 @@ class ChatEventReader:
         events, streaming = database_events(self.chat_model, self.chat_pk, self.after)
         frames = self.frames_for(events)
         if streaming is not None and streaming != self._streaming:
-            frames.append(format_event("partial", streaming["data"]))
+            frames.append(format_event("partial", streaming["data"], max_bytes=self.max_bytes))
         self._streaming = streaming
         return frames
 
@@ -222,7 +302,7 @@ class ChatEventReader:
         if state == self._state:
             return None
         self._state = state
-        return format_event("state", state)
+        return format_event("state", state, max_bytes=self.max_bytes)
 
 
 def _settings() -> tuple[float, float]:

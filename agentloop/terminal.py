@@ -7,9 +7,10 @@ inline. Ctrl-C during a run cancels that run (``chat.cancel()``), not the progra
 at the prompt, Ctrl-C, Ctrl-D or ``/quit`` leaves.
 
 Text from models and tools is untrusted: control characters and escape sequences in
-answers, tool names, arguments, results and questions are printed escaped (``\x1b[8m``
-shows as those six characters), so a model can't hide or fake an approval prompt; and
-on a terminal the style is reset before every prompt.
+answers, tool names, arguments (their names too), results and questions are printed
+escaped (``\x1b[8m`` shows as those six characters), so a model can't hide or fake an
+approval prompt; and on a terminal the style is reset before every prompt. A call whose
+arguments its tool refuses is answered with an error before anyone is asked about it.
 """
 
 from __future__ import annotations
@@ -63,8 +64,16 @@ def _arguments(arguments: dict[str, Any], tool: Any = None) -> str:
         declared = list(tool.definition().parameters.get("properties", {}))
         keys.sort(key=lambda key: declared.index(key) if key in declared else len(declared))
     return visible(
-        ", ".join(f"{key}={json.dumps(arguments[key], ensure_ascii=False)}" for key in keys)
+        ", ".join(f"{_key(key)}={json.dumps(arguments[key], ensure_ascii=False)}" for key in keys)
     )
+
+
+def _key(key: Any) -> str:
+    """An argument's name as it is when it reads as a plain name; else escaped like a value
+    (a JSON string), so a newline, a quote or ``=`` in a key can't fake another argument or
+    another prompt line."""
+    text = str(key)
+    return text if text.isidentifier() else json.dumps(text, ensure_ascii=False)
 
 
 def _count(number: int, noun: str) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutcome",
+    "arguments_problem",
     "arguments_schema",
     "format_result",
     "load_tool",
@@ -175,6 +176,17 @@ class Tool:
         params = cls.Params.model_validate(arguments)
         # Keep nested models as models: execute() gets what Params declares.
         return {name: getattr(params, name) for name in type(params).model_fields}
+
+    @classmethod
+    def unexpected_keys(cls, arguments: dict[str, Any]) -> list[str]:
+        """Keys of ``arguments`` the tool takes no parameter for (``Params`` would drop them
+        unless it allows extra keys), in their order."""
+        if cls.Params.model_config.get("extra") == "allow":
+            return []
+        accepted: set[Any] = set()
+        for name, field in cls.Params.model_fields.items():
+            accepted.update((name, field.alias, field.validation_alias))
+        return [key for key in arguments if key not in accepted]
 
 
 @lru_cache(maxsize=512)
@@ -389,9 +401,30 @@ def describe_validation_error(tool_name: str, error: ValidationError) -> str:
     """A short, model-readable account of invalid arguments."""
     problems = []
     for item in error.errors(include_url=False):
-        where = ".".join(str(part) for part in item["loc"]) or "arguments"
+        where = ".".join(_name(part) for part in item["loc"]) or "arguments"
         problems.append(f"{where}: {item['msg']}")
     return f"Invalid arguments for tool {tool_name!r}: " + "; ".join(problems)
+
+
+def arguments_problem(tool_class: type[Tool], arguments: dict[str, Any]) -> str | None:
+    """Why ``tool_class`` can't run with ``arguments`` as they are (one line): values its
+    ``Params`` refuse, or keys it takes no parameter for; None when it can."""
+    try:
+        tool_class.parse_arguments(arguments)
+    except ValidationError as exc:
+        return describe_validation_error(tool_class.name, exc)
+    unexpected = tool_class.unexpected_keys(arguments)
+    if unexpected:
+        keys = ", ".join(json.dumps(str(key)) for key in unexpected)
+        return f"Invalid arguments for tool {tool_class.name!r}: it takes no parameter {keys}"
+    return None
+
+
+def _name(part: Any) -> str:
+    """A key as it is when it reads as a name, else as a JSON string: one line, whatever
+    the model put in it."""
+    text = str(part)
+    return text if text.isidentifier() or isinstance(part, int) else json.dumps(text)
 
 
 def tool_reference(tool_class: type[Tool]) -> str:

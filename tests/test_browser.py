@@ -404,6 +404,27 @@ def test_approving_a_call_runs_it_and_shows_its_result(page, site, person, tmp_p
     assert not Note.objects.filter(owner=person).exists()
 
 
+def test_cancelling_a_chat_waiting_for_approval_answers_the_call_as_cancelled(page, site, person):
+    from playwright.sync_api import expect
+
+    Note.objects.create(owner=person, text="Pack an umbrella")
+    log_in(page, site, "ada", "lovelace")
+    start_chat(page, "Delete my notes")
+    approval = page.locator(".decision.approval")
+    expect(approval).to_contain_text("The assistant wants to run delete_notes")
+    expect(page.locator("#state")).to_have_text("waiting")
+
+    page.click("#cancel")
+
+    expect(page.locator("li.call.failed .result")).to_have_text(
+        "Cancelled by the user before this tool ran."
+    )
+    expect(page.locator("#state")).to_have_text("idle")
+    expect(approval).to_have_count(0)
+    expect(page.locator("#send button[type=submit]")).to_be_enabled()
+    assert Note.objects.filter(owner=person).count() == 1
+
+
 def test_denying_a_call_gives_the_model_an_error_result_and_runs_nothing(page, site, person):
     from playwright.sync_api import expect
 

@@ -15,7 +15,7 @@ from django.core.checks import run_checks as run_django_checks
 from django.test import override_settings
 
 from agentloop.checks import check_settings, management_command
-from agentloop.conf import DEFAULTS
+from agentloop.conf import DEFAULTS, agentloop_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,11 +90,68 @@ def test_e003_a_negative_or_non_number_fails(key, value):
     assert key in errors[0].msg
 
 
-@pytest.mark.parametrize("key", NUMBER_KEYS)
+@pytest.mark.parametrize("key", [key for key in NUMBER_KEYS if key != "LEASE_SECONDS"])
 @pytest.mark.parametrize("value", [0, 0.05, 30])
 def test_e003_a_non_negative_number_passes(key, value):
     with override_settings(AGENTLOOP={key: value}):
         assert check_settings() == []
+
+
+#: keys of seconds with a floor of their own, a value just below it, and one at it.
+FLOORS = [
+    ("LEASE_SECONDS", 0, 1),
+    ("LEASE_SECONDS", 0.99, 1.0),
+    ("EVENTS_POLL_INTERVAL", 0, 0.01),
+    ("EVENTS_KEEPALIVE", 0, 0.01),
+    ("EVENTS_TTL", 0.5, 1),
+    ("APPROVAL_TIMEOUT", 0, 0.01),
+]
+
+
+@pytest.mark.parametrize(("key", "below", "at"), FLOORS)
+def test_e003_a_key_of_seconds_below_its_floor_fails_with_one_line_and_reads_as_its_default(
+    key, below, at
+):
+    with override_settings(AGENTLOOP={key: below}):
+        errors = check_settings()
+        agentloop_settings.reload()
+        read = getattr(agentloop_settings, key)
+
+    assert ids(errors) == ["agentloop.E003"]
+    assert errors[0].msg.startswith(f"AGENTLOOP[{key!r}] must be ") and "\n" not in errors[0].msg
+    assert errors[0].msg.endswith(f", not {below!r}.")
+    assert read == DEFAULTS[key]  # never the value that makes no sense
+    with override_settings(AGENTLOOP={key: at}):
+        assert check_settings() == []
+
+
+def test_e003_lease_seconds_says_why_it_has_a_floor():
+    with override_settings(AGENTLOOP={"LEASE_SECONDS": 0}):
+        [error] = check_settings()
+
+    assert "at least 1" in error.msg and "two workers run one chat" in error.msg
+
+
+@pytest.mark.parametrize("key", [*NUMBER_KEYS, "EVENTS_TTL", "APPROVAL_TIMEOUT"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_e003_infinity_and_nan_are_no_number_of_seconds(key, value):
+    with override_settings(AGENTLOOP={key: value}):
+        assert ids(check_settings()) == ["agentloop.E003"]
+
+
+@pytest.mark.django_db
+@override_settings(AGENTLOOP={**settings.AGENTLOOP, "LEASE_SECONDS": 0})
+def test_a_lease_seconds_of_zero_keeps_one_writer_per_chat():
+    from agentloop._leases import Lease  # the models load once Django is set up
+    from agentloop.models import Chat
+
+    agentloop_settings.reload()
+    chat = Chat.objects.create(model="scripted:test")
+    held = Lease.take(Chat, chat.pk)
+
+    assert held is not None
+    assert Lease.take(Chat, chat.pk) is None  # a second worker finds the chat held
+    assert held.release(state="idle")
 
 
 # -- E004: MODEL_RETRIES is a non-negative integer -----------------------------------------

@@ -11,11 +11,19 @@ from django.db import connection
 from django.test import override_settings
 
 from agentloop import chat as memory_chat
+from agentloop import providers
 from agentloop._leases import Lease
+from agentloop._runner import run_step
 from agentloop.background import wait_for_embedded_jobs
-from agentloop.exceptions import ChatBusyError, ConfigurationError
+from agentloop.exceptions import (
+    AuthenticationError,
+    ChatBusyError,
+    ConfigurationError,
+    ServerError,
+)
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
+from agentloop.testing import FunctionProvider
 from tests.helpers import transcript
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,3 +116,95 @@ def test_a_memory_chat_queues_too():
 def test_an_unknown_if_busy_is_a_configuration_error(user):
     with pytest.raises(ConfigurationError, match="if_busy"):
         Chat.objects.create(model="rules:test", owner=user).ask_later("hi", if_busy="wait")
+
+
+def _queue_from_another_holder(chat, text):
+    """Send ``text`` with if_busy="queue" from another chat object while ``chat`` runs."""
+    Chat.objects.get(pk=chat.pk).ask_later(text, if_busy="queue")
+
+
+def test_after_a_failed_run_queued_messages_come_before_the_next_one(user):
+    # The run of "first" fails for good while "second" waits in the inbox; "third", sent to
+    # the failed chat (nothing holds it), must not overtake "second".
+    def answer(request):
+        if request.messages[-1].content == "first":
+            _queue_from_another_holder(chat, "second")
+            return AuthenticationError("scripted HTTP 401", status=401)
+        return f"echo: {request.messages[-1].content}"
+
+    providers.register("failing", FunctionProvider(answer))
+    try:
+        chat = Chat.objects.create(model="failing:test", owner=user)
+        with pytest.raises(AuthenticationError):
+            chat.ask("first")
+        chat.refresh_from_db()
+        assert (chat.state, [item["content"] for item in chat.inbox]) == ("failed", ["second"])
+
+        Chat.objects.get(pk=chat.pk).ask_later("third", if_busy="queue")
+        Chat.objects.get(pk=chat.pk).complete()
+    finally:
+        providers.unregister("failing")
+
+    assert [content for role, content in transcript(chat) if role == "user"] == [
+        "first", "second", "third",
+    ]  # fmt: skip
+    assert transcript(chat)[-1] == ("assistant", "echo: third")
+    chat.refresh_from_db()
+    assert chat.inbox == []
+
+
+@override_settings(AGENTLOOP={**EMBEDDED, "MODEL_RETRIES": 0})
+def test_a_message_sent_while_a_step_waits_to_be_retried_comes_after_the_queued_ones(user):
+    # A background step fails transiently while "second" is queued: the chat waits for its
+    # retry with no lease. "third", sent then, is added after "second", not before it.
+    def answer(request):
+        if request.messages[-1].content == "first" and not answer.failed:
+            answer.failed = True
+            _queue_from_another_holder(chat, "second")
+            return ServerError("scripted HTTP 503", status=503)
+        return f"echo: {request.messages[-1].content}"
+
+    answer.failed = False
+    providers.register("failing", FunctionProvider(answer))
+    try:
+        chat = Chat.objects.create(model="failing:test", owner=user)
+        chat.ask_later("first")
+        assert run_step(chat.pk).action == "retry"  # one worker job (its retry not sent)
+        chat.refresh_from_db()
+        assert (chat.state, chat.lease_token, chat.retry_at is not None) == ("queued", "", True)
+
+        Chat.objects.get(pk=chat.pk).ask_later("third", if_busy="queue")
+        assert wait_for_embedded_jobs(60)
+    finally:
+        providers.unregister("failing")
+
+    assert [content for role, content in transcript(chat) if role == "user"] == [
+        "first", "second", "third",
+    ]  # fmt: skip
+    chat.refresh_from_db()
+    assert (chat.state, chat.inbox) == (ChatState.IDLE, [])
+    assert transcript(chat)[-1] == ("assistant", "echo: third")
+
+
+def test_a_memory_chat_keeps_the_order_after_a_failed_run():
+    chat = memory_chat("failing:test")
+
+    def answer(request):
+        if request.messages[-1].content == "first":
+            sender = threading.Thread(target=lambda: chat.ask_later("second", if_busy="queue"))
+            sender.start()
+            sender.join()
+            return AuthenticationError("scripted HTTP 401", status=401)
+        return f"echo: {request.messages[-1].content}"
+
+    providers.register("failing", FunctionProvider(answer))
+    try:
+        with pytest.raises(AuthenticationError):
+            chat.ask("first")
+        assert [m.content for m in chat.store.inbox] == ["second"]
+        chat.ask("third")
+    finally:
+        providers.unregister("failing")
+
+    assert [m.content for m in chat.messages if m.role == "user"] == ["first", "second", "third"]
+    assert chat.messages[-1].content == "echo: third"

@@ -253,7 +253,7 @@ def test_a_verb_inside_a_transaction_outlasting_a_heartbeat_period_keeps_its_cla
     """ATOMIC_REQUESTS or a caller's transaction.atomic(): the claim is uncommitted, so the
     heartbeat's own connection can't renew it; its row lock keeps others off instead (the
     heartbeat found no such lease and the verb lost its claim mid-tool)."""
-    settings.AGENTLOOP = {**settings.AGENTLOOP, "LEASE_SECONDS": 0.6}  # a beat every 0.2 s
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "LEASE_SECONDS": 1}  # a beat every 0.33 s
     chat.with_tools(slow)
     scripted.add(tool_call("slow", {"seconds": 1.0}), "rested")
 

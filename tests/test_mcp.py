@@ -24,7 +24,7 @@ from django.test import override_settings
 
 import agentloop
 from agentloop.exceptions import CancelledError, ConfigurationError, MCPServerError, ToolError
-from agentloop.mcp import STOPPED_RESULT, close_connections, load_mcp_tool, mcp_tools
+from agentloop.mcp import STOPPED_RESULT, MCPTool, close_connections, load_mcp_tool, mcp_tools
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
@@ -477,6 +477,18 @@ def test_a_tool_that_requires_approval_waits_then_runs_after_approve(stdio_files
     assert answer.content == "Deleted."
     assert results(chat) == [("delete-file", "Deleted notes.txt.", False)]
     assert [c["tool"] for c in calls(stdio_files)] == ["delete-file"]
+
+
+def test_keys_a_server_schema_refuses_are_unexpected_and_others_are_left_to_the_server():
+    closed = type(
+        "Closed", (MCPTool,),
+        {"input_schema": {"type": "object", "properties": {"path": {"type": "string"}},
+                          "additionalProperties": False}},
+    )  # fmt: skip
+    open_ = type("Open", (MCPTool,), {"input_schema": {"properties": {"path": {}}}})
+
+    assert closed.unexpected_keys({"path": "a", "force\n": True}) == ["force\n"]
+    assert open_.unexpected_keys({"path": "a", "force": True}) == []
 
 
 def test_requires_approval_true_holds_every_tool_of_the_server(stdio_files):

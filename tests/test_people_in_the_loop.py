@@ -9,19 +9,34 @@ from pathlib import Path
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
 
-from agentloop import PendingToolCallsError
+from agentloop import CancelledError, PendingToolCallsError, signals
+from agentloop import chat as memory_chat
+from agentloop._leases import Lease
 from agentloop.background import wait_for_embedded_jobs
+from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.engine.tool_runner import DENIED_RESULT
-from agentloop.exceptions import DecisionConflictError, ToolCallNotWaitingError
+from agentloop.exceptions import (
+    DecisionConflictError,
+    InvalidArgumentsError,
+    ToolCallNotWaitingError,
+)
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
-from tests.processes import run_script, summary
+from tests.control_tools import ask_accounting
+from tests.processes import run_script, start_script, summary
 from tests.tools import Wire, add, archive, ask_manager, refund, transfer
 
 EMBEDDED = {"BACKGROUND": "embedded", "CANCEL_POLL_INTERVAL": 0.05}
+
+
+def finish(process, timeout=90):
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err
+    return summary(out)
 
 
 def runs(path: Path) -> list[str]:
@@ -562,3 +577,256 @@ def test_a_denial_resumes_a_background_chat_without_running_the_tool(
     chat.refresh_from_db()
     assert (chat.state, chat.messages.last().content) == ("idle", "Not paid.")
     assert runs(run_log) == []
+
+
+# -- cancelling a chat that waits for a person ------------------------------------------------
+def held_calls(chat):
+    return {
+        call.call_id: (call.state, call.decision)
+        for call in ToolCall.objects.filter(chat=chat, call_id__in=["t1", "q1"])
+    }
+
+
+CANCELLED = (ToolCallState.CANCELLED, "cancelled")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancelling_a_background_chat_waiting_for_a_person_cancels_its_held_calls(
+    waiting_in_background, scripted, run_log
+):
+    chat = waiting_in_background
+    asked = len(scripted.requests)
+
+    assert Chat.objects.get(pk=chat.pk).cancel() is True
+    assert wait_for_embedded_jobs(timeout=30)
+
+    chat.refresh_from_db()
+    assert (chat.state, chat.cancel_requested_at) == ("idle", None)
+    assert held_calls(chat) == {"t1": CANCELLED, "q1": CANCELLED}
+    assert results(chat) == {
+        "t1": (CANCELLED_TOOL_RESULT, True),
+        "q1": (CANCELLED_TOOL_RESULT, True),
+    }
+    assert (chat.pending_approvals(), chat.pending_questions()) == ([], [])
+    assert runs(run_log) == [] and len(scripted.requests) == asked  # nothing ran
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_cancelling_a_waiting_chat_the_next_message_is_answered(
+    waiting_in_background, scripted
+):
+    chat = waiting_in_background
+    Chat.objects.get(pk=chat.pk).cancel()
+    scripted.add("Fine, nothing was paid.")
+
+    Chat.objects.get(pk=chat.pk).ask_later("Never mind").complete_later()
+    assert wait_for_embedded_jobs(timeout=30)
+
+    chat.refresh_from_db()
+    assert chat.state == "idle"
+    assert [m.content for m in chat.messages.order_by("id")][-2:] == [
+        "Never mind", "Fine, nothing was paid.",
+    ]  # fmt: skip
+    last_request = scripted.requests[-1].messages
+    assert [m.content for m in last_request if m.role == "tool"] == [CANCELLED_TOOL_RESULT] * 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_decision_after_the_cancel_is_a_conflict(waiting_in_background, user):
+    chat = waiting_in_background
+    Chat.objects.get(pk=chat.pk).cancel()
+
+    with pytest.raises(DecisionConflictError, match="already cancelled"):
+        chat.approve("t1", by=user)
+    with pytest.raises(DecisionConflictError, match="already cancelled"):
+        chat.answer("q1", "Savings", by=user)
+    assert held_calls(chat) == {"t1": CANCELLED, "q1": CANCELLED}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancelling_a_waiting_chat_sends_the_signals_of_a_cancel(waiting_in_background):
+    chat = waiting_in_background
+    seen = []
+    cancelled = lambda sender, chat, **kwargs: seen.append(("cancelled", chat.pk))  # noqa: E731
+    added = lambda sender, chat, message, **kwargs: seen.append(("message", message.role))  # noqa: E731
+    signals.chat_cancelled.connect(cancelled)
+    signals.message_added.connect(added)
+    try:
+        Chat.objects.get(pk=chat.pk).cancel()
+    finally:
+        signals.chat_cancelled.disconnect(cancelled)
+        signals.message_added.disconnect(added)
+
+    assert seen == [("message", "tool"), ("message", "tool"), ("cancelled", chat.pk)]
+
+
+@pytest.mark.django_db
+def test_cancelling_a_chat_waiting_in_process_cancels_the_held_call(waiting, scripted, run_log):
+    assert Chat.objects.get(pk=waiting.pk).cancel() is True
+
+    assert held_calls(waiting) == {"t1": CANCELLED}
+    assert results(waiting) == {"t1": (CANCELLED_TOOL_RESULT, True)}
+    scripted.add("OK.")
+    assert waiting.ask("Something else").content == "OK."
+    assert runs(run_log) == []
+
+
+@pytest.mark.django_db
+def test_a_cancel_a_run_saw_while_holding_the_chat_cancels_the_held_calls_at_the_next_verb(
+    waiting, scripted, run_log
+):
+    # The cancel came while a run held the chat, which let go of it as waiting: the next
+    # verb applies the cancel to the held round instead of leaving it waiting.
+    held = Lease.take(Chat, waiting.pk)
+    assert Chat.objects.get(pk=waiting.pk).cancel() is True
+    assert ToolCall.objects.get(call_id="t1").state == ToolCallState.WAITING  # the run's to do
+    assert held.release()
+
+    with pytest.raises(CancelledError):
+        Chat.objects.get(pk=waiting.pk).complete()
+
+    assert held_calls(waiting) == {"t1": CANCELLED}
+    scripted.add("OK.")
+    assert waiting.ask("Something else").content == "OK."
+    assert runs(run_log) == []
+
+
+@pytest.mark.django_db
+def test_the_admin_action_cancels_a_waiting_chat_and_its_page_shows_it(waiting, admin_client):
+    response = admin_client.post(
+        reverse("admin:agentloop_chat_changelist"),
+        {"action": "cancel_chats", "_selected_action": [waiting.pk]},
+    )
+    assert response.status_code == 302
+
+    page = admin_client.get(reverse("admin:agentloop_chat_change", args=[waiting.pk]))
+    content = page.content.decode()
+    assert CANCELLED_TOOL_RESULT in content
+    assert held_calls(waiting) == {"t1": CANCELLED}
+
+
+def test_cancelling_a_memory_chat_waiting_for_a_person_cancels_the_held_call(scripted):
+    chat = memory_chat("scripted:test").with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"))
+    chat.ask("Pay Bob 5")
+    cancelled = []
+    chat.on("cancelled", lambda: cancelled.append(True))
+
+    assert chat.cancel() is True
+
+    (call,) = chat.messages[-2].tool_calls
+    assert (call.state, call.decision, cancelled) == (ToolCallState.CANCELLED, "cancelled", [True])
+    assert (chat.messages[-1].content, chat.messages[-1].is_error) == (CANCELLED_TOOL_RESULT, True)
+    assert chat.store.cancel_requested_at() is None and chat.pending_approvals() == []
+    with pytest.raises(DecisionConflictError):
+        chat.approve("t1")
+    scripted.add("OK.")
+    assert chat.ask("Something else").content == "OK."
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.subprocess
+@pytest.mark.parametrize("attempt", range(3))
+def test_an_approval_racing_a_cancel_leaves_one_consistent_outcome(
+    attempt, user, scripted, tmp_path
+):
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"))
+    chat.ask("Pay Bob 5")
+    call = ToolCall.objects.get(chat=chat, call_id="t1")
+    go = tmp_path / "go"
+    racers = [
+        start_script("decide.py", chat.pk, call.pk, verb, go) for verb in ("approve", "cancel")
+    ]
+    go.touch()
+    approved, cancel = (finish(racer)["outcome"] for racer in racers)
+
+    call.refresh_from_db()
+    answers = list(chat.messages.filter(tool_call=call).values_list("content", flat=True))
+    if approved == "conflict":  # the cancel decided first
+        assert (cancel, call.decision, call.state) == ("ok", "cancelled", "cancelled")
+        assert answers == [CANCELLED_TOOL_RESULT]
+    elif cancel == "ok":  # approved, then cancelled before it ran
+        assert (call.decision, call.state, answers) == (
+            "approved",
+            "cancelled",
+            [CANCELLED_TOOL_RESULT],
+        )
+    else:  # approved before the cancel looked: nothing held, nothing to cancel
+        assert (cancel, call.decision, call.state, answers) == (
+            "nothing",
+            "approved",
+            "pending",
+            [],
+        )
+    chat.refresh_from_db()
+    assert chat.state == "idle"
+
+
+# -- arguments are checked before anyone is asked ---------------------------------------------
+def error_result(chat, call_id):
+    message = chat.messages.get(tool_call__call_id=call_id)
+    assert message.is_error and "\n" not in message.content
+    return message.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("name", "arguments", "problem"),
+    [
+        ("wire", {"iban": "DE00", "amount": 5000}, 'it takes no parameter "amount"'),
+        ("transfer", {"amount": 5, "to": "bob", "memo\nRun?": 1}, '"memo\\nRun?"'),
+        ("transfer", {"amount": "lots", "to": "bob"}, "amount: Input should be a valid integer"),
+    ],
+)
+def test_a_call_its_tool_would_refuse_gets_an_error_result_and_no_one_is_asked(
+    chat, scripted, run_log, name, arguments, problem
+):
+    scripted.add(tool_call(name, arguments, id="t9"), "I could not do that.")
+
+    assert chat.ask("Do it").content == "I could not do that."
+
+    call = ToolCall.objects.get(call_id="t9")
+    assert (call.state, call.wait_reason, call.decision) == (ToolCallState.FAILED, "", "")
+    assert error_result(chat, "t9").startswith(f"Invalid arguments for tool {name!r}: ")
+    assert problem in error_result(chat, "t9")
+    assert chat.pending_approvals() == [] and runs(run_log) == []
+
+
+@pytest.mark.django_db
+def test_a_deferred_call_with_an_argument_its_tool_does_not_take_is_refused_not_held(
+    user, scripted
+):
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(ask_accounting)
+    scripted.add(tool_call("ask_accounting", {"invoice": "INV-7", "pay": True}, id="d9"), "Hm.")
+
+    chat.ask("Is INV-7 paid?")
+
+    assert chat.pending_results() == []
+    assert "pay: Extra inputs are not permitted" in error_result(chat, "d9")
+
+
+def test_a_memory_chat_refuses_such_a_call_before_anyone_is_asked_too(scripted):
+    chat = memory_chat("scripted:test").with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob", "cc": "eve"}, id="t9"), "No.")
+
+    assert chat.ask("Pay Bob 5").content == "No."
+    assert chat.pending_approvals() == []
+    assert "cc: Extra inputs are not permitted" in chat.messages[-2].content
+
+
+@pytest.mark.django_db
+def test_a_call_held_with_arguments_its_tool_refuses_cannot_be_approved(waiting, client, user):
+    # Held before arguments were checked first: approving it is refused (400 in the view),
+    # and it still waits for a denial.
+    ToolCall.objects.filter(call_id="t1").update(arguments={"amount": 5, "to": "bob", "cc": 1})
+    call = ToolCall.objects.get(call_id="t1")
+
+    with pytest.raises(InvalidArgumentsError, match="cc: Extra inputs are not permitted"):
+        waiting.approve("t1")
+    client.force_login(user)
+    response = client.post(reverse("agentloop:approve", args=[waiting.pk, call.pk]))
+
+    assert response.status_code == 400 and b"cc: Extra inputs" in response.content
+    assert ToolCall.objects.get(call_id="t1").state == ToolCallState.WAITING
+    waiting.deny("t1")

@@ -29,9 +29,10 @@ from django.urls import reverse
 
 from agentloop import CancelledError, events
 from agentloop.background import wait_for_embedded_jobs
+from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
-from agentloop.sse import KEEPALIVE, format_event, resume_point
+from agentloop.sse import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
 from agentloop.testing import stream, tool_call
 from tests.processes import REPO_ROOT, process_env
 from tests.tools import add
@@ -90,6 +91,7 @@ class Reader:
             assert time.monotonic() < deadline, "no complete frame before the deadline"
             self.buffer += next(self.chunks).decode()
         block, self.buffer = self.buffer.split("\n\n", 1)
+        self.last_block = block
         return parse(block)
 
     def until(self, condition) -> list[Frame]:
@@ -449,6 +451,23 @@ def test_the_state_lists_the_calls_waiting_for_a_person(chat, open_stream):
     ]
 
 
+def test_a_page_sees_a_cancelled_waiting_chat_go_idle_with_its_calls_answered(chat, open_stream):
+    answer = say(chat, "assistant", "")
+    ToolCall.objects.create(
+        chat=chat, message=answer, call_id="c1", name="delete_notes", arguments={},
+        state="waiting", wait_reason="approval",
+    )  # fmt: skip
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.WAITING)
+    reader = open_stream()
+    assert reader.until(is_state)[-1].data["pending"] != []
+
+    assert Chat.objects.get(pk=chat.pk).cancel() is True
+    frames = reader.until(lambda f: is_state(f) and f.data["pending"] == [])
+
+    assert (frames[-1].data["state"], frames[-1].data["cancel_requested"]) == ("idle", False)
+    assert ("tool", CANCELLED_TOOL_RESULT) in messages_in(frames)
+
+
 def test_a_failed_chat_sends_its_error(chat, open_stream):
     Chat.objects.filter(pk=chat.pk).update(state=ChatState.FAILED, error="AuthenticationError")
 
@@ -729,6 +748,107 @@ def test_with_redis_the_async_stream_waits_for_new_events(redis_events, user, ch
         return (await reader.until(lambda f: f.event == "chunk"))[-1]
 
     assert read_async(user, chat, steps).data == {"text": "Late"}
+
+
+# -- capped reads and events (docs/live-events.md "Large events") -------------------------------
+def test_with_redis_one_read_takes_at_most_read_count_events(redis_events, chat):
+    for number in range(events.READ_COUNT * 2 + 50):
+        events.publish_chunk(chat, TextDelta(text=f"{number} "))
+    backend = events.get_backend()
+
+    first = backend.read(events.chat_key(chat), None, 0.1)
+    rest = backend.read(events.chat_key(chat), first[-1]["id"], 0.1)
+
+    assert len(first) == len(rest) == events.READ_COUNT
+    assert [e["data"]["text"] for e in first + rest] == [f"{n} " for n in range(200)]
+
+
+def test_with_redis_a_reader_from_the_start_still_gets_every_event_in_order(
+    redis_events, chat, open_stream
+):
+    total = events.READ_COUNT * 2 + 50
+    for number in range(total):
+        events.publish_chunk(chat, TextDelta(text=f"{number} "))
+
+    frames = open_stream().until(lambda f: f.data == {"text": f"{total - 1} "})
+
+    assert [f.data["text"] for f in frames if f.event == "chunk"] == [f"{n} " for n in range(total)]
+
+
+LIMIT = 4096  # EVENTS_MAX_BYTES in the tests below (its smallest allowed value is 1024)
+
+
+@pytest.mark.parametrize("backend", ["database", "redis"])
+def test_an_event_larger_than_the_cap_is_sent_cut_with_a_marker(
+    backend, request, chat, owner, settings
+):
+    if backend == "redis":
+        request.getfixturevalue("redis_events")
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_MAX_BYTES": LIMIT}
+    big = "word " * 200_000  # 1 MB
+    chat.ask_later("Read me the file")
+    answer = chat.messages.create(role="assistant", content=big, status="complete")
+    if backend == "redis":
+        events.publish_message(chat, answer)
+    reader = Reader(owner.get(events_url(chat)))
+    try:
+        frame = reader.until(lambda f: f.event == "message" and f.data["role"] == "assistant")[-1]
+        size = len(reader.last_block.split("data: ", 1)[1].encode())
+    finally:
+        reader.close()
+
+    assert size <= LIMIT
+    assert frame.data["truncated"] is True
+    assert frame.data["content"].startswith("word word") and frame.data["content"].endswith(
+        CUT_MARK
+    )
+    assert len(frame.data["content"]) > LIMIT // 2  # cut to fit, not emptied
+    assert (frame.data["id"], frame.data["role"], frame.data["status"]) == (
+        answer.pk, "assistant", "complete",
+    )  # fmt: skip
+    assert frame.id is not None  # still resumable: a reader moves past it
+    assert chat.messages.get(pk=answer.pk).content == big  # the row keeps it all
+
+
+def test_an_event_within_the_cap_is_sent_whole(chat, open_stream, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_MAX_BYTES": LIMIT}
+    text = "x" * (LIMIT - 200)
+    say(chat, "user", text)
+
+    frame = open_stream().until(lambda f: f.event == "message")[-1]
+
+    assert frame.data["content"] == text and "truncated" not in frame.data
+
+
+def test_cut_to_fit_cuts_the_longest_texts_and_keeps_the_short_ones():
+    data = {"id": 7, "role": "assistant", "content": "a" * 50_000, "thinking": "b" * 30_000,
+            "tool_calls": [{"name": "search", "arguments": {"query": "c" * 20_000}}]}  # fmt: skip
+
+    cut = cut_to_fit(data, 2048)
+
+    assert len(json.dumps(cut, separators=(",", ":"))) <= 2048
+    assert (cut["id"], cut["role"], cut["tool_calls"][0]["name"]) == (7, "assistant", "search")
+    for text in (cut["content"], cut["thinking"], cut["tool_calls"][0]["arguments"]["query"]):
+        assert text.endswith(CUT_MARK) and len(text) > 100
+
+
+def test_an_event_that_cannot_fit_even_cut_sends_only_what_finds_the_row():
+    data = {"id": 7, "role": "tool", "status": "complete", "content": "x" * 10_000,
+            "numbers": list(range(5_000))}  # fmt: skip
+
+    assert cut_to_fit(data, 1024) == {
+        "id": 7, "role": "tool", "status": "complete", "truncated": True,
+    }  # fmt: skip
+
+
+def test_a_non_ascii_text_is_cut_by_its_bytes_on_the_wire():
+    data = {"text": "日本語" * 20_000}  # six bytes each once escaped in JSON
+
+    frame = format_event("chunk", data, "1-0", max_bytes=2048)
+
+    body = frame.split(b"data: ", 1)[1].strip()
+    assert len(body) <= 2048
+    assert json.loads(body)["text"].startswith("日本語") and json.loads(body)["truncated"]
 
 
 # -- a real ASGI server ------------------------------------------------------------------------

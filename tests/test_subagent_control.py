@@ -107,6 +107,6 @@ def test_cancelling_the_parent_cancels_the_child_waiting_for_a_person(paying, br
     assert transcript(chat)[-1] == ("tool", SUBAGENT_CANCELLED_RESULT)
     assert runs(run_log) == []
 
-    # The parent's own cancel still applies to its next verb; then it is usable again.
+    # The parent is usable again at once (its cancel applied to the round it waited on).
     brains.script("You are LEAD.", "Starting over.")
     assert chat.ask("Never mind").content == "Starting over."

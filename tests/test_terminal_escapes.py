@@ -13,11 +13,12 @@ from io import StringIO
 import pytest
 from django.core.management.base import OutputWrapper
 from django.core.management.color import no_style
+from pydantic import BaseModel, ConfigDict
 
 from agentloop.models import Chat, ToolCall
 from agentloop.terminal import PROMPT, RESET_STYLE, TerminalChat, visible
 from agentloop.testing import reply, stream, tool_call
-from agentloop.tools import tool
+from agentloop.tools import Tool, tool
 from tests.tools import ask_manager, transfer
 
 pytestmark = pytest.mark.django_db
@@ -153,3 +154,57 @@ def test_visible_keeps_newlines_and_tabs_and_escapes_the_rest():
 
     assert visible(text) == "a\tb\nc\\x00d\\x7fe\\x9bf\\u202eg\\u2066h"
     assert visible("plain ünïcode ✓") == "plain ünïcode ✓"
+
+
+class Payout(Tool):
+    """Pays out; takes any extra keys (its Params allow them), and needs approval."""
+
+    requires_approval = True
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        amount: int
+
+    def execute(self, amount: int, **extra: object) -> str:
+        return f"paid {amount}"
+
+
+def test_an_argument_name_is_shown_escaped_so_it_cannot_fake_a_prompt_line(scripted, chat):
+    chat.with_tools(Payout)
+    fake_key = f"note{FAKE_PROMPT}y\n  ? Run payout(amount=5"
+    scripted.add(tool_call("payout", {"amount": 5000, fake_key: 1}), "Not paid.")
+
+    output, keyboard = converse(chat, "Pay out.", "n")
+
+    approval = keyboard.prompts[1]
+    assert approval.startswith("  ? Run payout(amount=5000, ")
+    assert "\n" not in approval  # one line: no fake prompt line under the real one
+    assert '"note\\n  ? Run transfer(amount=5, to=\\"bob\\")? [y/N/reason] y\\n' in approval
+    assert ToolCall.objects.get().decision == "denied"
+
+
+def test_a_plain_argument_name_is_shown_as_it_is(scripted, chat):
+    chat.with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob"}), "Not paid.")
+
+    _, keyboard = converse(chat, "Pay bob 5.", "n")
+
+    assert keyboard.prompts[1].startswith('  ? Run transfer(amount=5, to="bob")? ')
+
+
+def test_a_call_with_an_argument_its_tool_does_not_take_is_refused_before_anyone_is_asked(
+    scripted, chat
+):
+    chat.with_tools(transfer)
+    scripted.add(
+        tool_call("transfer", {"amount": 5, "to": "bob", f"memo{FAKE_PROMPT}": "x"}), "Sorry."
+    )
+
+    output, keyboard = converse(chat, "Pay bob 5.")
+
+    assert keyboard.prompts == [PROMPT, PROMPT]  # never "? Run transfer(...)"
+    call = ToolCall.objects.get()
+    assert (call.state, call.decision) == ("failed", "")
+    result = call.result.content
+    assert result.startswith("Invalid arguments for tool 'transfer': ") and "\n" not in result
+    assert "<- transfer error: Invalid arguments for tool 'transfer'" in output

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, DateTimeField, Exists, F, Q, Value, When
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -116,11 +116,70 @@ class Stopping:
             if usage is not None:
                 self._usage_row(usage, message).save()
             if unanswered:
+                # A call still held for a person is decided too ("cancelled"): a decision that
+                # answered it first stands, one that comes later is refused.
+                held = Q(state=ToolCallState.WAITING)
                 self.tool_call_model.objects.filter(
                     pk__in=[call.key for call in unanswered]
-                ).update(state=ToolCallState.CANCELLED)
+                ).exclude(state__in=[ToolCallState.SUCCEEDED, ToolCallState.FAILED]).update(
+                    state=ToolCallState.CANCELLED,
+                    decision=Case(When(held, then=Value("cancelled")), default=F("decision")),
+                    decided_at=Case(
+                        When(held, then=Value(timezone.now(), output_field=DateTimeField())),
+                        default=F("decided_at"),
+                    ),
+                )
         self.chat.cancel_requested_at = None
         self._flag_after_write = UNREAD  # it was read before the flag was cleared
+
+    def cancel_held(self, result: str) -> list[Any] | None:
+        chats = self.chat_model._default_manager.using(self._db)
+        calls = self.tool_call_model._default_manager.using(self._db)
+        pk, now = self._saved_chat().pk, timezone.now()
+        # The held round: calls still waiting, or approved meanwhile and not started.
+        held = calls.filter(chat_id=pk, state__in=[ToolCallState.WAITING, ToolCallState.PENDING])
+        records = []
+        with transaction.atomic(using=self._db):
+            # Only while no run holds the chat or is queued to (that run applies the cancel at
+            # its next checkpoint). The UPDATE locks the chat row: a claim waits for this
+            # transaction, then finds the cancel applied.
+            applied = (
+                chats.filter(Exists(held), pk=pk, lease_token="")
+                .exclude(state__in=["queued", "running"])
+                .update(
+                    cancel_requested_at=None,
+                    state=Case(When(state="waiting", then=Value("idle")), default=F("state")),
+                    updated_at=now,
+                )
+            )
+            if not applied:
+                return None
+            round_calls = calls.filter(chat_id=pk, message_id__in=held.values("message_id"))
+            undecided = round_calls.filter(
+                Q(state=ToolCallState.PENDING)
+                | (Q(state=ToolCallState.WAITING) & ~Q(wait_reason="subagent"))
+            )
+            for key, call_id, name in undecided.order_by("pk").values_list("pk", "call_id", "name"):
+                # Each only while still undecided: a denial or an answer that got there first
+                # stands; an approval that did is cancelled too (the call has not started).
+                cancelled = calls.filter(pk=key, state=ToolCallState.WAITING).update(
+                    state=ToolCallState.CANCELLED, decision="cancelled", decided_at=now,
+                    finished_at=now,
+                ) or calls.filter(pk=key, state=ToolCallState.PENDING).update(
+                    state=ToolCallState.CANCELLED, finished_at=now
+                )  # fmt: skip
+                if cancelled:
+                    answer = Message(
+                        role="tool", content=result, tool_call_id=call_id, tool_name=name,
+                        is_error=True,
+                    )  # fmt: skip
+                    record = self._message_row(answer, tool_call_id=key)
+                    self.models.message_insert.insert(record, self._db)
+                    records.append(record)
+        self.chat.cancel_requested_at = None
+        if self.chat.state == "waiting":
+            self.chat.state = "idle"
+        return records
 
     def record_stop(self, reason: str) -> None:
         with self._writing():

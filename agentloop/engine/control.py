@@ -11,10 +11,12 @@ from ..messages import ToolCallState
 from .store import ChatStore
 from .transcript import next_move, pending_round
 
-__all__ = ["HALTED_PREFIX", "Control", "HaltedRelease"]
+__all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control", "HaltedRelease"]
 
 #: how a halted chat's ``stop_reason`` begins.
 HALTED_PREFIX = "halted: "
+#: the result given to calls a cancel left unanswered (when the user moves on) or held.
+CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
 
 
 class HaltedRelease(LimitReachedError):  # noqa: N818 - a release record, never raised
@@ -69,19 +71,19 @@ class Control:
         return run.next_move != "wait"
 
     def cancel_waiting(self) -> bool:
-        """Cancel the calls held for a person or from outside (approvals, questions, deferred
-        results): marked cancelled, "cancelled" sent. For a chat no run will come back to (a
-        subagent whose parent was cancelled); False when nothing was held."""
-        round_ = pending_round(self.store.load_transcript())
-        held = [
-            call
-            for call in round_.unanswered
-            if call.state == ToolCallState.WAITING and call.wait_reason != "subagent"
-        ]
-        if not held:
+        """Apply a cancel now to a chat that waits (for a person, or a subagent) and that no
+        run holds or is queued to run, since none would come back to see the flag: the calls
+        of its round held for approval, a question or a deferred result (or not started) are
+        answered as cancelled, each only if still undecided (a decision that got there first
+        stands, a later one gets ``DecisionConflictError``); the flag is cleared, a waiting
+        chat becomes idle, and "cancelled" is sent (calls held by subagents are settled by
+        the subagents' own cancel). False, with nothing done, when no call waits or a run
+        holds the chat or is queued to run it: its next checkpoint applies the cancel."""
+        records = self.store.cancel_held(CANCELLED_TOOL_RESULT)
+        if records is None:
             return False
-        self.store.record_cancellation(
-            None, partial=None, partial_key=None, usage=None, unanswered=held
-        )
+        for record in records:
+            self._emit("after_tool_result", record)
+            self._emit("after_message", record)
         self._emit("cancelled")
         return True

@@ -29,7 +29,7 @@ from ..tools import Tool
 from .async_verbs import AsyncVerbs
 from .checkpoints import Checkpoints
 from .configuration import Configuration
-from .control import HALTED_PREFIX, Control, HaltedRelease
+from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
 from .model_calls import ModelCalls, PreparedCall
 from .moves import Moves
@@ -54,9 +54,6 @@ __all__ = [
     "StepResult",
     "StreamCallback",
 ]
-
-#: the result given to calls left unanswered by a cancel when the user moves on.
-CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
 
 _EVENTS = (
     "before_message",
@@ -162,8 +159,13 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         """Ask the run to stop at its next checkpoint; works from any thread or process.
 
         True when a run was in progress, queued or waiting for a person; False (and nothing
-        is set) when there was none, so a later message never inherits the cancel."""
-        return self.store.request_cancel()
+        is set) when there was none, so a later message never inherits the cancel. A chat
+        that waits for a person, which no run holds, has no run to see the flag: its held
+        calls are cancelled at once (``cancel_waiting``)."""
+        if not self.store.request_cancel():
+            return False
+        self.cancel_waiting()
+        return True
 
     def ask_later(
         self, content: str, attachments: Any = None, *, if_busy: str | None = None
@@ -344,18 +346,20 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             self._cancel_held(run, exc)
 
     def _cancel_held(self, run: _Run, exc: CancelledError) -> None:
-        """Stop here: a round not yet run is marked cancelled, so the next ``ask_later``
-        answers its calls instead of refusing."""
+        """Stop here: a round not yet run, and its calls held for a person, are marked
+        cancelled, so the next ``ask_later`` answers its calls instead of refusing."""
         transcript = run.transcript or []
         unanswered = [
             call
             for call in pending_round(transcript).unanswered
-            if call.state != ToolCallState.WAITING
+            # A call held for a subagent is settled by the subagent's own cancel.
+            if call.state != ToolCallState.WAITING or call.wait_reason != "subagent"
         ]
         self._record_cancel(exc, unanswered=unanswered)
         raise exc
 
-    def _ask_later(self, run: _Run, content: str, files: list[Any]) -> None:
+    def _ask_later(self, run: _Run, content: str | None, files: list[Any]) -> None:
+        """Add the messages queued so far, then ``content`` (None: only the queued ones)."""
         transcript, _ = self.store.read_for_step()
         round_ = pending_round(transcript)
         if round_.unanswered:
@@ -376,14 +380,20 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
                 record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
                 transcript.append(result)
                 self._emit("after_message", record)
-        message = Message(role="user", content=content, attachments=files)
-        record = self.store.append_message(message)
-        _tracing.turn_started(self.store, message)
-        transcript.append(message)
+        # Messages queued earlier go first, in order, taken together: a message sent now (to a
+        # chat whose run failed, or waits for its retry, leaving them queued) never overtakes
+        # them.
+        messages = self.store.take_queued() if self.store.has_queued() else []
+        if content is not None:
+            messages.append(Message(role="user", content=content, attachments=files))
         # The new turn starts with what was read (no cancel: a user message never inherits one).
         run.transcript = transcript
-        run.next_move = next_move(transcript)
-        self._emit("after_message", record)
+        for message in messages:
+            record = self.store.append_message(message)
+            _tracing.turn_started(self.store, message)
+            transcript.append(message)
+            run.next_move = next_move(transcript)
+            self._emit("after_message", record)
 
     def _complete(self, run: _Run, stream: StreamCallback | None) -> Moves[Any]:
         last: Any = None
@@ -411,8 +421,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         move = next_move(transcript)
         if self.store.has_queued() and self._takes_a_message(transcript):
             # Messages sent while another run held the chat: added now, in order.
-            for queued in self.store.take_queued():
-                self._ask_later(run, queued.content, list(queued.attachments))
+            self._ask_later(run, None, [])
             transcript, requested_at = run.transcript or transcript, None
             move = next_move(transcript)
         run.next_move = move

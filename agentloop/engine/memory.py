@@ -13,6 +13,7 @@ from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictEr
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .configuration import ChatConfig
 from .store import ChatStore, UsageRecord
+from .transcript import pending_round
 
 __all__ = ["MemoryStore"]
 
@@ -287,7 +288,39 @@ class MemoryStore(ChatStore):
         if usage is not None:
             self.usage.append((_now(), usage))
         for call in unanswered:
-            self._call(call).state = ToolCallState.CANCELLED
+            left = self._call(call)
+            if left.state in (ToolCallState.SUCCEEDED, ToolCallState.FAILED):
+                continue  # a decision answered it first
+            if left.state == ToolCallState.WAITING:
+                self._decide_cancelled(left)
+            left.state = ToolCallState.CANCELLED
+
+    def _decide_cancelled(self, call: ToolCall) -> None:
+        call.decision = "cancelled"
+        self.decisions[call.id] = {"decision": "cancelled", "by": None, "reason": "", "at": _now()}
+
+    def cancel_held(self, result: str) -> list[Message] | None:
+        with self._lock:
+            round_ = pending_round(self.messages)  # the stored calls themselves
+            held = (ToolCallState.WAITING, ToolCallState.PENDING)
+            if self._holder is not None or not any(
+                call.state in held for call in round_.unanswered
+            ):
+                return None
+            self._cancel_requested_at = None
+            records = []
+            for call in round_.unanswered:
+                if call.state == ToolCallState.WAITING and call.wait_reason != "subagent":
+                    self._decide_cancelled(call)
+                elif call.state != ToolCallState.PENDING:
+                    continue
+                call.state = ToolCallState.CANCELLED
+                answer = Message(
+                    role="tool", content=result, tool_call_id=call.id, tool_name=call.name,
+                    is_error=True,
+                )  # fmt: skip
+                records.append(self._add(answer))
+            return records
 
     def record_stop(self, reason: str) -> None:
         self.stop_reason, self.halt_reason = reason, ""

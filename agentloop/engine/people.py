@@ -6,11 +6,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
-from ..tools import describe_validation_error, format_result
+from ..tools import arguments_problem, format_result
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
 from .transcript import pending_round
@@ -94,7 +92,19 @@ class PeopleInTheLoop:
         call = self._find_waiting(tool_call_id, "approval")
         if arguments is not None:
             self._edit_arguments(call, arguments)
+        else:
+            # Held before the engine checked arguments first: approve only what could run.
+            self._check_arguments(call, call.arguments)
         self.store.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def _check_arguments(self, call: ToolCall, arguments: dict[str, Any]) -> None:
+        """``InvalidArgumentsError`` (one line) when the call's tool refuses ``arguments`` or
+        takes no parameter for some of their keys; nothing is checked for a tool the chat
+        no longer has (running it answers that)."""
+        tool_class = next((t for t in self.store.get_tools() if t.name == call.name), None)
+        problem = None if tool_class is None else arguments_problem(tool_class, arguments)
+        if problem is not None:
+            raise InvalidArgumentsError(problem)
 
     def _edit_arguments(self, call: ToolCall, arguments: Any) -> None:
         """Check the approver's arguments, then make them the call's (the approval's digest
@@ -109,11 +119,9 @@ class PeopleInTheLoop:
                 f"Arguments for tool {call.name!r} must be a JSON object, not "
                 f"{type(arguments).__name__}."
             )
+        self._check_arguments(call, arguments)
         try:
-            tool_class.parse_arguments(arguments)
             edited = json.loads(json.dumps(arguments))  # what the row will hold
-        except ValidationError as exc:
-            raise InvalidArgumentsError(describe_validation_error(call.name, exc)) from None
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentsError(
                 f"Arguments for tool {call.name!r} are not JSON: {exc}"

@@ -199,7 +199,22 @@ class ChatStore(ABC):
         unanswered: list[ToolCall],
     ) -> None:
         """Atomically: clear the flag (if still the one read), keep the partial answer
-        marked cancelled, record the cut-short attempt, mark unanswered calls cancelled."""
+        marked cancelled, record the cut-short attempt, mark unanswered calls cancelled (one
+        still waiting for a person with the decision "cancelled", as a decision: one that
+        answered it first stands)."""
+
+    @abstractmethod
+    def cancel_held(self, result: str) -> list[Any] | None:
+        """Apply a cancel to a chat with a call waiting (or approved meanwhile, not started)
+        that no run holds or is queued to run (no run would come back to see the flag),
+        atomically: each call of its round without a result that is held for a person (not
+        for a subagent) or pending and not started gets the error result ``result`` and the
+        state "cancelled", a held one also the decision "cancelled", each only if still
+        undecided (a decision that got there first stands; a later one gets
+        ``DecisionConflictError``); the flag is cleared; a chat whose state is "waiting"
+        becomes "idle". The result records written, in call order; None, with nothing done,
+        when no such call is left, or a run holds the chat or is queued to run it (its next
+        checkpoint applies the cancel)."""
 
     @abstractmethod
     def record_stop(self, reason: str) -> None:

@@ -20,7 +20,14 @@ from .. import _tracing
 from ..exceptions import CancelledError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
-from ..tools import Tool, ToolContext, ToolOutcome, describe_validation_error, format_result
+from ..tools import (
+    Tool,
+    ToolContext,
+    ToolOutcome,
+    arguments_problem,
+    describe_validation_error,
+    format_result,
+)
 from .checkpoints import Checkpoints
 from .configuration import ToolOptions
 from .moves import Launch, Moves, RunTool, WaitAny
@@ -120,6 +127,14 @@ def _outcome(call: ToolCall, run: Callable[[], str]) -> ToolOutcome:
         )
 
 
+def _unaskable(tool_class: type[Tool], call: ToolCall) -> ToolOutcome | None:
+    """A call about to wait for a person (or a system) must be one that could run as it is:
+    arguments its tool refuses, or keys it takes no parameter for, are an error result for
+    the model now (one line), never a question. None when the call may wait."""
+    problem = arguments_problem(tool_class, call.arguments)
+    return None if problem is None else ToolOutcome(problem, is_error=True, error=problem)
+
+
 class ToolRunner:
     """Runs the unanswered calls of one round and persists each result."""
 
@@ -177,10 +192,10 @@ class ToolRunner:
         if tool_class.needs_approval(call.arguments):
             held = self._approval(call)
             if held is not None:
-                return held
+                return (_unaskable(tool_class, call) or held) if held.wait_reason else held
         if tool_class.deferred:
             # Its result comes from outside (submit_result): held, never run here.
-            return ToolOutcome(wait_reason="deferred")
+            return _unaskable(tool_class, call) or ToolOutcome(wait_reason="deferred")
         return None
 
     def _approval(self, call: ToolCall) -> ToolOutcome | None:

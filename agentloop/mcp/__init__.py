@@ -71,6 +71,14 @@ class MCPTool(Tool):
         return dict(arguments)
 
     @classmethod
+    def unexpected_keys(cls, arguments: dict[str, Any]) -> list[str]:
+        """Keys the server's schema refuses (it sets ``additionalProperties`` to false)."""
+        if cls.input_schema.get("additionalProperties", True) is not False:
+            return []
+        properties = cls.input_schema.get("properties") or {}
+        return [key for key in arguments if key not in properties]
+
+    @classmethod
     def reference(cls) -> str:
         """``mcp:<server>/<tool>?<json>``: all a worker needs to rebuild this tool."""
         details: dict[str, Any] = {"description": cls.description, "schema": cls.input_schema}

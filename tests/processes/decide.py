@@ -1,7 +1,9 @@
 """Decide on a waiting tool call once a go file appears: ``decide.py <chat pk> <call pk>
-<approve|deny|answer> <go file>``. Prints ``SUMMARY {"outcome": "ok" | "conflict"}``.
+<approve|deny|answer|cancel> <go file>``. Prints ``SUMMARY {"outcome": "ok" | "conflict"}``
+("cancel": "ok" when ``chat.cancel()`` found something to cancel, else "nothing").
 
-Two of these race on one call (tests/test_one_writer.py): exactly one decision may win.
+Two of these race on one call (tests/test_one_writer.py, tests/test_people_in_the_loop.py):
+exactly one decision may win.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def main(chat_pk: int, call_pk: int, verb: str, go: Path) -> None:
     while not go.exists():
         time.sleep(0.001)
     try:
+        if verb == "cancel":
+            print("SUMMARY " + json.dumps({"outcome": "ok" if chat.cancel() else "nothing"}))
+            return
         if verb == "approve":
             chat.approve(call_pk)
         elif verb == "deny":

@@ -152,7 +152,9 @@
     const busy = state.state === "queued" || state.state === "running";
     stateBadge.textContent = state.cancel_requested && busy ? "cancelling…" : state.state;
     stateBadge.className = "state state-" + state.state;
-    cancelButton.disabled = !busy || state.cancel_requested;
+    // A chat that waits for a person can be cancelled too: its held calls are answered as
+    // cancelled (their results arrive as messages) and it goes back to idle.
+    cancelButton.disabled = !(busy || state.pending.length > 0) || state.cancel_requested;
     if (form) {
       // A message typed while an answer streams is queued and answered after it.
       const blocked = state.pending.length > 0;
