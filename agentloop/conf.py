@@ -70,6 +70,9 @@ class Settings(BaseModel):
     #: prefix of every Redis key agentloop writes; None: "agentloop:<default database NAME>",
     #: so two sites on one Redis database keep apart.
     REDIS_PREFIX: str | None = None
+    #: live events a process holds for Redis while it is slow or away; when full, text
+    #: chunks are merged, other chunks dropped, and messages push out the oldest event.
+    EVENTS_QUEUE_SIZE: _PositiveInt = 10_000
     #: seconds a chat's Redis event stream lives after its latest event; None: no expiry
     #: (a deleted chat's stream is deleted with it either way).
     EVENTS_TTL: _Seconds | None = 24 * 60 * 60
