@@ -28,7 +28,7 @@ from agentloop.models import Chat
 from agentloop.providers import ChunkCallback, Provider
 from agentloop.providers.openai import OpenAIProvider
 from agentloop.providers.slots import slots_for
-from tests.processes import start_script, summary
+from tests.processes import run_script, start_script, summary
 
 #: generous bound of every wait (a loaded 2-core machine).
 DEADLINE = 60.0
@@ -71,6 +71,10 @@ class KeepAliveServer(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _KeepAlive)
         self.requests = 0
+        self.in_flight: dict[str, int] = {}
+        #: the most requests for each model answered at once.
+        self.most: dict[str, int] = {}
+        self.lock = threading.Lock()
         #: requests whose client closed the connection while comments were still coming.
         self.closed_by_client = 0
         self.stopping = threading.Event()
@@ -84,8 +88,19 @@ class _KeepAlive(BaseHTTPRequestHandler):
     server: KeepAliveServer
 
     def do_POST(self) -> None:  # noqa: N802 - the handler's API
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.server.requests += 1
+        model = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))["model"]
+        server = self.server
+        with server.lock:
+            server.requests += 1
+            server.in_flight[model] = server.in_flight.get(model, 0) + 1
+            server.most[model] = max(server.most.get(model, 0), server.in_flight[model])
+        try:
+            self._comments()
+        finally:
+            with server.lock:
+                server.in_flight[model] -= 1
+
+    def _comments(self) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
@@ -360,3 +375,16 @@ def test_model_concurrency_and_call_timeout_are_validated():
     assert settings_errors({"MODEL_CALL_TIMEOUT": "600"})["MODEL_CALL_TIMEOUT"]
     assert settings_errors({"MODEL_CONCURRENCY": {"openai": None, "default": 8}}) == {}
     assert settings_errors({"MODEL_CALL_TIMEOUT": None}) == {}
+
+
+def test_under_gevent_calls_wait_for_slots_end_at_deadlines_and_stop_at_a_cancel(keepalive):
+    pytest.importorskip("gevent", reason="gevent runs the gevent pool (pip install gevent)")
+
+    done = run_script("gevent_calls.py", keepalive.url, timeout=DEADLINE * 3)
+
+    outcomes = summary(done.stdout + done.stderr)["outcomes"]
+    *bounded, cancelled = outcomes
+    assert all(o.startswith("ProviderTimeout: keepalive:") for o in bounded), outcomes
+    assert any("no model-call slot came free" in o for o in bounded), outcomes
+    assert cancelled.startswith("CancelledError"), outcomes
+    assert keepalive.most["model"] == 3  # eight greenlets, three calls at once
