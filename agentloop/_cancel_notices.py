@@ -36,7 +36,20 @@ _prune_at = 64
 
 
 class _Notice(threading.Event):
-    """A weak-referenceable Event."""
+    """A weak-referenceable Event; ``cancelling`` when a cancel (not only a halt) set it."""
+
+    cancelling = False
+
+    def clear(self) -> None:
+        self.cancelling = False
+        super().clear()
+
+
+def _wake(notices: list[Any], cancel: bool) -> None:
+    for notice in notices:
+        if cancel:
+            notice.cancelling = True  # a halt lets the model call finish; a cancel stops it
+        notice.set()
 
 
 def _channel(key: str) -> str:
@@ -62,16 +75,16 @@ def _prune() -> None:
         _prune_at = max(64, 2 * len(_local))
 
 
-def notify(chat: Any) -> None:
-    """Wake runs of ``chat`` here and, with Redis configured, in other processes."""
+def notify(chat: Any, *, halt: bool = False) -> None:
+    """Wake runs of ``chat`` here and, with Redis configured, in other processes (``halt``:
+    for a halt, which doesn't stop a model call in flight, rather than a cancel)."""
     key = chat_key(chat)
     with _lock:
         notices = list(_local.get(key, ()))
-    for notice in notices:
-        notice.set()
+    _wake(notices, cancel=not halt)
     if _redis.redis_url():
         try:
-            _redis.client().publish(_channel(key), "cancel")
+            _redis.client().publish(_channel(key), "halt" if halt else "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
 
@@ -142,16 +155,15 @@ class Subscriber:
                 continue
             delay = self.retry_first
             if message and message.get("type") == "pmessage":
-                self._deliver(message["channel"])
+                self._deliver(message["channel"], message.get("data"))
 
-    def _deliver(self, channel: bytes | str) -> None:
+    def _deliver(self, channel: bytes | str, data: Any) -> None:
         name = channel.decode() if isinstance(channel, bytes) else channel
         if not name.startswith(self.channel_prefix):
             return
         with _lock:
             notices = list(_local.get(name[len(self.channel_prefix) :], ()))
-        for notice in notices:
-            notice.set()
+        _wake(notices, cancel=data not in (b"halt", "halt"))
 
     def stop(self) -> None:
         """Stop listening and close the connection (tests; the process's exit does it too)."""

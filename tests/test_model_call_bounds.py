@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.db import connections
 
 import agentloop
 from agentloop import providers
@@ -187,6 +188,32 @@ def test_a_cancel_closes_a_response_that_sends_only_keep_alives(keepalive, mode)
     canceller.join()
     wait_until(lambda: keepalive.closed_by_client == 1, "the connection to be closed")
     assert [m.role for m in chat.messages] == ["user"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_halt_lets_the_model_call_in_flight_go_on(keepalive, settings, user):
+    """A halt stops the run before its next model call, not during one: its notice makes
+    the run read the row, it doesn't abort the call (which here ends at its deadline)."""
+    with_call_timeout(settings, 2)
+    chat = Chat.objects.create(model="keepalive:model", owner=user)
+
+    def halt_it() -> None:
+        wait_until(lambda: keepalive.requests == 1, "the call")
+        assert Chat.objects.get(pk=chat.pk).halt("enough")
+        connections.close_all()
+
+    halter = threading.Thread(target=halt_it)
+    halter.start()
+
+    def ask() -> None:
+        try:
+            chat.ask("Hi", stream=ignore)
+        finally:
+            connections.close_all()
+
+    with pytest.raises(ProviderTimeout, match="MODEL_CALL_TIMEOUT"):
+        finishes(ask)
+    halter.join()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -64,8 +64,10 @@ class CallWatch:
 
     def due(self, now: float) -> Reason | None:
         """Why the call should be aborted now, if it should."""
+        # A notice set by a halt only (``cancelling`` False) lets the call finish.
         if self.notice is not None and self.notice.is_set():
-            return "cancel"
+            if getattr(self.notice, "cancelling", True):
+                return "cancel"
         if self.deadline is not None and now >= self.deadline:
             return "deadline"
         return None
