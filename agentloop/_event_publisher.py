@@ -88,6 +88,8 @@ class Publisher:
         when ``timeout`` seconds passed first."""
         deadline = time.monotonic() + timeout
         with self._condition:
+            if self._thread is None or not self._thread.is_alive():
+                return not self._events  # a forked child's copy: its sender is the parent's
             target = self._queued
             while self._sent < target and (self._events or self._in_flight):
                 left = deadline - time.monotonic()
