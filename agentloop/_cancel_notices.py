@@ -24,7 +24,14 @@ from typing import Any
 from . import _redis
 from ._redis import chat_key
 
-__all__ = ["RedisCancelListener", "listen_locally", "notify"]
+__all__ = [
+    "RedisCancelListener",
+    "Subscriber",
+    "listen_locally",
+    "notify",
+    "stop_subscribers",
+    "subscriber",
+]
 
 logger = logging.getLogger(__name__)
 
