@@ -23,7 +23,7 @@ from django.db import connections
 import agentloop
 from agentloop import providers
 from agentloop.conf import settings_errors
-from agentloop.exceptions import CancelledError, ProviderTimeout
+from agentloop.exceptions import CancelledError, ConfigurationError, ProviderTimeout
 from agentloop.messages import ModelRequest, ModelResponse
 from agentloop.models import Chat
 from agentloop.providers import ChunkCallback, Provider
@@ -415,3 +415,16 @@ def test_under_gevent_calls_wait_for_slots_end_at_deadlines_and_stop_at_a_cancel
     assert any("no model-call slot came free" in o for o in bounded), outcomes
     assert cancelled.startswith("CancelledError"), outcomes
     assert keepalive.most["model"] == 3  # eight greenlets, three calls at once
+
+
+def test_a_providers_call_timeout_that_is_not_seconds_is_a_clear_error(gate, settings):
+    limit(settings, PROVIDERS={"gate": {"call_timeout": "soon"}})
+
+    with pytest.raises(ConfigurationError) as raised:
+        agentloop.chat("gate:model").ask("Hi")
+
+    assert str(raised.value) == (
+        "AGENTLOOP['PROVIDERS']['gate']['call_timeout'] must be a positive number of seconds "
+        "or None, not 'soon'"
+    )
+    assert gate.most == 0
