@@ -4,19 +4,34 @@ The database flag stays the source of truth; a notice only makes the next
 checkpoint read it immediately. Runs in this process hear about cancels made
 here; with ``AGENTLOOP["REDIS_URL"]`` set, workers also hear about cancels made
 in other processes (a Redis pub/sub message per cancel).
+
+Per process, not per step: one subscriber (one pub/sub connection, one thread) listens to
+every chat's cancel channel under ``REDIS_PREFIX`` (a pattern subscription, so a step costs
+Redis nothing) and sets the notices of the runs of that chat in this process. It starts with
+the first background step, reconnects after Redis restarts, and is made anew in a forked
+child (a prefork pool's children never share the parent's socket).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
+from contextlib import suppress
 from typing import Any
 
 from . import _redis
 from ._redis import chat_key
 
-__all__ = ["RedisCancelListener", "listen_locally", "notify"]
+__all__ = [
+    "RedisCancelListener",
+    "Subscriber",
+    "listen_locally",
+    "notify",
+    "stop_subscribers",
+    "subscriber",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +43,20 @@ _prune_at = 64
 
 
 class _Notice(threading.Event):
-    """A weak-referenceable Event."""
+    """A weak-referenceable Event; ``cancelling`` when a cancel (not only a halt) set it."""
+
+    cancelling = False
+
+    def clear(self) -> None:
+        self.cancelling = False
+        super().clear()
+
+
+def _wake(notices: list[Any], cancel: bool) -> None:
+    for notice in notices:
+        if cancel:
+            notice.cancelling = True  # a halt lets the model call finish; a cancel stops it
+        notice.set()
 
 
 def _channel(key: str) -> str:
@@ -54,44 +82,144 @@ def _prune() -> None:
         _prune_at = max(64, 2 * len(_local))
 
 
-def notify(chat: Any) -> None:
-    """Wake runs of ``chat`` here and, with Redis configured, in other processes."""
+def notify(chat: Any, *, halt: bool = False) -> None:
+    """Wake runs of ``chat`` here and, with Redis configured, in other processes (``halt``:
+    for a halt, which doesn't stop a model call in flight, rather than a cancel)."""
     key = chat_key(chat)
     with _lock:
         notices = list(_local.get(key, ()))
-    for notice in notices:
-        notice.set()
+    _wake(notices, cancel=not halt)
     if _redis.redis_url():
         try:
-            _redis.client().publish(_channel(key), "cancel")
+            _redis.client().publish(_channel(key), "halt" if halt else "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
 
 
 class RedisCancelListener:
-    """While a worker runs a step, sets ``notice`` when a cancel message arrives."""
+    """While a worker runs a step, makes sure this process's one subscriber hears cancels of
+    its chat and sets ``notice`` (no connection or thread of its own)."""
 
     def __init__(self, chat: Any, notice: threading.Event) -> None:
-        self.channel = _channel(chat_key(chat))
+        self.key = chat_key(chat)
+        self.channel = _channel(self.key)
         self.notice = notice
-        self._pubsub: Any = None
-        self._thread: Any = None
 
     def __enter__(self) -> RedisCancelListener:
-        if not _redis.redis_url():
-            return self
-        try:
-            self._pubsub = _redis.client().pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(**{self.channel: lambda message: self.notice.set()})
-            self._thread = self._pubsub.run_in_thread(sleep_time=0.05, daemon=True)
-        except Exception:
-            logger.warning("Cancel notices unavailable; polling only", exc_info=True)
-            self._pubsub = None
+        if _redis.redis_url():
+            with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned to
+                _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
+            try:
+                subscriber()
+            except Exception:
+                logger.warning("Cancel notices unavailable; polling only", exc_info=True)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._thread is not None:
-            self._thread.stop()
-            self._thread.join(timeout=1)
-        if self._pubsub is not None:
-            self._pubsub.close()
+        return None  # the notice is held weakly: it goes with its run
+
+
+class Subscriber:
+    """One pub/sub connection and one thread: every cancel message under ``pattern`` sets
+    the notices of its chat's runs in this process."""
+
+    #: seconds between tries to reach Redis again after it went away (doubling up to 5 s).
+    retry_first = 0.2
+    retry_max = 5.0
+
+    def __init__(self, url: str, channel_prefix: str) -> None:
+        import redis  # the optional "redis" extra: only sites that configure Redis need it
+
+        self.channel_prefix = channel_prefix
+        self.pattern = _glob_escape(channel_prefix) + "*"
+        # A client of its own, so CLIENT LIST names the connection and its process.
+        self.client = redis.Redis.from_url(url, socket_keepalive=True, client_name=_client_name())
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name="agentloop-cancel-notices", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        delay = self.retry_first
+        while not self._stop.is_set():
+            try:
+                if not self.subscribed.is_set():
+                    self.pubsub.psubscribe(self.pattern)
+                    self.subscribed.set()
+                message = self.pubsub.get_message(timeout=1.0)
+            except Exception:
+                if self._stop.is_set():
+                    return
+                # Redis went away: reconnect (redis-py subscribes again on connect); missed
+                # notices cost nothing, the flag is still read at the next poll.
+                log = logger.warning if delay == self.retry_first else logger.debug
+                log("Cancel notices: Redis unreachable; retrying", exc_info=True)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.retry_max)
+                continue
+            delay = self.retry_first
+            if message and message.get("type") == "pmessage":
+                self._deliver(message["channel"], message.get("data"))
+
+    def _deliver(self, channel: bytes | str, data: Any) -> None:
+        name = channel.decode() if isinstance(channel, bytes) else channel
+        if not name.startswith(self.channel_prefix):
+            return
+        with _lock:
+            notices = list(_local.get(name[len(self.channel_prefix) :], ()))
+        _wake(notices, cancel=data not in (b"halt", "halt"))
+
+    def stop(self) -> None:
+        """Stop listening and close the connection (tests; the process's exit does it too)."""
+        self._stop.set()
+        self.thread.join(timeout=5)
+        self.pubsub.close()
+        self.client.close()
+
+
+_subscribers: dict[tuple[str, str], Subscriber] = {}
+
+
+def stop_subscribers() -> None:
+    """Stop this process's subscribers (tests that own their Redis; a worker's exit does it)."""
+    with _lock:
+        stopping = list(_subscribers.values())
+        _subscribers.clear()
+    for each in stopping:
+        each.stop()
+
+
+def subscriber() -> Subscriber:
+    """This process's subscriber for the configured Redis and prefix, started on first use."""
+    url = _redis.redis_url()
+    if url is None:
+        raise ValueError("AGENTLOOP['REDIS_URL'] is not set")
+    channel_prefix = _channel("")
+    with _lock:
+        found = _subscribers.get((url, channel_prefix))
+        if found is None:
+            found = _subscribers[(url, channel_prefix)] = Subscriber(url, channel_prefix)
+        return found
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally in a PSUBSCRIBE pattern."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in text)
+
+
+def _client_name() -> str:
+    """Names the connection in CLIENT LIST: whose it is and which process holds it."""
+    return f"agentloop-cancel-notices-{os.getpid()}"
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts with no subscriber: the parent's socket and thread stay theirs."""
+    global _lock
+    _lock = threading.Lock()
+    _subscribers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 __all__ = [
     "DEFAULTS",
@@ -49,6 +49,18 @@ _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 _Flag = Annotated[bool, Field(strict=True)]
 
 
+def _concurrency_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        provider, colon, model = key.partition(":")
+        if not provider or (colon and not model) or (key == "default" and colon):
+            raise ValueError(f"{key!r} is not 'default', a provider name or 'provider:model'")
+    return value
+
+
+#: model-call limits: {"default" | "<provider>" | "<provider>:<model>": a size, or None}.
+_Concurrency = Annotated[dict[str, _PositiveInt | None], AfterValidator(_concurrency_keys)]
+
+
 class Settings(BaseModel):
     """The ``AGENTLOOP`` dict, typed: each key, its type and its default."""
 
@@ -62,6 +74,13 @@ class Settings(BaseModel):
     TOOL_CONCURRENCY: Literal["threads"] | _PositiveInt | None = None
     #: seconds between cancellation reads while an answer streams.
     CANCEL_POLL_INTERVAL: _Seconds = 0.2
+    #: seconds one model call may take in all, from its start (waiting for a slot, streaming,
+    #: keep-alive comments included); past it the call is aborted with ProviderTimeout (a
+    #: transient error). ``PROVIDERS[name]["call_timeout"]`` sets one provider's. None: none.
+    MODEL_CALL_TIMEOUT: _Seconds | None = 600.0
+    #: model calls in flight at once per process: {"openai": 50, "anthropic:claude-opus-4": 10,
+    #: "default": 100}; a model's limit, then its provider's (else "default"). {}: no limit.
+    MODEL_CONCURRENCY: _Concurrency = Field(default_factory=dict)
     #: retries of one model call on a transient provider error.
     MODEL_RETRIES: _Count = 2
     #: first backoff in seconds (doubled each retry, with jitter); Retry-After wins.
@@ -82,6 +101,9 @@ class Settings(BaseModel):
     #: prefix of every Redis key agentloop writes; None: "agentloop:<default database NAME>",
     #: so two sites on one Redis database keep apart.
     REDIS_PREFIX: str | None = None
+    #: live events a process holds for Redis while it is slow or away; when full, text
+    #: chunks are merged, other chunks dropped, and messages push out the oldest event.
+    EVENTS_QUEUE_SIZE: _PositiveInt = 10_000
     #: seconds a chat's Redis event stream lives after its latest event; None: no expiry
     #: (a deleted chat's stream is deleted with it either way).
     EVENTS_TTL: _WholeSeconds | None = 24 * 60 * 60

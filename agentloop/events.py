@@ -20,6 +20,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 
 from . import _redis
+from ._event_publisher import publisher
 from ._redis import chat_key
 from .conf import agentloop_settings
 from .messages import TextDelta, ToolCallDelta
@@ -33,6 +34,7 @@ __all__ = [
     "chat_key",
     "database_events",
     "delete_events",
+    "flush",
     "get_backend",
     "message_payload",
     "publish_chunk",
@@ -74,6 +76,17 @@ class EventBackend(ABC):
     @abstractmethod
     def publish(self, key: str, type_: str, data: dict[str, Any]) -> None:
         """Record one event for the chat named ``key``."""
+
+    def destination(self, key: str) -> str:
+        """Where the events of the chat named ``key`` go, read when an event is made (so
+        settings such as ``REDIS_PREFIX`` are those of its moment); default: ``key``."""
+        return key
+
+    def publish_batch(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Record ``(destination, type, data)`` events in order (this process's publisher
+        sends what it queued this way; default: one :meth:`publish` each)."""
+        for key, type_, data in events:
+            self.publish(key, type_, data)
 
     @abstractmethod
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
@@ -122,12 +135,23 @@ class RedisEvents(EventBackend):
         return _redis.key("events", key)
 
     def publish(self, key: str, type_: str, data: dict[str, Any]) -> None:
-        payload = json.dumps({"type": type_, "data": data}, default=str)
-        stream = self.stream(key)
+        self.publish_batch([(self.stream(key), type_, data)])
+
+    def destination(self, key: str) -> str:
+        return self.stream(key)
+
+    def publish_batch(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """One pipeline: an XADD per event (to its stream), in order, then one EXPIRE per
+        stream."""
         pipeline = self.client.pipeline(transaction=False)
-        pipeline.xadd(stream, {"event": payload}, maxlen=self.maxlen, approximate=True)
+        streams: dict[str, None] = {}
+        for stream, type_, data in events:
+            payload = json.dumps({"type": type_, "data": data}, default=str)
+            streams[stream] = None  # in order, once each
+            pipeline.xadd(stream, {"event": payload}, maxlen=self.maxlen, approximate=True)
         if self.ttl:
-            pipeline.expire(stream, self.ttl)  # refreshed by every event: a live chat stays
+            for stream in streams:
+                pipeline.expire(stream, self.ttl)  # refreshed by every event: a live chat stays
         pipeline.execute()
 
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
@@ -239,11 +263,16 @@ def get_backend() -> EventBackend:
 
 
 def _publish(backend: EventBackend, chat: Any, type_: str, data: dict[str, Any]) -> None:
-    # Best effort: the rows are the record, so an unreachable Redis must not fail the step.
-    try:
-        backend.publish(chat_key(chat), type_, data)
-    except Exception:
-        logger.warning("Could not publish a %s event of %s", type_, chat_key(chat), exc_info=True)
+    # Queued for this process's publisher thread: a slow or unreachable Redis never holds the
+    # step (best effort: the rows are the record).
+    size = agentloop_settings.EVENTS_QUEUE_SIZE
+    publisher().put(backend, backend.destination(chat_key(chat)), type_, data, size)
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Wait until the events this process published so far are sent to Redis (or given up
+    on); False when ``timeout`` seconds passed first. Publishing itself never waits."""
+    return publisher().flush(timeout)
 
 
 def publish_message(chat: Any, message: Any) -> None:
@@ -266,7 +295,10 @@ def publish_chunk(chat: Any, chunk: Any) -> None:
 
 def delete_events(chat: Any) -> None:
     """Forget a deleted chat's events, so a later chat given its pk never reads them."""
+    backend = get_backend()
     try:
-        get_backend().delete(chat_key(chat))
+        # None of its queued events may land after the delete.
+        publisher().discard(backend, backend.destination(chat_key(chat)))
+        backend.delete(chat_key(chat))
     except Exception:  # the stream still expires after EVENTS_TTL
         logger.warning("Could not delete the events of %s", chat_key(chat), exc_info=True)

@@ -130,9 +130,15 @@ def use_queue(queue: str) -> None:
 
 @contextmanager
 def workers(
-    concurrency: int, agentloop: dict[str, Any], *, env: dict[str, str] | None = None
+    concurrency: int,
+    agentloop: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    pool: str = "prefork",
+    started: list[subprocess.Popen[bytes]] | None = None,
 ) -> Iterator[str]:
-    """One ``celery worker`` with ``concurrency`` pool processes on a fresh queue (yielded)."""
+    """One ``celery worker`` with ``concurrency`` pool processes (or threads, or greenlets:
+    ``pool``) on a fresh queue (yielded); its process is appended to ``started``."""
     queue = f"agentloop-bench-{uuid.uuid4().hex[:8]}"
     # A plain `kill` of the benchmark must stop its worker too (the finally below).
     signal.signal(signal.SIGTERM, lambda *args: sys.exit("terminated"))
@@ -149,7 +155,7 @@ def workers(
         }
         command = [
             sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-            f"--concurrency={concurrency}", "--pool=prefork", "--loglevel=WARNING",
+            f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"{queue}@%h", "-Q", queue,
         ]  # fmt: skip
@@ -158,6 +164,8 @@ def workers(
                 command, env=process_env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
+        if started is not None:
+            started.append(process)
         try:
             deadline = time.monotonic() + 60
             while not ready.exists():

@@ -37,6 +37,7 @@ def test_keys_are_under_the_default_databases_name_by_default(redis_events, chat
 def test_two_sites_on_one_redis_do_not_read_each_others_events(redis_events, chat, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_PREFIX": "site-a"}
     events.publish_chunk(chat, TextDelta(text="for site a"))
+    assert events.flush()  # published from a queue: wait until it is sent
     settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_PREFIX": "site-b"}
 
     seen_by_b = events.get_backend().read(events.chat_key(chat), after=None, timeout=0.01)
@@ -48,9 +49,11 @@ def test_two_sites_on_one_redis_do_not_read_each_others_events(redis_events, cha
 def test_a_stream_expires_after_events_ttl_refreshed_by_each_event(redis_events, chat, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_TTL": 600}
     events.publish_chunk(chat, TextDelta(text="one"))
+    assert events.flush()
     redis_events.expire(stream_of(chat), 5)  # as if most of its life had passed
 
     events.publish_chunk(chat, TextDelta(text="two"))
+    assert events.flush()
 
     assert 5 < redis_events.ttl(stream_of(chat)) <= 600
 
@@ -58,6 +61,7 @@ def test_a_stream_expires_after_events_ttl_refreshed_by_each_event(redis_events,
 def test_events_ttl_none_keeps_the_stream_until_its_chat_is_deleted(redis_events, chat, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_TTL": None}
     events.publish_chunk(chat, TextDelta(text="kept"))
+    assert events.flush()
 
     assert redis_events.ttl(stream_of(chat)) == -1  # exists, no expiry
 
@@ -66,6 +70,7 @@ def test_a_stream_is_capped_near_events_maxlen(redis_events, chat, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_MAXLEN": 10}
     for number in range(500):
         events.publish_chunk(chat, TextDelta(text=str(number)))
+    assert events.flush()
 
     # Trimming is approximate (whole radix-tree nodes of up to 100 entries): near, not exact.
     assert redis_events.xlen(stream_of(chat)) <= 110
@@ -73,6 +78,7 @@ def test_a_stream_is_capped_near_events_maxlen(redis_events, chat, settings):
 
 def test_deleting_a_chat_deletes_its_stream(redis_events, chat):
     chat.ask_later("Hi")
+    assert events.flush()
     stream = stream_of(chat)
     assert redis_events.exists(stream) == 1
 

@@ -649,6 +649,7 @@ def redis_events(settings) -> Iterator[Any]:
     try:
         yield client
     finally:
+        events.flush()  # this test's queued events land now, not in the next test's database
         client.flushdb()
         client.close()
 
@@ -723,6 +724,7 @@ def test_with_redis_a_cancelled_answer_is_sent_marked_cancelled(
 def test_with_redis_resume_point_is_the_latest_message_event(redis_events, chat):
     chat.ask_later("Hi")
     events.publish_chunk(chat, TextDelta(text="Hel"))
+    assert events.flush()  # published from a queue: wait until it is sent
 
     point = resume_point(chat)
     kept = redis_events.xrange(events.get_backend().stream(events.chat_key(chat)))

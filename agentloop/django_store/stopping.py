@@ -199,7 +199,8 @@ class Stopping:
         if not self.chat_model.objects.filter(running, pk=pk).update(halt_reason=reason):
             return False
         self.chat.halt_reason = reason
-        notify(self.chat)  # the run's next checkpoint reads the row (and the halt) at once
+        # The run's next checkpoint reads the row (and the halt) at once.
+        notify(self.chat, halt=True)
         return True
 
     def halt_requested(self) -> str:

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 
 from .. import _tracing
-from ..messages import Chunk
 from .moves import Launch, Moves, RunTool, Send, Sleep, WaitAny
+from .sending import asend, send
 from .store import ChatStore
 from .tool_runner import aexecute_tool, execute_tool
 
@@ -78,8 +78,7 @@ def drive(moves: Moves[T]) -> T:
             value, error = None, None
             try:
                 if isinstance(move, Send):
-                    on_chunk = move.state.on_chunk if move.state is not None else None
-                    value = move.provider.request(move.request, on_chunk=on_chunk)
+                    value = send(move)  # bounded: a slot, a deadline, a cancel watchdog
                 elif isinstance(move, Sleep):
                     time.sleep(move.seconds)
                 elif isinstance(move, RunTool):
@@ -136,14 +135,7 @@ async def drive_async(moves: Moves[T], store: ChatStore) -> T:
 
 async def _perform(move: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
     if isinstance(move, Send):
-        state = move.state
-        if state is None:
-            return await move.provider.arequest(move.request)
-
-        async def on_chunk(chunk: Chunk) -> None:
-            await state.aon_chunk(chunk, phase)
-
-        return await move.provider.arequest(move.request, on_chunk=on_chunk)
+        return await asend(move, phase)  # bounded: a slot, a deadline, a cancel watchdog
     if isinstance(move, Sleep):
         await asyncio.sleep(move.seconds)
         return None

@@ -271,7 +271,10 @@ class ModelCalls(Summaries):
             started = time.monotonic()
             try:
                 with _tracing.model_call(prepared) as span:  # one span per attempt
-                    response = yield Send(provider, request, state if request.stream else None)
+                    stream_state = state if request.stream else None
+                    response = yield Send(
+                        provider, request, stream_state, checkpoints, provider_name
+                    )
                     span.response(response)
             except CancelledError as exc:
                 partial = None

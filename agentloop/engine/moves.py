@@ -18,6 +18,7 @@ from ..messages import ModelRequest, ToolCall
 from ..providers.base import Provider
 
 if TYPE_CHECKING:  # the stream state imports the store; only its type is named here
+    from .checkpoints import Checkpoints
     from .streaming import StreamState
 
 __all__ = ["Launch", "Moves", "RunTool", "Send", "Sleep", "WaitAny"]
@@ -30,11 +31,17 @@ Moves = Generator[Any, Any, T]
 
 @dataclass
 class Send:
-    """One provider request; with ``state`` it streams into it. Returns the ModelResponse."""
+    """One provider request; with ``state`` it streams into it. Returns the ModelResponse.
+
+    The driver bounds it (:mod:`.sending`): a slot of the provider's concurrency limit, a
+    total deadline, and ``checkpoints`` to stop it at a cancel."""
 
     provider: Provider
     request: ModelRequest
     state: StreamState | None
+    checkpoints: Checkpoints | None = None
+    #: the name the provider is registered under (limits and timeouts are set by it).
+    provider_name: str = ""
 
 
 @dataclass

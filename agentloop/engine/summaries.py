@@ -13,7 +13,9 @@ from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
 from .configuration import ChatConfig
+from .moves import Send
 from .retries import retry_delay
+from .sending import send
 from .store import ChatStore, UsageRecord
 
 __all__ = ["Summaries", "failed_usage"]
@@ -108,7 +110,8 @@ class Summaries:
         for attempt in range(retries + 1):
             started = time.monotonic()
             try:
-                return provider.request(request)
+                # Bounded like the chat's own calls: a slot, the deadline.
+                return send(Send(provider, request, None, provider_name=provider_name))
             except Exception as exc:
                 self.store.record_usage(failed_usage(provider_name, request.model, exc, started))
                 delay = retry_delay(attempt, exc) if attempt < retries else None

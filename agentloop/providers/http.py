@@ -30,6 +30,7 @@ from ..exceptions import (
     StreamInterruptedError,
 )
 from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
+from . import watchdog
 from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
 from .common import with_parsed_json
@@ -340,17 +341,30 @@ class HTTPProvider(Provider):
     def _post(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         """The arguments of the POST for ``request``."""
         body = self.build_body(request, stream)
-        return {"url": self.endpoint(request, stream), "json": body,
-                "headers": self._headers_for(request)}  # fmt: skip
+        post: dict[str, Any] = {"url": self.endpoint(request, stream), "json": body,
+                                 "headers": self._headers_for(request)}  # fmt: skip
+        left = watchdog.remaining()
+        if left is not None:
+            # No single wait (connecting, the headers, a read) outlasts the call's deadline.
+            timeout = self._timeout_setting()
+            post["timeout"] = httpx.Timeout(
+                connect=min(timeout.connect or left, left),
+                read=min(timeout.read or left, left),
+                write=min(timeout.write or left, left),
+                pool=min(timeout.pool or left, left),
+            )
+        return post
 
     def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
         post = self._post(request, on_chunk is not None)
         if on_chunk is None:
             with self._translate_errors(), self.client.stream("POST", **post) as response:
+                watchdog.watch_response(response)  # a cancel or the deadline shuts it
                 _cap(response, self.name)
                 response.read()
             return self._json_answer(response)
         with self._translate_errors(), connect_sse(self.client, "POST", **post) as source:
+            watchdog.watch_response(source.response)  # a cancel or the deadline shuts it
             _cap(source.response, self.name)
             if source.response.status_code >= 400:
                 source.response.read()

@@ -1,0 +1,222 @@
+"""Performing a :class:`~.moves.Send`: a slot of its provider's limit, a total deadline, and
+a cancel that stops it whether it waits for a slot or for the provider.
+
+Both drivers (:mod:`.drivers`) send through here. A call first takes a slot of each limit it
+falls under (:mod:`agentloop.providers.slots`), waiting in short slices: each slice looks at
+the run's cancel (the notice at once, the flag as often as a stream would) and at the
+deadline, which counts from the call's start. Then the provider is asked under a
+:class:`~agentloop.providers.watchdog.CallWatch`: past the deadline, or at a cancel notice,
+the process's watchdog aborts the call (its response's socket is shut, an awaited call is
+cancelled), and the abort comes out as :class:`~agentloop.exceptions.ProviderTimeout` (a
+transient error: the step's retries apply) or as the run's
+:class:`~agentloop.exceptions.CancelledError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from ..conf import agentloop_settings
+from ..exceptions import ConfigurationError, ProviderTimeout, StreamInterruptedError
+from ..messages import Chunk, ModelResponse
+from ..providers.slots import Slots, Ticket, slots_for
+from ..providers.watchdog import CallWatch, watching
+from .moves import Send
+
+__all__ = ["asend", "call_timeout", "send"]
+
+#: longest wait for a slot between two looks at the cancel and the deadline (seconds).
+SLICE = 0.1
+
+Phase = Callable[..., Awaitable[Any]]
+Held = list[tuple[Slots, Ticket]]
+
+
+def call_timeout(provider_name: str) -> float | None:
+    """The deadline of one call to ``provider_name`` in seconds: its ``call_timeout`` in
+    ``AGENTLOOP["PROVIDERS"]``, else ``MODEL_CALL_TIMEOUT`` (None: no deadline)."""
+    configured = agentloop_settings.PROVIDERS.get(provider_name) or {}
+    if "call_timeout" not in configured:
+        timeout = agentloop_settings.MODEL_CALL_TIMEOUT
+        return None if timeout is None else float(timeout)
+    value = configured["call_timeout"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(
+            f"AGENTLOOP['PROVIDERS'][{provider_name!r}]['call_timeout'] must be a positive "
+            f"number of seconds or None, not {value!r}"
+        )
+    return float(value)
+
+
+class _Call:
+    """One Send's bounds: its limits, its deadline, its watch."""
+
+    def __init__(self, move: Send) -> None:
+        self.move = move
+        self.name = move.provider_name or move.provider.name
+        self.timeout = call_timeout(self.name)
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        checkpoints = move.checkpoints
+        notice = checkpoints.store.cancel_notice if checkpoints is not None else None
+        self.watch = CallWatch(self.deadline, notice)
+        self.slots = slots_for(self.name, move.request.model)
+
+    def slice(self) -> float:
+        if self.deadline is None:
+            return SLICE
+        return max(0.0, min(SLICE, self.deadline - time.monotonic()))
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def timed_out(self, waiting: bool = False) -> ProviderTimeout:
+        if waiting:
+            return ProviderTimeout(
+                f"{self.name}: no model-call slot came free (MODEL_CONCURRENCY) within the "
+                f"call's {self.timeout:g} s deadline (MODEL_CALL_TIMEOUT)"
+            )
+        return ProviderTimeout(
+            f"{self.name}: the model call took longer than its {self.timeout:g} s deadline "
+            "(MODEL_CALL_TIMEOUT) and was stopped"
+        )
+
+    def on_chunk(self) -> Callable[[Chunk], None] | None:
+        """The stream's chunk callback, which also ends a call past its deadline (for
+        providers whose responses the watchdog can't shut)."""
+        state = self.move.state
+        if state is None:
+            return None
+
+        def each(chunk: Chunk) -> None:
+            if self.expired():
+                raise self.timed_out()
+            state.on_chunk(chunk)
+
+        return each
+
+    def error_for(self, error: BaseException) -> BaseException:
+        """What a failed call raises: the deadline's ProviderTimeout when it was that, else
+        ``error`` (a cancel's abort is read from the flag by the caller first)."""
+        if self.watch.reason == "deadline" or (
+            isinstance(error, ProviderTimeout) and self.expired()
+        ):
+            replaced: BaseException = self.timed_out()
+        elif isinstance(error, asyncio.CancelledError):  # a cancel notice, with no cancel
+            replaced = StreamInterruptedError(f"{self.name}: the call was stopped")
+        else:
+            return error
+        replaced.__cause__ = error
+        return replaced
+
+    def give_back(self, held: Held) -> None:
+        for slots, ticket in reversed(held):
+            slots.give_back(ticket)
+
+
+def send(move: Send) -> ModelResponse:
+    """Make the call in this thread (or greenlet), within its bounds."""
+    call = _Call(move)
+    held: Held = []
+    try:
+        for slots in call.slots:
+            woken = threading.Event()
+            held.append((slots, ticket := slots.request(woken.set)))
+            while not ticket.granted:
+                if move.checkpoints is not None:
+                    move.checkpoints.check(force=False)
+                if call.expired():
+                    raise call.timed_out(waiting=True)
+                woken.wait(call.slice())
+        with watching(call.watch):
+            try:
+                return move.provider.request(move.request, on_chunk=call.on_chunk())
+            except Exception as exc:
+                if call.watch.reason == "cancel" and move.checkpoints is not None:
+                    move.checkpoints.check()  # raises the run's CancelledError
+                raise call.error_for(exc)  # noqa: B904 - error_for keeps the cause
+    finally:
+        call.give_back(held)
+
+
+async def asend(move: Send, phase: Phase) -> ModelResponse:
+    """Make the call from a coroutine, within its bounds; the cancel's flag is read as a
+    database phase (``phase``)."""
+    call = _Call(move)
+    checkpoints = move.checkpoints
+    loop = asyncio.get_running_loop()
+    held: Held = []
+    try:
+        for slots in call.slots:
+            woken: asyncio.Future[None] = loop.create_future()
+            held.append((slots, ticket := slots.request(partial(_wake, loop, woken))))
+            while not ticket.granted:
+                if checkpoints is not None and checkpoints.due():
+                    await phase(partial(checkpoints.check, force=False))
+                if call.expired():
+                    raise call.timed_out(waiting=True)
+                await asyncio.wait([woken], timeout=call.slice())
+        return await _arequest(call, phase)
+    finally:
+        call.give_back(held)
+
+
+async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 - asend runs in a task
+    loop = asyncio.get_running_loop()
+    active = True
+    aborted = False
+
+    def cancel_here() -> None:
+        nonlocal aborted
+        if active:
+            aborted = True
+            task.cancel()
+
+    call.watch.on_abort(partial(loop.call_soon_threadsafe, cancel_here))
+    move, state = call.move, call.move.state
+
+    async def on_chunk(chunk: Chunk) -> None:
+        if call.expired():
+            raise call.timed_out()
+        assert state is not None  # noqa: S101 - only streams have chunks
+        await state.aon_chunk(chunk, phase)
+
+    error: BaseException
+    try:
+        with watching(call.watch):
+            try:
+                if state is None:
+                    return await move.provider.arequest(move.request)
+                return await move.provider.arequest(move.request, on_chunk=on_chunk)
+            except asyncio.CancelledError as exc:
+                if not aborted or task.uncancel() > 0:
+                    raise  # cancelled from outside too: not ours to turn into an error
+                error = exc
+            except Exception as exc:
+                error = exc
+    finally:
+        active = False
+    if call.watch.reason == "cancel" and move.checkpoints is not None:
+        await phase(move.checkpoints.check)  # raises the run's CancelledError
+    raise call.error_for(error)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, woken: asyncio.Future[None]) -> None:
+    """Hand a slot to a coroutine waiting on another thread's loop."""
+    try:
+        loop.call_soon_threadsafe(_resolve, woken)
+    except RuntimeError:  # its loop is closed: the waiter is gone (its ticket goes back)
+        pass
+
+
+def _resolve(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)

@@ -1,0 +1,256 @@
+"""Per process, not per step: one cancel-notice subscriber and one bounded event publisher.
+
+Against private ``redis-server`` processes the tests own (paused, restarted, killed), and
+real worker processes (``tests/processes/concurrent_steps.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from agentloop import _cancel_notices, events
+from agentloop._cancel_notices import RedisCancelListener, listen_locally
+from agentloop._event_publisher import publisher
+from agentloop.messages import TextDelta, ToolCallDelta
+from agentloop.models import Chat
+from agentloop.testing import stream
+from tests.processes import start_script, summary
+from tests.redis_server import RedisServer, private_redis
+
+#: generous bound of every wait (a loaded 2-core machine).
+DEADLINE = 60.0
+
+
+def wait_until(condition: Any, what: str, timeout: float = DEADLINE) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[RedisServer]:
+    with private_redis(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+def on_private_redis(redis_server, settings) -> Iterator[RedisServer]:
+    """This process's agentloop on the private server (a long socket timeout: a paused
+    server makes a publish wait, it doesn't fail it)."""
+    settings.AGENTLOOP = {
+        **settings.AGENTLOOP,
+        "REDIS_URL": redis_server.url(socket_timeout=120),
+        "REDIS_PREFIX": "perprocess",
+    }
+    yield redis_server
+    if redis_server.paused:
+        redis_server.resume()
+    events.flush()
+    _cancel_notices.stop_subscribers()
+
+
+# -- one cancel-notice subscriber per process -----------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_many_concurrent_steps_share_one_subscriber_and_a_cancel_reaches_them(
+    redis_server, settings, user
+):
+    url = redis_server.url()
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_URL": url}
+    chats = [Chat.objects.create(model="rules:test", owner=user) for _ in range(8)]
+    for number, chat in enumerate(chats):
+        # 2400 chunks 50 ms apart: 2 minutes, unless a cancel stops it (only a notice can:
+        # the flag is read every 600 s).
+        chat.ask_later(f"stream:2400:0.05 chat-{number}")  # the worker below runs its step
+    worker_settings = {"REDIS_URL": url, "CANCEL_POLL_INTERVAL": 600, "PARTIAL_SAVE_INTERVAL": 0.2}
+    worker = start_script(
+        "concurrent_steps.py",
+        *(chat.pk for chat in chats),
+        env={"AGENTLOOP_TEST_SETTINGS": json.dumps(worker_settings)},
+    )
+    try:
+        pid = int(worker.stdout.readline().split()[1])
+        wait_until(
+            lambda: all(
+                chat.messages.filter(role="assistant", status="partial").exists() for chat in chats
+            ),
+            "every step to stream",
+        )
+        connections = redis_server.connections_of(pid)
+        first, *others = chats
+
+        Chat.objects.get(pk=first.pk).cancel()  # from this process, as the cancel view does
+
+        wait_until(
+            lambda: first.usage_records.filter(status="cancelled").exists(),
+            "the cancelled step to stop",
+        )
+        assert not any(chat.usage_records.exists() for chat in others)  # they stream on
+        for chat in others:
+            Chat.objects.get(pk=chat.pk).cancel()
+        output, errors = worker.communicate(timeout=DEADLINE)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert set(summary(output)["actions"].values()) == {"cancelled"}, errors
+    names = [connection["name"] for connection in connections]
+    assert names.count(f"agentloop-cancel-notices-{pid}") == 1
+    # The subscriber and the event publisher; not a connection per step.
+    assert len(connections) <= 3, connections
+
+
+def test_the_subscriber_hears_cancels_again_after_redis_restarts(on_private_redis):
+    chat = Chat(pk=4242)  # a chat key is all a notice needs
+    notice = listen_locally(chat)
+    with RedisCancelListener(chat, notice) as listener:
+        hears_a_cancel(on_private_redis, listener)
+
+        on_private_redis.restart()
+
+        hears_a_cancel(on_private_redis, listener)
+
+
+def hears_a_cancel(server: RedisServer, listener: RedisCancelListener) -> None:
+    """Publish the chat's cancel message (as another process's cancel does) until the
+    listener's notice is set: a subscriber still reconnecting misses what comes before."""
+    listener.notice.clear()
+
+    def published_and_heard() -> bool:
+        try:
+            with server.client() as client:
+                client.publish(listener.channel, "cancel")
+        except Exception:  # noqa: S110 - the server is still starting
+            pass
+        return listener.notice.wait(0.2)
+
+    wait_until(published_and_heard, "the cancel notice")
+
+
+def test_a_forked_child_gets_a_subscriber_of_its_own(on_private_redis):
+    parent_chat, child_chat = Chat(pk=1), Chat(pk=2)
+    with RedisCancelListener(parent_chat, listen_locally(parent_chat)) as parent_listener:
+        parents = _cancel_notices.subscriber()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+            pid = os.fork()
+        if pid == 0:  # the child: a subscriber of its own hears its chat's cancels
+            code = 1
+            try:
+                with RedisCancelListener(child_chat, listen_locally(child_chat)) as listener:
+                    own = _cancel_notices.subscriber()
+                    if own is not parents and own.pubsub is not parents.pubsub:
+                        hears_a_cancel(on_private_redis, listener)
+                        code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+
+        assert os.waitstatus_to_exitcode(status) == 0
+        hears_a_cancel(on_private_redis, parent_listener)  # the child left the parent's alone
+
+
+# -- one bounded event publisher per process -------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_a_step_finishes_while_redis_hangs_and_its_events_arrive_after(
+    on_private_redis, chat, scripted
+):
+    words = [f"w{number} " for number in range(100)]
+    scripted.add(stream(*words))
+    chat.ask_later("Tell me")
+    assert events.flush()
+    on_private_redis.pause()
+
+    def publish(chunk: Any) -> None:
+        events.publish_chunk(chat, chunk)
+
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            chat.complete(stream=publish)
+            done.set()
+        finally:
+            connections.close_all()
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    # Each publish would wait for the hung server (up to its 120 s socket timeout): the step
+    # waits on none.
+    finished = done.wait(DEADLINE)
+    still_paused = on_private_redis.paused
+    on_private_redis.resume()
+    runner.join()
+
+    assert finished and still_paused
+    assert events.flush(DEADLINE)
+    kept = read_all(chat)
+    assert [e["data"]["text"] for e in kept if e["type"] == "chunk"] == words
+    assert [e["data"]["role"] for e in kept if e["type"] == "message"] == ["user", "assistant"]
+    assert kept[-1]["data"]["content"] == "".join(words)
+
+
+@pytest.mark.django_db
+def test_a_full_queue_merges_text_chunks_and_loses_no_text(on_private_redis, chat, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_QUEUE_SIZE": 3}
+    before = publisher().dropped
+    on_private_redis.pause()
+    words = [f"w{number} " for number in range(50)]
+    for word in words:
+        events.publish_chunk(chat, TextDelta(text=word))
+    on_private_redis.resume()
+
+    assert events.flush(DEADLINE)
+    chunks = [e["data"]["text"] for e in read_all(chat)]
+    assert "".join(chunks) == "".join(words)
+    assert len(chunks) < len(words)  # those in flight when the server paused, and the queue's 3
+    assert publisher().dropped == before
+
+
+@pytest.mark.django_db
+def test_with_a_healthy_redis_every_chunk_arrives_in_order(on_private_redis, user):
+    chats = [Chat.objects.create(model="scripted:test", owner=user) for _ in range(3)]
+    sent: dict[int, list[str]] = {chat.pk: [] for chat in chats}
+    for number in range(300):
+        chat = chats[number % 3]
+        text = f"{number} "
+        events.publish_chunk(chat, TextDelta(text=text))
+        sent[chat.pk].append(text)
+
+    assert events.flush(DEADLINE)
+    for chat in chats:
+        assert [e["data"]["text"] for e in read_all(chat)] == sent[chat.pk]
+
+
+@pytest.mark.django_db
+def test_a_full_queue_drops_chunks_before_messages(on_private_redis, chat, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "EVENTS_QUEUE_SIZE": 3}
+    on_private_redis.pause()
+    before = publisher().dropped
+    for _ in range(10):  # tool call deltas aren't merged: dropped when the queue is full
+        events.publish_chunk(chat, ToolCallDelta(id="c", name="add", arguments="{}"))
+    chat.ask_later("a message")  # pushes out the oldest queued event instead
+    on_private_redis.resume()
+
+    assert events.flush(DEADLINE)
+    kinds = [e["type"] for e in read_all(chat)]
+    assert kinds[-1] == "message"
+    assert publisher().dropped > before
+    assert kinds.count("tool_call_delta") < 10  # in flight at the pause, and the queue's
+
+
+def read_all(chat: Chat) -> list[dict[str, Any]]:
+    return events.get_backend().read(events.chat_key(chat), after=None, timeout=0.01)
