@@ -374,8 +374,13 @@ def _renewed(lease: Lease, renewed: dict[tuple[str, str], tuple[Any, Any]], sent
     if signals[0] is UNREAD:
         return
     flag = lease.observe(*signals)
-    if (flag is not None or lease.halt_reason) and lease.notice is not None:
-        lease.notice.set()  # a cancel or a halt from elsewhere: the next checkpoint reads it
+    notice = lease.notice
+    if notice is not None and (flag is not None or lease.halt_reason):
+        # A cancel or a halt from elsewhere: the next checkpoint reads it; a cancel also cuts
+        # a model call in flight (the watchdog), with or without Redis.
+        if flag is not None:
+            notice.cancelling = True  # type: ignore[attr-defined]
+        notice.set()
 
 
 def _renew_many(leases: Iterable[Lease]) -> dict[tuple[str, str], tuple[Any, Any]]:
