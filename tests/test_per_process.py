@@ -253,4 +253,9 @@ def test_a_full_queue_drops_chunks_before_messages(on_private_redis, chat, setti
 
 
 def read_all(chat: Chat) -> list[dict[str, Any]]:
-    return events.get_backend().read(events.chat_key(chat), after=None, timeout=0.01)
+    """Every event of the chat's stream (a read returns at most ``events.READ_COUNT``)."""
+    backend, found, after = events.get_backend(), [], None
+    while batch := backend.read(events.chat_key(chat), after=after, timeout=0.01):
+        found += batch
+        after = batch[-1]["id"]
+    return found

@@ -756,6 +756,7 @@ def test_with_redis_the_async_stream_waits_for_new_events(redis_events, user, ch
 def test_with_redis_one_read_takes_at_most_read_count_events(redis_events, chat):
     for number in range(events.READ_COUNT * 2 + 50):
         events.publish_chunk(chat, TextDelta(text=f"{number} "))
+    assert events.flush()  # published by the process's publisher thread
     backend = events.get_backend()
 
     first = backend.read(events.chat_key(chat), None, 0.1)
