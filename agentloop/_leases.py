@@ -27,6 +27,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from .conf import agentloop_settings
+from .django_store.reconnect import mark_unreachable
 from .django_store.sql import PreparedUpdate, bound_cursor, recover_prepared
 from .exceptions import LeaseLostError
 
@@ -287,11 +288,12 @@ class Lease:
             update = _RELEASES[key] = PreparedUpdate(
                 self.chat_model, names, (("id", "="), ("lease_token", "="))
             )
-        released = bool(
-            update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
-        )
-        heartbeats.stop(self)
-        return released
+        try:
+            return bool(
+                update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
+            )
+        finally:
+            heartbeats.stop(self)  # the step ends here, whatever the statement did
 
     def release_unless_queued(self, **fields: Any) -> str:
         """Release with ``fields`` if no message was queued meanwhile ("released"); if one
@@ -311,7 +313,12 @@ class Lease:
                 self.chat_model, names, (("id", "="), ("lease_token", "="), ("inbox", "="))
             )
         where = [self.chat_pk, self.token, []]
-        if update.run(self.using, [values[name] for name in names], where):
+        try:
+            released = update.run(self.using, [values[name] for name in names], where)
+        except BaseException:
+            heartbeats.stop(self)  # the step ends here, whatever the statement did
+            raise
+        if released:
             heartbeats.stop(self)
             return "released"
         if self.release(**{**fields, "state": "queued"}):
@@ -420,6 +427,9 @@ class _Heartbeats:
 def beat(lease: Lease) -> None:
     """Renew ``lease`` once; on a database error retry later, and mark it lost before it
     would expire (the step then writes nothing more)."""
+    if lease.lost.is_set():  # given up by its step: never renewed again
+        heartbeats.stop(lease)
+        return
     try:
         close_old_connections()
         if not lease.renew():
@@ -436,7 +446,7 @@ def beat(lease: Lease) -> None:
             pass
         margin = max(lease.seconds / 6, 0.1)
         if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
-            lease.lost.set()
+            mark_unreachable(lease)
             heartbeats.stop(lease)
             logger.error(
                 "Chat %s: the lease could not be renewed before it expires; the step is "

@@ -246,3 +246,16 @@ class ChaosC(_ChaosTool):
     """The tool of the chaos test's second round."""
 
     name = "chaos_c"
+
+
+# -- connection faults (tests/test_connection_faults.py) ----------------------------------------
+@tool
+def drop_connection() -> str:
+    """Logs its run, then has PostgreSQL drop the connection of the step running it (the
+    thread's own), as a server restart or a network cut would while a tool runs."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import backend_pid, terminate
+
+    _log_run("drop_connection")
+    terminate(backend_pid())
+    return "connection dropped"

@@ -28,6 +28,7 @@ from ..exceptions import (
     ProviderError,
     ToolCallNotWaitingError,
 )
+from .reconnect import is_connection_fault, lost_to_fault, retried
 
 __all__ = ["ClaimMixin", "Release", "one_line"]
 
@@ -80,6 +81,8 @@ class ClaimMixin:
     last_release: Release | None = None
     _depth = 0
     _claimed_at: Any = None
+    #: the chat's state as read back after a release whose answer a dropped connection lost.
+    _state_read_back: str | None = None
 
     @property
     def _db(self) -> str:
@@ -137,25 +140,65 @@ class ClaimMixin:
         lease = self.lease
         if lease is None:
             return
+        try:
+            self._release(lease, next_move, failure)
+        finally:
+            if self.lease is lease:  # the release failed: this process lets the chat go anyway
+                self._forget_lease()
+
+    def _release(self, lease: Lease, next_move: str | None, failure: BaseException | None) -> None:
         if isinstance(failure, LeaseLostError) or lease.lost.is_set():
             self._forget_lease()
-            self.last_release = Release("lost")
+            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
             return
         fields, release = self._release_fields(next_move, failure)
         if release.state == "failed" or release.retry_in is not None:
             log = logger.warning if release.state == "queued" else logger.error
             log("Chat %s: %s", self.chat.pk, release.error, exc_info=failure)
-        if failure is None or isinstance(failure, CancelledError):
-            status = lease.release_unless_queued(**fields)
-        else:  # a failure or a stop stays what it is; queued messages wait for the next run
-            status = "released" if lease.release(**fields) else "lost"
-        if status == "queued":  # a message came in meanwhile: answer it next
+        unless_queued = failure is None or isinstance(failure, CancelledError)
+
+        def give_up() -> str:
+            if unless_queued:
+                return lease.release_unless_queued(**fields)
+            # A failure or a stop stays what it is; queued messages wait for the next run.
+            return "released" if lease.release(**fields) else "lost"
+
+        try:
+            status = retried(
+                lease, self._db, give_up, landed=lambda: self._released_after_all(lease)
+            )
+        except LeaseLostError:
+            status = "lost"
+        if status == "queued" or (status == "released" and self._queued_instead(fields)):
+            # A message came in meanwhile: answer it next.
             fields, release = {**fields, "state": "queued"}, replace(release, state="queued")
         if status != "lost":
             self._released(fields, release)
         else:
             self._forget_lease()
-            self.last_release = Release("lost")
+            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+
+    def _released_after_all(self, lease: Lease) -> str | None:
+        """After a dropped connection: "released" when the release committed before its
+        answer was lost (the lease is gone; the chat's state is read back), "lost" when
+        another process holds the chat, None when the lease is still ours (try again)."""
+        row = (
+            self.chat_model._default_manager.using(self._db)
+            .filter(pk=self.chat.pk)
+            .values_list("lease_token", "state")
+            .first()
+        )
+        if row is None or row[0] not in ("", lease.token):
+            return "lost"
+        if row[0] == lease.token:
+            return None
+        self._state_read_back = row[1]
+        return "released"
+
+    def _queued_instead(self, fields: dict[str, Any]) -> bool:
+        """A release read back after a fault found the chat queued (a message came in)."""
+        state, self._state_read_back = self._state_read_back, None
+        return state == "queued" and fields.get("state") != "queued"
 
     def _released(self, fields: dict[str, Any], release: Release) -> None:
         """After the release's UPDATE: the chat object follows, and nothing is stranded."""
@@ -175,9 +218,11 @@ class ClaimMixin:
         lease = self.lease
         if lease is None:
             return
-        if not lease.lost.is_set() and lease.release(**fields):
-            self._applied(fields)
-        self._forget_lease()
+        try:
+            if not lease.lost.is_set() and lease.release(**fields):
+                self._applied(fields)
+        finally:
+            self._forget_lease()
 
     def _release_fields(
         self, next_move: str | None, failure: BaseException | None
@@ -215,13 +260,13 @@ class ClaimMixin:
         detail = "".join(traceback.format_exception(failure))[-8000:]
         attempts = int(self.chat.attempts or 0) + 1
         retries = agentloop_settings.STEP_RETRIES
-        if (
-            background
-            and isinstance(failure, ProviderError)
-            and failure.retryable
-            and attempts <= retries
-        ):
-            delay = backoff(attempts - 1, failure.retry_after)
+        # Transient: a provider's retryable error, or a database connection that dropped,
+        # was refused or timed out (retried in the step itself while the lease held).
+        transient = is_connection_fault(failure) or (
+            isinstance(failure, ProviderError) and failure.retryable
+        )
+        if background and transient and attempts <= retries:
+            delay = backoff(attempts - 1, getattr(failure, "retry_after", None))
             fields = {
                 "state": "queued",
                 "attempts": attempts,
@@ -230,7 +275,7 @@ class ClaimMixin:
                 "error_detail": detail,
             }
             return fields, Release("queued", retry_in=delay, error=fields["error"])
-        if background and isinstance(failure, ProviderError) and failure.retryable:
+        if background and transient:
             error = f"Gave up after {attempts} attempts: {error}"[:_ERROR_CHARS]
         fields = {"state": "failed", "error": error, "error_detail": detail, "attempts": 0}
         return fields, Release("failed", error=error)

@@ -8,8 +8,9 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,7 @@ from ..messages import Message, MessageStatus
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
 from .claims import ClaimMixin, Release
+from .reconnect import retried
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
@@ -155,22 +157,45 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         if lease is not None and lease.lost.is_set():
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
         self._prefetched = None  # a transcript read with the claim is stale after a write
-        fields: dict[str, Any] | None = None
-        with transaction.atomic(using=self._db):
-            if lease is not None:
-                if release is not None:
-                    fields, outcome = self._release_fields(release, None)
-                    status = lease.release_unless_queued(**fields)
-                    if status == "lost":
-                        lease.lost.set()
-                        raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-                    if status == "queued":  # a message came in meanwhile: answer it next
-                        fields, outcome = {**fields, "state": "queued"}, Release("queued")
-                else:
-                    self._flag_after_write = lease.ensure()
+        with ExitStack() as stack:
+            # The lease's statement comes first: a connection that dropped meanwhile (a long
+            # tool, a stream) fails there, before anything of the transaction is written,
+            # so it opens again on a new connection while the lease is valid.
+            released = retried(lease, self._db, lambda: self._begin_write(stack, release))
             yield
-        if fields is not None:
-            self._released(fields, outcome)
+        if released is not None:
+            self._released(*released)
+
+    def _begin_write(
+        self, stack: ExitStack, release: str | None
+    ) -> tuple[dict[str, Any], Release] | None:
+        """Open the write transaction (kept open on ``stack``) and renew or release the lease
+        in its first statement; the release's columns and outcome when it released."""
+        atomic = transaction.atomic(using=self._db)
+        atomic.__enter__()
+        try:
+            released = self._lease_statement(release)
+        except BaseException:
+            atomic.__exit__(*sys.exc_info())
+            raise
+        stack.push(atomic)
+        return released
+
+    def _lease_statement(self, release: str | None) -> tuple[dict[str, Any], Release] | None:
+        lease = self.lease
+        if lease is None:
+            return None
+        if release is None:
+            self._flag_after_write = lease.ensure()
+            return None
+        fields, outcome = self._release_fields(release, None)
+        status = lease.release_unless_queued(**fields)
+        if status == "lost":
+            lease.lost.set()
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        if status == "queued":  # a message came in meanwhile: answer it next
+            fields, outcome = {**fields, "state": "queued"}, Release("queued")
+        return fields, outcome
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
@@ -253,7 +278,10 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             return [], None
         select = self.models.transcript(self._db)
         prefetched, self._prefetched = self._prefetched, None
-        rows = select.rows([self.chat.pk]) if prefetched is None else select.convert(prefetched)
+        if prefetched is None:
+            rows = retried(self.lease, self._db, lambda: select.rows([self.chat.pk]))
+        else:
+            rows = select.convert(prefetched)
         return messages_from_rows(rows), self.cancel_requested_at()
 
     def _prefetch(self) -> tuple[str, list[Any]]:

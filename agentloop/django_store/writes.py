@@ -22,6 +22,7 @@ from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .claims import Release
+from .reconnect import retried
 from .sql import bound_cursor
 
 __all__ = ["OneStatementWrites", "StepWrites"]
@@ -214,11 +215,16 @@ class OneStatementWrites:
         return _WRITES[key]
 
     def _guarded(
-        self, writes: StepWrites, release: str | None, body: Callable[[str, _Values], str]
+        self,
+        writes: StepWrites,
+        release: str | None,
+        body: Callable[[str, _Values], str],
+        record: Any,
     ) -> list[Any]:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
-        is no longer ours."""
+        is no longer ours. On a dropped connection it runs again on a new one while the
+        lease is valid, unless it committed after all (``record``, its message, is there)."""
         lease = self.lease
         assert lease is not None  # noqa: S101 - _step_writes checked it
         if lease.lost.is_set():
@@ -242,10 +248,13 @@ class OneStatementWrites:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=self._db):
                 rows = self._run(connection, sql, params + values.params)
-        else:
-            rows = self._run(
-                connection, sql, params + values.params
-            )  # one statement: its own transaction
+        else:  # one statement: its own transaction
+            rows = retried(
+                lease,
+                self._db,
+                lambda: self._run(connection, sql, params + values.params),
+                landed=lambda: self._landed(record, release is not None),
+            )
         if not rows:
             lease.lost.set()
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
@@ -260,6 +269,27 @@ class OneStatementWrites:
             fields, outcome = {**fields, "state": "queued"}, Release("queued")
         self._released(fields, outcome)
         return rows
+
+    def _landed(self, record: Any, releases: bool) -> list[Any] | None:
+        """The rows a step write that committed before its answer was lost would have
+        returned, read back (found by its message: chat, role and creation time); None when
+        it did not commit."""
+        using = self._db
+        messages = type(record)._default_manager.using(using)
+        key = (
+            messages.filter(chat_id=self.chat.pk, role=record.role, created_at=record.created_at)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if key is None:
+            return None
+        head = "state" if releases else "cancel_requested_at"
+        chats = self.models.chat_model._default_manager.using(using).filter(pk=self.chat.pk)
+        first = chats.values_list(head, flat=True).first()
+        calls = self.models.tool_call_model._default_manager.using(using).filter(message_id=key)
+        return [(first, key, *call) for call in calls.values_list("pk", "call_id")] or [
+            (first, key)
+        ]
 
     def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
         with bound_cursor(self._db) as cursor:
@@ -287,7 +317,7 @@ class OneStatementWrites:
         def body(guard: str, values: _Values) -> str:
             return writes.answer(guard, values, record, call_rows, usage_row)
 
-        rows = self._guarded(writes, release, body)
+        rows = self._guarded(writes, release, body, record)
         self._inserted(record, rows[0][1])
         if calls:
             keys = {row[3]: row[2] for row in rows}
@@ -310,7 +340,7 @@ class OneStatementWrites:
         def body(guard: str, values: _Values) -> str:
             return writes.result(guard, values, record, state, error or "", call.key)
 
-        rows = self._guarded(writes, release, body)
+        rows = self._guarded(writes, release, body, record)
         self._inserted(record, rows[0][1])
         message.key = record.pk
         return record

@@ -1,0 +1,228 @@
+"""A dropped or refused database connection is transient on every path (docs/design.md §19).
+
+The faults are real and hit only this run's own PostgreSQL test database: a connection is
+dropped with ``pg_terminate_backend`` (as a server restart or a network cut would), or the
+database refuses new connections for a while (``ALLOW_CONNECTIONS false``, always restored):
+see tests/db_faults.py. Workers are real ``celery worker`` processes (tests/test_celery_worker.py
+starts them). After each fault the invariants are checked: no message lost or duplicated, one
+result per tool call, every tool run exactly once.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError, connection
+
+from agentloop._runner import run_step
+from agentloop.messages import MessageStatus
+from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.testing import tool_call
+from tests import test_celery_worker as workers
+from tests.helpers import transcript
+from tests.tools import drop_connection, step_one
+
+# Real worker processes, as tests/test_celery_worker.py starts them.
+redis_client = workers.redis_client
+background = workers.background
+new_chat, settled = workers.new_chat, workers.settled
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="connection faults: PostgreSQL"
+)
+
+
+def runs(run_log) -> list[str]:
+    return run_log.read_text().split() if run_log.exists() else []
+
+
+def assert_one_result_per_call(chat: Chat) -> None:
+    """Every tool call of the chat has exactly one result message, and is finished."""
+    for call in ToolCall.objects.filter(chat=chat):
+        assert chat.messages.filter(tool_call=call).count() == 1, call
+        assert call.state == "succeeded", call
+
+
+def finished_answers(chat: Chat) -> list[str]:
+    return list(
+        chat.messages.filter(role="assistant", status=MessageStatus.COMPLETE)
+        .order_by("id")
+        .values_list("content", flat=True)
+    )
+
+
+# -- 1. a connection dropped while a tool runs ------------------------------------------------
+@postgresql
+def test_a_tool_whose_connection_drops_runs_once_and_its_result_is_written(scripted, user, run_log):
+    scripted.add(tool_call("drop_connection", id="call_1"), "all done")
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(drop_connection)
+
+    answer = chat.ask("go")
+
+    assert answer.content == "all done"
+    assert runs(run_log) == ["drop_connection"]
+    chat = Chat.objects.get(pk=chat.pk)
+    assert transcript(chat, "role", "content", "call_id") == [
+        ("user", "go", None),
+        ("assistant", "", None),
+        ("tool", "connection dropped", "call_1"),
+        ("assistant", "all done", None),
+    ]
+    assert_one_result_per_call(chat)
+    assert chat.state == ChatState.IDLE
+    assert chat.lease_token == ""
+    assert chat.error == ""
+
+
+@postgresql
+def test_after_a_dropped_connection_the_process_can_ask_again(scripted, user, run_log):
+    scripted.add(tool_call("drop_connection"), "all done", "again")
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(drop_connection)
+    chat.ask("go")
+
+    # The same object and a fresh one: no lease of the faulted step is left in this process.
+    assert chat.ask("once more").content == "again"
+    scripted.add("and again")
+    assert Chat.objects.get(pk=chat.pk).ask("last").content == "and again"
+    assert runs(run_log) == ["drop_connection"]
+    assert [m.role for m in Chat.objects.get(pk=chat.pk).messages.all()] == [
+        "user", "assistant", "tool", "assistant", "user", "assistant", "user", "assistant",
+    ]  # fmt: skip
+
+
+@postgresql
+def test_a_worker_whose_connection_drops_mid_tool_finishes_the_chat_running_it_once(
+    background, user
+):
+    background.start_worker("w1")
+    chat = new_chat(user, drop_connection, step_one)
+    chat.ask_later("tools:drop_connection|step_one").complete_later()
+
+    background.wait(lambda: settled(chat), "the chat to settle")
+
+    assert background.runs() == ["drop_connection", "step_one"]
+    assert transcript(chat, "role", "content", "call_id") == [
+        ("user", "tools:drop_connection|step_one", None),
+        ("assistant", "", None),
+        ("tool", "connection dropped", "call_1_0_0"),
+        ("assistant", "", None),
+        ("tool", "one done", "call_1_1_0"),
+        ("assistant", "done: one done", None),
+    ]
+    assert_one_result_per_call(chat)
+    assert chat.error == ""
+    assert "failed" not in background.workers[0].outcomes()
+
+
+# -- 3. connections dropped or refused while a model answer streams --------------------------
+def _streaming(background, user, text: str) -> Chat:
+    chat = new_chat(user)
+    chat.ask_later(text).complete_later()
+    background.wait(
+        lambda: chat.messages.filter(role="assistant", status="partial").exists(),
+        "the answer to start streaming",
+    )
+    return chat
+
+
+def _words(count: int) -> str:
+    return "".join(f"w{index} " for index in range(count))
+
+
+@postgresql
+def test_a_database_restart_while_a_worker_streams_is_ridden_out(background, user):
+    from tests.db_faults import terminate_all
+
+    background.start_worker("w1", PARTIAL_SAVE_INTERVAL=0.1)
+    chat = _streaming(background, user, "stream:60:0.05")
+
+    assert terminate_all() >= 1  # every connection to the database drops, as in a restart
+
+    background.wait(lambda: settled(chat), "the chat to settle")
+    assert finished_answers(chat) == [_words(60)]
+    assert transcript(chat, "role", "status") == [
+        ("user", "complete"),
+        ("assistant", "complete"),
+    ]
+    assert list(chat.usage_records.values_list("status", flat=True)) == ["succeeded"]
+    assert chat.error == ""
+    assert chat.attempts == 0
+
+
+@postgresql
+def test_connections_refused_past_the_lease_leave_a_streamed_step_to_the_next_job(background, user):
+    from tests.db_faults import refusing_connections
+
+    worker = background.start_worker("w1", PARTIAL_SAVE_INTERVAL=0.1, LEASE_SECONDS=3)
+    chat = _streaming(background, user, "stream:80:0.05")
+
+    with refusing_connections():
+        # The step can't write before its lease runs out: it gives up, and its job is sent
+        # again rather than acknowledged as done.
+        background.wait(lambda: "unreachable" in worker.outcomes(), "the step to give up")
+
+    background.wait(lambda: settled(chat), "the chat to settle")
+    # The cut stream stays a partial row; the answer made again is the one finished answer.
+    assert finished_answers(chat) == [_words(80)]
+    statuses = [status for role, status in transcript(chat, "role", "status")]
+    assert statuses[0] == "complete"
+    assert statuses[-1] == "complete"
+    assert set(statuses[1:-1]) <= {"partial"}
+    assert chat.error == ""
+    assert chat.state == ChatState.IDLE
+    assert "failed" not in worker.outcomes()
+
+
+# -- 4. connections refused when a job starts -------------------------------------------------
+@postgresql
+def test_a_job_started_while_connections_are_refused_is_retried_until_they_come_back(
+    background, user
+):
+    from agentloop.tasks import step_chat
+    from tests.db_faults import refusing_connections
+
+    worker = background.start_worker("w1")
+    chat = new_chat(user)
+    chat.ask_later("hello")
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.QUEUED)
+
+    with refusing_connections():
+        step_chat.apply_async((chat.pk, "agentloop.Chat", 0))
+        background.wait(
+            lambda: worker.outcomes().count("unreachable") >= 2, "the job to be retried twice"
+        )
+
+    # No sweeper runs here: the job's own retries answer the chat, long before the sweeper's
+    # STALE_QUEUED_SECONDS.
+    background.wait(lambda: settled(chat), "the chat to settle")
+    assert transcript(chat) == [("user", "hello"), ("assistant", "echo: hello")]
+    assert chat.error == ""
+    assert chat.attempts == 0
+    outcomes = background.wait(lambda: worker.outcomes()[-1:] == ["done"] and worker.outcomes(),
+                               "the last job to be logged")  # fmt: skip
+    assert set(outcomes[:-1]) == {"unreachable"}  # one job, sent again until it got through
+
+
+# -- any database: a connection error ending a step is transient ------------------------------
+def test_a_database_error_ending_a_background_step_is_retried_not_failed(scripted, user):
+    scripted.add(OperationalError("server closed the connection unexpectedly"), "recovered")
+    chat = Chat.objects.create(model="scripted:test", owner=user)
+    chat.ask_later("hi")
+
+    first = run_step(chat.pk)
+
+    chat.refresh_from_db()
+    assert first.action == "retry"
+    assert chat.state == ChatState.QUEUED
+    assert chat.attempts == 1
+    assert chat.error.startswith("OperationalError: server closed the connection unexpectedly")
+    assert chat.lease_token == ""
+
+    second = run_step(chat.pk)
+
+    chat.refresh_from_db()
+    assert second.action == "done"
+    assert finished_answers(chat) == ["recovered"]
+    assert chat.attempts == 0
+    assert chat.error == ""
