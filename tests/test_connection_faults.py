@@ -10,8 +10,10 @@ result per tool call, every tool run exactly once.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 from agentloop._runner import run_step
 from agentloop.messages import MessageStatus
@@ -19,7 +21,7 @@ from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.testing import tool_call
 from tests import test_celery_worker as workers
 from tests.helpers import transcript
-from tests.tools import drop_connection, step_one
+from tests.tools import drop_connection, lose_reply, step_one
 
 # Real worker processes, as tests/test_celery_worker.py starts them.
 redis_client = workers.redis_client
@@ -31,6 +33,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 postgresql = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="connection faults: PostgreSQL"
 )
+
+
+@pytest.fixture(autouse=True)
+def _reconnect_after(transactional_db):
+    """A fault may have dropped this thread's connection too: the database's cleanup after
+    the test opens a new one."""
+    yield
+    connections.close_all()
 
 
 def runs(run_log) -> list[str]:
@@ -76,10 +86,39 @@ def test_a_tool_whose_connection_drops_runs_once_and_its_result_is_written(scrip
 
 
 @postgresql
+def test_a_result_write_whose_answer_is_lost_after_its_commit_is_not_written_again(
+    scripted, user, run_log
+):
+    from tests.db_faults import through_proxy
+
+    scripted.add(tool_call("lose_reply", id="call_1"), "all done")
+    with through_proxy() as proxy:
+        chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(lose_reply)
+
+        answer = chat.ask("go")
+
+    assert proxy.cuts == 1  # the result's write committed, and its answer never came
+    assert answer.content == "all done"
+    assert runs(run_log) == ["lose_reply"]
+    chat = Chat.objects.get(pk=chat.pk)
+    assert transcript(chat, "role", "content", "call_id") == [
+        ("user", "go", None),
+        ("assistant", "", None),
+        ("tool", "reply lost", "call_1"),
+        ("assistant", "all done", None),
+    ]
+    assert_one_result_per_call(chat)
+    assert (chat.state, chat.lease_token, chat.error) == (ChatState.IDLE, "", "")
+
+
+@postgresql
 def test_after_a_dropped_connection_the_process_can_ask_again(scripted, user, run_log):
     scripted.add(tool_call("drop_connection"), "all done", "again")
     chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(drop_connection)
-    chat.ask("go")
+    # (The test above checks this turn; this one, what is left in the process after it.)
+    with contextlib.suppress(OperationalError):
+        chat.ask("go")
+    connections.close_all()
 
     # The same object and a fresh one: no lease of the faulted step is left in this process.
     assert chat.ask("once more").content == "again"

@@ -259,3 +259,15 @@ def drop_connection() -> str:
     _log_run("drop_connection")
     terminate(backend_pid())
     return "connection dropped"
+
+
+@tool
+def lose_reply() -> str:
+    """Logs its run, then has the test's proxy lose the server's next answer to this process:
+    the answer to this call's result write, sent after the write committed."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import lose_next_reply
+
+    _log_run("lose_reply")
+    lose_next_reply()
+    return "reply lost"
