@@ -112,6 +112,31 @@ def test_a_result_write_whose_answer_is_lost_after_its_commit_is_not_written_aga
 
 
 @postgresql
+def test_an_answer_whose_write_loses_its_answer_after_the_commit_is_saved_once(user):
+    from agentloop import providers
+    from agentloop.testing import FunctionProvider
+    from tests.db_faults import lose_next_reply, through_proxy
+
+    def answer(request):
+        lose_next_reply()  # the next statement is the answer's write, which also releases
+        return "hello"
+
+    providers.register("losing", FunctionProvider(answer))
+    try:
+        with through_proxy() as proxy:
+            chat = Chat.objects.create(model="losing:test", owner=user)
+            assert chat.ask("hi").content == "hello"
+    finally:
+        providers.unregister("losing")
+
+    assert proxy.cuts == 1
+    chat = Chat.objects.get(pk=chat.pk)
+    assert transcript(chat) == [("user", "hi"), ("assistant", "hello")]
+    assert list(chat.usage_records.values_list("status", flat=True)) == ["succeeded"]
+    assert (chat.state, chat.lease_token, chat.error) == (ChatState.IDLE, "", "")
+
+
+@postgresql
 def test_after_a_dropped_connection_the_process_can_ask_again(scripted, user, run_log):
     scripted.add(tool_call("drop_connection"), "all done", "again")
     chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(drop_connection)

@@ -81,8 +81,6 @@ class ClaimMixin:
     last_release: Release | None = None
     _depth = 0
     _claimed_at: Any = None
-    #: the chat's state as read back after a release whose answer a dropped connection lost.
-    _state_read_back: str | None = None
 
     @property
     def _db(self) -> str:
@@ -165,12 +163,11 @@ class ClaimMixin:
 
         try:
             status = retried(
-                lease, self._db, give_up, landed=lambda: self._released_after_all(lease)
+                lease, self._db, give_up, landed=lambda: self._released_after_all(lease, fields)
             )
         except LeaseLostError:
             status = "lost"
-        if status == "queued" or (status == "released" and self._queued_instead(fields)):
-            # A message came in meanwhile: answer it next.
+        if status == "queued":  # a message came in meanwhile: answer it next
             fields, release = {**fields, "state": "queued"}, replace(release, state="queued")
         if status != "lost":
             self._released(fields, release)
@@ -178,10 +175,11 @@ class ClaimMixin:
             self._forget_lease()
             self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
 
-    def _released_after_all(self, lease: Lease) -> str | None:
-        """After a dropped connection: "released" when the release committed before its
-        answer was lost (the lease is gone; the chat's state is read back), "lost" when
-        another process holds the chat, None when the lease is still ours (try again)."""
+    def _released_after_all(self, lease: Lease, fields: dict[str, Any]) -> str | None:
+        """After a dropped connection: how a release that committed before its answer was
+        lost ended ("released", or "queued" when a message came in), read back from the
+        chat row; "lost" when another process holds the chat; None when the lease is still
+        ours (nothing committed: try again)."""
         row = (
             self.chat_model._default_manager.using(self._db)
             .filter(pk=self.chat.pk)
@@ -192,13 +190,8 @@ class ClaimMixin:
             return "lost"
         if row[0] == lease.token:
             return None
-        self._state_read_back = row[1]
-        return "released"
-
-    def _queued_instead(self, fields: dict[str, Any]) -> bool:
-        """A release read back after a fault found the chat queued (a message came in)."""
-        state, self._state_read_back = self._state_read_back, None
-        return state == "queued" and fields.get("state") != "queued"
+        queued_instead = row[1] == "queued" and fields.get("state") != "queued"
+        return "queued" if queued_instead else "released"
 
     def _released(self, fields: dict[str, Any], release: Release) -> None:
         """After the release's UPDATE: the chat object follows, and nothing is stranded."""
