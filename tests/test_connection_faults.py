@@ -11,6 +11,7 @@ result per tool call, every tool run exactly once.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 from django.db import OperationalError, connection, connections
@@ -266,6 +267,32 @@ def test_a_job_started_while_connections_are_refused_is_retried_until_they_come_
     outcomes = background.wait(lambda: worker.outcomes()[-1:] == ["done"] and worker.outcomes(),
                                "the last job to be logged")  # fmt: skip
     assert set(outcomes[:-1]) == {"unreachable"}  # one job, sent again until it got through
+
+
+@postgresql
+def test_an_embedded_job_that_finds_connections_refused_is_retried_too(user, settings, caplog):
+    from agentloop.background import enqueue, wait_for_embedded_jobs
+    from tests.db_faults import refusing_connections
+
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "RUNNER": "embedded"}
+    chat = Chat.objects.create(model="rules:test", owner=user)
+    chat.ask_later("hello")
+    Chat.objects.filter(pk=chat.pk).update(state=ChatState.QUEUED)
+
+    def refused_starts() -> int:
+        return sum("could not be reached to start a step" in r.message for r in caplog.records)
+
+    with refusing_connections():
+        enqueue(chat.pk)
+        deadline = time.monotonic() + 60
+        while refused_starts() < 2:
+            assert time.monotonic() < deadline, "the job was not retried"
+            time.sleep(0.05)
+
+    assert wait_for_embedded_jobs(timeout=60)
+    assert settled(chat)
+    assert transcript(chat) == [("user", "hello"), ("assistant", "echo: hello")]
+    assert chat.error == ""
 
 
 # -- any database: a connection error ending a step is transient ------------------------------
