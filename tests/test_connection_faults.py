@@ -216,6 +216,24 @@ def test_a_database_restart_while_a_worker_streams_is_ridden_out(background, use
 
 
 @postgresql
+def test_connections_refused_for_a_moment_while_a_worker_streams_are_waited_out(background, user):
+    from tests.db_faults import refusing_connections
+
+    worker = background.start_worker("w1", PARTIAL_SAVE_INTERVAL=0.1, LEASE_SECONDS=30)
+    chat = _streaming(background, user, "stream:80:0.05")
+
+    with refusing_connections():
+        time.sleep(1.0)  # the stream goes on meanwhile; its saves and checks can't connect
+
+    background.wait(lambda: settled(chat), "the chat to settle")
+    assert finished_answers(chat) == [_words(80)]
+    assert transcript(chat, "role", "status") == [("user", "complete"), ("assistant", "complete")]
+    assert list(chat.usage_records.values_list("status", flat=True)) == ["succeeded"]
+    assert (chat.error, chat.attempts) == ("", 0)
+    assert background.wait(worker.outcomes, "the job to be logged") == ["done"]  # one job
+
+
+@postgresql
 def test_connections_refused_past_the_lease_leave_a_streamed_step_to_the_next_job(background, user):
     from tests.db_faults import refusing_connections
 
