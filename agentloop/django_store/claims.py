@@ -8,11 +8,14 @@ also records how the verb ended (the chat's next state, a one-line error, the re
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
@@ -133,6 +136,39 @@ class ClaimMixin:
                 configured = configured or name not in _RUN_COLUMNS
         if configured:
             self._config = None
+
+    def _begin_write(
+        self, stack: ExitStack, release: str | None
+    ) -> tuple[dict[str, Any], Release] | None:
+        """Open the write transaction (kept open on ``stack``) and renew or release the lease
+        in its first statement; the release's columns and outcome when it released."""
+        atomic = transaction.atomic(using=self._db)
+        atomic.__enter__()
+        try:
+            released = self._lease_statement(release)
+        except BaseException:
+            atomic.__exit__(*sys.exc_info())
+            raise
+        stack.push(atomic)
+        return released
+
+    def _lease_statement(self, release: str | None) -> tuple[dict[str, Any], Release] | None:
+        """A write's first statement: renew the lease (reading the cancel flag), or release it
+        with the chat's next state; ``LeaseLostError`` when it is no longer ours."""
+        lease = self.lease
+        if lease is None:
+            return None
+        if release is None:
+            self._flag_after_write = lease.ensure()
+            return None
+        fields, outcome = self._release_fields(release, None)
+        status = lease.release_unless_queued(**fields)
+        if status == "lost":
+            lease.lost.set()
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        if status == "queued":  # a message came in meanwhile: answer it next
+            fields, outcome = {**fields, "state": "queued"}, Release("queued")
+        return fields, outcome
 
     def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
         lease = self.lease

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECTION_ERRORS",
+    "committed_message",
     "discard",
     "is_connection_fault",
     "lease_remaining",
@@ -92,6 +93,15 @@ def mark_unreachable(lease: Lease) -> None:
 def lost_to_fault(lease: Lease) -> bool:
     """Whether ``lease`` was given up for a connection fault (not taken over)."""
     return lease in _UNREACHABLE
+
+
+def committed_message(record: Any, chat_pk: Any, using: str) -> Any | None:
+    """The key of ``record``, a message row a write inserted, if that write committed (its
+    answer may have been lost): found by chat, role and creation time (set here, to the
+    microsecond, before the first try); None when it is not there."""
+    rows = type(record)._default_manager.using(using)
+    found = rows.filter(chat_id=chat_pk, role=record.role, created_at=record.created_at)
+    return found.values_list("pk", flat=True).first()
 
 
 def retried(

@@ -8,15 +8,15 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Sum
 
 from .._cancel_notices import listen_locally
@@ -26,8 +26,8 @@ from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
-from .claims import ClaimMixin, Release
-from .reconnect import retried
+from .claims import ClaimMixin
+from .reconnect import committed_message, retried
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
@@ -165,37 +165,6 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             yield
         if released is not None:
             self._released(*released)
-
-    def _begin_write(
-        self, stack: ExitStack, release: str | None
-    ) -> tuple[dict[str, Any], Release] | None:
-        """Open the write transaction (kept open on ``stack``) and renew or release the lease
-        in its first statement; the release's columns and outcome when it released."""
-        atomic = transaction.atomic(using=self._db)
-        atomic.__enter__()
-        try:
-            released = self._lease_statement(release)
-        except BaseException:
-            atomic.__exit__(*sys.exc_info())
-            raise
-        stack.push(atomic)
-        return released
-
-    def _lease_statement(self, release: str | None) -> tuple[dict[str, Any], Release] | None:
-        lease = self.lease
-        if lease is None:
-            return None
-        if release is None:
-            self._flag_after_write = lease.ensure()
-            return None
-        fields, outcome = self._release_fields(release, None)
-        status = lease.release_unless_queued(**fields)
-        if status == "lost":
-            lease.lost.set()
-            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-        if status == "queued":  # a message came in meanwhile: answer it next
-            fields, outcome = {**fields, "state": "queued"}, Release("queued")
-        return fields, outcome
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
@@ -359,22 +328,36 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             system.filter(pk=first).update(content=text)
             system.exclude(pk=first).delete()
 
+    # A stream's writes come often, so a connection may drop in the middle of one: each is
+    # tried again as a whole (an update is the same twice; an insert is looked for first).
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
-        with self._writing():
-            if partial_key is not None:
-                self.message_model.objects.filter(pk=partial_key).update(content=content)
+        if partial_key is not None:
+
+            def update() -> Any:
+                with self._writing():
+                    self.message_model.objects.filter(pk=partial_key).update(content=content)
                 return partial_key
-            record = self._message_row(
-                Message(
-                    role="assistant", content=content, status=MessageStatus.PARTIAL, model=model
-                )
-            )
-            record.save()
+
+            return retried(self.lease, self._db, update)
+        record = self._message_row(
+            Message(role="assistant", content=content, status=MessageStatus.PARTIAL, model=model)
+        )
+
+        def insert() -> Any:
+            with self._writing():
+                record.save()
             return record.pk
 
+        landed = partial(committed_message, record, self.chat.pk, self._db)
+        return retried(self.lease, self._db, insert, landed=landed)
+
     def fail_partial(self, partial_key: Any) -> None:
-        with self._writing():
-            self.message_model.objects.filter(pk=partial_key).update(status=MessageStatus.FAILED)
+        def update() -> None:
+            with self._writing():
+                rows = self.message_model.objects.filter(pk=partial_key)
+                rows.update(status=MessageStatus.FAILED)
+
+        retried(self.lease, self._db, update)
 
     def _usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
         return self.usage_model(
@@ -438,8 +421,19 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         return record
 
     def record_usage(self, usage: UsageRecord) -> None:
-        with self._writing():
-            self.models.usage_insert.insert(self._usage_row(usage), self._db)
+        row = self._usage_row(usage)
+
+        def insert() -> bool:
+            with self._writing():
+                self.models.usage_insert.insert(row, self._db)
+            return True
+
+        def landed() -> bool | None:
+            rows = self.usage_model._default_manager.using(self._db)
+            found = rows.filter(chat_id=self.chat.pk, created_at=row.created_at).exists()
+            return True if found else None
+
+        retried(self.lease, self._db, insert, landed=landed)
 
     def last_input_tokens(self) -> tuple[Any, int] | None:
         if self.chat.pk is None:

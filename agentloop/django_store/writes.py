@@ -22,7 +22,7 @@ from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .claims import Release
-from .reconnect import retried
+from .reconnect import committed_message, retried
 from .sql import bound_cursor
 
 __all__ = ["OneStatementWrites", "StepWrites"]
@@ -249,11 +249,14 @@ class OneStatementWrites:
             with transaction.atomic(using=self._db):
                 rows = self._run(connection, sql, params + values.params)
         else:  # one statement: its own transaction
+
+            def run() -> list[Any]:
+                # A renewal tried again pushes the expiry out from now, not from the first try.
+                guard_params = params if released is not None else renewal(lease)[1]
+                return self._run(connection, sql, guard_params + values.params)
+
             rows = retried(
-                lease,
-                self._db,
-                lambda: self._run(connection, sql, params + values.params),
-                landed=lambda: self._landed(record, release is not None),
+                lease, self._db, run, landed=lambda: self._landed(record, release is not None)
             )
         if not rows:
             lease.lost.set()
@@ -275,12 +278,7 @@ class OneStatementWrites:
         returned, read back (found by its message: chat, role and creation time); None when
         it did not commit."""
         using = self._db
-        messages = type(record)._default_manager.using(using)
-        key = (
-            messages.filter(chat_id=self.chat.pk, role=record.role, created_at=record.created_at)
-            .values_list("pk", flat=True)
-            .first()
-        )
+        key = committed_message(record, self.chat.pk, using)
         if key is None:
             return None
         head = "state" if releases else "cancel_requested_at"
