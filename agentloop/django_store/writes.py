@@ -281,12 +281,13 @@ class OneStatementWrites:
         key = committed_message(record, self.chat.pk, using)
         if key is None:
             return None
-        head = "state" if releases else "cancel_requested_at"
+        # The guard's columns: what a release set, or the flag a renewal read.
+        guard = ("state",) if releases else ("cancel_requested_at",)
         chats = self.models.chat_model._default_manager.using(using).filter(pk=self.chat.pk)
-        first = chats.values_list(head, flat=True).first()
+        head = chats.values_list(*guard).first() or (None,) * len(guard)
         calls = self.models.tool_call_model._default_manager.using(using).filter(message_id=key)
-        return [(first, key, *call) for call in calls.values_list("pk", "call_id")] or [
-            (first, key)
+        return [(*head, key, *call) for call in calls.values_list("pk", "call_id")] or [
+            (*head, key)
         ]
 
     def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
