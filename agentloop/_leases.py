@@ -39,6 +39,7 @@ from .conf import agentloop_settings
 from .django_store.holders import holder_alive, holder_id
 from .django_store.lease_statements import attnames
 from .django_store.lease_statements import statement as _statements
+from .django_store.reconnect import mark_unreachable
 from .django_store.sql import PreparedUpdate
 from .exceptions import LeaseLostError
 
@@ -163,11 +164,12 @@ class Lease:
             update = _RELEASES[key] = PreparedUpdate(
                 self.chat_model, names, (("id", "="), ("lease_token", "="))
             )
-        released = bool(
-            update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
-        )
-        self.forget()
-        return released
+        try:
+            return bool(
+                update.run(self.using, [values[name] for name in names], [self.chat_pk, self.token])
+            )
+        finally:
+            self.forget()  # the step ends here, whatever the statement did
 
     def release_unless_queued(self, **fields: Any) -> str:
         """Release with ``fields`` if no message was queued meanwhile ("released"); if one
@@ -187,7 +189,12 @@ class Lease:
                 self.chat_model, names, (("id", "="), ("lease_token", "="), ("inbox", "="))
             )
         where = [self.chat_pk, self.token, []]
-        if update.run(self.using, [values[name] for name in names], where):
+        try:
+            released = update.run(self.using, [values[name] for name in names], where)
+        except BaseException:
+            self.forget()  # the step ends here, whatever the statement did
+            raise
+        if released:
             self.forget()
             return "released"
         if self.release(**{**fields, "state": "queued"}):
@@ -339,6 +346,9 @@ def beat(*leases: Lease) -> None:
     writes nothing more)."""
     groups: dict[tuple[Any, str, float], list[Lease]] = {}
     for lease in leases:
+        if lease.lost.is_set():  # given up by its step: never renewed again
+            heartbeats.stop(lease)
+            continue
         groups.setdefault((lease.chat_model, lease.using, lease.seconds), []).append(lease)
     for (_, using, _), group in groups.items():
         for start in range(0, len(group), _BATCH):
@@ -408,7 +418,7 @@ def _renew_many(leases: Iterable[Lease]) -> dict[tuple[str, str], tuple[Any, Any
 def _give_up_if_expiring(lease: Lease) -> None:
     margin = max(lease.seconds / 6, 0.1)
     if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
-        lease.lost.set()
+        mark_unreachable(lease)
         heartbeats.stop(lease)
         logger.error(
             "Chat %s: the lease could not be renewed before it expires; the step is "

@@ -18,7 +18,10 @@ from django.db import router
 
 from ._cancel_notices import RedisCancelListener
 from ._leases import claim
+from .django_store.claims import one_line
+from .django_store.reconnect import CONNECTION_ERRORS, discard, lease_remaining
 from .django_store.store import transcript_select
+from .engine.retries import backoff
 from .exceptions import CancelledError, LeaseLostError, LimitReachedError
 
 __all__ = ["StepOutcome", "run_step"]
@@ -36,6 +39,9 @@ Action = Literal[
     "stopped",  # a limit
     "lost",  # our lease was taken over mid-step; nothing was written after that
     "missing",  # the chat no longer exists
+    # the database could not be reached (at the start, or until the lease ran out): nothing
+    # more was written; the job tries again later, counting in its own retries
+    "unreachable",
 ]
 
 _BY_STATE: dict[str, Action] = {
@@ -45,6 +51,7 @@ _BY_STATE: dict[str, Action] = {
     "stopped": "stopped",
     "failed": "failed",
     "lost": "lost",
+    "unreachable": "unreachable",
 }
 
 
@@ -64,28 +71,61 @@ class StepOutcome:
 def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
     """Run one step of chat ``chat_id`` under its lease.
 
-    ``attempt`` is accepted for jobs enqueued by older versions; attempts are counted on the
-    chat row now, so re-enqueues (the sweeper's too) can't reset them.
+    ``attempt`` counts this job's tries after the database could not be reached (the chat
+    row can't count those); other retries are counted on the chat row, so re-enqueues (the
+    sweeper's too) can't reset them.
     """
     chat_model: Any = apps.get_model(model_label)
     using = router.db_for_write(chat_model)
-    # The transcript is read in the claim's round trip where the database allows it.
-    prefetch = (transcript_select(chat_model, using).sql, [chat_id])
-    claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch)
-    if claimed is None:
-        if not chat_model._default_manager.filter(pk=chat_id).exists():
-            return StepOutcome("missing")
-        return StepOutcome("busy")
+    try:
+        # The transcript is read in the claim's round trip where the database allows it.
+        prefetch = (transcript_select(chat_model, using).sql, [chat_id])
+        claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch)
+        if claimed is None:
+            if not chat_model._default_manager.filter(pk=chat_id).exists():
+                return StepOutcome("missing")
+            return StepOutcome("busy")
+    except CONNECTION_ERRORS as exc:
+        # Refused, dropped, or no connection from the pool in time: nothing was taken.
+        discard(using)
+        logger.warning("Chat %s: the database could not be reached to start a step: %s",
+                       chat_id, one_line(exc))  # fmt: skip
+        return StepOutcome("unreachable", retry_in=backoff(attempt), error=one_line(exc))
     lease, chat, transcript = claimed
+    outcome = _advance(chat, lease, transcript)
+    if outcome.action == "unreachable":
+        # Given up before the lease ran out: the next job can take the chat once it has.
+        wait = max(backoff(attempt), lease_remaining(lease) + 0.1)
+        return StepOutcome("unreachable", retry_in=wait, error=outcome.error)
+    return outcome
+
+
+def _advance(chat: Any, lease: Any, transcript: Any) -> StepOutcome:
+    """The step itself, on the chat and lease the job's claim took."""
     conversation = chat.conversation
     store = conversation.store
     store.background = True
     store.adopt(lease, transcript)
     try:
+        return _advanced(chat, store, conversation)
+    finally:
+        # However the step ended (its release failed too, say), its lease is not renewed
+        # any more: it expires, or was released.
+        lease.forget()
+
+
+def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
+    """What the step's end means for the job (the store recorded it on the chat)."""
+    chat_id = chat.pk
+    try:
         with RedisCancelListener(chat, store.cancel_notice):
             result = conversation.advance(stream=_publisher(chat))
     except LeaseLostError:
-        return _after_a_lost_lease(chat_model, chat_id)
+        if store.last_release is not None and store.last_release.state == "unreachable":
+            logger.warning("Chat %s: the database could not be reached in time; the step "
+                           "wrote nothing more and is tried again", chat_id)  # fmt: skip
+            return StepOutcome("unreachable")
+        return _after_a_lost_lease(type(chat), chat_id)
     except CancelledError:
         release = store.last_release
         if release is not None and release.state == "queued":
@@ -107,7 +147,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     if release is None:  # pragma: no cover - every verb releases what it claimed
         return StepOutcome("again" if result.next_move in ("tools", "generate") else "done")
     if release.state == "lost":
-        return _after_a_lost_lease(chat_model, chat_id)
+        return _after_a_lost_lease(type(chat), chat_id)
     return StepOutcome(_BY_STATE.get(release.state, "done"))
 
 
@@ -116,9 +156,12 @@ def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
     the chat over and carries on; but a claim the database lost (a crash before its commit
     reached the disk) leaves the chat in flight with no lease at all: send its next job now
     rather than leave it to the sweeper."""
-    orphaned = chat_model._default_manager.filter(
-        pk=chat_id, lease_token="", state__in=("queued", "running")
-    ).exists()
+    try:
+        orphaned = chat_model._default_manager.filter(
+            pk=chat_id, lease_token="", state__in=("queued", "running")
+        ).exists()
+    except CONNECTION_ERRORS:
+        orphaned = False  # the sweeper finds it if so
     if orphaned:
         logger.warning(
             "Chat %s: the database lost this job's claim; sending its step again", chat_id

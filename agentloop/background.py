@@ -62,24 +62,35 @@ def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: i
         # Function-local: defining a django.tasks task needs Django 6 and its TASKS setting.
         from ._django_tasks import enqueue_step
 
-        enqueue_step(chat_id, model_label, countdown)
+        enqueue_step(chat_id, model_label, countdown, attempt)
     else:
         _embedded().submit(chat_id, model_label, countdown=countdown, attempt=attempt)
 
 
 def follow_up(outcome: StepOutcome, chat_id: Any, model_label: str, attempt: int = 0) -> None:
     """What a finished job schedules: the next step, or a retry of this one (the chat counts
-    its attempts and fails once ``STEP_RETRIES`` are used up)."""
+    its attempts and fails once ``STEP_RETRIES`` are used up). When the database could not
+    be reached the job counts (``attempt``): after ``STEP_RETRIES`` such tries it stops and
+    the sweeper finds the chat later."""
     if outcome.enqueue_next:
         _send(chat_id, model_label, countdown=None, attempt=0)
     elif outcome.action == "retry":
         _send(chat_id, model_label, countdown=outcome.retry_in, attempt=0)
+    elif outcome.action == "unreachable":
+        if attempt < agentloop_settings.STEP_RETRIES:
+            _send(chat_id, model_label, countdown=outcome.retry_in, attempt=attempt + 1)
+        else:
+            logger.error(
+                "Chat %s: the database could not be reached in %d tries (%s); the job stops "
+                "and the sweeper (resume_stalled_chats) enqueues the chat again",
+                chat_id, attempt + 1, outcome.error,
+            )  # fmt: skip
 
 
 def run_job(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
     """One job: a step under the lease; then the next job is scheduled."""
-    outcome = run_step(chat_id, model_label)
-    follow_up(outcome, chat_id, model_label)
+    outcome = run_step(chat_id, model_label, attempt)
+    follow_up(outcome, chat_id, model_label, attempt)
     return outcome
 
 

@@ -20,9 +20,12 @@ __all__ = ["poll_batches", "resume_stalled_chats", "step_chat"]
     ignore_result=True,
 )
 def step_chat(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> str:
-    """Run one step of a chat and enqueue the next; returns what happened."""
-    outcome = run_step(chat_id, model_label)
-    follow_up(outcome, chat_id, model_label)
+    """Run one step of a chat and enqueue the next; returns what happened. ``attempt``
+    counts the job's tries after the database could not be reached."""
+    # A job that could not reach the database is sent again (counted) before this one is
+    # acknowledged: never done while its chat still waits.
+    outcome = run_step(chat_id, model_label, attempt)
+    follow_up(outcome, chat_id, model_label, attempt)
     return outcome.action
 
 

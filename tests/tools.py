@@ -246,3 +246,28 @@ class ChaosC(_ChaosTool):
     """The tool of the chaos test's second round."""
 
     name = "chaos_c"
+
+
+# -- connection faults (tests/test_connection_faults.py) ----------------------------------------
+@tool
+def drop_connection() -> str:
+    """Logs its run, then has PostgreSQL drop the connection of the step running it (the
+    thread's own), as a server restart or a network cut would while a tool runs."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import backend_pid, terminate
+
+    _log_run("drop_connection")
+    terminate(backend_pid())
+    return "connection dropped"
+
+
+@tool
+def lose_reply() -> str:
+    """Logs its run, then has the test's proxy lose the server's next answer to this process:
+    the answer to this call's result write, sent after the write committed."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import lose_next_reply
+
+    _log_run("lose_reply")
+    lose_next_reply()
+    return "reply lost"

@@ -8,11 +8,14 @@ also records how the verb ended (the chat's next state, a one-line error, the re
 from __future__ import annotations
 
 import logging
+import sys
 import traceback
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
@@ -29,6 +32,7 @@ from ..exceptions import (
     ToolCallNotWaitingError,
 )
 from ..messages import ToolCallState
+from .reconnect import is_connection_fault, lost_to_fault, retried
 
 __all__ = ["ClaimMixin", "Release", "one_line"]
 
@@ -139,29 +143,97 @@ class ClaimMixin:
         if configured:
             self._config = None
 
+    def _begin_write(
+        self, stack: ExitStack, release: str | None
+    ) -> tuple[dict[str, Any], Release] | None:
+        """Open the write transaction (kept open on ``stack``) and renew or release the lease
+        in its first statement; the release's columns and outcome when it released."""
+        atomic = transaction.atomic(using=self._db)
+        atomic.__enter__()
+        try:
+            released = self._lease_statement(release)
+        except BaseException:
+            atomic.__exit__(*sys.exc_info())
+            raise
+        stack.push(atomic)
+        return released
+
+    def _lease_statement(self, release: str | None) -> tuple[dict[str, Any], Release] | None:
+        """A write's first statement: renew the lease (reading the cancel flag), or release it
+        with the chat's next state; ``LeaseLostError`` when it is no longer ours."""
+        lease = self.lease
+        if lease is None:
+            return None
+        if release is None:
+            self._flag_after_write = lease.ensure()
+            return None
+        fields, outcome = self._release_fields(release, None)
+        status = lease.release_unless_queued(**fields)
+        if status == "lost":
+            lease.lost.set()
+            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
+        if status == "queued":  # a message came in meanwhile: answer it next
+            fields, outcome = {**fields, "state": "queued"}, Release("queued")
+        return fields, outcome
+
     def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
         lease = self.lease
         if lease is None:
             return
+        try:
+            self._release(lease, next_move, failure)
+        finally:
+            if self.lease is lease:  # the release failed: this process lets the chat go anyway
+                self._forget_lease()
+
+    def _release(self, lease: Lease, next_move: str | None, failure: BaseException | None) -> None:
         if isinstance(failure, LeaseLostError) or lease.lost.is_set():
             self._forget_lease()
-            self.last_release = Release("lost")
+            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
             return
         fields, release = self._release_fields(next_move, failure)
         if release.state == "failed" or release.retry_in is not None:
             log = logger.warning if release.state == "queued" else logger.error
             log("Chat %s: %s", self.chat.pk, release.error, exc_info=failure)
-        if failure is None or isinstance(failure, CancelledError):
-            status = lease.release_unless_queued(**fields)
-        else:  # a failure or a stop stays what it is; queued messages wait for the next run
-            status = "released" if lease.release(**fields) else "lost"
+        unless_queued = failure is None or isinstance(failure, CancelledError)
+
+        def give_up() -> str:
+            if unless_queued:
+                return lease.release_unless_queued(**fields)
+            # A failure or a stop stays what it is; queued messages wait for the next run.
+            return "released" if lease.release(**fields) else "lost"
+
+        try:
+            status = retried(
+                lease, self._db, give_up, landed=lambda: self._released_after_all(lease, fields)
+            )
+        except LeaseLostError:
+            status = "lost"
         if status == "queued":  # a message came in meanwhile: answer it next
             fields, release = {**fields, "state": "queued"}, replace(release, state="queued")
         if status != "lost":
             self._released(fields, release)
         else:
             self._forget_lease()
-            self.last_release = Release("lost")
+            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+
+    def _released_after_all(self, lease: Lease, fields: dict[str, Any]) -> str | None:
+        """After a dropped connection: how a release that committed before its answer was
+        lost ended ("released", or "queued" when a message came in), read back from the
+        chat row; "lost" when another process holds the chat; None when the lease is still
+        ours (nothing committed: try again)."""
+        row = (
+            self.chat_model._default_manager.using(self._db)
+            .filter(pk=self.chat.pk)
+            .values_list("lease_token", "state")
+            .first()
+        )
+        if row is None or row[0] not in ("", lease.token):
+            return "lost"
+        if row[0] == lease.token:
+            return None
+        queued_instead = row[1] == "queued" and fields.get("state") != "queued"
+        return "queued" if queued_instead else "released"
 
     def _released(self, fields: dict[str, Any], release: Release) -> None:
         """After the release's UPDATE: the chat object follows, and nothing is stranded."""
@@ -181,9 +253,11 @@ class ClaimMixin:
         lease = self.lease
         if lease is None:
             return
-        if not lease.lost.is_set() and lease.release(**fields):
-            self._applied(fields)
-        self._forget_lease()
+        try:
+            if not lease.lost.is_set() and lease.release(**fields):
+                self._applied(fields)
+        finally:
+            self._forget_lease()
 
     def _release_fields(
         self, next_move: str | None, failure: BaseException | None
@@ -221,13 +295,13 @@ class ClaimMixin:
         detail = "".join(traceback.format_exception(failure))[-8000:]
         attempts = int(self.chat.attempts or 0) + 1
         retries = agentloop_settings.STEP_RETRIES
-        if (
-            background
-            and isinstance(failure, ProviderError)
-            and failure.retryable
-            and attempts <= retries
-        ):
-            delay = backoff(attempts - 1, failure.retry_after)
+        # Transient: a provider's retryable error, or a database connection that dropped,
+        # was refused or timed out (retried in the step itself while the lease held).
+        transient = is_connection_fault(failure) or (
+            isinstance(failure, ProviderError) and failure.retryable
+        )
+        if background and transient and attempts <= retries:
+            delay = backoff(attempts - 1, getattr(failure, "retry_after", None))
             fields = {
                 "state": "queued",
                 "attempts": attempts,
@@ -236,7 +310,7 @@ class ClaimMixin:
                 "error_detail": detail,
             }
             return fields, Release("queued", retry_in=delay, error=fields["error"])
-        if background and isinstance(failure, ProviderError) and failure.retryable:
+        if background and transient:
             error = f"Gave up after {attempts} attempts: {error}"[:_ERROR_CHARS]
         fields = {"state": "failed", "error": error, "error_detail": detail, "attempts": 0}
         return fields, Release("failed", error=error)

@@ -18,6 +18,7 @@ from .._leases import UNREAD
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..subagents import cancel_children
+from .reconnect import retried
 
 __all__ = ["Stopping"]
 
@@ -46,7 +47,8 @@ class Stopping:
 
     def _read_cancel_flag(self) -> datetime | None:
         # A halt asked for by another process comes with the flag, in the same query.
-        rows = self.models.cancel_flag(self._db).rows([self.chat.pk])
+        select = self.models.cancel_flag(self._db)
+        rows = retried(self.lease, self._db, lambda: select.rows([self.chat.pk]))
         if not rows:
             return None
         row = rows[0]

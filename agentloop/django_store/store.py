@@ -9,13 +9,14 @@ usage together; each tool result on its own).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Sum
 
 from .._cancel_notices import listen_locally
@@ -25,7 +26,8 @@ from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus, ToolCallState
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
-from .claims import ClaimMixin, Release
+from .claims import ClaimMixin
+from .reconnect import committed_message, retried
 from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
@@ -163,22 +165,14 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         if lease is not None and lease.lost.is_set():
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
         self._prefetched = None  # a transcript read with the claim is stale after a write
-        fields: dict[str, Any] | None = None
-        with transaction.atomic(using=self._db):
-            if lease is not None:
-                if release is not None:
-                    fields, outcome = self._release_fields(release, None)
-                    status = lease.release_unless_queued(**fields)
-                    if status == "lost":
-                        lease.lost.set()
-                        raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-                    if status == "queued":  # a message came in meanwhile: answer it next
-                        fields, outcome = {**fields, "state": "queued"}, Release("queued")
-                else:
-                    self._flag_after_write = lease.ensure()
+        with ExitStack() as stack:
+            # The lease's statement comes first: a connection that dropped meanwhile (a long
+            # tool, a stream) fails there, before anything of the transaction is written,
+            # so it opens again on a new connection while the lease is valid.
+            released = retried(lease, self._db, lambda: self._begin_write(stack, release))
             yield
-        if fields is not None:
-            self._released(fields, outcome)
+        if released is not None:
+            self._released(*released)
 
     def _saved_chat(self) -> Any:
         if self.chat.pk is None:
@@ -261,7 +255,10 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             return [], None
         select = self.models.transcript(self._db)
         prefetched, self._prefetched = self._prefetched, None
-        rows = select.rows([self.chat.pk]) if prefetched is None else select.convert(prefetched)
+        if prefetched is None:
+            rows = retried(self.lease, self._db, lambda: select.rows([self.chat.pk]))
+        else:
+            rows = select.convert(prefetched)
         messages = messages_from_rows(rows)
         if self.lease is not None:
             self._held_calls = _held_calls(messages)
@@ -342,22 +339,36 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             system.filter(pk=first).update(content=text)
             system.exclude(pk=first).delete()
 
+    # A stream's writes come often, so a connection may drop in the middle of one: each is
+    # tried again as a whole (an update is the same twice; an insert is looked for first).
     def save_partial(self, content: str, partial_key: Any, model: str) -> Any:
-        with self._writing():
-            if partial_key is not None:
-                self.message_model.objects.filter(pk=partial_key).update(content=content)
+        if partial_key is not None:
+
+            def update() -> Any:
+                with self._writing():
+                    self.message_model.objects.filter(pk=partial_key).update(content=content)
                 return partial_key
-            record = self._message_row(
-                Message(
-                    role="assistant", content=content, status=MessageStatus.PARTIAL, model=model
-                )
-            )
-            record.save()
+
+            return retried(self.lease, self._db, update)
+        record = self._message_row(
+            Message(role="assistant", content=content, status=MessageStatus.PARTIAL, model=model)
+        )
+
+        def insert() -> Any:
+            with self._writing():
+                record.save()
             return record.pk
 
+        landed = partial(committed_message, record, self.chat.pk, self._db)
+        return retried(self.lease, self._db, insert, landed=landed)
+
     def fail_partial(self, partial_key: Any) -> None:
-        with self._writing():
-            self.message_model.objects.filter(pk=partial_key).update(status=MessageStatus.FAILED)
+        def update() -> None:
+            with self._writing():
+                rows = self.message_model.objects.filter(pk=partial_key)
+                rows.update(status=MessageStatus.FAILED)
+
+        retried(self.lease, self._db, update)
 
     def _usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
         return self.usage_model(
@@ -421,8 +432,19 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         return record
 
     def record_usage(self, usage: UsageRecord) -> None:
-        with self._writing():
-            self.models.usage_insert.insert(self._usage_row(usage), self._db)
+        row = self._usage_row(usage)
+
+        def insert() -> bool:
+            with self._writing():
+                self.models.usage_insert.insert(row, self._db)
+            return True
+
+        def landed() -> bool | None:
+            rows = self.usage_model._default_manager.using(self._db)
+            found = rows.filter(chat_id=self.chat.pk, created_at=row.created_at).exists()
+            return True if found else None
+
+        retried(self.lease, self._db, insert, landed=landed)
 
     def last_input_tokens(self) -> tuple[Any, int] | None:
         if self.chat.pk is None:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
+from .reconnect import retried
 
 __all__ = ["ToolCallRows"]
 
@@ -41,13 +42,26 @@ class ToolCallRows:
             raise LeaseLostError("Tool calls run only under the chat's claim.")
         if lease.lost.is_set():
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-        started = self.models.start_call.run(
-            self._db,
-            [ToolCallState.RUNNING, timezone.now()],
-            [call.key, call.state],
-            guard=(self.chat.pk, lease.token),
-        )
-        return bool(started)
+        started_at = timezone.now()
+
+        def start() -> int:
+            return int(
+                self.models.start_call.run(
+                    self._db,
+                    [ToolCallState.RUNNING, started_at],
+                    [call.key, call.state],
+                    guard=(self.chat.pk, lease.token),
+                )
+            )
+
+        def landed() -> int | None:
+            # The claim committed before a dropped connection lost its answer: it is ours.
+            rows = self.tool_call_model._default_manager.using(self._db).filter(
+                pk=call.key, state=ToolCallState.RUNNING, started_at=started_at
+            )
+            return 1 if rows.exists() else None
+
+        return bool(retried(lease, self._db, start, landed=landed))
 
     def save_tool_result(
         self,

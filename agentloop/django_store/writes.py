@@ -22,6 +22,7 @@ from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .claims import Release
+from .reconnect import committed_message, retried
 from .sql import bound_cursor
 
 __all__ = ["OneStatementWrites", "StepWrites"]
@@ -219,11 +220,16 @@ class OneStatementWrites:
         return _WRITES[key]
 
     def _guarded(
-        self, writes: StepWrites, release: str | None, body: Callable[[str, _Values], str]
+        self,
+        writes: StepWrites,
+        release: str | None,
+        body: Callable[[str, _Values], str],
+        record: Any,
     ) -> list[Any]:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
-        is no longer ours."""
+        is no longer ours. On a dropped connection it runs again on a new one while the
+        lease is valid, unless it committed after all (``record``, its message, is there)."""
         lease = self.lease
         assert lease is not None  # noqa: S101 - _step_writes checked it
         if lease.lost.is_set():
@@ -243,20 +249,27 @@ class OneStatementWrites:
         values = _Values()
         sql = body(guard, values)
         connection = connections[self._db]
-        sent = time.monotonic()
+        sent = [time.monotonic()]  # when the try that wrote was sent (the renewal's base)
         if connection.in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=self._db):
                 rows = self._run(connection, sql, params + values.params)
-        else:
-            rows = self._run(
-                connection, sql, params + values.params
-            )  # one statement: its own transaction
+        else:  # one statement: its own transaction
+
+            def run() -> list[Any]:
+                # A renewal tried again pushes the expiry out from now, not from the first try.
+                guard_params = params if released is not None else renewal(lease)[1]
+                sent[0] = time.monotonic()
+                return self._run(connection, sql, guard_params + values.params)
+
+            rows = retried(
+                lease, self._db, run, landed=lambda: self._landed(record, release is not None)
+            )
         if not rows:
             lease.lost.set()
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
         if released is None:
-            lease.renewed_at = sent
+            lease.renewed_at = sent[0]
             # The renewal read the cancel flag and a halt asked for elsewhere: free checkpoints.
             self._flag_after_write = lease.observe(rows[0][0], rows[0][1])
             return rows
@@ -267,6 +280,23 @@ class OneStatementWrites:
             fields, outcome = {**fields, "state": "queued"}, Release("queued")
         self._released(fields, outcome)
         return rows
+
+    def _landed(self, record: Any, releases: bool) -> list[Any] | None:
+        """The rows a step write that committed before its answer was lost would have
+        returned, read back (found by its message: chat, role and creation time); None when
+        it did not commit."""
+        using = self._db
+        key = committed_message(record, self.chat.pk, using)
+        if key is None:
+            return None
+        # The guard's columns: what a release set, or the flag a renewal read.
+        guard = ("state", "halt_reason") if releases else ("cancel_requested_at", "halt_reason")
+        chats = self.models.chat_model._default_manager.using(using).filter(pk=self.chat.pk)
+        head = chats.values_list(*guard).first() or (None,) * len(guard)
+        calls = self.models.tool_call_model._default_manager.using(using).filter(message_id=key)
+        return [(*head, key, *call) for call in calls.values_list("pk", "call_id")] or [
+            (*head, key)
+        ]
 
     def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
         with bound_cursor(self._db) as cursor:
@@ -294,7 +324,7 @@ class OneStatementWrites:
         def body(guard: str, values: _Values) -> str:
             return writes.answer(guard, values, record, call_rows, usage_row)
 
-        rows = self._guarded(writes, release, body)
+        rows = self._guarded(writes, release, body, record)
         self._inserted(record, rows[0][_GUARD])
         if calls:
             keys = {row[_GUARD + 2]: row[_GUARD + 1] for row in rows}
@@ -317,7 +347,7 @@ class OneStatementWrites:
         def body(guard: str, values: _Values) -> str:
             return writes.result(guard, values, record, state, error or "", call.key)
 
-        rows = self._guarded(writes, release, body)
+        rows = self._guarded(writes, release, body, record)
         self._inserted(record, rows[0][_GUARD])
         message.key = record.pk
         return record

@@ -1,0 +1,147 @@
+"""Connection faults are transient: a dropped, refused or timed-out connection is closed and
+the work runs again on a new one while the chat's lease is still valid.
+
+Django leaves a connection that failed this way broken until something closes it (it
+reconnects only at a request's boundaries), so a step whose connection dropped while a tool
+or a stream ran would fail every statement after, its release included. Here the store
+closes it, waits a little and tries again. A write whose statement may have committed
+before its answer was lost is looked for first (``landed``), so nothing is written twice.
+When the lease would expire before the work succeeds, the lease is marked lost (the step
+writes nothing more) and the chat is left for the next job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import InterfaceError, OperationalError, connections
+
+from ..exceptions import LeaseLostError
+
+if TYPE_CHECKING:
+    from .._leases import Lease
+
+__all__ = [
+    "CONNECTION_ERRORS",
+    "committed_message",
+    "discard",
+    "is_connection_fault",
+    "lease_remaining",
+    "lost_to_fault",
+    "mark_unreachable",
+    "retried",
+]
+
+logger = logging.getLogger("agentloop")
+
+T = TypeVar("T")
+
+#: what a dropped or refused connection, or a pool with none to give, raises (Django's own
+#: wrappers of the driver's errors; psycopg_pool's timeout is an OperationalError too).
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
+
+#: the first wait before trying again on a new connection, and the longest.
+_FIRST_WAIT = 0.05
+_LONGEST_WAIT = 1.0
+
+#: leases given up because the database could not be reached (not taken over by another).
+_UNREACHABLE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def is_connection_fault(error: BaseException) -> bool:
+    """Whether ``error`` is a transient database error: a job tries the step again later."""
+    return isinstance(error, CONNECTION_ERRORS)
+
+
+def _unusable(using: str) -> bool:
+    """The connection failed, not the statement: never opened (refused, a pool timeout), or
+    closed or broken by the driver (dropped). SQLite's errors leave it usable."""
+    raw = connections[using].connection
+    if raw is None:
+        return True
+    return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
+
+
+def discard(using: str) -> None:
+    """Close this thread's connection to ``using``, so the next statement opens a new one."""
+    try:
+        connections[using].close()
+    except Exception:  # noqa: S110 - closing a broken connection may fail too
+        pass
+
+
+def lease_remaining(lease: Lease) -> float:
+    """Seconds until ``lease`` expires, as far as this process knows (its last renewal)."""
+    return lease.renewed_at + lease.seconds - time.monotonic()
+
+
+def _margin(lease: Lease) -> float:
+    # As the heartbeat's: give up early enough that the database's clock agrees it held.
+    return max(lease.seconds / 6, 0.1)
+
+
+def mark_unreachable(lease: Lease) -> None:
+    """The lease is given up because the database could not be reached in time."""
+    _UNREACHABLE.add(lease)
+    lease.lost.set()
+
+
+def lost_to_fault(lease: Lease) -> bool:
+    """Whether ``lease`` was given up for a connection fault (not taken over)."""
+    return lease in _UNREACHABLE
+
+
+def committed_message(record: Any, chat_pk: Any, using: str) -> Any | None:
+    """The key of ``record``, a message row a write inserted, if that write committed (its
+    answer may have been lost): found by chat, role and creation time (set here, to the
+    microsecond, before the first try); None when it is not there."""
+    rows = type(record)._default_manager.using(using)
+    found = rows.filter(chat_id=chat_pk, role=record.role, created_at=record.created_at)
+    return found.values_list("pk", flat=True).first()
+
+
+def retried(
+    lease: Lease | None,
+    using: str,
+    work: Callable[[], T],
+    *,
+    landed: Callable[[], T | None] | None = None,
+) -> T:
+    """``work()``; after a connection fault, again on a new connection until it succeeds or
+    ``lease`` would expire (then ``LeaseLostError``: the lease is marked lost).
+
+    ``landed`` (for a write) says whether a failed try committed after all, its result then
+    standing for the write's; it runs before each new try. Inside a caller's transaction,
+    without a lease, or on an error that left the connection usable, nothing is retried."""
+    wait = _FIRST_WAIT
+    failed = False
+    while True:
+        try:
+            if failed and landed is not None:
+                done = landed()
+                if done is not None:
+                    return done
+            return work()
+        except CONNECTION_ERRORS as exc:
+            if lease is None or connections[using].in_atomic_block or not _unusable(using):
+                raise
+            discard(using)
+            failed = True
+            left = lease_remaining(lease) - _margin(lease)
+            if lease.lost.is_set() or left <= wait:
+                mark_unreachable(lease)
+                raise LeaseLostError(
+                    f"Chat {lease.chat_pk}: the database could not be reached before the "
+                    f"lease ran out ({exc}); this step writes nothing more."
+                ) from exc
+            logger.warning(
+                "Chat %s: database connection failed (%s); trying again on a new one",
+                lease.chat_pk,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+            time.sleep(wait)
+            wait = min(wait * 2, _LONGEST_WAIT)
