@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from .conf import agentloop_settings
 from .django_store.sql import PreparedUpdate, bound_cursor, recover_prepared
+from .django_store.waiting import release_connection
 from .exceptions import LeaseLostError
 
 __all__ = ["UNREAD", "Lease", "attnames", "claim", "claim_row", "heartbeats", "renewal"]
@@ -413,8 +414,11 @@ class _Heartbeats:
                     return
                 tick = min(lease.seconds for lease in self._leases) / 6
             self._wake.wait(max(0.05, min(tick, 1.0)))
-            for lease in self._due():
+            due = self._due()
+            for lease in due:
                 beat(lease)
+            for using in {lease.using for lease in due}:
+                release_connection(using)  # back to Django's pool between beats
 
 
 def beat(lease: Lease) -> None:

@@ -246,3 +246,13 @@ class ChaosC(_ChaosTool):
     """The tool of the chaos test's second round."""
 
     name = "chaos_c"
+
+
+@tool
+def lookup(key: str) -> str:
+    """Looks a key up (the tool of tests/test_in_flight.py's chats: instant, deterministic).
+
+    Args:
+        key: What to look up.
+    """
+    return f"value of {key}"
