@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -130,9 +130,15 @@ def use_queue(queue: str) -> None:
 
 @contextmanager
 def workers(
-    concurrency: int, agentloop: dict[str, Any], *, env: dict[str, str] | None = None
+    concurrency: int,
+    agentloop: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    pool: str = "prefork",
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[str]:
-    """One ``celery worker`` with ``concurrency`` pool processes on a fresh queue (yielded)."""
+    """One ``celery worker`` with ``concurrency`` processes (threads, greenlets: ``pool``) on a
+    fresh queue (yielded); ``started`` is given its process once it consumes."""
     queue = f"agentloop-bench-{uuid.uuid4().hex[:8]}"
     # A plain `kill` of the benchmark must stop its worker too (the finally below).
     signal.signal(signal.SIGTERM, lambda *args: sys.exit("terminated"))
@@ -149,7 +155,7 @@ def workers(
         }
         command = [
             sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-            f"--concurrency={concurrency}", "--pool=prefork", "--loglevel=WARNING",
+            f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "-n", f"{queue}@%h", "-Q", queue,
         ]  # fmt: skip
@@ -165,6 +171,8 @@ def workers(
                     sys.exit(f"The Celery worker did not start:\n{log.read_text()}")
                 time.sleep(0.05)
             use_queue(queue)
+            if started is not None:
+                started(process)
             yield queue
         finally:
             if process.poll() is None:
