@@ -12,11 +12,12 @@ the wall time runs from the first publish to the last chat settled, against the
 latency-bound ideal ``ceil(N / C) x 2 x latency`` (C: the worker's concurrency).
 
 Sampled every 50 ms while they run: the worker's PostgreSQL backends (``pg_stat_activity``,
-by the worker's ``application_name``), its TCP connections to Redis (the worker's own
-sockets; Redis is a private ``redis-server`` this script starts, the broker and agentloop's
-``REDIS_URL``), and its resident memory (all its processes). At the end: the worker's CPU
-time (user + system, all its processes) per step, and a check that every chat was answered
-exactly (its four messages, two usage rows, and 2 x N model calls at the server).
+by the worker's ``application_name``) and its resident memory (all its processes); every
+0.5 s its TCP connections to Redis (the worker's own sockets; Redis is a private
+``redis-server`` this script starts, the broker and agentloop's ``REDIS_URL``). At the
+end: the worker's CPU time (user + system, all its processes) per step, and a check that
+every chat was answered exactly (its four messages, two usage rows, and 2 x N model calls
+at the server).
 
 The database is PostgreSQL (``--database-url``, default ``agentloop_bench_inflight``),
 with Django's connection pool (``--db-pool-size``, 0: none) and ``RELEASE_CONNECTIONS``
@@ -55,6 +56,7 @@ MATRIX = (
     ("threads", 100, 300),
     ("gevent", 300, 900),
     ("gevent", 500, 1000),
+    ("gevent", 1000, 1000),
 )
 TICK = 0.05
 
@@ -208,6 +210,7 @@ def run(
     latency: float,
     db_pool_size: int,
     database_url: str,
+    redis_events: bool = True,
 ) -> dict[str, Any]:
     from bench.fake_openai import FakeOpenAI
     from bench.workers import setup, workers
@@ -216,7 +219,9 @@ def run(
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         application = f"bench-inflight-{uuid.uuid4().hex[:8]}"
         provider = {"class": "bench.in_flight.WideOpenAI", "base_url": fake.url, "api_key": "x"}
-        agentloop = {"REDIS_URL": redis_url, "PROVIDERS": {"openai": provider}}
+        agentloop: dict[str, Any] = {"PROVIDERS": {"openai": provider}}
+        if redis_events:  # live events and cancel notices through Redis (else the database)
+            agentloop["REDIS_URL"] = redis_url
         setup(database_url, redis_url, agentloop, broker_url=f"redis://127.0.0.1:{redis_port}/1")
         from django.db import connection
 
@@ -248,6 +253,7 @@ def run(
             pks = _create(Chat, chats)
             started = time.monotonic()
             _publish(Chat, pks)
+            ticks = 0
             deadline = started + max(120.0, 20 * math.ceil(chats / concurrency) * 2 * latency)
             while True:
                 pids = process_tree(root)
@@ -263,7 +269,9 @@ def run(
                         [pks],
                     )
                     idle = cursor.fetchone()[0]
-                peaks["redis"] = max(peaks["redis"], tcp_connections_to(redis_port, pids))
+                if ticks % 10 == 0:  # reading every socket of the worker takes CPU too
+                    peaks["redis"] = max(peaks["redis"], tcp_connections_to(redis_port, pids))
+                ticks += 1
                 peaks["rss"] = max(peaks["rss"], rss_bytes(pids))
                 if idle == len(pks):
                     break
@@ -281,6 +289,7 @@ def run(
         "chats": chats,
         "latency_s": latency,
         "db_pool_size": db_pool_size,
+        "redis_events": redis_events,
         "wall_s": round(wall, 2),
         "ideal_s": ideal,
         "ratio": round(wall / ideal, 2),
@@ -415,6 +424,11 @@ def main() -> None:
     parser.add_argument("--db-pool-size", type=int, default=10, help="per worker process")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--matrix", action="store_true", help="the issue's shapes, one by one")
+    parser.add_argument(
+        "--no-redis-events",
+        action="store_true",
+        help="no AGENTLOOP REDIS_URL in the worker: no live events, cancel notices by polling",
+    )
     parser.add_argument("--reconnect-cost", action="store_true")
     parser.add_argument("--reconnect-probe", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
@@ -436,12 +450,20 @@ def main() -> None:
                     "--chats", str(chats), "--latency", str(args.latency),
                     "--db-pool-size", str(args.db_pool_size),
                     "--database-url", args.database_url, "--json", out.name,
-                ]  # fmt: skip
+                ] + (["--no-redis-events"] if args.no_redis_events else [])  # fmt: skip
                 subprocess.run(command, check=True)  # noqa: S603 - our own script
                 rows.extend(json.loads(Path(out.name).read_text()))
             continue
         rows.append(
-            run(pool, concurrency, chats, args.latency, args.db_pool_size, args.database_url)
+            run(
+                pool,
+                concurrency,
+                chats,
+                args.latency,
+                args.db_pool_size,
+                args.database_url,
+                not args.no_redis_events,
+            )
         )
         print(json.dumps(rows[-1]), flush=True)
     if args.json:

@@ -269,6 +269,61 @@ def test_a_worker_waits_on_more_chats_than_its_pool_has_connections(
     assert 0 < peak <= processes * max_size, f"{peak} backends"
 
 
+@pytest.mark.skipif(not ON_POSTGRES, reason="Django's connection pool: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.subprocess
+def test_connections_the_server_closed_while_checked_in_are_replaced(celery_queue, tmp_path, user):
+    """While every step waits on the model, the worker's pooled connections are killed by the
+    server: the steps take fresh ones (the pool checks at check-out) and lose nothing."""
+    application = f"agentloop-in-flight-{uuid.uuid4().hex[:8]}"
+    with FakeOpenAI(latency=1.5) as fake:
+        worker = start_worker(
+            tmp_path,
+            celery_queue,
+            "threads",
+            4,
+            pool={"min_size": 1, "max_size": 2, "timeout": 60},
+            application=application,
+            agentloop={"PROVIDERS": {"openai": {"base_url": fake.url, "api_key": "test"}}},
+        )
+        try:
+            chats = [Chat.objects.create(model="openai:fake", owner=user) for _ in range(4)]
+            for index, chat in enumerate(chats):
+                chat.with_tools(lookup)
+                chat.ask_later(f"q{index}").complete_later()
+            killed = 0
+            deadline = time.monotonic() + DEADLINE
+            while fake.requests < len(chats) or fake.in_flight < len(chats):
+                assert time.monotonic() < deadline, f"no model calls\n{read_log(tmp_path)}"
+                time.sleep(0.01)
+            # Every chat waits on its first model call: the pool holds the connections.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name = %s",
+                    [application],
+                )
+                killed = cursor.fetchone()[0]
+            while not all(settled(chat) for chat in chats):
+                assert worker.poll() is None, read_log(tmp_path)
+                assert time.monotonic() < deadline, f"chats unfinished\n{read_log(tmp_path)}"
+                time.sleep(0.02)
+        finally:
+            stop(worker)
+
+    assert killed >= 1
+    for index, chat in enumerate(chats):
+        assert transcript(chat, "role", "content", "status") == [
+            ("user", f"q{index}", "complete"),
+            ("assistant", "", "complete"),
+            ("tool", f"value of q{index}", "complete"),
+            ("assistant", f"answer: value of q{index}", "complete"),
+        ]
+        assert chat.error == ""
+        assert chat.attempts == 0
+    assert fake.requests == 2 * len(chats)
+
+
 def settled(chat: Chat) -> bool:
     chat.refresh_from_db()
     return chat.state == "idle" and not chat.lease_token and chat.is_complete()
