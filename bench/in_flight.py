@@ -357,7 +357,8 @@ def _check(chat_model: Any, pks: list[int]) -> bool:
 # -- what giving a connection back costs ------------------------------------------------------
 def reconnect_cost(database_url: str, samples: int) -> dict[str, float]:
     """Median microseconds of close() + the next SELECT 1, against SELECT 1 on a kept
-    connection, without and with Django's pool (a subprocess each: settings differ)."""
+    connection, without and with Django's pool, with and without its check at check-out
+    (a subprocess each: settings differ)."""
     import psycopg
     from psycopg import sql
 
@@ -368,8 +369,11 @@ def reconnect_cost(database_url: str, samples: int) -> dict[str, float]:
         ).fetchone():
             maintenance.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(parts[1])))
     results = {}
-    for name, pool in (("no pool", ""), ("pool", json.dumps({"min_size": 1, "max_size": 2}))):
-        env = {**os.environ, "BENCH_DB_POOL": pool, "BENCH_DATABASE_URL": database_url}
+    pool = json.dumps({"min_size": 1, "max_size": 2})
+    variants = (("no pool", "", "1"), ("pool", pool, "1"), ("pool, no check", pool, "0"))
+    for name, pool_options, checks in variants:
+        env = {**os.environ, "BENCH_DB_POOL": pool_options, "BENCH_DATABASE_URL": database_url}
+        env["BENCH_DB_POOL_CHECKS"] = checks
         env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         output = subprocess.run(  # noqa: S603 - our own interpreter and script
@@ -415,6 +419,74 @@ def _reconnect_probe(samples: int) -> None:
     )
 
 
+def release_cost(database_url: str, samples: int) -> dict[str, Any]:
+    """A zero-latency chat's three jobs (``run_step``: model, tool, model) with
+    ``RELEASE_CONNECTIONS`` True and False in turn, in one process, under Django's pool and
+    without one (a subprocess each): median milliseconds per job, and the ratio."""
+    results = {}
+    pool = json.dumps({"min_size": 2, "max_size": 4})
+    for name, pool_options in (("pool", pool), ("no pool", "")):
+        env = {**os.environ, "BENCH_DB_POOL": pool_options, "BENCH_DATABASE_URL": database_url}
+        env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        output = subprocess.run(  # noqa: S603 - our own interpreter and script
+            [sys.executable, __file__, "--release-probe", str(samples)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        results[name] = json.loads(output.strip().splitlines()[-1])
+    return results
+
+
+def _release_probe(samples: int) -> None:
+    import statistics
+
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from agentloop import providers
+    from agentloop._runner import run_step
+    from agentloop.messages import ModelResponse, ToolCall
+    from agentloop.models import Chat, Usage
+    from agentloop.testing import FunctionProvider
+    from bench.in_flight import lookup
+
+    call_command("migrate", verbosity=0)
+    Usage.objects.all().delete()
+    Chat.objects.all().delete()
+
+    def answer(request: Any) -> Any:
+        if request.messages[-1].role == "tool":
+            return "done"
+        call = ToolCall(id="c1", name="lookup", arguments={"key": "k"})
+        return ModelResponse(content="", tool_calls=[call])
+
+    providers.register("zero", FunctionProvider(answer))
+    per_job: dict[bool, list[float]] = {True: [], False: []}
+    for sample in range(samples + 10):
+        order = (True, False) if sample % 2 else (False, True)
+        for release in order:
+            chat = Chat.objects.create(model="zero:m")
+            chat.with_tools(lookup)
+            chat.ask_later("hi")
+            with override_settings(AGENTLOOP={"RELEASE_CONNECTIONS": release}):
+                start = time.perf_counter()
+                for _ in range(3):
+                    run_step(chat.pk)
+                elapsed = (time.perf_counter() - start) / 3
+            if sample >= 10:  # the first ten: warm-up
+                per_job[release].append(elapsed)
+    on = statistics.median(per_job[True]) * 1e3
+    off = statistics.median(per_job[False]) * 1e3
+    result = {"released_ms": round(on, 3), "kept_ms": round(off, 3), "ratio": round(on / off, 3)}
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", default="threads", choices=["prefork", "threads", "gevent"])
@@ -431,10 +503,20 @@ def main() -> None:
     )
     parser.add_argument("--reconnect-cost", action="store_true")
     parser.add_argument("--reconnect-probe", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--release-cost", type=int, metavar="SAMPLES", help="zero-latency jobs, release on/off"
+    )
+    parser.add_argument("--release-probe", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.reconnect_probe:
         _reconnect_probe(args.reconnect_probe)
+        return
+    if args.release_probe:
+        _release_probe(args.release_probe)
+        return
+    if args.release_cost:
+        print(json.dumps(release_cost(args.database_url, args.release_cost), indent=2))
         return
     if args.reconnect_cost:
         print(json.dumps(reconnect_cost(args.database_url, 300), indent=2))

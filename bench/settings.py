@@ -41,7 +41,8 @@ if os.environ.get("BENCH_PREPARE_THRESHOLD"):
 if os.environ.get("BENCH_DB_POOL"):
     # Django's connection pool (psycopg_pool options as JSON): bench/in_flight.py, job_path.py.
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = json.loads(os.environ["BENCH_DB_POOL"])
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # The pool checks a connection as it hands it out (one round trip), unless "0".
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = os.environ.get("BENCH_DB_POOL_CHECKS") != "0"
 if os.environ.get("BENCH_DB_APPLICATION"):
     # How pg_stat_activity names the connections of a worker started by a benchmark.
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ[
