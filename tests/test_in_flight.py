@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
@@ -64,6 +65,17 @@ class HoldChecker(Provider):
                 self._holds()
         return ModelResponse(content="".join(words))
 
+    async def arequest(self, request: ModelRequest, *, on_chunk: Any = None) -> Any:
+        # The verb's database phases run on the thread-sensitive thread: look there.
+        holds = sync_to_async(self._holds, thread_sensitive=True)
+        await holds()
+        words = ["slow ", "streamed ", "answer"]
+        for word in words:
+            if on_chunk is not None:
+                await on_chunk(TextDelta(text=word))
+                await holds()
+        return ModelResponse(content="".join(words))
+
 
 @pytest.fixture
 def hold_checker() -> Iterator[HoldChecker]:
@@ -85,6 +97,27 @@ def test_a_streamed_ask_holds_no_connection_while_the_model_answers(hold_checker
     chunks: list[str] = []
     with override_settings(AGENTLOOP={**STREAMING, "RELEASE_CONNECTIONS": True}):
         answer = chat.ask("Hi", stream=lambda chunk: chunks.append(chunk.text))
+
+    assert hold_checker.held == [False, False, False, False]
+    assert answer.content == "slow streamed answer"
+    assert chunks == ["slow ", "streamed ", "answer"]
+    assert transcript(chat, "role", "content", "status") == [
+        ("user", "Hi", "complete"),
+        ("assistant", "slow streamed answer", "complete"),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_ask_holds_no_connection_while_the_model_answers(hold_checker, user):
+    chat = Chat.objects.create(model="holdcheck:m", owner=user)
+    chunks: list[str] = []
+
+    async def collect(chunk: Any) -> None:
+        chunks.append(chunk.text)
+
+    with override_settings(AGENTLOOP={**STREAMING, "RELEASE_CONNECTIONS": True}):
+        # From this thread: the verb's phases run here, on this thread's connection.
+        answer = async_to_sync(chat.aask)("Hi", stream=collect)
 
     assert hold_checker.held == [False, False, False, False]
     assert answer.content == "slow streamed answer"
