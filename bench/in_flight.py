@@ -421,12 +421,15 @@ def _reconnect_probe(samples: int) -> None:
 
 def release_cost(database_url: str, samples: int) -> dict[str, Any]:
     """A zero-latency chat's three jobs (``run_step``: model, tool, model) with
-    ``RELEASE_CONNECTIONS`` True and False in turn, in one process, under Django's pool and
-    without one (a subprocess each): median milliseconds per job, and the ratio."""
+    ``RELEASE_CONNECTIONS`` True and False in turn, in one process, under Django's pool (with
+    and without its check at check-out) and without one (a subprocess each): median
+    milliseconds per job, and the ratio."""
     results = {}
     pool = json.dumps({"min_size": 2, "max_size": 4})
-    for name, pool_options in (("pool", pool), ("no pool", "")):
+    variants = (("pool", pool, "1"), ("pool, no check", pool, "0"), ("no pool", "", "1"))
+    for name, pool_options, checks in variants:
         env = {**os.environ, "BENCH_DB_POOL": pool_options, "BENCH_DATABASE_URL": database_url}
+        env["BENCH_DB_POOL_CHECKS"] = checks
         env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         output = subprocess.run(  # noqa: S603 - our own interpreter and script

@@ -34,7 +34,7 @@ from agentloop.models import Chat
 from agentloop.providers import ChunkCallback, Provider
 from bench.fake_openai import FakeOpenAI
 from tests.helpers import transcript
-from tests.processes import REPO_ROOT, process_env
+from tests.processes import REPO_ROOT, SUMMARY_PREFIX, process_env, run_script
 from tests.tools import lookup
 
 REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -187,6 +187,32 @@ def test_prepared_statements_follow_the_physical_connection_a_pool_hands_out(use
     finally:
         wrapper.connection = first
         second.close()
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason="Django's connection pool: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.subprocess
+def test_under_django_pool_a_wait_checks_the_connection_in_and_the_next_gets_it_back():
+    """In a process with Django's pool: during a streamed ask() no connection is checked out
+    (every one the pool has is idle, partial saves and cancel reads included), and a
+    connection given back is the next one handed out (psycopg_pool would hand out the one
+    idle the longest: a zero-latency step would switch server processes at every wait)."""
+    pool = {"min_size": 3, "max_size": 3, "timeout": 30}
+    settings = {**STREAMING, "RELEASE_CONNECTIONS": "auto"}
+    done = run_script(
+        "pooled_waits.py",
+        env={
+            "AGENTLOOP_TEST_DB_POOL": json.dumps(pool),
+            "AGENTLOOP_TEST_SETTINGS": json.dumps(settings),
+        },
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout.split(SUMMARY_PREFIX, 1)[1])
+
+    assert len(summary["pids"]) == 5
+    assert len(set(summary["pids"])) == 1
+    assert summary["during_ask"] == [{"held": False, "idle": 3, "size": 3}] * 3
+    assert summary["answer"] == "a b"
 
 
 # -- real workers, Django's pool -------------------------------------------------------------
