@@ -41,6 +41,7 @@ from .django_store.lease_statements import attnames
 from .django_store.lease_statements import statement as _statements
 from .django_store.reconnect import mark_unreachable
 from .django_store.sql import PreparedUpdate
+from .django_store.waiting import release_connection
 from .exceptions import LeaseLostError
 
 __all__ = [
@@ -334,6 +335,8 @@ class _Heartbeats:
             due = self._due()
             if due:
                 beat(*due)
+                for using in {lease.using for lease in due}:
+                    release_connection(using)  # back to Django's pool between beats
 
 
 #: the most leases one renewal statement names (a few thousand parameters at most).

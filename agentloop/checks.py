@@ -11,6 +11,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import _tracing, providers
 from .background import backend_name
@@ -222,8 +223,8 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
     if current_app.conf.broker_url:
         # Read as Celery's Django fixup reads it: unset, it closes every database connection
         # before and after each task, so each step opens a new one.
-        if current_app.conf.get("CELERY_DB_REUSE_MAX"):
-            return []
+        if current_app.conf.get("CELERY_DB_REUSE_MAX") or _pooled():
+            return []  # kept between jobs, or closing is a check-in to Django's pool
         return [
             Warning(
                 "CELERY_DB_REUSE_MAX is not set: every agentloop job (one step) opens a new "
@@ -242,6 +243,11 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
             id="agentloop.W003",
         )
     ]
+
+
+def _pooled() -> bool:
+    """The default database has Django's connection pool (``OPTIONS["pool"]``)."""
+    return bool(connections[DEFAULT_DB_ALIAS].settings_dict.get("OPTIONS", {}).get("pool"))
 
 
 #: management commands that set up or inspect a project and never run a chat: the key check

@@ -159,6 +159,11 @@ class Settings(BaseModel):
     #: ``prepare_threshold``. A pooler that loses them (pgbouncer before 1.21 in transaction
     #: mode) turns it off in that process at its first error, with a warning; False: never.
     PREPARED_STATEMENTS: _Flag = True
+    #: give the database connection back while a step waits (a model call, a tool run, a
+    #: backoff) and take one again for its next statement: "auto" when Django's connection
+    #: pool is configured (OPTIONS["pool"]: a check-in), True always (without a pool: a new
+    #: connection after every wait), False never. Never inside a caller's atomic block.
+    RELEASE_CONNECTIONS: Literal["auto"] | _Flag = "auto"
 
 
 #: every key and its default value.

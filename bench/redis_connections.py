@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, server: RedisServer) -> dict[str, object]:
 
     empty_tables()
     started: list = []
-    with workers(args.concurrency, agentloop, pool=args.pool, started=started):
+    with workers(args.concurrency, agentloop, pool=args.pool, started=started.append):
         worker = started[0]
         with transaction.atomic():
             chats = [Chat.objects.create(model="rules:stream") for _ in range(args.chats)]

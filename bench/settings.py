@@ -3,6 +3,7 @@
 DEBUG stays False: with it on, Django keeps every query in memory and the RSS figure grows.
 """
 
+import json
 import os
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -37,6 +38,16 @@ if os.environ.get("BENCH_PREPARE_THRESHOLD"):
     DATABASES["default"]["OPTIONS"] = {
         "prepare_threshold": int(os.environ["BENCH_PREPARE_THRESHOLD"])
     }
+if os.environ.get("BENCH_DB_POOL"):
+    # Django's connection pool (psycopg_pool options as JSON): bench/in_flight.py, job_path.py.
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = json.loads(os.environ["BENCH_DB_POOL"])
+    # The pool checks a connection as it hands it out (one round trip), unless "0".
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = os.environ.get("BENCH_DB_POOL_CHECKS") != "0"
+if os.environ.get("BENCH_DB_APPLICATION"):
+    # How pg_stat_activity names the connections of a worker started by a benchmark.
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = os.environ[
+        "BENCH_DB_APPLICATION"
+    ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

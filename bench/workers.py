@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -135,10 +135,10 @@ def workers(
     *,
     env: dict[str, str] | None = None,
     pool: str = "prefork",
-    started: list[subprocess.Popen[bytes]] | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[str]:
-    """One ``celery worker`` with ``concurrency`` pool processes (or threads, or greenlets:
-    ``pool``) on a fresh queue (yielded); its process is appended to ``started``."""
+    """One ``celery worker`` with ``concurrency`` processes (threads, greenlets: ``pool``) on a
+    fresh queue (yielded); ``started`` is given its process once it consumes."""
     queue = f"agentloop-bench-{uuid.uuid4().hex[:8]}"
     # A plain `kill` of the benchmark must stop its worker too (the finally below).
     signal.signal(signal.SIGTERM, lambda *args: sys.exit("terminated"))
@@ -164,8 +164,6 @@ def workers(
                 command, env=process_env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-        if started is not None:
-            started.append(process)
         try:
             deadline = time.monotonic() + 60
             while not ready.exists():
@@ -173,6 +171,8 @@ def workers(
                     sys.exit(f"The Celery worker did not start:\n{log.read_text()}")
                 time.sleep(0.05)
             use_queue(queue)
+            if started is not None:
+                started(process)
             yield queue
         finally:
             if process.poll() is None:

@@ -87,6 +87,19 @@ else:
 if os.environ.get("AGENTLOOP_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["AGENTLOOP_TEST_DB_NAME"]
 
+# Django's connection pool (PostgreSQL), as a JSON dict of psycopg_pool options, and a name
+# for the connections of a worker started by a test (to find its backends in
+# pg_stat_activity): set by the tests of chats in flight for the workers they start.
+if "postgresql" in DATABASES["default"]["ENGINE"]:
+    if os.environ.get("AGENTLOOP_TEST_DB_POOL"):
+        pool = json.loads(os.environ["AGENTLOOP_TEST_DB_POOL"])
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = pool
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool keeps them instead
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # the pool checks at check-out
+    if os.environ.get("AGENTLOOP_TEST_DB_APPLICATION"):
+        application = os.environ["AGENTLOOP_TEST_DB_APPLICATION"]
+        DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = application
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user fixtures
 

@@ -138,3 +138,20 @@ def test_async_step_prints_its_table_and_sends_the_sync_steps_statements(
             assert row["sync"]["samples"] == row["async"]["samples"] == row["floor"]["samples"] == 3
             assert row["async_over_sync"] > 0
             assert row["statements_per_step"] > 0  # the same statements (checked by the script)
+
+
+def test_in_flight_answers_every_chat_within_the_workers_pool(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "in_flight.json"
+    run(
+        "in_flight.py", "--pool=threads", "--concurrency=4", "--chats=6", "--latency=0.3",
+        "--db-pool-size=2", f"--database-url={bench_database}", f"--json={out}",
+    )  # fmt: skip
+
+    [row] = json.loads(out.read_text())
+    assert row["answered_exactly"] is True
+    assert row["model_calls"] == 12
+    assert 0 < row["peak_pg_backends"] <= 2
+    assert row["peak_rss_mib"] > 0
+    assert row["cpu_ms_per_step"] > 0

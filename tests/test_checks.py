@@ -315,6 +315,17 @@ def test_w005_db_reuse_in_the_settings_celery_reads_passes(celery_with_broker):
     assert celery_warnings() == []
 
 
+@override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
+def test_w005_a_database_with_djangos_pool_is_not_warned(celery_with_broker, monkeypatch):
+    # The fixup's close around each job is then a check-in (docs/background.md, choosing
+    # a pool); only the settings are read here, no pooled connection is opened.
+    from django.db import connection
+
+    options = {**connection.settings_dict.get("OPTIONS", {}), "pool": {"max_size": 4}}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    assert reuse_warnings() == []
+
+
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "embedded"})
 def test_w005_the_embedded_runner_is_not_warned_about_celery(celery_with_broker):
     assert reuse_warnings() == []

@@ -271,3 +271,13 @@ def lose_reply() -> str:
     _log_run("lose_reply")
     lose_next_reply()
     return "reply lost"
+
+
+@tool
+def lookup(key: str) -> str:
+    """Looks a key up (the tool of tests/test_in_flight.py's chats: instant, deterministic).
+
+    Args:
+        key: What to look up.
+    """
+    return f"value of {key}"

@@ -11,10 +11,10 @@ supported database and field type works as with the ORM. Inserts bypass ``Model.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from django.db import connections
 
@@ -96,17 +96,22 @@ class _KeptCursors:
         return raw
 
 
-_KEPT: WeakKeyDictionary[Any, _KeptCursors] = WeakKeyDictionary()
+#: by psycopg connection, the physical one: a pool hands one to any thread's Django connection
+#: in turn, and what was prepared on it stays prepared on it. Closed ones are dropped as new
+#: ones come (their cursors hold them: a weak key would never go).
+_KEPT: dict[Any, _KeptCursors] = {}
+_KEPT_LOCK = threading.Lock()
 
 
 def _kept_cursors(connection: Any) -> _KeptCursors:
-    kept = _KEPT.get(connection)
-    if (
-        kept is None
-        or kept.raw_connection is not connection.connection
-        or kept.timezone is not connection.timezone
-    ):
-        kept = _KEPT[connection] = _KeptCursors(connection)
+    raw = connection.connection
+    kept = _KEPT.get(raw)
+    if kept is None or kept.timezone is not connection.timezone:
+        kept = _KeptCursors(connection)
+        with _KEPT_LOCK:
+            for closed in [other for other in _KEPT if other.closed]:
+                del _KEPT[closed]
+            _KEPT[raw] = kept
     return kept
 
 

@@ -32,6 +32,7 @@ from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
+from .waiting import release_connection
 from .writes import OneStatementWrites
 
 T = TypeVar("T")
@@ -470,7 +471,12 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         value = total.aggregate(total=Sum("cost", default=Decimal(0)))["total"]
         return Decimal(value)
 
-    # -- threads -----------------------------------------------------------------------------
+    # -- waiting and threads -----------------------------------------------------------------
+    def before_wait(self) -> None:
+        # The lease stays (the heartbeat renews it on a connection of its own); the next
+        # statement takes a connection again (AGENTLOOP["RELEASE_CONNECTIONS"]).
+        release_connection(self._db)
+
     phases_on_a_thread = True
 
     async def run_phase(self, function: Callable[..., T], *args: Any) -> T:

@@ -203,11 +203,11 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
 
     def generate(self, stream: StreamCallback | None = None) -> Any:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
-        return drive(self._generating(stream))
+        return drive(self._generating(stream), self.store)
 
     def run_tools(self) -> list[Any]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
-        return drive(self._running_tools())
+        return drive(self._running_tools(), self.store)
 
     def step(self, stream: StreamCallback | None = None) -> Any:
         """Do the next move: run pending tools, else call the model. None when settled or
@@ -217,17 +217,17 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
     def advance(self, stream: StreamCallback | None = None) -> StepResult:
         """``step()``, returning what happened and what comes next (``StepResult``): what a
         background worker runs, one per job, without reading the transcript again."""
-        return drive(self._advancing(stream))
+        return drive(self._advancing(stream), self.store)
 
     def complete(self, stream: StreamCallback | None = None) -> Any:
         """Step until settled or waiting; returns the last message."""
-        return drive(self._completing(stream))
+        return drive(self._completing(stream), self.store)
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
     ) -> Any:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
-        return drive(self._completing(stream, (content, attachments)))
+        return drive(self._completing(stream, (content, attachments)), self.store)
 
     # -- the verbs' moves: driven by ``drive`` here, by ``drive_async`` in the async twins ------
     def _generating(self, stream: StreamCallback | None) -> Moves[Any]:

@@ -6,6 +6,10 @@ result back, or throws the error in. The sync driver does the I/O in place. The 
 driver awaits it on the event loop (``Provider.arequest``, ``asyncio.sleep``, an
 ``async def`` tool) and runs each database phase with ``ChatStore.run_phase``: on the
 thread Django's async ORM uses for the Django store, in place for the memory store.
+
+Before each wait (a model request, a backoff, a tool run, waiting for launched tools) both
+call ``ChatStore.before_wait``, still in the database phase's thread: the Django store gives
+its connection back there, so a step holds none while it waits (docs/background.md).
 """
 
 from __future__ import annotations
@@ -42,13 +46,22 @@ def _resume(moves: Moves[T], value: Any, error: BaseException | None) -> tuple[b
 
 
 def _advance(
-    moves: Moves[T], value: Any, error: BaseException | None, tools_here: bool
+    moves: Moves[T],
+    value: Any,
+    error: BaseException | None,
+    tools_here: bool,
+    before_wait: Callable[[], None],
 ) -> tuple[bool, Any]:
-    """``_resume``; with ``tools_here`` (the phase runs on the database's thread, where a
-    sync tool runs anyway) a sync tool's run is done in place, saving two thread hops."""
+    """``_resume``, then ``before_wait`` ahead of a move that waits; with ``tools_here`` (the
+    phase runs on the database's thread, where a sync tool runs anyway) a sync tool's run is
+    done in place, saving two thread hops."""
     while True:
         ended, move = _resume(moves, value, error)
-        if ended or not (tools_here and isinstance(move, RunTool)) or move.tool_class.is_async():
+        if ended:
+            return ended, move
+        if not isinstance(move, Launch):  # launching waits for nothing
+            before_wait()
+        if not (tools_here and isinstance(move, RunTool)) or move.tool_class.is_async():
             return ended, move
         value, error = None, None
         try:
@@ -57,14 +70,20 @@ def _advance(
             error = exc
 
 
+def _no_wait() -> None:
+    """``before_wait`` of a verb driven without a store."""
+
+
 def _sync_call(tool: RunTool) -> Callable[[], Any]:
     return partial(
         execute_tool, tool.tool_class, tool.call, tool.chat, tool.background, tool.cancel_check
     )
 
 
-def drive(moves: Moves[T]) -> T:
-    """Run a verb's moves in this thread: the I/O in place, concurrent tools on a pool."""
+def drive(moves: Moves[T], store: ChatStore | None = None) -> T:
+    """Run a verb's moves in this thread: the I/O in place, concurrent tools on a pool;
+    ``store.before_wait()`` ahead of each wait."""
+    before_wait = store.before_wait if store is not None else _no_wait
     pool: ThreadPoolExecutor | None = None
     pool_size = 0
     value: Any = None
@@ -77,6 +96,8 @@ def drive(moves: Moves[T]) -> T:
                 return result
             value, error = None, None
             try:
+                if not isinstance(move, Launch):  # launching waits for nothing
+                    before_wait()
                 if isinstance(move, Send):
                     value = send(move)  # bounded: a slot, a deadline, a cancel watchdog
                 elif isinstance(move, Sleep):
@@ -110,12 +131,13 @@ async def drive_async(moves: Moves[T], store: ChatStore) -> T:
     its I/O awaited; sync tools on a thread, ``async def`` tools on this loop."""
     phase = store.run_phase
     tools_here = store.phases_on_a_thread
+    before_wait = store.before_wait
     value: Any = None
     error: BaseException | None = None
     tasks: set[asyncio.Future[Any]] = set()
     try:
         while True:
-            ended, move = await phase(_advance, moves, value, error, tools_here)
+            ended, move = await phase(_advance, moves, value, error, tools_here, before_wait)
             if ended:
                 result: T = move
                 return result

@@ -265,6 +265,12 @@ class ChatStore(ABC):
         """Keep the trace context of the turn that starts (it replaces the last turn's), so
         every later job of the turn joins its trace."""
 
+    # -- waiting -------------------------------------------------------------------
+    def before_wait(self) -> None:
+        """The verb is about to wait (a model call, a tool run, a backoff): a store that holds
+        a database connection may give it back; its next statement takes one again."""
+        return None  # nothing held here
+
     # -- threads -------------------------------------------------------------------
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap work run on a tool thread (the Django store closes its connections)."""

@@ -73,3 +73,5 @@ class StreamState:
             self.partial_key = self.store.save_partial(self.text, self.partial_key, self.model)
             self._last_save = time.monotonic()
         self.checkpoints.check(force=False)
+        # The save or the cancel read took a connection again: the answer still streams.
+        self.store.before_wait()

@@ -1,0 +1,70 @@
+"""Django's connection pool, seen from one process: ``pooled_waits.py`` (the test sets
+``AGENTLOOP_TEST_DB_POOL``).
+
+Gives the connection back five times, reading ``pg_backend_pid()`` between (which server
+process each check-out got), then runs a streamed ``ask()`` whose provider records, at the
+start of the model call and after each chunk, whether this thread holds a connection and
+how many of the pool's connections are idle. Prints ``SUMMARY {json}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import django
+
+
+def main() -> None:
+    django.setup()
+    from django.db import connection
+
+    from agentloop import providers
+    from agentloop.django_store.waiting import release_connection
+    from agentloop.messages import ModelResponse, TextDelta
+    from agentloop.models import Chat
+    from agentloop.providers import Provider
+
+    connection.ensure_connection()  # opens the pool
+    release_connection("default")
+    pool = connection.pool
+    pool.wait(timeout=30)  # its min_size connections are open and idle
+    pids = []
+    for _ in range(5):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pids.append(cursor.fetchone()[0])
+        release_connection("default")
+
+    seen: list[dict[str, Any]] = []
+
+    class Watching(Provider):
+        name = "watching"
+
+        def _look(self) -> None:
+            stats = pool.get_stats()
+            seen.append(
+                {
+                    "held": connection.connection is not None,
+                    "idle": stats["pool_available"],
+                    "size": stats["pool_size"],
+                }
+            )
+
+        def request(self, request: Any, on_chunk: Any = None) -> Any:
+            self._look()
+            for word in ("a ", "b"):
+                if on_chunk is not None:
+                    on_chunk(TextDelta(text=word))
+                    self._look()
+            return ModelResponse(content="a b")
+
+    providers.register("watching", Watching())
+    chat = Chat.objects.create(model="watching:m")
+    answer = chat.ask("Hi", stream=lambda chunk: None)
+    summary = {"pids": pids, "during_ask": seen, "answer": answer.content}
+    print("SUMMARY " + json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
