@@ -70,9 +70,14 @@ class _ClaimStatement:
         # always parameters.
         returning = f" RETURNING {selected}" if self.returning else ""
         # Two forms: a job's claim also marks the chat running; a verb in-process keeps it.
-        self.update_sql = {
+        # A job's claim takes only a chat in flight: a duplicate job (a re-send after a
+        # broker restart, the sweeper) finds one that moved on (idle, failed...) untouched.
+        in_flight = f" AND {quote('state')} IN ('queued', 'running')"
+        self.update_sql: dict[bool | str, str] = {
             True: f"UPDATE {table} SET {assignments}, {quote('state')} = %s "  # noqa: S608
             f"WHERE {condition}{returning}",
+            "job": f"UPDATE {table} SET {assignments}, {quote('state')} = %s "  # noqa: S608
+            f"WHERE {condition}{in_flight}{returning}",
             False: f"UPDATE {table} SET {assignments} WHERE {condition}{returning}",  # noqa: S608
         }
         # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
@@ -117,10 +122,12 @@ class _ClaimStatement:
         expires: datetime,
         state: str | None,
         prefetch: tuple[str, list[Any]] | None = None,
+        in_flight: bool = False,
     ) -> tuple[Any, list[Any] | None]:
-        """The claimed row's values (converted), or None when the chat is held or missing;
-        and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
-        trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards)."""
+        """The claimed row's values (converted), or None when the chat is held or missing
+        (or, ``in_flight``, neither queued nor running); and the rows of ``prefetch`` (a
+        SELECT and its parameters), read in the same round trip on PostgreSQL (psycopg's
+        pipeline mode), else None (read them afterwards)."""
         connection = connections[using]
         now = timezone.now()
         params: list[Any] = [token, expires, now]
@@ -128,7 +135,7 @@ class _ClaimStatement:
             params.append(state)
         params += [pk, now]
         forms = self.update_sql if connection.in_atomic_block else self.quick_sql
-        update = forms[state is not None]
+        update = forms["job" if in_flight and state is not None else state is not None]
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
@@ -342,18 +349,20 @@ def claim_row(
     using: str = "default",
     state: str | None = "running",
     prefetch: tuple[str, list[Any]] | None = None,
+    in_flight: bool = False,
 ) -> tuple[Lease, Any, list[Any] | None] | None:
     """Take the lease on a free chat and read its row, in one statement.
 
     Returns the lease, the row's values (in ``concrete_fields`` order) and the raw rows of
     ``prefetch`` when they could be read in the same round trip; None when another process
-    holds the chat (or it does not exist).
+    holds the chat (or it does not exist; or, ``in_flight``, it is neither queued nor
+    running: a job's claim).
     """
     seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
     token = secrets.token_hex(16)
     statement = _statement(chat_model, using)
     expires = timezone.now() + timedelta(seconds=seconds)
-    row, prefetched = statement.run(using, chat_pk, token, expires, state, prefetch)
+    row, prefetched = statement.run(using, chat_pk, token, expires, state, prefetch, in_flight)
     if row is None:
         return None
     return Lease(chat_model, chat_pk, token, seconds, using), row, prefetched
@@ -365,10 +374,11 @@ def claim(
     *,
     using: str = "default",
     prefetch: tuple[str, list[Any]] | None = None,
+    in_flight: bool = False,
 ) -> tuple[Lease, Any, list[Any] | None] | None:
     """Take the lease and load the chat (one statement): ``(lease, chat, prefetched rows)``
-    or None if held (see ``claim_row`` for ``prefetch``)."""
-    claimed = claim_row(chat_model, chat_pk, using=using, prefetch=prefetch)
+    or None if held (see ``claim_row`` for ``prefetch`` and ``in_flight``)."""
+    claimed = claim_row(chat_model, chat_pk, using=using, prefetch=prefetch, in_flight=in_flight)
     if claimed is None:
         return None
     lease, row, prefetched = claimed

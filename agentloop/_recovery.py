@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.apps import apps
@@ -13,7 +13,7 @@ from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
 from .conf import agentloop_settings
 
-__all__ = ["resume_stalled", "stalled_chats"]
+__all__ = ["resend_queued", "resume_stalled", "stalled_chats"]
 
 
 def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
@@ -41,3 +41,31 @@ def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
     for chat_id in ids:
         enqueue(chat_id, model_label)
     return ids
+
+
+def resend_queued(before: datetime, model_label: str = "agentloop.Chat") -> list[Any]:
+    """Send again the job of every queued chat last queued before ``before`` (a broker
+    restart may have lost it: a Redis without persistence keeps no queue); returns their keys.
+
+    A chat is re-sent by one caller only: each is first dated ``now`` by an UPDATE
+    conditional on the date read, so of several workers reconnecting at once one sends it.
+    A job that comes twice anyway is harmless: the second finds the chat held, or moved on.
+    A chat waiting out a retry gets its job for the time it was due.
+    """
+    chat_model: Any = apps.get_model(model_label)
+    manager = chat_model._default_manager
+    now = timezone.now()
+    # The queued arm of the sweeper's query (the same partial index), with another cutoff.
+    lost = manager.filter(
+        Q(state="queued", updated_at__lt=before) & (Q(lease_token="") | Q(lease_expires_at__lt=now))
+    ).values_list("pk", "updated_at", "retry_at")
+    sent = []
+    for chat_id, updated_at, retry_at in lost:
+        if not manager.filter(pk=chat_id, state="queued", updated_at=updated_at).update(
+            updated_at=now
+        ):
+            continue  # another worker re-sent it, or it moved on
+        countdown = (retry_at - now).total_seconds() if retry_at and retry_at > now else None
+        enqueue(chat_id, model_label, countdown=countdown)
+        sent.append(chat_id)
+    return sent

@@ -36,6 +36,7 @@ Action = Literal[
     "stopped",  # a limit
     "lost",  # our lease was taken over mid-step; nothing was written after that
     "missing",  # the chat no longer exists
+    "skipped",  # the chat isn't queued any more (a duplicate job): nothing done
 ]
 
 _BY_STATE: dict[str, Action] = {
@@ -71,11 +72,13 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     using = router.db_for_write(chat_model)
     # The transcript is read in the claim's round trip where the database allows it.
     prefetch = (transcript_select(chat_model, using).sql, [chat_id])
-    claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch)
+    claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch, in_flight=True)
     if claimed is None:
-        if not chat_model._default_manager.filter(pk=chat_id).exists():
+        state = chat_model._default_manager.filter(pk=chat_id).values_list("state", flat=True)
+        found = state.first()
+        if found is None:
             return StepOutcome("missing")
-        return StepOutcome("busy")
+        return StepOutcome("busy" if found in ("queued", "running") else "skipped")
     lease, chat, transcript = claimed
     conversation = chat.conversation
     store = conversation.store
