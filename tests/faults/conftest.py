@@ -97,7 +97,22 @@ class Faults:
                 self.sweep()
             return condition()
 
-        return wait_for(check, what, timeout, on_timeout=self.workers.logs)
+        return wait_for(check, what, timeout, on_timeout=self.report)
+
+    def report(self) -> str:
+        """The chats' rows and transcripts, then the workers' logs (for a failed wait)."""
+        lines = []
+        for item in self.sent:
+            chat = Chat.objects.get(pk=item.chat_pk)
+            lines.append(
+                f"chat {chat.pk}: {chat.state} lease={chat.lease_token[:6]!r} "
+                f"expires={chat.lease_expires_at} updated={chat.updated_at} error={chat.error!r}"
+            )
+            for message in chat.messages.order_by("id"):
+                lines.append(f"    {message.role} {message.status} {message.content[:60]!r}")
+            for call in chat.tool_calls.order_by("id"):
+                lines.append(f"    call {call.call_id} {call.name} {call.state}")
+        return "\n".join(lines) + "\n" + self.workers.logs()
 
     def all_settled(self) -> bool:
         return all(invariants.settled(Chat.objects.get(pk=s.chat_pk)) for s in self.sent)
