@@ -21,7 +21,7 @@ from django.test import override_settings
 
 from agentloop.models import Chat
 from tests.faults import invariants
-from tests.faults.parts import RedisServer, Workers, unavailable, wait_for
+from tests.faults.parts import DEADLINE, RedisServer, Workers, unavailable, wait_for
 from tests.faults.tools import Charge, Lookup, Nap, SlowCharge
 
 #: the tools every scenario's chats carry (the rule says which ones the model calls).
@@ -89,7 +89,7 @@ class Faults:
             self.sweeps_failed += 1
             connection.close()
 
-    def wait(self, condition: Any, what: str, timeout: float = 90.0) -> Any:
+    def wait(self, condition: Any, what: str, timeout: float = DEADLINE) -> Any:
         """Poll ``condition`` (sweeping every ``sweep_every`` seconds when set)."""
 
         def check() -> Any:

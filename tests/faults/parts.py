@@ -377,3 +377,5 @@ class Forwarder:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()

@@ -23,6 +23,8 @@ pytestmark = [
 LEASE = 3  # seconds: a step cut by the fault is taken over quickly
 SWEEP_EVERY = 2.0
 REFUSED_FOR = 3.0  # seconds the database refuses connections
+#: how long the chats may take to complete after the fault (generous: seconds are expected).
+RECOVERY_DEADLINE = 45.0
 
 
 def mid_step(faults, chats) -> None:
@@ -47,7 +49,11 @@ def test_terminated_backends_mid_step_lose_nothing(faults, user):
         time.sleep(0.5)  # the fault repeats while steps run
     faulted = time.monotonic()
 
-    faults.wait(faults.all_settled, "every chat to complete after its connections dropped")
+    faults.wait(
+        faults.all_settled,
+        "every chat to complete after its connections dropped",
+        timeout=RECOVERY_DEADLINE,
+    )
     record_recovery("database backends terminated", time.monotonic() - faulted)
     faults.check()
 
@@ -68,6 +74,10 @@ def test_a_database_refusing_connections_for_seconds_loses_nothing(faults, user)
     back = time.monotonic()
     faults.sweep_every = SWEEP_EVERY
 
-    faults.wait(faults.all_settled, "every chat to complete after connections came back")
+    faults.wait(
+        faults.all_settled,
+        "every chat to complete after connections came back",
+        timeout=RECOVERY_DEADLINE,
+    )
     record_recovery("database refused connections", time.monotonic() - back)
     faults.check()
