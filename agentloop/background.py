@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from django.apps import apps
 from django.db import close_old_connections, connections, transaction
 from django.utils import timezone
 
@@ -77,9 +78,6 @@ def _send_or_mark(chat_id: Any, model_label: str, *, countdown: float | None, at
 def mark_unsent(chat_id: Any, model_label: str = "agentloop.Chat") -> bool:
     """Date a queued, unheld chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run
     finds it stalled (one UPDATE); False when the chat isn't queued and free any more."""
-    # Function-local: the app registry is ready only once Django is set up.
-    from django.apps import apps
-
     chat_model: Any = apps.get_model(model_label)
     stale = timezone.now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
     try:

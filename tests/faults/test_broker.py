@@ -30,8 +30,8 @@ def first_step_done(chat: Chat) -> bool:
 
 
 def test_after_a_broker_restart_the_chats_in_flight_complete_without_a_person(faults, user):
-    faults.workers.start("w1", NAP=0)
-    chats = [faults.send(user, f"tools:lookup|nap|lookup chat-{i}") for i in range(4)]
+    faults.workers.start("w1")
+    chats = [faults.send(user, f"tools:lookup|charge|lookup chat-{i}") for i in range(4)]
     faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
 
     faults.redis.kill()
@@ -48,15 +48,17 @@ def test_after_a_broker_restart_the_chats_in_flight_complete_without_a_person(fa
 def test_a_worker_reconnecting_to_a_restarted_broker_resends_the_jobs_it_lost(faults, user):
     """No sweeper at all: the jobs the broker lost are sent again by the worker itself when
     its connection comes back (the chats were queued before the connection was lost)."""
-    worker = faults.workers.start("w1", NAP=0)
-    chats = [faults.send(user, f"tools:lookup|lookup chat-{i}") for i in range(3)]
+    worker = faults.workers.start("w1")
+    chats = [faults.send(user, f"tools:lookup|charge chat-{i}") for i in range(3)]
     faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
 
     faults.redis.kill()
     time.sleep(OUTAGE)
     faults.redis.start()
+    back = time.monotonic()
 
     faults.wait(faults.all_settled, "every chat to complete with no sweeper")
+    record_recovery("broker restart, no sweeper", time.monotonic() - back)
     assert "re-sent the jobs of" in worker.output()
     faults.check()
 

@@ -66,3 +66,41 @@ def test_a_second_job_for_a_failed_chat_leaves_it_failed_and_calls_no_model(chat
     assert row(chat) == before
     assert scripted.remaining == 1  # the model was not asked again
     assert [m.role for m in chat.messages.order_by("id")] == ["user"]
+
+
+def test_after_a_reconnection_each_lost_job_is_re_sent_once(user, scripted, settings):
+    """Two workers reconnecting at once each call resend_queued(): one of them sends each
+    chat's job; a chat queued after the loss (its job was sent to the live broker) is left."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agentloop._recovery import resend_queued
+    from agentloop.background import wait_for_embedded_jobs
+
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "RUNNER": "embedded"}
+    lost_at = timezone.now()
+    lost = []
+    for text in ("one", "two"):
+        chat = Chat.objects.create(model="scripted:test", owner=user)
+        chat.ask_later(text)
+        Chat.objects.filter(pk=chat.pk).update(
+            state=ChatState.QUEUED, updated_at=lost_at - timedelta(seconds=5)
+        )
+        lost.append(chat.pk)
+    later = Chat.objects.create(model="scripted:test", owner=user)
+    Chat.objects.filter(pk=later.pk).update(
+        state=ChatState.QUEUED, updated_at=lost_at + timedelta(seconds=1)
+    )
+    scripted.add("answer", "answer")
+
+    first, second = resend_queued(lost_at), resend_queued(lost_at)
+    assert wait_for_embedded_jobs(30)
+
+    assert (sorted(first), second) == (sorted(lost), [])
+    for pk in lost:
+        chat = Chat.objects.get(pk=pk)
+        assert [m.role for m in chat.messages.order_by("id")] == ["user", "assistant"]
+        assert chat.state == ChatState.IDLE
+    assert Chat.objects.get(pk=later.pk).state == ChatState.QUEUED
+    assert scripted.remaining == 0

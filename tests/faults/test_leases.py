@@ -89,11 +89,10 @@ def test_a_new_process_carries_on_at_once_after_an_in_process_holder_died(
     try:
         wait_for(lambda: run_log.exists() and "slow_charge" in run_log.read_text(), "the tool")
         os.kill(holder.pid, signal.SIGKILL)  # dies holding the chat (LEASE_SECONDS: 60)
-        holder.wait(timeout=30)
     finally:
         if holder.poll() is None:
             holder.kill()
-            holder.wait(timeout=30)
+        holder.communicate(timeout=30)  # reaps it and closes its pipes
 
     try:
         Chat.objects.get(pk=chat.pk).complete()  # a new process on the same host carries on
