@@ -35,6 +35,7 @@ def test_after_a_broker_restart_the_chats_in_flight_complete_without_a_person(fa
     faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
 
     faults.redis.kill()
+    assert not faults.all_settled()  # the chats are in flight when the broker goes
     time.sleep(OUTAGE)  # the outage itself, not a wait for something to happen
     faults.redis.start()
     back = time.monotonic()
@@ -53,6 +54,7 @@ def test_a_worker_reconnecting_to_a_restarted_broker_resends_the_jobs_it_lost(fa
     faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
 
     faults.redis.kill()
+    assert not faults.all_settled()  # the chats are in flight when the broker goes
     time.sleep(OUTAGE)
     faults.redis.start()
     back = time.monotonic()
