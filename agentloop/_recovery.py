@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ._approval_timeouts import deny_timed_out_approvals
@@ -43,29 +44,35 @@ def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
     return ids
 
 
-def resend_queued(before: datetime, model_label: str = "agentloop.Chat") -> list[Any]:
-    """Send again the job of every queued chat last queued before ``before`` (a broker
-    restart may have lost it: a Redis without persistence keeps no queue); returns their keys.
+def resend_queued(lost_for: float, model_label: str = "agentloop.Chat") -> list[Any]:
+    """Send again the job of every queued chat last queued before the broker connection was
+    lost, ``lost_for`` seconds ago (a broker restart may have lost it: a Redis without
+    persistence keeps no queue); returns their keys. Times are the database's clock's.
 
-    A chat is re-sent by one caller only: each is first dated ``now`` by an UPDATE
-    conditional on the date read, so of several workers reconnecting at once one sends it.
-    A job that comes twice anyway is harmless: the second finds the chat held, or moved on.
-    A chat waiting out a retry gets its job for the time it was due.
+    A chat is re-sent by one caller only: each is first dated now by an UPDATE conditional on
+    the date read, so of several workers reconnecting at once one sends it. A job that comes
+    twice anyway is harmless: the second finds the chat held, or moved on. A chat waiting
+    out a retry gets its job for the time it was due.
     """
     chat_model: Any = apps.get_model(model_label)
     manager = chat_model._default_manager
-    now = timezone.now()
+    now = Now()
     # The queued arm of the sweeper's query (the same partial index), with another cutoff.
-    lost = manager.filter(
-        Q(state="queued", updated_at__lt=before) & (Q(lease_token="") | Q(lease_expires_at__lt=now))
-    ).values_list("pk", "updated_at", "retry_at")
+    lost = (
+        manager.filter(
+            Q(state="queued", updated_at__lt=now - timedelta(seconds=lost_for))
+            & (Q(lease_token="") | Q(lease_expires_at__lt=now))
+        )
+        .annotate(database_now=now)
+        .values_list("pk", "updated_at", "retry_at", "database_now")
+    )
     sent = []
-    for chat_id, updated_at, retry_at in lost:
+    for chat_id, updated_at, retry_at, database_now in lost:
         if not manager.filter(pk=chat_id, state="queued", updated_at=updated_at).update(
             updated_at=now
         ):
             continue  # another worker re-sent it, or it moved on
-        countdown = (retry_at - now).total_seconds() if retry_at and retry_at > now else None
-        enqueue(chat_id, model_label, countdown=countdown)
+        due = (retry_at - database_now).total_seconds() if retry_at else 0.0
+        enqueue(chat_id, model_label, countdown=due if due > 0 else None)
         sent.append(chat_id)
     return sent

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.apps import apps
 from django.db import close_old_connections, connections, transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from ._runner import StepOutcome, run_step
 from .conf import agentloop_settings
@@ -79,7 +79,8 @@ def mark_unsent(chat_id: Any, model_label: str = "agentloop.Chat") -> bool:
     """Date a queued, unheld chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run
     finds it stalled (one UPDATE); False when the chat isn't queued and free any more."""
     chat_model: Any = apps.get_model(model_label)
-    stale = timezone.now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
+    # The database's clock, as the sweeper's query reads it.
+    stale = Now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
     try:
         return bool(
             chat_model._default_manager.filter(pk=chat_id, state="queued", lease_token="").update(

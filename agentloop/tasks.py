@@ -9,12 +9,12 @@ on without waiting for the sweeper.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import bootsteps, shared_task
 from celery.signals import worker_init
 from django.db import connections
-from django.utils import timezone
 
 from ._recovery import resend_queued, resume_stalled
 from ._runner import run_step
@@ -62,14 +62,16 @@ class ResendAfterReconnect(bootsteps.StartStopStep):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        self.lost_at: Any = None
+        #: when the connection was lost (monotonic: the cutoff is taken on the database's
+        #: clock, this many seconds before its now).
+        self.lost_at: float | None = None
 
     def start(self, parent: Any) -> None:
         lost_at, self.lost_at = self.lost_at, None
         if lost_at is None:
             return  # the first connection: nothing was lost that this worker knows of
         try:
-            sent = resend_queued(lost_at)
+            sent = resend_queued(time.monotonic() - lost_at)
         except Exception:
             logger.exception("Re-sending the jobs of queued chats after a reconnection failed")
         else:
@@ -81,8 +83,10 @@ class ResendAfterReconnect(bootsteps.StartStopStep):
             connections.close_all()  # the consumer's thread keeps no connection open
 
     def stop(self, parent: Any) -> None:
-        # Called when the connection is lost (the consumer restarts) and at shutdown.
-        self.lost_at = timezone.now()
+        # Called when the connection is lost (the consumer restarts) and at shutdown; the
+        # first loss counts (a retry that fails again calls this too).
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
 
 
 @worker_init.connect

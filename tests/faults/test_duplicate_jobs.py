@@ -79,22 +79,20 @@ def test_after_a_reconnection_each_lost_job_is_re_sent_once(user, scripted, sett
     from agentloop.background import wait_for_embedded_jobs
 
     settings.AGENTLOOP = {**settings.AGENTLOOP, "RUNNER": "embedded"}
-    lost_at = timezone.now()
     lost = []
     for text in ("one", "two"):
         chat = Chat.objects.create(model="scripted:test", owner=user)
         chat.ask_later(text)
         Chat.objects.filter(pk=chat.pk).update(
-            state=ChatState.QUEUED, updated_at=lost_at - timedelta(seconds=5)
+            state=ChatState.QUEUED, updated_at=timezone.now() - timedelta(seconds=60)
         )
         lost.append(chat.pk)
     later = Chat.objects.create(model="scripted:test", owner=user)
-    Chat.objects.filter(pk=later.pk).update(
-        state=ChatState.QUEUED, updated_at=lost_at + timedelta(seconds=1)
-    )
+    Chat.objects.filter(pk=later.pk).update(state=ChatState.QUEUED, updated_at=timezone.now())
     scripted.add("answer", "answer")
 
-    first, second = resend_queued(lost_at), resend_queued(lost_at)
+    # The connection was lost 30 s ago: the first two were queued before, the last after.
+    first, second = resend_queued(lost_for=30), resend_queued(lost_for=30)
     assert wait_for_embedded_jobs(30)
 
     assert (sorted(first), second) == (sorted(lost), [])
