@@ -254,7 +254,8 @@ def _admin() -> Any:
     )
 
 
-def test_database() -> str:
+def database_name() -> str:
+    """The test database's name (the only database the faults touch)."""
     return str(connection.settings_dict["NAME"])
 
 
@@ -267,7 +268,7 @@ def terminate_backends() -> int:
         rows = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = %s AND pid <> %s AND pid <> pg_backend_pid()",
-            [test_database(), own],
+            [database_name(), own],
         ).fetchall()
     return sum(1 for (done,) in rows if done)
 
@@ -276,7 +277,7 @@ def terminate_backends() -> int:
 def refuse_connections() -> Iterator[None]:
     """``ALLOW_CONNECTIONS false`` on the test's database (and its backends but ours
     terminated) for the block; always set back to true."""
-    name = test_database()
+    name = database_name()
     quoted = '"' + name.replace('"', '""') + '"'
     with _admin() as admin:
         admin.execute(f"ALTER DATABASE {quoted} ALLOW_CONNECTIONS false")  # noqa: S608
