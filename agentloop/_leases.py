@@ -240,26 +240,31 @@ def claim_row(
     using: str = "default",
     state: str | None = "running",
     prefetch: tuple[str, list[Any]] | None = None,
+    in_flight: bool = False,
 ) -> tuple[Lease, Any, list[Any] | None] | None:
     """Take the lease on a free chat and read its row, in one statement.
 
     Returns the lease, the row's values (in ``concrete_fields`` order) and the raw rows of
     ``prefetch`` when they could be read in the same round trip; None when another process
-    holds the chat (or it does not exist). A lease whose holder is known to be gone (a dead
-    process on this host) is taken over at once, with one more statement to find that out.
+    holds the chat (or it does not exist; or, ``in_flight``, a job's claim, it is neither
+    queued nor running). A lease whose holder is known to be gone (a dead process on this
+    host) is taken over at once, with one more statement to find that out.
     """
     seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
     token = secrets.token_hex(16)
     statement = _statements(chat_model, using)
     sent = time.monotonic()
-    row, prefetched = statement.run(using, chat_pk, token, seconds, state, prefetch)
+    row, prefetched = statement.run(
+        using, chat_pk, token, seconds, state, prefetch, in_flight=in_flight
+    )
     if row is None:
         held = statement.holder(using, chat_pk)
         if held is None or not _gone(*held):
             return None
         row, prefetched = statement.run(
-            using, chat_pk, token, seconds, state, prefetch, taking_over=held[0]
-        )
+            using, chat_pk, token, seconds, state, prefetch, taking_over=held[0],
+            in_flight=in_flight,
+        )  # fmt: skip
         if row is None:
             return None  # someone else took it first
         logger.warning(
@@ -279,10 +284,11 @@ def claim(
     *,
     using: str = "default",
     prefetch: tuple[str, list[Any]] | None = None,
+    in_flight: bool = False,
 ) -> tuple[Lease, Any, list[Any] | None] | None:
     """Take the lease and load the chat (one statement): ``(lease, chat, prefetched rows)``
-    or None if held (see ``claim_row`` for ``prefetch``)."""
-    claimed = claim_row(chat_model, chat_pk, using=using, prefetch=prefetch)
+    or None if held (see ``claim_row`` for ``prefetch`` and ``in_flight``)."""
+    claimed = claim_row(chat_model, chat_pk, using=using, prefetch=prefetch, in_flight=in_flight)
     if claimed is None:
         return None
     lease, row, prefetched = claimed

@@ -13,7 +13,7 @@ from ._approval_timeouts import deny_timed_out_approvals
 from .background import enqueue
 from .conf import agentloop_settings
 
-__all__ = ["free_chat", "resume_stalled", "stalled_chats"]
+__all__ = ["free_chat", "resend_queued", "resume_stalled", "stalled_chats"]
 
 
 def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
@@ -69,3 +69,37 @@ def free_chat(chat_id: Any, model_label: str = "agentloop.Chat") -> str | None:
     if state == "running":
         enqueue(chat_id, model_label)
     return str(holder)
+
+
+def resend_queued(lost_for: float, model_label: str = "agentloop.Chat") -> list[Any]:
+    """Send again the job of every queued chat last queued before the broker connection was
+    lost, ``lost_for`` seconds ago (a broker restart may have lost it: a Redis without
+    persistence keeps no queue); returns their keys. Times are the database's clock's.
+
+    A chat is re-sent by one caller only: each is first dated now by an UPDATE conditional on
+    the date read, so of several workers reconnecting at once one sends it. A job that comes
+    twice anyway is harmless: the second finds the chat held, or moved on. A chat waiting
+    out a retry gets its job for the time it was due.
+    """
+    chat_model: Any = apps.get_model(model_label)
+    manager = chat_model._default_manager
+    now = Now()
+    # The queued arm of the sweeper's query (the same partial index), with another cutoff.
+    lost = (
+        manager.filter(
+            Q(state="queued", updated_at__lt=now - timedelta(seconds=lost_for))
+            & (Q(lease_token="") | Q(lease_expires_at__lt=now))
+        )
+        .annotate(database_now=now)
+        .values_list("pk", "updated_at", "retry_at", "database_now")
+    )
+    sent = []
+    for chat_id, updated_at, retry_at, database_now in lost:
+        if not manager.filter(pk=chat_id, state="queued", updated_at=updated_at).update(
+            updated_at=now
+        ):
+            continue  # another worker re-sent it, or it moved on
+        due = (retry_at - database_now).total_seconds() if retry_at else 0.0
+        enqueue(chat_id, model_label, countdown=due if due > 0 else None)
+        sent.append(chat_id)
+    return sent

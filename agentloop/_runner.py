@@ -42,6 +42,7 @@ Action = Literal[
     # the database could not be reached (at the start, or until the lease ran out): nothing
     # more was written; the job tries again later, counting in its own retries
     "unreachable",
+    "skipped",  # the chat isn't queued any more (a duplicate job): nothing done
 ]
 
 _BY_STATE: dict[str, Action] = {
@@ -80,11 +81,13 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     try:
         # The transcript is read in the claim's round trip where the database allows it.
         prefetch = (transcript_select(chat_model, using).sql, [chat_id])
-        claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch)
+        claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch, in_flight=True)
         if claimed is None:
-            if not chat_model._default_manager.filter(pk=chat_id).exists():
+            state = chat_model._default_manager.filter(pk=chat_id).values_list("state", flat=True)
+            found = state.first()
+            if found is None:
                 return StepOutcome("missing")
-            return StepOutcome("busy")
+            return StepOutcome("busy" if found in ("queued", "running") else "skipped")
     except CONNECTION_ERRORS as exc:
         # Refused, dropped, or no connection from the pool in time: nothing was taken.
         discard(using)

@@ -13,14 +13,24 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
+from django.apps import apps
 from django.db import close_old_connections, connections, transaction
+from django.db.models.functions import Now
 
 from ._runner import StepOutcome, run_step
 from .conf import agentloop_settings
 
-__all__ = ["backend_name", "enqueue", "follow_up", "run_job", "wait_for_embedded_jobs"]
+__all__ = [
+    "backend_name",
+    "enqueue",
+    "follow_up",
+    "mark_unsent",
+    "run_job",
+    "wait_for_embedded_jobs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +57,40 @@ def enqueue(
 ) -> None:  # fmt: skip
     """Schedule a step of the chat once the current transaction commits."""
     transaction.on_commit(
-        lambda: _send(chat_id, model_label, countdown=countdown, attempt=attempt), using=using
+        lambda: _send_or_mark(chat_id, model_label, countdown=countdown, attempt=attempt),
+        using=using,
     )
+
+
+def _send_or_mark(chat_id: Any, model_label: str, *, countdown: float | None, attempt: int) -> None:
+    """Send the job; if the broker can't take it (down, restarting), mark the queued chat
+    stalled at once instead of failing the caller: the next sweep, or a worker reconnecting
+    to the broker, sends it (no wait for ``STALE_QUEUED_SECONDS``)."""
+    try:
+        _send(chat_id, model_label, countdown=countdown, attempt=attempt)
+    except Exception:
+        logger.exception(
+            "Chat %s: its next job could not be sent; the sweeper sends it again", chat_id
+        )
+        mark_unsent(chat_id, model_label)
+
+
+def mark_unsent(chat_id: Any, model_label: str = "agentloop.Chat") -> bool:
+    """Date a queued, unheld chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run
+    finds it stalled (one UPDATE); False when the chat isn't queued and free any more."""
+    chat_model: Any = apps.get_model(model_label)
+    # The database's clock, as the sweeper's query reads it.
+    stale = Now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
+    try:
+        return bool(
+            chat_model._default_manager.filter(pk=chat_id, state="queued", lease_token="").update(
+                updated_at=stale
+            )
+        )
+    except Exception:
+        # The database is down too: the sweeper finds the chat after STALE_QUEUED_SECONDS.
+        logger.exception("Chat %s: could not mark its lost job", chat_id)
+        return False
 
 
 def _send(chat_id: Any, model_label: str, *, countdown: float | None, attempt: int) -> None:
@@ -73,12 +115,12 @@ def follow_up(outcome: StepOutcome, chat_id: Any, model_label: str, attempt: int
     be reached the job counts (``attempt``): after ``STEP_RETRIES`` such tries it stops and
     the sweeper finds the chat later."""
     if outcome.enqueue_next:
-        _send(chat_id, model_label, countdown=None, attempt=0)
+        _send_or_mark(chat_id, model_label, countdown=None, attempt=0)
     elif outcome.action == "retry":
-        _send(chat_id, model_label, countdown=outcome.retry_in, attempt=0)
+        _send_or_mark(chat_id, model_label, countdown=outcome.retry_in, attempt=0)
     elif outcome.action == "unreachable":
         if attempt < agentloop_settings.STEP_RETRIES:
-            _send(chat_id, model_label, countdown=outcome.retry_in, attempt=attempt + 1)
+            _send_or_mark(chat_id, model_label, countdown=outcome.retry_in, attempt=attempt + 1)
         else:
             logger.error(
                 "Chat %s: the database could not be reached in %d tries (%s); the job stops "

@@ -1,16 +1,28 @@
-"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop._runner`."""
+"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop._runner`.
+
+Also a worker bootstep, added to every worker that imports this module: when the worker's
+connection to the broker comes back after a loss, it sends again the jobs of chats queued
+before the loss (a broker restarted without persistence lost them), so chats in flight go
+on without waiting for the sweeper.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
-from celery import shared_task
+from celery import bootsteps, shared_task
+from celery.signals import worker_init
+from django.db import connections
 
-from ._recovery import resume_stalled
+from ._recovery import resend_queued, resume_stalled
 from ._runner import run_step
 from .background import follow_up
 
-__all__ = ["poll_batches", "resume_stalled_chats", "step_chat"]
+__all__ = ["ResendAfterReconnect", "poll_batches", "resume_stalled_chats", "step_chat"]
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -43,3 +55,45 @@ def poll_batches() -> int:
     from .batches import poll
 
     return len(poll())
+
+
+class ResendAfterReconnect(bootsteps.StartStopStep):
+    """A consumer bootstep: on each reconnection to the broker, re-send the jobs of chats
+    queued before the connection was lost (:func:`agentloop._recovery.resend_queued`)."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        #: when the connection was lost (monotonic: the cutoff is taken on the database's
+        #: clock, this many seconds before its now).
+        self.lost_at: float | None = None
+
+    def start(self, parent: Any) -> None:
+        lost_at, self.lost_at = self.lost_at, None
+        if lost_at is None:
+            return  # the first connection: nothing was lost that this worker knows of
+        try:
+            sent = resend_queued(time.monotonic() - lost_at)
+        except Exception:
+            logger.exception("Re-sending the jobs of queued chats after a reconnection failed")
+        else:
+            if sent:
+                logger.warning(
+                    "Reconnected to the broker: re-sent the jobs of %d queued chat(s)", len(sent)
+                )
+        finally:
+            connections.close_all()  # the consumer's thread keeps no connection open
+
+    def stop(self, parent: Any) -> None:
+        # Called when the connection is lost (the consumer restarts) and at shutdown; the
+        # first loss counts (a retry that fails again calls this too).
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
+
+
+@worker_init.connect
+def _add_reconnect_step(sender: Any, **kwargs: Any) -> None:
+    steps = sender.app.steps["consumer"]
+    if ResendAfterReconnect not in steps:
+        steps.add(ResendAfterReconnect)

@@ -8,7 +8,9 @@ then pointed at the test run's broker and queue from the environment:
   per test, so messages left by another test or run never reach this worker;
 * ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes;
 * ``AGENTLOOP_TEST_SPANS``: a file each worker process appends its finished OpenTelemetry
-  spans to, as JSON lines (tests/span_files.py; the tracing tests read it).
+  spans to, as JSON lines (tests/span_files.py; the tracing tests read it);
+* ``AGENTLOOP_TEST_CLOCK_OFFSET``: seconds this worker's wall clock runs ahead (negative:
+  behind), with time-machine, for the fault suite's skewed-clock scenarios.
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
@@ -26,6 +28,17 @@ from celery.signals import worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
+if os.environ.get("AGENTLOOP_TEST_CLOCK_OFFSET"):
+    # Imported only here: only a skewed worker needs time-machine. Started before the
+    # worker forks its pool, so every process of this worker has the same skewed clock.
+    import time
+
+    import time_machine
+
+    time_machine.travel(
+        time.time() + float(os.environ["AGENTLOOP_TEST_CLOCK_OFFSET"]), tick=True
+    ).start()
+
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/15"
 VISIBILITY_TIMEOUT = 5
 
@@ -34,6 +47,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     broker_url=os.environ.get("AGENTLOOP_TEST_BROKER_URL", DEFAULT_BROKER_URL),
     broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,  # as docs/background.md advises: never give up
     broker_transport_options={
         "visibility_timeout": VISIBILITY_TIMEOUT,
         "unacked_restore_interval": 1,

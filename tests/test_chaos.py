@@ -406,6 +406,7 @@ def test_a_failed_job_logs_the_traceback_and_shows_users_one_line(user, scripted
 
     chat = Chat.objects.create(model="scripted:test", owner=user)
     chat.ask_later("Hi")
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     scripted.add(AuthenticationError("key revoked\nsecond line", status=401))
 
     with caplog.at_level("ERROR", logger="agentloop"):

@@ -75,6 +75,7 @@ def test_a_tool_result_written_after_a_takeover_writes_nothing(user, model):
     chat.ask_later("Take it")
     model["answer"] = tool_call("usurp", {"chat_pk": chat.pk})
     chat.generate()  # the model asks for the tool; nothing runs yet
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
 
     assert run_step(chat.pk).action == "lost"
 

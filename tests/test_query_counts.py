@@ -128,7 +128,9 @@ def two_tool_results(chat, scripted):
 
 
 def job(chat):
-    """What the Celery task runs for one step (in the embedded runner's shape)."""
+    """What the Celery task runs for one step (in the embedded runner's shape), on the chat
+    queued as ``complete_later()`` leaves it (a job takes only a chat in flight)."""
+    type(chat).objects.filter(pk=chat.pk).update(state="queued")
     return lambda: run_step(chat.pk)
 
 

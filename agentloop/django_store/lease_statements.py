@@ -62,13 +62,17 @@ class LeaseStatements:
         # Only quoted identifiers from the model's metadata go into the text; values are
         # always parameters.
         returning = f" RETURNING {selected}" if self.returning else ""
-        # Two forms each: a job's claim also marks the chat running; a verb in-process keeps it.
+        # A job's claim also marks the chat running, and takes only a chat in flight: a
+        # duplicate job (a re-send after a broker restart, the sweeper) finds one that moved
+        # on (idle, failed...) untouched. A verb in-process keeps the state as it is.
+        in_flight = f" AND {quote('state')} IN ('queued', 'running')"
         self.update_sql = {
-            (with_state, takeover): f"UPDATE {table} SET {assignments}"  # noqa: S608
+            (with_state, takeover, job): f"UPDATE {table} SET {assignments}"  # noqa: S608
             + (f", {quote('state')} = %s" if with_state else "")
-            + f" WHERE {condition}{returning}"
+            + f" WHERE {condition}{in_flight if job else ''}{returning}"
             for with_state in (True, False)
             for takeover, condition in conditions.items()
+            for job in (True, False)
         }
         # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
         # the WAL flush (synchronous_commit off for this statement's transaction only): the
@@ -133,11 +137,13 @@ class LeaseStatements:
         prefetch: tuple[str, list[Any]] | None = None,
         *,
         taking_over: str | None = None,
+        in_flight: bool = False,
     ) -> tuple[Any, list[Any] | None]:
         """The claimed row's values (converted), or None when the chat is held or missing;
         and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
         trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards).
-        ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry."""
+        ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry;
+        ``in_flight`` (a job's claim): only a chat that is queued or running is taken."""
         connection = connections[using]
         expiry, now = self.clock(seconds)
         params: list[Any] = [token, *expiry, *now, holder_id()]
@@ -145,7 +151,7 @@ class LeaseStatements:
             params.append(state)
         params += [pk, taking_over] if taking_over is not None else [pk, *now]
         forms = self.update_sql if connection.in_atomic_block else self.quick_sql
-        update = forms[state is not None, taking_over is not None]
+        update = forms[state is not None, taking_over is not None, in_flight and state is not None]
         prefetched: list[Any] | None = None
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()

@@ -1,0 +1,85 @@
+"""The broker goes away and comes back (issue 21, defect 5): chats in flight finish alone.
+
+The private Redis is the Celery broker and ``REDIS_URL``; it runs without persistence, so a
+restart loses every job it held, the ones a worker had taken but not acknowledged too.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agentloop.models import Chat
+from tests.faults.parts import record_recovery
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.subprocess,
+    pytest.mark.timeout(300),
+]
+
+#: how long the broker stays down (the issue's report: 3 s).
+OUTAGE = 3.0
+#: how often the sweeper runs (the issue's report: every 2 s).
+SWEEP_EVERY = 2.0
+
+
+def first_step_done(chat: Chat) -> bool:
+    return chat.tool_calls.exists()
+
+
+def test_after_a_broker_restart_the_chats_in_flight_complete_without_a_person(faults, user):
+    faults.workers.start("w1")
+    chats = [faults.send(user, f"tools:lookup|charge|lookup chat-{i}") for i in range(4)]
+    faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
+
+    faults.redis.kill()
+    assert not faults.all_settled()  # the chats are in flight when the broker goes
+    time.sleep(OUTAGE)  # the outage itself, not a wait for something to happen
+    faults.redis.start()
+    back = time.monotonic()
+    faults.sweep_every = SWEEP_EVERY
+
+    faults.wait(faults.all_settled, "every chat to complete after the broker came back")
+    record_recovery("broker restart", time.monotonic() - back)
+    faults.check()
+
+
+def test_a_worker_reconnecting_to_a_restarted_broker_resends_the_jobs_it_lost(faults, user):
+    """No sweeper at all: the jobs the broker lost are sent again by the worker itself when
+    its connection comes back (the chats were queued before the connection was lost)."""
+    worker = faults.workers.start("w1")
+    chats = [faults.send(user, f"tools:lookup|charge chat-{i}") for i in range(3)]
+    faults.wait(lambda: all(first_step_done(c) for c in chats), "every chat's first step")
+
+    faults.redis.kill()
+    assert not faults.all_settled()  # the chats are in flight when the broker goes
+    time.sleep(OUTAGE)
+    faults.redis.start()
+    back = time.monotonic()
+
+    faults.wait(faults.all_settled, "every chat to complete with no sweeper")
+    record_recovery("broker restart, no sweeper", time.monotonic() - back)
+    assert "re-sent the jobs of" in worker.output()
+    faults.check()
+
+
+def test_a_job_sent_while_the_broker_is_down_is_sent_by_the_next_sweep(faults, user):
+    """complete_later() with the broker down doesn't fail the caller: the chat is queued and
+    marked stalled at once, so the sweeper's next run sends it (not STALE_QUEUED_SECONDS
+    later)."""
+    from agentloop._recovery import stalled_chats
+
+    faults.redis.kill()
+    chat = faults.send(user, "tools:charge")  # the broker refuses the job: nothing raised
+
+    chat.refresh_from_db()
+    assert chat.state == "queued"
+    assert list(stalled_chats().values_list("pk", flat=True)) == [chat.pk]
+    faults.redis.start()
+    faults.workers.start("w1")
+    faults.sweep()
+
+    faults.wait(faults.all_settled, "the chat to complete after one sweep")
+    faults.check()
