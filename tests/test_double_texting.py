@@ -169,6 +169,7 @@ def test_a_message_sent_while_a_step_waits_to_be_retried_comes_after_the_queued_
     try:
         chat = Chat.objects.create(model="failing:test", owner=user)
         chat.ask_later("first")
+        Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
         assert run_step(chat.pk).action == "retry"  # one worker job (its retry not sent)
         chat.refresh_from_db()
         assert (chat.state, chat.lease_token, chat.retry_at is not None) == ("queued", "", True)

@@ -118,6 +118,7 @@ def test_an_approval_by_a_person_whose_clock_is_behind_is_not_stranded(
         [tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"), tool_call("wait_for_flag")]
     )
     chat.ask_later("pay bob")
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     assert run_step(chat.pk).action == "again"  # the model asked for the two tools
     outcomes = []
 
@@ -300,6 +301,7 @@ def test_a_claim_the_database_lost_sends_the_step_again_at_once(
     chat.with_tools(wait_for_flag)
     scripted.add(tool_call("wait_for_flag", id="w1"))
     chat.ask_later("wait")
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     assert run_step(chat.pk).action == "again"
     outcomes = []
 

@@ -229,6 +229,7 @@ def test_a_cancel_from_another_process_stops_a_worker_stuck_on_keep_alives(keepa
         pytest.skip(f"Redis does not answer at {REDIS_URL}")
     chat = Chat.objects.create(model="keepalive:model", owner=user)
     chat.ask_later("Hi")
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     provider = {"class": "agentloop.providers.openai.OpenAIProvider",
                 "base_url": keepalive.url, "api_key": "test-key"}  # fmt: skip
     worker_settings = {"REDIS_URL": REDIS_URL, "CANCEL_POLL_INTERVAL": 600, "MODEL_RETRIES": 0,

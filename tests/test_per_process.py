@@ -75,6 +75,7 @@ def test_many_concurrent_steps_share_one_subscriber_and_a_cancel_reaches_them(
         # 2400 chunks 50 ms apart: 2 minutes, unless a cancel stops it (only a notice can:
         # the flag is read every 600 s).
         chat.ask_later(f"stream:2400:0.05 chat-{number}")  # the worker below runs its step
+        Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     worker_settings = {"REDIS_URL": url, "CANCEL_POLL_INTERVAL": 600, "PARTIAL_SAVE_INTERVAL": 0.2}
     worker = start_script(
         "concurrent_steps.py",
