@@ -245,7 +245,7 @@ def test_a_cancel_from_another_process_stops_a_worker_stuck_on_keep_alives(keepa
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.wait()
+            worker.communicate()  # reaps it and closes its pipes
 
     assert summary(output)["actions"] == {str(chat.pk): "cancelled"}, errors
     assert keepalive.closed_by_client == 1

@@ -106,7 +106,7 @@ def test_many_concurrent_steps_share_one_subscriber_and_a_cancel_reaches_them(
     finally:
         if worker.poll() is None:
             worker.kill()
-            worker.wait()
+            worker.communicate()  # reaps it and closes its pipes
     assert set(summary(output)["actions"].values()) == {"cancelled"}, errors
     names = [connection["name"] for connection in connections]
     assert names.count(f"agentloop-cancel-notices-{pid}") == 1
