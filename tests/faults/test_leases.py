@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
 from agentloop.models import Chat
 from tests.faults import invariants
 from tests.faults.conftest import TOOLS
-from tests.faults.parts import wait_for
+from tests.faults.parts import record_recovery, wait_for
 from tests.processes import start_script
 
 pytestmark = [
@@ -74,16 +75,18 @@ def test_a_new_process_carries_on_at_once_after_an_in_process_holder_died(
     )
     try:
         wait_for(lambda: run_log.exists() and "slow_charge" in run_log.read_text(), "the tool")
-        os.kill(holder.pid, signal.SIGKILL)  # dies holding the chat (LEASE_SECONDS: 60)
+        os.kill(holder.pid, signal.SIGKILL)  # dies holding the chat (LEASE_SECONDS: 30)
     finally:
         if holder.poll() is None:
             holder.kill()
         holder.communicate(timeout=30)  # reaps it and closes its pipes
 
+    died = time.monotonic()
     try:
         Chat.objects.get(pk=chat.pk).complete()  # a new process on the same host carries on
     except ChatBusyError as exc:
         raise AssertionError(f"the dead holder still locks the chat: {exc}") from exc
+    record_recovery("in-process holder killed (same host)", time.monotonic() - died)
 
     invariants.assert_invariants([invariants.Sent(chat.pk, "tools:slow_charge|lookup")], run_log)
     charge = chat.tool_calls.get(name="slow_charge")
