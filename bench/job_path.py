@@ -12,11 +12,15 @@ per step (turn time / 5):
     Celery task (lease, load, step, release), without the broker;
 (b) ``Chat.objects.get(pk=pk).step()`` five times: a fresh chat object per step;
 (c) ``Chat.objects.get(pk=pk).complete()`` once: loop mode, one process;
+(d) the turn as users drive it: ``Chat.objects.get(pk=pk).ask_later(question)
+    .complete_later()`` (the question is not in the history yet), then ``run_step(pk)`` until
+    done, as (a); the job ``complete_later()`` sends is not published (no broker, as in (a));
 
 each against a floor on a psycopg connection of its own (autocommit, an explicit
 BEGIN/COMMIT, client-side binding; no Django): per step SELECT every column of the chat's
 messages ordered by id, INSERT one message, UPDATE the chat row, in one transaction; for (c)
-the floor's loop mode: one SELECT per turn, then BEGIN, INSERT, UPDATE, COMMIT per step.
+the floor's loop mode: one SELECT per turn, then BEGIN, INSERT, UPDATE, COMMIT per step; for
+(d) the user's message first (BEGIN, INSERT, UPDATE, COMMIT), then the floor of (a).
 Variant and floor turns alternate (the order swaps every sample) on the same chats; the rows a
 turn added are deleted after it, outside the timing, so every turn sees L messages.
 
@@ -70,7 +74,12 @@ TOOL_PATH = "bench.job_path.lookup"
 QUESTION = "Where is order 31337, and when will it reach the customer in Lyon?"
 ANSWER = "Order 31337 left Rotterdam yesterday and should reach Lyon on Thursday morning."
 #: (target, must) ratio to the floor per variant; (c) is against the floor's loop mode.
-TARGETS = {"run_step": (2.0, 2.5), "get_step": (1.7, 2.0), "complete": (1.5, 2.0)}
+TARGETS = {
+    "run_step": (2.0, 2.5),
+    "get_step": (1.7, 2.0),
+    "complete": (1.5, 2.0),
+    "ask_run_step": (2.0, 2.5),
+}
 #: statements per job: a model step, and a tool round (7 + 1 per tool call; one call here).
 MODEL_STEP_STATEMENTS = 7
 TOOL_ROUND_STATEMENTS = 7 + 1
@@ -86,7 +95,10 @@ LABELS = {
     "run_step": "(a) run_step(pk), per job",
     "get_step": "(b) Chat.objects.get(pk).step()",
     "complete": "(c) get(pk).complete(), /5",
+    "ask_run_step": "(d) ask_later+complete_later, jobs",
 }
+#: the variants whose turn adds the user's question itself: their history ends before it.
+ASKS = {"ask_run_step"}
 
 
 @tool
@@ -160,7 +172,14 @@ class JobPath:
             "usage": Usage._meta.db_table,
         }
         columns = [f.column for f in Message._meta.concrete_fields]
-        self.floor = Floor(url, self.tables["message"], self.tables["chat"], columns, TURN)
+        self.floor = Floor(
+            url, self.tables["message"], self.tables["chat"], columns, TURN, QUESTION
+        )
+        # (d)'s complete_later() sends its first job after the commit: not published here (no
+        # broker, as in (a), whose next jobs aren't either); the bench runs the jobs itself.
+        from agentloop import background
+
+        background._send = lambda *args, **kwargs: None
 
     # -- data ---------------------------------------------------------------------------------
     def reset_tables(self) -> None:
@@ -187,11 +206,14 @@ class JobPath:
                 )
         return rows
 
-    def pool(self, length: int) -> list[Entry]:
+    def pool(self, length: int, *, asks: bool = False) -> list[Entry]:
+        """Chats with ``length`` messages of history up to the question; ``asks``: without the
+        question (the turn adds it: the turn's first model call sees ``length`` messages)."""
         chats = self.Chat.objects.bulk_create(
             [self.Chat(model=MODEL, tools=[TOOL_PATH]) for _ in range(POOL_SIZE)]
         )
-        rows = [row for chat in chats for row in self.history(chat.pk, length)]
+        cut = -1 if asks else None
+        rows = [row for chat in chats for row in self.history(chat.pk, length)[:cut]]
         self.Message.objects.bulk_create(rows, batch_size=2000)
         last = {row.chat_id: row.pk for row in rows}
         fresh = self.Chat.objects.filter(pk__in=[chat.pk for chat in chats]).values()
@@ -238,6 +260,11 @@ class JobPath:
             self.get_and_step(pk)
         return STEPS
 
+    def turn_ask_run_step(self, pk: int) -> int:
+        """The question added and the chat queued in-process (a view), then its jobs."""
+        self.Chat.objects.get(pk=pk).ask_later(QUESTION).complete_later()
+        return self.turn_run_step(pk)
+
     def turn_complete(self, pk: int) -> int:
         self.Chat.objects.get(pk=pk).complete()
         return 1
@@ -248,37 +275,47 @@ class JobPath:
             "run_step": (self.turn_run_step, self.floor.turn, "queued"),
             "get_step": (self.turn_get_step, self.floor.turn, "idle"),
             "complete": (self.turn_complete, self.floor.loop_turn, "idle"),
+            "ask_run_step": (self.turn_ask_run_step, self.floor.ask_turn, "idle"),
         }
 
     # -- checks and statement counts (untimed) --------------------------------------------------
-    def check_turn(self, entry: Entry, length: int) -> None:
-        """The turn wrote exactly its five messages, the last one the answer."""
+    def check_turn(self, entry: Entry, length: int, *, asks: bool = False) -> None:
+        """The turn wrote exactly its five messages (after the question it added, ``asks``),
+        the last one the answer."""
         rows = list(
             self.Message.objects.filter(chat_id=entry.pk, id__gt=entry.last_id).values_list(
                 "role", "content"
             )
         )
-        if [role for role, _ in rows] != [row[0] for row in TURN] or rows[-1][1] != ANSWER:
+        expected = [row[0] for row in TURN]
+        if asks:
+            expected = ["user", *expected]
+        if [role for role, _ in rows] != expected or rows[-1][1] != ANSWER:
             sys.exit(f"The turn did not run as planned (L={length}): {rows}")
 
     def count(self, name: str, entry: Entry, length: int) -> dict[str, Any]:
         """Statements per job (per step for (b); per turn for (c)), outside any timing."""
         turn, floor, state = self.variants()[name]
         jobs: list[list[str]] = []
+        asks = name in ASKS
+        if asks:  # the view's part: the question added and the chat queued
+            with counted() as found:
+                self.Chat.objects.get(pk=entry.pk).ask_later(QUESTION).complete_later()
+            asked = len(found)
         if name == "complete":
             with counted() as found:
                 turn(entry.pk)
             jobs.append(found)
         else:
-            one = self.run_step if name == "run_step" else self.get_and_step
+            one = self.run_step if name in ("run_step", "ask_run_step") else self.get_and_step
             for _ in range(STEPS + 1):  # the sixth must find the turn settled: adds nothing
                 with counted() as found:
                     one(entry.pk)
                 jobs.append(found)
             jobs.pop()
-        self.check_turn(entry, length)
+        self.check_turn(entry, length, asks=asks)
         settled = self.Chat.objects.filter(pk=entry.pk).values_list("state", "lease_token").get()
-        if name == "run_step" and settled != ("idle", ""):
+        if name in ("run_step", "ask_run_step") and settled != ("idle", ""):
             sys.exit(f"run_step: the chat ended {settled}, not idle and free (L={length})")
         self.undo(entry, state)
         before = self.floor.statements
@@ -291,6 +328,8 @@ class JobPath:
             "sql": jobs,
             "floor_per_turn": floor_statements,
         }
+        if asks:
+            result["asking"] = asked
         if name == "complete":
             result["per_step"] = counts[0] / STEPS
         else:
@@ -333,8 +372,9 @@ class JobPath:
     def run(self) -> dict[str, Any]:
         results: dict[str, Any] = {}
         for length in LENGTHS:
-            entries = self.pool(length)
+            pools = {False: self.pool(length), True: self.pool(length, asks=True)}
             for name, (_, _, state) in self.variants().items():
+                entries = pools[name in ASKS]
                 self.undo(entries[0], state)
                 counts = self.count(name, entries[0], length)
                 for entry in entries:
@@ -377,7 +417,10 @@ def verdict(ratio: float, target: float, must: float) -> str:
 def statements_cell(name: str, counts: dict[str, Any]) -> str:
     if name == "complete":
         return f"{counts['per_step']:.1f}/step ({counts['per_job'][0]}/turn)"
-    return f"model {counts['model_step_max']}, tool {counts['tool_round_max']}"
+    jobs = f"model {counts['model_step_max']}, tool {counts['tool_round_max']}"
+    if "asking" in counts:
+        return f"asking {counts['asking']}; {jobs}"
+    return jobs
 
 
 def report(results: dict[str, Any]) -> None:

@@ -23,8 +23,10 @@ class Floor:
         chat_table: str,
         columns: list[str],
         turn: list[tuple[str, str, str, str]],
+        question: str = "",
     ) -> None:
         self.turn_rows = turn
+        self.question = question
         self.connection = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor)
         self.cursor = self.connection.cursor()
         self.statements = 0
@@ -63,6 +65,20 @@ class Floor:
                 self.connection.execute("ROLLBACK")
                 raise
             self._execute("COMMIT")
+
+    def ask_turn(self, chat_pk: int) -> None:
+        """The user's message (BEGIN, INSERT, UPDATE, COMMIT), then :meth:`turn`."""
+        now = datetime.now(UTC)
+        self._execute("BEGIN")
+        try:
+            self._execute(self.insert, (chat_pk, "user", self.question, "", "", now))
+            self.cursor.fetchone()
+            self._execute(self.update, (now, chat_pk))
+        except BaseException:
+            self.connection.execute("ROLLBACK")
+            raise
+        self._execute("COMMIT")
+        self.turn(chat_pk)
 
     def loop_turn(self, chat_pk: int) -> None:
         """Loop mode: one SELECT per turn, then BEGIN, INSERT, UPDATE, COMMIT per step."""

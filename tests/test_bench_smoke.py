@@ -87,6 +87,9 @@ def test_job_path_prints_every_cell_and_counts_statements(
     # mode one SELECT, then BEGIN, INSERT, UPDATE, COMMIT per step.
     assert cells["get_step"]["10"]["statements"]["floor_per_turn"] == 5 * STEPS
     assert cells["complete"]["10"]["statements"]["floor_per_turn"] == 1 + 4 * STEPS
+    # As users drive it: the question's own write first (BEGIN, INSERT, UPDATE, COMMIT).
+    assert cells["ask_run_step"]["10"]["statements"]["floor_per_turn"] == 4 + 5 * STEPS
+    assert cells["ask_run_step"]["10"]["statements"]["asking"] > 0
 
 
 def test_sweeper_finds_exactly_the_stalled_chats_and_explains_its_query(

@@ -204,3 +204,24 @@ def test_get_by_pk_is_the_orms_get_compiled_once(user):
     assert Chat.objects.get(pk=chat.pk, title="kept") == chat
     with pytest.raises(Chat.DoesNotExist):
         Chat.objects.get(pk=chat.pk, title="other")
+
+
+#: a turn's start as users drive it (a view): ``ask_later(question).complete_later()``. On
+#: PostgreSQL the claim, the transcript read, SAVEPOINT, the question's write (the lease's
+#: renewal + INSERT, one statement), RELEASE, the release, and complete_later's UPDATE;
+#: on SQLite the write is a transaction of the renewal and the INSERT.
+ASK_QUERIES = 7 if ONE_STATEMENT_WRITES else 8
+
+
+@SLOW_POLL
+def test_adding_the_users_message_and_queueing_costs_the_same_at_10_and_200_messages(
+    user, scripted
+):
+    counts = {}
+    for length in (10, 200):
+        chat = make_chat(user, length)
+        counts[length], sql = count_queries(
+            lambda chat=chat: chat.ask_later("next question").complete_later()
+        )
+        assert chat.state == "queued" and chat.messages.last().content == "next question"
+    assert counts == {10: ASK_QUERIES, 200: ASK_QUERIES}, sql

@@ -299,18 +299,23 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
         )
 
     def append_message(self, message: Message) -> Any:
+        values: dict[str, Any] = {}
+        if message.role == "user":
+            # A new turn: it is no longer stopped, and never inherits an earlier cancel.
+            if self.chat.cancel_requested_at is not None:
+                values.update(cancel_requested_at=None)
+            if self.chat.stop_reason or self.chat.state in ("stopped", "failed"):
+                values.update(cancel_requested_at=None, stop_reason="", state="idle", error="")
+            if self.chat.halt_reason:
+                values.update(cancel_requested_at=None, halt_reason="")
+        writes = self._step_writes()
+        if writes is not None and not values:
+            return self._append_at_once(writes, message)  # one statement, the lease's guard first
         record = self._message_row(message)
         with self._writing():
             self.models.message_insert.insert(record, self._db)
-            if message.role == "user":
-                # A new turn: it is no longer stopped, and never inherits an earlier cancel.
-                values: dict[str, Any] = {"cancel_requested_at": None}
-                if self.chat.stop_reason or self.chat.state in ("stopped", "failed"):
-                    values.update(stop_reason="", state="idle", error="")
-                if self.chat.halt_reason:
-                    values.update(halt_reason="")
-                if self.chat.cancel_requested_at is not None or len(values) > 1:
-                    self._update_chat(**values)
+            if values:
+                self._update_chat(**values)
         message.key = record.pk
         return record
 

@@ -161,6 +161,16 @@ class StepWrites:
         )
         return f"WITH {', '.join(parts)} {select}"
 
+    def lone_message(self, guard: str, values: _Values, record: Any) -> str:
+        """A message alone (a user's), guarded."""
+        m = self.message
+        return (
+            f"WITH g AS ({guard}), "  # noqa: S608 - quoted identifiers only; values are params
+            f"m AS (INSERT INTO {m.table} ({m.columns}) SELECT {values.row(m, record)} FROM g "
+            f"RETURNING {m.pk}) "
+            "SELECT g.*, m.* FROM g CROSS JOIN m"
+        )
+
     def result(
         self, guard: str, values: _Values, record: Any, state: Any, error: str, key: Any
     ) -> str:
@@ -193,7 +203,8 @@ _GUARD = 2
 
 
 class OneStatementWrites:
-    """``save_answer`` and ``save_tool_result`` as one statement where the database allows."""
+    """``append_message``, ``save_answer`` and ``save_tool_result`` as one statement where the
+    database allows."""
 
     chat: Any
     lease: Lease | None
@@ -330,6 +341,17 @@ class OneStatementWrites:
             keys = {row[_GUARD + 2]: row[_GUARD + 1] for row in rows}
             for call in calls:
                 call.key = keys[call.id]
+        message.key = record.pk
+        return record
+
+    def _append_at_once(self, writes: StepWrites, message: Message) -> Any:
+        record = self._message_row(message)
+
+        def body(guard: str, values: _Values) -> str:
+            return writes.lone_message(guard, values, record)
+
+        rows = self._guarded(writes, None, body, record)
+        self._inserted(record, rows[0][_GUARD])
         message.key = record.pk
         return record
 

@@ -417,10 +417,15 @@ class AbstractChat(models.Model):
         """
         if self.pk is None:
             self.save()
-        type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(
-            state=ChatState.QUEUED, error="", attempts=0, retry_at=None, updated_at=timezone.now()
-        )
-        self.refresh_from_db(fields=["state", "error", "attempts", "retry_at", "updated_at"])
+        queued = {
+            "state": ChatState.QUEUED, "error": "", "attempts": 0, "retry_at": None,
+            "updated_at": timezone.now(),
+        }  # fmt: skip
+        if type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(**queued):
+            for name, value in queued.items():
+                setattr(self, name, value)
+        else:  # running (or gone): as it is now
+            self.refresh_from_db(fields=["state", "error", "attempts", "retry_at", "updated_at"])
         enqueue(self.pk, self._meta.label, using=self._state.db)
         return self
 
