@@ -18,6 +18,7 @@ from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 __all__ = [
     "JSON_COLUMNS",
     "MESSAGE_COLUMNS",
+    "held_calls",
     "messages_from_rows",
     "transcript_query",
     "trusted",
@@ -170,3 +171,11 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                 )
             )
     return messages
+
+
+def held_calls(messages: list[Message]) -> set[Any]:
+    """Keys of the latest round's calls held for a person (only that round can be held)."""
+    for message in reversed(messages):
+        if message.role == "assistant":
+            return {call.key for call in message.tool_calls if call.state == ToolCallState.WAITING}
+    return set()

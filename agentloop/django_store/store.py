@@ -23,12 +23,12 @@ from .._cancel_notices import listen_locally
 from .._leases import UNREAD
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
-from ..messages import Message, MessageStatus, ToolCallState
+from ..messages import Message, MessageStatus
 from ..subagents import has_children
 from ..tools import Tool, load_tool, tool_reference
 from .claims import ClaimMixin
 from .reconnect import committed_message, retried
-from .rows import JSON_COLUMNS, messages_from_rows, transcript_query
+from .rows import JSON_COLUMNS, held_calls, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .stopping import Stopping
 from .tool_calls import ToolCallRows
@@ -123,14 +123,6 @@ def transcript_select(chat_model: Any, using: str) -> PreparedSelect:
 
 #: tool classes by the chat's tool references, for every chat of this process.
 _LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
-
-
-def _held_calls(messages: list[Message]) -> set[Any]:
-    """Keys of the latest round's calls held for a person (only that round can be held)."""
-    for message in reversed(messages):
-        if message.role == "assistant":
-            return {call.key for call in message.tool_calls if call.state == ToolCallState.WAITING}
-    return set()
 
 
 def _models(chat_model: Any) -> _Models:
@@ -262,7 +254,7 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
             rows = select.convert(prefetched)
         messages = messages_from_rows(rows)
         if self.lease is not None:
-            self._held_calls = _held_calls(messages)
+            self._held_calls = held_calls(messages)
         return messages, self.cancel_requested_at()
 
     def _prefetch(self) -> tuple[str, list[Any]]:
