@@ -18,12 +18,13 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+
+from ._per_process import PerProcess
 
 __all__ = ["Publisher", "publisher"]
 
@@ -170,25 +171,15 @@ class Publisher:
             self._dropped_unreported = 0
 
 
-_publisher: Publisher | None = None
-_lock = threading.Lock()
+def _new_publisher() -> Publisher:
+    made = Publisher()
+    atexit.register(made.flush, 2.0)  # a script's last events still go out
+    return made
+
+
+_publisher = PerProcess(_new_publisher)
 
 
 def publisher() -> Publisher:
-    """This process's publisher, made on first use."""
-    global _publisher
-    with _lock:
-        if _publisher is None:
-            _publisher = Publisher()
-            atexit.register(_publisher.flush, 2.0)  # a script's last events still go out
-        return _publisher
-
-
-def _forget_after_fork() -> None:
-    """A forked child starts with an empty queue and no thread (the parent's are its own)."""
-    global _publisher, _lock
-    _publisher = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+    """This process's publisher, made on first use (a forked child makes its own)."""
+    return _publisher.get()

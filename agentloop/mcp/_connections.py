@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
+from .._per_process import PerProcess
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError, MCPServerError
 from ._settings import ServerSettings
@@ -234,27 +235,9 @@ class _Loop:
             await connection.close()
 
 
-_state: _Loop | None = None
-_state_lock = threading.Lock()
-
-
-def _running() -> _Loop:
-    global _state
-    with _state_lock:
-        if _state is None:
-            _state = _Loop()
-        return _state
-
-
-def _forget_after_fork() -> None:
-    # The child has no loop thread: it opens sessions of its own. The parent's stdio
-    # servers stay the parent's (their pipes are only closed with the parent's sessions).
-    global _state, _state_lock
-    _state = None
-    _state_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+#: this process's loop thread and its sessions. A forked child opens sessions of its own; the
+#: parent's stdio servers stay the parent's (their pipes close only with its sessions).
+_state = PerProcess(_Loop)
 
 
 def _wait_limit(settings: ServerSettings) -> float:
@@ -272,7 +255,7 @@ def _request(
     """Run ``use(client)`` on server ``name``'s session; every failure is an MCPServerError
     saying what could not be done (``doing``: "run 'read_file'", "list its tools")."""
     require_sdk()
-    state = _running()
+    state = _state.get()
 
     async def work() -> T:
         # Local: the mcp package is an optional extra (require_sdk() checked it is there).
@@ -344,7 +327,7 @@ def list_tools(name: str, settings: ServerSettings) -> list[RemoteTool]:
 def close_connections() -> None:
     """Close every open MCP session of this process (stdio servers exit); the next call
     opens new ones. For tests, and for code that changes servers at run time."""
-    state = _state
+    state = _state.peek()
     if state is not None and state.thread.is_alive():
         state.run(state.close_all, CLOSE_TIMEOUT * (len(state.connections) + 1))
 

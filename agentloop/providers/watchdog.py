@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
+
+from .._per_process import PerProcess
 
 __all__ = ["CallWatch", "current", "remaining", "watch_response", "watching"]
 
@@ -102,11 +103,11 @@ def remaining() -> float | None:
 def watching(watch: CallWatch) -> Iterator[CallWatch]:
     """Make the call inside this block under ``watch`` (the watchdog aborts it when due)."""
     token = _current.set(watch)
-    _watchdog().add(watch)
+    _the_watchdog.get().add(watch)
     try:
         yield watch
     finally:
-        _watchdog().discard(watch)
+        _the_watchdog.get().discard(watch)
         _current.reset(token)
 
 
@@ -164,23 +165,5 @@ class _Watchdog:
             time.sleep(INTERVAL)
 
 
-_the_watchdog: _Watchdog | None = None
-_lock = threading.Lock()
-
-
-def _watchdog() -> _Watchdog:
-    global _the_watchdog
-    with _lock:
-        if _the_watchdog is None:
-            _the_watchdog = _Watchdog()
-        return _the_watchdog
-
-
-def _forget_after_fork() -> None:
-    """A forked child starts a watchdog of its own when it first makes a call."""
-    global _the_watchdog, _lock
-    _the_watchdog = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
+#: this process's watchdog, started by its first call (a forked child starts its own).
+_the_watchdog = PerProcess(_Watchdog)
