@@ -59,9 +59,13 @@ def message_payload(message: Any) -> dict[str, Any]:
     if message.role == "assistant":
         # The readable thinking (untrusted text: pages show it escaped, collapsed).
         payload["thinking"] = getattr(message, "thinking", "") or ""
+        # An answer just saved carries its call rows (the store sets them): no query.
+        calls = getattr(message, "_agentloop_tool_calls", None)
+        if calls is None:
+            calls = message.tool_calls.all()
         payload["tool_calls"] = [
             {"id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
-            for call in message.tool_calls.all()
+            for call in calls
         ]
     return payload
 

@@ -27,3 +27,6 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's Django fixup closes the database connections around every task unless this is set
 # (then every DB_REUSE_MAX tasks): bench/celery_throughput.py measures both.
 CELERY_DB_REUSE_MAX = int(os.environ.get("BENCH_DB_REUSE_MAX") or 0)
+# More CELERY_* settings as JSON (``{"BROKER_POOL_LIMIT": 1}``): bench/in_flight.py's worker.
+for _name, _value in json.loads(os.environ.get("BENCH_CELERY") or "{}").items():
+    globals()[f"CELERY_{_name}"] = _value

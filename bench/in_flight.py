@@ -59,6 +59,9 @@ MATRIX = (
     ("gevent", 1000, 1000),
 )
 TICK = 0.05
+#: The worker's Celery settings for few Redis connections (docs/background.md, "Choosing a
+#: pool"): one pooled broker connection for publishing, no remote control (its pidbox).
+WORKER_CELERY = {"BROKER_POOL_LIMIT": 1, "WORKER_ENABLE_REMOTE_CONTROL": False}
 
 
 @tool
@@ -211,6 +214,7 @@ def run(
     db_pool_size: int,
     database_url: str,
     redis_events: bool = True,
+    celery_defaults: bool = False,
 ) -> dict[str, Any]:
     from bench.fake_openai import FakeOpenAI
     from bench.workers import setup, workers
@@ -232,6 +236,7 @@ def run(
         env = {
             "BENCH_DB_APPLICATION": application,
             "BENCH_HTTP_CONNECTIONS": str(max(concurrency, 10)),
+            "BENCH_CELERY": json.dumps({} if celery_defaults else WORKER_CELERY),
         }
         if db_pool_size:
             pool_options = {"min_size": min(2, db_pool_size), "max_size": db_pool_size}
@@ -290,6 +295,7 @@ def run(
         "latency_s": latency,
         "db_pool_size": db_pool_size,
         "redis_events": redis_events,
+        "worker_celery": {} if celery_defaults else WORKER_CELERY,
         "wall_s": round(wall, 2),
         "ideal_s": ideal,
         "ratio": round(wall / ideal, 2),
@@ -504,6 +510,11 @@ def main() -> None:
         action="store_true",
         help="no AGENTLOOP REDIS_URL in the worker: no live events, cancel notices by polling",
     )
+    parser.add_argument(
+        "--celery-defaults",
+        action="store_true",
+        help="the worker without WORKER_CELERY (Celery's broker pool of 10, remote control)",
+    )
     parser.add_argument("--reconnect-cost", action="store_true")
     parser.add_argument("--reconnect-probe", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -535,7 +546,9 @@ def main() -> None:
                     "--chats", str(chats), "--latency", str(args.latency),
                     "--db-pool-size", str(args.db_pool_size),
                     "--database-url", args.database_url, "--json", out.name,
-                ] + (["--no-redis-events"] if args.no_redis_events else [])  # fmt: skip
+                ] + (["--no-redis-events"] if args.no_redis_events else []) + (
+                    ["--celery-defaults"] if args.celery_defaults else []
+                )  # fmt: skip
                 subprocess.run(command, check=True)  # noqa: S603 - our own script
                 rows.extend(json.loads(Path(out.name).read_text()))
             continue
@@ -548,6 +561,7 @@ def main() -> None:
                 args.db_pool_size,
                 args.database_url,
                 not args.no_redis_events,
+                args.celery_defaults,
             )
         )
         print(json.dumps(rows[-1]), flush=True)

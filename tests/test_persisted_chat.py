@@ -545,3 +545,43 @@ def test_the_stores_messages_carry_every_field(chat, scripted):
         assert set(message.__dict__) == set(Message.model_fields)
         for call in message.tool_calls:
             assert set(call.__dict__) == set(ToolCall.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("first_byte", "between", "partial"), [(0.6, 0.0, False), (0.0, 0.3, True)]
+)
+def test_partial_saves_count_seconds_of_streaming(chat, settings, first_byte, between, partial):
+    """``PARTIAL_SAVE_INTERVAL`` counts from the first chunk (docs/loop.md, "Partial answers"):
+    a model slow to start that then streams at once leaves no partial row; one that streams
+    slowly does."""
+    # Function-local: only this test needs them.
+    import time
+
+    from django.db.models.signals import post_save
+
+    from agentloop import providers
+    from agentloop.testing import ScriptedProvider
+
+    class SlowStart(ScriptedProvider):
+        def request(self, request, *, on_chunk=None):
+            time.sleep(first_byte)  # before the first byte
+            return super().request(request, on_chunk=on_chunk)
+
+    providers.register("slowstart", SlowStart(stream("a", "b", "c", delay=between)))
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "PARTIAL_SAVE_INTERVAL": 0.5}
+    statuses: list[str] = []
+
+    def saved(sender, instance, **kwargs):
+        statuses.append(instance.status)
+
+    chat.model = "slowstart:test"
+    chat.save()
+    post_save.connect(saved, sender=Message)  # partial rows are written with save()
+    try:
+        answer = chat.ask("Go", lambda chunk: None)
+    finally:
+        post_save.disconnect(saved, sender=Message)
+        providers.unregister("slowstart")
+
+    assert answer.content == "abc" and answer.status == MessageStatus.COMPLETE
+    assert (MessageStatus.PARTIAL in statuses) is partial, statuses

@@ -34,13 +34,18 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from agentloop import events
 from agentloop._runner import run_step
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, Message, ToolCall
 from agentloop.testing import tool_call
+from tests import test_sse
 from tests.tools import add
 
 pytestmark = pytest.mark.django_db
+
+#: the SSE tests' fixture: the Redis backend on this run's database, emptied around each test.
+redis_events = test_sse.redis_events
 
 # A long poll interval keeps the throttled "before the model request" check from
 # depending on how fast the machine is: only the forced checks read.
@@ -225,3 +230,21 @@ def test_adding_the_users_message_and_queueing_costs_the_same_at_10_and_200_mess
         )
         assert chat.state == "queued" and chat.messages.last().content == "next question"
     assert counts == {10: ASK_QUERIES, 200: ASK_QUERIES}, sql
+
+
+@pytest.mark.parametrize("verb", [lambda chat: chat.generate, job], ids=["generate", "job"])
+def test_live_events_cost_no_statement(user, scripted, settings, redis_events, verb):
+    """With the Redis events backend, announcing a saved answer that asks for tools reads
+    no row: its event carries the calls just saved, as the database has them."""
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "CANCEL_POLL_INTERVAL": 60}
+    settings.AGENTLOOP["PARTIAL_SAVE_INTERVAL"] = 60
+    chat = make_chat(user, 10)
+    two_tool_calls(chat, scripted)
+    queries, sql = count_queries(verb(chat))
+    assert queries == GENERATE_TOOL_CALLS_QUERIES, sql
+    assert events.flush()
+    sent = events.get_backend().read(events.chat_key(chat), "0", 0)
+    answer = Message.objects.get(pk=chat.messages.last().pk)
+    payload = events.message_payload(answer)  # read from the database
+    assert len(payload["tool_calls"]) == 2
+    assert [event["data"] for event in sent if event["type"] == "message"][-1] == payload

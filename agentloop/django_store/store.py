@@ -422,6 +422,10 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
                 )
                 for call, row in zip(message.tool_calls, rows, strict=True):
                     call.key = row.pk
+                if all(row.pk is not None for row in rows):
+                    record._agentloop_tool_calls = rows  # the live event's, read no more
+            else:
+                record._agentloop_tool_calls = []
             self.models.usage_insert.insert(self._usage_row(usage, record), self._db)
             if self.chat.stop_reason:
                 # The turn goes on (limits were raised): it is no longer stopped.

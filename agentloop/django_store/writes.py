@@ -339,8 +339,12 @@ class OneStatementWrites:
         self._inserted(record, rows[0][_GUARD])
         if calls:
             keys = {row[_GUARD + 2]: row[_GUARD + 1] for row in rows}
-            for call in calls:
-                call.key = keys[call.id]
+            for call, call_row in zip(calls, call_rows, strict=True):
+                call.key = call_row.pk = keys[call.id]
+                call_row.message_id = record.pk
+        # The rows just saved, for the live event (agentloop.events.message_payload): its
+        # calls need no statement of their own.
+        record._agentloop_tool_calls = call_rows
         message.key = record.pk
         return record
 

@@ -37,7 +37,9 @@ class StreamState:
         self.parts: list[str] = []
         self.partial_key: Any = None
         self.interval = agentloop_settings.PARTIAL_SAVE_INTERVAL
-        self._last_save = time.monotonic()
+        #: when the text was last saved; None until the first chunk: the interval counts
+        #: seconds of streaming, not the wait for the model's first byte.
+        self._last_save: float | None = None
 
     @property
     def text(self) -> str:
@@ -62,6 +64,8 @@ class StreamState:
 
     def _collect(self, chunk: Chunk) -> bool:
         """Keep the chunk's text; True when a partial save is due."""
+        if self._last_save is None:
+            self._last_save = time.monotonic()
         if isinstance(chunk, TextDelta) and chunk.text:
             self.parts.append(chunk.text)
             return time.monotonic() - self._last_save >= self.interval
