@@ -429,3 +429,17 @@ def test_a_providers_call_timeout_that_is_not_seconds_is_a_clear_error(gate, set
         "or None, not 'soon'"
     )
     assert gate.most == 0
+
+
+def test_a_call_sent_at_its_deadline_gets_no_zero_timeout(keepalive):
+    """A slot that came free at the deadline: a 0 s timeout would make the socket
+    non-blocking, and under gevent the connect failed with "[Errno 115] Operation now in
+    progress", not with the deadline's ProviderTimeout."""
+    from agentloop.providers.watchdog import CallWatch, watching
+    from tests.helpers import user_request
+
+    provider = OpenAIProvider(base_url=keepalive.url, api_key="test-key")
+    with watching(CallWatch(time.monotonic() - 1, None)):
+        timeout = provider._post(user_request("keepalive:model"), True)["timeout"]
+
+    assert min(timeout.connect, timeout.read, timeout.write, timeout.pool) > 0

@@ -22,7 +22,12 @@ from functools import partial
 from typing import Any
 
 from ..conf import agentloop_settings
-from ..exceptions import ConfigurationError, ProviderTimeout, StreamInterruptedError
+from ..exceptions import (
+    ConfigurationError,
+    ProviderError,
+    ProviderTimeout,
+    StreamInterruptedError,
+)
 from ..messages import Chunk, ModelResponse
 from ..providers.slots import Slots, Ticket, slots_for
 from ..providers.watchdog import CallWatch, watching
@@ -105,7 +110,9 @@ class _Call:
         """What a failed call raises: the deadline's ProviderTimeout when it was that, else
         ``error`` (a cancel's abort is read from the flag by the caller first)."""
         if self.watch.reason == "deadline" or (
-            isinstance(error, ProviderTimeout) and self.expired()
+            # Past the deadline, whatever the transport said (a connect cut at the deadline
+            # fails as a connect error, not as a timeout).
+            isinstance(error, ProviderError) and self.expired()
         ):
             replaced: BaseException = self.timed_out()
         elif isinstance(error, asyncio.CancelledError):  # a cancel notice, with no cancel

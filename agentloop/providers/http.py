@@ -345,7 +345,9 @@ class HTTPProvider(Provider):
                                  "headers": self._headers_for(request)}  # fmt: skip
         left = watchdog.remaining()
         if left is not None:
-            # No single wait (connecting, the headers, a read) outlasts the call's deadline.
+            # No single wait (connecting, the headers, a read) outlasts the call's deadline;
+            # never 0, which makes a socket non-blocking (a connect then fails with EINPROGRESS).
+            left = max(left, 0.001)
             timeout = self._timeout_setting()
             post["timeout"] = httpx.Timeout(
                 connect=min(timeout.connect or left, left),
