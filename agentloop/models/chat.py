@@ -146,9 +146,10 @@ class AbstractChat(models.Model):
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     #: the process holding the lease, "<host>/<boot>:<pid>:<start time>": a claimant on the
-    #: same host takes the chat at once when that process is gone.
+    #: same host takes the chat at once when that process is gone. A database default too, so
+    #: code deployed before this column (a rolling deploy) still creates chats.
     lease_holder = models.CharField(
-        _("lease holder"), max_length=255, blank=True, default="", editable=False
+        _("lease holder"), max_length=255, blank=True, default="", db_default="", editable=False
     )
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)

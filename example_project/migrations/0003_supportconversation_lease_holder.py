@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='supportconversation',
             name='lease_holder',
-            field=models.CharField(blank=True, default='', editable=False, max_length=255, verbose_name='lease holder'),
+            field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=255, verbose_name='lease holder'),
         ),
     ]
