@@ -679,3 +679,15 @@ def test_deciding_needs_a_post(admin_client, waiting_chats):
     (call,) = chat.pending_approvals()
 
     assert admin_client.get(decide_url(chat, call)).status_code == 405
+
+
+def test_the_change_page_shows_who_holds_the_chat(admin_client, admin_user):
+    chat = Chat.objects.create(owner=admin_user, model="scripted:test")
+    Chat.objects.filter(pk=chat.pk).update(
+        lease_token="t", lease_holder="worker-7/0badf00d:4242:99", state=ChatState.RUNNING
+    )
+
+    content = admin_client.get(change_url(chat)).content.decode()
+
+    assert "Lease holder" in content
+    assert "worker-7/0badf00d:4242:99" in content

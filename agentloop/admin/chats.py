@@ -92,7 +92,8 @@ class ChatAdmin(admin.ModelAdmin):
     show_full_result_count = False
     raw_id_fields = ("owner",)
     readonly_fields = (
-        "state", "subagent_of", "cancel_requested_at", "lease_expires_at", "created_at",
+        "state", "subagent_of", "cancel_requested_at", "lease_expires_at", "lease_holder",
+        "created_at",
         "error", "error_detail", "attempts",
     )  # fmt: skip
 
@@ -220,7 +221,12 @@ class ChatAdmin(admin.ModelAdmin):
                 _("Run"),
                 {
                     "classes": ["collapse"],
-                    "fields": ["cancel_requested_at", "lease_expires_at", "created_at"],
+                    "fields": [
+                        "cancel_requested_at",
+                        "lease_expires_at",
+                        "lease_holder",
+                        "created_at",
+                    ],  # fmt: skip
                 },
             ),
         ]
