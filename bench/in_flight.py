@@ -47,7 +47,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentloop import tool  # noqa: E402
-from agentloop.providers.openai import OpenAIProvider  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/agentloop_bench_inflight"
 #: (Celery pool, concurrency, chats): the issue's shapes.
@@ -72,26 +71,6 @@ def lookup(key: str) -> str:
         key: What to look up.
     """
     return f"value of {key}"
-
-
-class WideOpenAI(OpenAIProvider):
-    """The OpenAI provider with an HTTP client as wide as the worker's concurrency
-    (``$BENCH_HTTP_CONNECTIONS``): httpx allows 100 connections per client by default."""
-
-    @property
-    def client(self) -> Any:
-        # Function-local: httpx is only needed once a request is made.
-        import httpx
-
-        with self._lock:
-            if self._client is None:
-                size = int(os.environ.get("BENCH_HTTP_CONNECTIONS") or 100)
-                self._client = httpx.Client(
-                    base_url=self.base_url,
-                    timeout=self._timeout_setting(),
-                    limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                )
-            return self._client
 
 
 # -- the private Redis ---------------------------------------------------------------------
@@ -222,7 +201,10 @@ def run(
     with private_redis() as redis_port, FakeOpenAI(latency) as fake:
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         application = f"bench-inflight-{uuid.uuid4().hex[:8]}"
-        provider = {"class": "bench.in_flight.WideOpenAI", "base_url": fake.url, "api_key": "x"}
+        provider = {
+            "class": "agentloop.providers.openai.OpenAIProvider", "base_url": fake.url,
+            "api_key": "x", "max_connections": max(concurrency, 10),  # httpx allows 100
+        }  # fmt: skip
         agentloop: dict[str, Any] = {"PROVIDERS": {"openai": provider}}
         if redis_events:  # live events and cancel notices through Redis (else the database)
             agentloop["REDIS_URL"] = redis_url
@@ -235,7 +217,6 @@ def run(
         Chat.objects.all().delete()
         env = {
             "BENCH_DB_APPLICATION": application,
-            "BENCH_HTTP_CONNECTIONS": str(max(concurrency, 10)),
             "BENCH_CELERY": json.dumps({} if celery_defaults else WORKER_CELERY),
         }
         if db_pool_size:

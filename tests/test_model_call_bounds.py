@@ -443,3 +443,22 @@ def test_a_call_sent_at_its_deadline_gets_no_zero_timeout(keepalive):
         timeout = provider._post(user_request("keepalive:model"), True)["timeout"]
 
     assert min(timeout.connect, timeout.read, timeout.write, timeout.pool) > 0
+
+
+def test_a_providers_max_connections_widens_its_client_and_is_checked(settings):
+    """httpx keeps 100 connections per client by default: a gevent worker with more calls
+    in flight than that queues the rest unless the provider is set wider."""
+    settings.AGENTLOOP = {
+        **settings.AGENTLOOP,
+        "PROVIDERS": {"wide": {"max_connections": 300}, "odd": {"max_connections": "many"}},
+    }
+    wide = OpenAIProvider(name="wide", api_key="test-key")
+    assert wide.client._transport._pool._max_connections == 300
+    assert OpenAIProvider(api_key="test-key").client._transport._pool._max_connections == 100
+
+    with pytest.raises(ConfigurationError) as raised:
+        OpenAIProvider(name="odd", api_key="test-key").client  # noqa: B018 - made on first use
+    assert str(raised.value) == (
+        "AGENTLOOP['PROVIDERS']['odd']['max_connections'] must be a whole number of at least 1, "
+        "not 'many'"
+    )

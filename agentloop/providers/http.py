@@ -215,8 +215,22 @@ class HTTPProvider(Provider):
                     base_url=self.base_url,
                     timeout=self._timeout_setting(),
                     transport=self._transport,
+                    limits=self._limits(),
                 )
             return self._client
+
+    def _limits(self) -> httpx.Limits:
+        """``PROVIDERS[name]["max_connections"]``: the connections one process keeps open to
+        the provider (httpx's default, 100, caps the calls in flight of a gevent worker)."""
+        size = self._setting("max_connections")
+        if size is None:
+            return httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(
+                f"AGENTLOOP['PROVIDERS'][{self.name!r}]['max_connections'] must be a whole "
+                f"number of at least 1, not {size!r}"
+            )
+        return httpx.Limits(max_connections=size, max_keepalive_connections=size)
 
     def _async_client(self) -> httpx.AsyncClient:
         """A client for one async request. An AsyncClient belongs to the event loop it
