@@ -148,7 +148,10 @@
   }
 
   // -- state and the people-in-the-loop panel ---------------------------------------------
+  let stateShown = 0; // how many states the page has shown (a cancel's reply may be older)
+
   function showState(state) {
+    stateShown += 1;
     const busy = state.state === "queued" || state.state === "running";
     stateBadge.textContent = state.cancel_requested && busy ? "cancelling…" : state.state;
     stateBadge.className = "state state-" + state.state;
@@ -281,7 +284,12 @@
 
   cancelButton.addEventListener("click", async () => {
     cancelButton.disabled = true;
-    if (await post(root.dataset.cancelUrl, {})) stateBadge.textContent = "cancelling…";
+    const shown = stateShown;
+    // Unless the chat's next state came first (a chat waiting for a person is cancelled at
+    // once: its "idle" can arrive before this reply), say the run is being stopped.
+    if ((await post(root.dataset.cancelUrl, {})) && stateShown === shown) {
+      stateBadge.textContent = "cancelling…";
+    }
   });
 
   if (form) {
