@@ -81,6 +81,11 @@ class _Call:
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
+    def too_late(self) -> bool:
+        """A slot came free less than a slice before the deadline: the call would be cut
+        before it could answer, so it isn't sent (another caller may use the slot)."""
+        return self.deadline is not None and self.deadline - time.monotonic() < SLICE
+
     def timed_out(self, waiting: bool = False) -> ProviderTimeout:
         if waiting:
             return ProviderTimeout(
@@ -141,6 +146,8 @@ def send(move: Send) -> ModelResponse:
                 if call.expired():
                     raise call.timed_out(waiting=True)
                 woken.wait(call.slice())
+                if ticket.granted and call.too_late():
+                    raise call.timed_out(waiting=True)
         with watching(call.watch):
             try:
                 return move.provider.request(move.request, on_chunk=call.on_chunk())
@@ -169,6 +176,8 @@ async def asend(move: Send, phase: Phase) -> ModelResponse:
                 if call.expired():
                     raise call.timed_out(waiting=True)
                 await asyncio.wait([woken], timeout=call.slice())
+                if ticket.granted and call.too_late():
+                    raise call.timed_out(waiting=True)
         return await _arequest(call, phase)
     finally:
         call.give_back(held)
