@@ -18,7 +18,6 @@ from django.db import router
 
 from ._cancel_notices import RedisCancelListener
 from ._leases import claim
-from .conf import agentloop_settings
 from .django_store.claims import one_line
 from .django_store.reconnect import CONNECTION_ERRORS, discard, lease_remaining
 from .django_store.store import transcript_select
@@ -94,19 +93,13 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
         discard(using)
         logger.warning("Chat %s: the database could not be reached to start a step: %s",
                        chat_id, one_line(exc))  # fmt: skip
-        # At least half the doubled backoff (full jitter alone can spend every try in a
-        # second): STEP_RETRIES tries then span an outage of several seconds.
-        floor = min(
-            agentloop_settings.RETRY_BACKOFF * 2**attempt / 2, agentloop_settings.RETRY_BACKOFF_MAX
-        )
-        return StepOutcome(
-            "unreachable", retry_in=max(backoff(attempt), floor), error=one_line(exc)
-        )
+        wait = backoff(attempt, outage=True)
+        return StepOutcome("unreachable", retry_in=wait, error=one_line(exc))
     lease, chat, transcript = claimed
     outcome = _advance(chat, lease, transcript)
     if outcome.action == "unreachable":
         # Given up before the lease ran out: the next job can take the chat once it has.
-        wait = max(backoff(attempt), lease_remaining(lease) + 0.1)
+        wait = max(backoff(attempt, outage=True), lease_remaining(lease) + 0.1)
         return StepOutcome("unreachable", retry_in=wait, error=outcome.error)
     return outcome
 

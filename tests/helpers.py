@@ -1,13 +1,15 @@
-"""Small helpers the tests share: a chat's transcript read back in a comparable shape, and a
-one-question model request for the provider tests."""
+"""Small helpers the tests share: a chat's transcript read back in a comparable shape, a
+one-question model request for the provider tests, and polling until something happens."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from agentloop.messages import Message, ModelRequest
 
-__all__ = ["roles", "transcript", "user_request"]
+__all__ = ["roles", "transcript", "user_request", "wait_until"]
 
 _DEFAULT_FIELDS = ("role", "content")
 
@@ -45,3 +47,24 @@ def roles(chat: Any) -> list[str]:
 def user_request(model: str, text: str = "Hi", **fields: Any) -> ModelRequest:
     """A request to ``model`` holding one user message (``fields``: the request's others)."""
     return ModelRequest(model=model, messages=[Message(role="user", content=text)], **fields)
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    what: str,
+    timeout: float = 60.0,
+    on_timeout: Callable[[], str] = str,
+    poll: float = 0.02,
+) -> Any:
+    """Poll ``condition`` until it is true and return its value; at ``timeout`` (generous:
+    a loaded 2-core machine) fail saying ``what`` and ``on_timeout()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}\n{on_timeout()}"
+            )
+        time.sleep(poll)

@@ -24,6 +24,7 @@ from agentloop._runner import run_step
 from agentloop.django_store.lease_statements import LeaseStatements
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.testing import tool_call
+from tests.helpers import wait_until
 from tests.processes import start_script
 from tests.tools import slow, transfer, wait_for_flag
 
@@ -34,14 +35,6 @@ postgres_only = pytest.mark.skipif(
     reason="SQLite is one file on one host: its processes share that host's clock",
 )
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-
-
-def eventually(condition, what, timeout=30.0):
-    deadline = timezone.now() + timedelta(seconds=timeout)
-    while not condition():
-        if timezone.now() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.02)
 
 
 def hold(chat, holder, seconds=60):
@@ -134,7 +127,7 @@ def test_an_approval_by_a_person_whose_clock_is_behind_is_not_stranded(
     scripted_step = threading.Thread(target=step)
     scripted_step.start()
     try:
-        eventually(
+        wait_until(
             lambda: (
                 ToolCall.objects.filter(chat=chat, call_id="t1", state="waiting").exists()
                 or outcomes
@@ -201,7 +194,7 @@ def test_a_zombie_holder_is_gone_too(chat, sleeper):
     host = holder_id().rsplit(":", 2)[0]
     hold(chat, f"{host}:{sleeper.pid}:{started(sleeper.pid)}", seconds=600)
     sleeper.send_signal(signal.SIGKILL)
-    eventually(lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().split(") ")[1][0] == "Z", "Z")
+    wait_until(lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().split(") ")[1][0] == "Z", "Z")
 
     assert claim_row(Chat, chat.pk) is not None
 
@@ -317,7 +310,7 @@ def test_a_claim_the_database_lost_sends_the_step_again_at_once(
     worker = threading.Thread(target=step)
     worker.start()
     try:
-        eventually(
+        wait_until(
             lambda: Chat.objects.filter(pk=chat.pk).exclude(lease_token="").exists(), "claim"
         )
         # What the server has after a crash that lost the claim: the row as before it.

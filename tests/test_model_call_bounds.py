@@ -29,6 +29,7 @@ from agentloop.models import Chat
 from agentloop.providers import ChunkCallback, Provider
 from agentloop.providers.openai import OpenAIProvider
 from agentloop.providers.slots import slots_for
+from tests.helpers import wait_until
 from tests.processes import run_script, start_script, summary
 
 #: generous bound of every wait (a loaded 2-core machine).
@@ -53,14 +54,6 @@ def finishes(function: Callable[[], Any], timeout: float = DEADLINE) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
-
-
-def wait_until(condition: Callable[[], Any], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- a provider that sends only keep-alive comments ----------------------------------------

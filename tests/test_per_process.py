@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -23,22 +22,12 @@ from agentloop._event_publisher import publisher
 from agentloop.messages import TextDelta, ToolCallDelta
 from agentloop.models import Chat
 from agentloop.testing import stream
+from tests.helpers import wait_until
 from tests.processes import start_script, summary
 from tests.redis_server import RedisServer, private_redis
 
 #: generous bound of every wait (a loaded 2-core machine).
 DEADLINE = 60.0
-
-
-def wait_until(condition: Any, what: str, timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -14,18 +14,26 @@ from ..exceptions import ProviderError
 __all__ = ["backoff", "retry_delay"]
 
 
-def backoff(attempt: int, retry_after: float | None = None, *, cap: float | None = None) -> float:
+def backoff(
+    attempt: int,
+    retry_after: float | None = None,
+    *,
+    cap: float | None = None,
+    outage: bool = False,
+) -> float:
     """Seconds to wait before retry number ``attempt + 1``.
 
     The provider's ``Retry-After`` wins, up to ``RETRY_AFTER_MAX``; otherwise exponential
     from ``RETRY_BACKOFF`` with full jitter (spreads many workers hitting the same limit),
-    up to ``cap`` (default ``RETRY_BACKOFF_MAX``).
+    up to ``cap`` (default ``RETRY_BACKOFF_MAX``). ``outage`` (the database can't be
+    reached): at least half the exponential wait, so a few tries span an outage of seconds
+    (full jitter alone can spend them all within one).
     """
     if retry_after is not None:
         return max(0.0, min(float(retry_after), agentloop_settings.RETRY_AFTER_MAX))
     limit = agentloop_settings.RETRY_BACKOFF_MAX if cap is None else cap
     base = agentloop_settings.RETRY_BACKOFF * (2**attempt)
-    return min(random.uniform(0, base), limit)  # noqa: S311
+    return min(random.uniform(base / 2 if outage else 0, base), limit)  # noqa: S311
 
 
 def retry_delay(attempt: int, error: BaseException) -> float | None:

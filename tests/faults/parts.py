@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 from django.db import connection
 
+from tests.helpers import wait_until
 from tests.processes import REPO_ROOT, process_env
 
 #: seconds any one wait may take before the test fails (generous: a loaded 2-core machine).
@@ -57,15 +57,7 @@ def free_port() -> int:
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = DEADLINE,
              on_timeout: Callable[[], str] = str) -> Any:  # fmt: skip
     """Poll ``condition`` until it is true; fail saying ``what`` (and ``on_timeout()``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
-                                 f"{on_timeout()}")  # fmt: skip
-        time.sleep(POLL)
+    return wait_until(condition, what, timeout, on_timeout, poll=POLL)
 
 
 def record_recovery(fault: str, seconds: float) -> None:
