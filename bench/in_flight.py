@@ -355,16 +355,24 @@ def reconnect_cost(database_url: str, samples: int) -> dict[str, float]:
             "SELECT 1 FROM pg_database WHERE datname = %s", [parts[1]]
         ).fetchone():
             maintenance.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(parts[1])))
-    results = {}
     pool = json.dumps({"min_size": 1, "max_size": 2})
     variants = (("no pool", "", "1"), ("pool", pool, "1"), ("pool, no check", pool, "0"))
+    return _probes("--reconnect-probe", database_url, samples, variants)
+
+
+def _probes(
+    probe: str, database_url: str, samples: int, variants: tuple[tuple[str, str, str], ...]
+) -> dict[str, Any]:
+    """Run this script's ``probe`` once per (name, pool options, checks) in a process of its
+    own (Django's pool is set up at start): each one's last printed line, as JSON, by name."""
+    results = {}
     for name, pool_options, checks in variants:
         env = {**os.environ, "BENCH_DB_POOL": pool_options, "BENCH_DATABASE_URL": database_url}
         env["BENCH_DB_POOL_CHECKS"] = checks
         env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         output = subprocess.run(  # noqa: S603 - our own interpreter and script
-            [sys.executable, __file__, "--reconnect-probe", str(samples)],
+            [sys.executable, __file__, probe, str(samples)],
             env=env,
             capture_output=True,
             text=True,
@@ -411,23 +419,9 @@ def release_cost(database_url: str, samples: int) -> dict[str, Any]:
     ``RELEASE_CONNECTIONS`` True and False in turn, in one process, under Django's pool (with
     and without its check at check-out) and without one (a subprocess each): median
     milliseconds per job, and the ratio."""
-    results = {}
     pool = json.dumps({"min_size": 2, "max_size": 4})
     variants = (("pool", pool, "1"), ("pool, no check", pool, "0"), ("no pool", "", "1"))
-    for name, pool_options, checks in variants:
-        env = {**os.environ, "BENCH_DB_POOL": pool_options, "BENCH_DATABASE_URL": database_url}
-        env["BENCH_DB_POOL_CHECKS"] = checks
-        env["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-        output = subprocess.run(  # noqa: S603 - our own interpreter and script
-            [sys.executable, __file__, "--release-probe", str(samples)],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        results[name] = json.loads(output.strip().splitlines()[-1])
-    return results
+    return _probes("--release-probe", database_url, samples, variants)
 
 
 def _release_probe(samples: int) -> None:
