@@ -34,6 +34,7 @@ from . import watchdog
 from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
 from .common import with_parsed_json
+from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
 from .errors import error_for_status, redact, status_of_error
 
 __all__ = ["HTTPProvider", "StreamParser"]
@@ -128,9 +129,10 @@ class HTTPProvider(Provider):
     """A provider reached over HTTP with an API key.
 
     Configuration, first found wins: the constructor's arguments, then
-    ``settings.AGENTLOOP["PROVIDERS"][name]`` (``api_key``, ``base_url``,
-    ``timeout``, ``headers``), then the environment variables in ``api_key_env``.
-    The key is never stored on the chat, logged, or shown in errors and reprs.
+    ``settings.AGENTLOOP["PROVIDERS"][name]`` (``api_key``, ``endpoint_url`` or its older
+    name ``base_url``, ``proxy``, ``timeout``, ``headers``), then the environment variables
+    in ``api_key_env``. The key and a proxy's password are never stored on the chat,
+    logged, or shown in errors and reprs.
     """
 
     #: default base URL of the vendor's API.
@@ -148,6 +150,8 @@ class HTTPProvider(Provider):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        endpoint_url: str | None = None,
+        proxy: str | None = None,
         timeout: float | httpx.Timeout | None = None,
         headers: Mapping[str, str] | None = None,
         name: str | None = None,
@@ -160,6 +164,8 @@ class HTTPProvider(Provider):
             self.requires_key = requires_key
         self._api_key = api_key
         self._base_url = base_url
+        self._endpoint_url = endpoint_url
+        self._proxy = proxy
         self._timeout = timeout
         self._headers = dict(headers or {})
         self._transport = transport
@@ -167,7 +173,8 @@ class HTTPProvider(Provider):
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} name={self.name!r} base_url={self.base_url!r}>"
+        where = shown_address(lambda: self.base_url, self._proxy or self._setting("proxy"))
+        return f"<{type(self).__name__} name={self.name!r} {where}>"
 
     # -- configuration -------------------------------------------------------------------
     def _setting(self, key: str) -> Any:
@@ -176,7 +183,21 @@ class HTTPProvider(Provider):
 
     @property
     def base_url(self) -> str:
-        return (self._base_url or self._setting("base_url") or self.default_base_url).rstrip("/")
+        """Where requests go: ``endpoint_url`` (or ``base_url``), else the vendor's URL."""
+        return (self._configured_url() or self.default_base_url).rstrip("/")
+
+    def _configured_url(self) -> str | None:
+        """The constructor's ``endpoint_url``/``base_url``, else the settings' (checked)."""
+        return configured_url(
+            self.name,
+            (self._endpoint_url, self._base_url),
+            (self._setting("endpoint_url"), self._setting("base_url")),
+        )
+
+    def proxy(self) -> str | None:
+        """The proxy URL every request goes through (``proxy``), checked; None: none (httpx
+        still honours the ``HTTPS_PROXY``-style environment variables)."""
+        return proxy_url(self.name, self._proxy or self._setting("proxy"))
 
     def api_key(self) -> str | None:
         """The key, or ConfigurationError naming where to set it when one is required."""
@@ -196,11 +217,13 @@ class HTTPProvider(Provider):
         return key or None
 
     def _secrets(self) -> tuple[str, ...]:
+        # A proxy's password is redacted like the key wherever an error could repeat it.
+        secrets = proxy_secrets(self._proxy or self._setting("proxy"))
         try:
             key = self.api_key()
         except ConfigurationError:
-            return ()
-        return (key,) if key else ()
+            return secrets
+        return (key, *secrets) if key else secrets
 
     def _timeout_setting(self) -> httpx.Timeout:
         timeout = self._timeout or self._setting("timeout") or _DEFAULT_TIMEOUT
@@ -216,6 +239,7 @@ class HTTPProvider(Provider):
                     timeout=self._timeout_setting(),
                     transport=self._transport,
                     limits=self._limits(),
+                    proxy=self.proxy(),
                 )
             return self._client
 
@@ -241,6 +265,7 @@ class HTTPProvider(Provider):
             base_url=self.base_url,
             timeout=self._timeout_setting(),
             transport=transport if isinstance(transport, httpx.AsyncBaseTransport) else None,
+            proxy=self.proxy(),
         )
 
     def close(self) -> None:

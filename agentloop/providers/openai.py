@@ -149,7 +149,7 @@ class OpenAIProvider(HTTPProvider):
     # -- configuration -------------------------------------------------------------------
     @property
     def base_url(self) -> str:
-        url = self._base_url or self._setting("base_url")
+        url = self._configured_url()
         for variable in self.base_url_env:
             url = url or os.environ.get(variable)
         return (url or self.default_base_url).rstrip("/")
