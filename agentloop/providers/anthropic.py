@@ -43,7 +43,7 @@ from .common import (
 )
 from .errors import error_for_status
 from .http import HTTPProvider, StreamParser
-from .thinking import budget_tokens, replays_to, stamped
+from .thinking import budget_tokens, replays_to, stamped, thinking_for
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "default_max_tokens"]
 
@@ -207,8 +207,9 @@ class AnthropicProvider(HTTPProvider):
         if request.output_schema is not None:
             schema = close_object_schemas(request.output_schema)
             body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
-        if request.thinking is not None:
-            budget = budget_tokens(request.thinking)
+        thinking = thinking_for(request, self.name)
+        if thinking is not None:
+            budget = budget_tokens(thinking)
             body["thinking"] = (
                 {"type": "enabled", "budget_tokens": budget}
                 if budget is not None

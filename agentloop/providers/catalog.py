@@ -1,4 +1,6 @@
-"""Well-known models: provider, context window and prices (``models.json``)."""
+"""Well-known models: provider, context window, whether they think, and prices
+(``models.json``). It is the one place that knows which model takes thinking options:
+providers ask :func:`thinks` when they build a request body."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from importlib import resources
 
 from ..messages import TokenUsage
 
-__all__ = ["ModelInfo", "lookup", "price_of"]
+__all__ = ["ModelInfo", "lookup", "price_of", "thinks"]
 
 _MILLION = Decimal(1_000_000)
 
@@ -30,6 +32,8 @@ class ModelInfo:
     cache_write_price: Decimal | None = None
     #: a cache write kept an hour (Anthropic: 2x input); None: the 5-minute price.
     cache_write_1h_price: Decimal | None = None
+    #: the model takes thinking options (reasoning effort, a thinking budget); None: unknown.
+    thinking: bool | None = None
 
 
 def _decimal(value: object) -> Decimal | None:
@@ -50,6 +54,7 @@ def _catalog() -> dict[str, ModelInfo]:
             cached_input_price=_decimal(entry.get("cached_input_price")),
             cache_write_price=_decimal(entry.get("cache_write_price")),
             cache_write_1h_price=_decimal(entry.get("cache_write_1h_price")),
+            thinking=entry.get("thinking"),
         )
         models[info.id] = info
         for alias in entry.get("aliases", ()):
@@ -72,6 +77,13 @@ def lookup(model: str) -> ModelInfo | None:
         return catalog[model]
     base = _SNAPSHOT.sub("", model)
     return catalog.get(base) if base != model else None
+
+
+def thinks(model: str) -> bool | None:
+    """Whether ``model`` takes thinking options, as the catalog knows; None for a model it
+    doesn't list (its provider's own naming rule, or the user, knows better)."""
+    info = lookup(model)
+    return None if info is None else info.thinking
 
 
 def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:

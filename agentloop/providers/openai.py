@@ -40,7 +40,7 @@ from .common import (
 )
 from .http import HTTPProvider, StreamParser
 from .openai_reasoning import DETAILS_KEY, ReasoningDetails, reasoning_fields, usage_from
-from .thinking import replays_to, stamped
+from .thinking import replays_to, stamped, thinking_for
 
 __all__ = [
     "DeepSeekProvider",
@@ -197,9 +197,10 @@ class OpenAIProvider(HTTPProvider):
             body[self.option("max_tokens_field")] = request.max_output_tokens
         if request.output_schema is not None:
             body["response_format"] = self._response_format(request.output_schema)
-        if request.thinking is not None:
+        thinking = thinking_for(request, self.name)
+        if thinking is not None:
             thinking_format = str(self.option("thinking_format"))
-            body.update(reasoning_fields(request.thinking, thinking_format, request.model))
+            body.update(reasoning_fields(thinking, thinking_format, request.model))
         if request.caching is not None and request.caching.key and self.option("prompt_cache_key"):
             body["prompt_cache_key"] = request.caching.key
         return deep_merge(body, request.provider_options)

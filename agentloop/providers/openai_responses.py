@@ -63,6 +63,7 @@ from ..messages import (
     ToolDefinition,
 )
 from .base import ChunkCallback
+from .catalog import thinks
 from .common import (
     INVALID_ARGUMENTS,
     deep_merge,
@@ -72,7 +73,7 @@ from .common import (
 )
 from .errors import redact
 from .http import HTTPProvider, StreamParser
-from .thinking import replays_to, stamped
+from .thinking import replays_to, stamped, thinking_for
 
 __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
 
@@ -82,8 +83,16 @@ __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
 OUTPUT_KEY = "openai_output"
 
 # Model families that don't reason: the API refuses ``include: reasoning.encrypted_content``
-# for them ("Encrypted content is not supported with this model").
+# for them ("Encrypted content is not supported with this model"). The rule for models the
+# catalog doesn't list; for those it does, the catalog says.
 _NON_REASONING_PREFIXES = ("gpt-4", "gpt-3.5", "chatgpt-4o")
+
+
+def _reasons(model: str) -> bool:
+    """Whether ``model`` reasons: the catalog's word, else the family rule above."""
+    known = thinks(model)
+    return known if known is not None else not model.startswith(_NON_REASONING_PREFIXES)
+
 
 # In-stream error codes -> the ProviderError they mean (unknown codes: ServerError).
 _STREAM_ERRORS: dict[str, type[ProviderError]] = {
@@ -224,7 +233,7 @@ class OpenAIResponsesProvider(HTTPProvider):
             body["instructions"] = instructions
         body["stream"] = stream
         body["store"] = False
-        if not request.model.startswith(_NON_REASONING_PREFIXES):
+        if _reasons(request.model):
             body["include"] = ["reasoning.encrypted_content"]
         if request.tools:
             body["tools"] = [self._tool(tool) for tool in request.tools]
@@ -239,8 +248,9 @@ class OpenAIResponsesProvider(HTTPProvider):
             body["temperature"] = request.temperature
         if request.max_output_tokens is not None:
             body["max_output_tokens"] = request.max_output_tokens
-        if request.thinking is not None and request.thinking.effort is not None:
-            body["reasoning"] = {"effort": request.thinking.effort, "summary": "auto"}
+        thinking = thinking_for(request, self.name)
+        if thinking is not None and thinking.effort is not None:
+            body["reasoning"] = {"effort": thinking.effort, "summary": "auto"}
         if request.caching is not None and request.caching.key:
             body["prompt_cache_key"] = request.caching.key
         if request.provider_options:

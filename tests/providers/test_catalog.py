@@ -15,7 +15,7 @@ from agentloop import providers
 from agentloop.messages import TokenUsage
 from agentloop.models import Chat, Usage
 from agentloop.providers import catalog
-from agentloop.providers.catalog import ModelInfo, lookup, price_of
+from agentloop.providers.catalog import ModelInfo, lookup, price_of, thinks
 from agentloop.providers.openai import OpenAIProvider
 from tests.providers.wire import Recorder, chat_completion, serving
 
@@ -184,10 +184,12 @@ def test_every_entry_is_well_formed(entry):
         "cached_input_price",
         "cache_write_price",
         "cache_write_1h_price",
+        "thinking",
         "aliases",
         "source",
     }
     assert entry["provider"] in providers.BUILTINS
+    assert isinstance(entry["thinking"], bool)  # every entry says whether it thinks
     assert entry["context_window"] is None or (
         isinstance(entry["context_window"], int) and entry["context_window"] > 0
     )
@@ -206,6 +208,22 @@ def test_every_entry_is_well_formed(entry):
 @pytest.mark.parametrize("entry", PRICED, ids=[entry["id"] for entry in PRICED])
 def test_every_price_names_the_vendor_page_it_was_read_on(entry):
     assert VENDOR_SITES.match(entry["source"] or ""), entry["source"]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-5-mini", True),
+        ("gpt-4.1-mini", False),
+        ("gpt-4.1-mini-2025-04-14", False),  # a snapshot is its base model
+        ("claude-3-5-haiku-latest", False),  # an alias
+        ("claude-haiku-4-5-20251001", True),
+        ("gemini-2.0-flash-001", False),
+        ("our-fine-tuned-model", None),  # not listed: unknown
+    ],
+)
+def test_the_catalog_says_which_models_think(model, expected):
+    assert thinks(model) is expected
 
 
 def test_ids_and_aliases_are_unique():

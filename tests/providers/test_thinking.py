@@ -4,6 +4,7 @@ replay data sent back only to the provider that made it."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -139,6 +140,43 @@ def test_without_with_thinking_no_provider_sends_a_thinking_field():
     ]:
         built = json.dumps(body(provider(api_key="k"), model, None))
         assert "thinking" not in built and "reasoning" not in built, provider
+
+
+@pytest.mark.parametrize(
+    ("provider", "model"),
+    [
+        (OpenAIProvider, "gpt-4.1-mini"),
+        (OpenAIProvider, "gpt-4o-2024-08-06"),
+        (OpenAIResponsesProvider, "gpt-4.1-mini"),
+        (AnthropicProvider, "claude-3-5-haiku"),
+        (GeminiProvider, "gemini-2.0-flash"),
+    ],
+)
+@pytest.mark.parametrize("thinking", [Thinking(effort="medium"), Thinking(effort=None),
+                                      Thinking(budget_tokens=2048)])  # fmt: skip
+def test_a_model_the_catalog_lists_without_thinking_gets_no_thinking_field(
+    provider, model, thinking, caplog
+):
+    caplog.set_level(logging.DEBUG, logger="agentloop.providers.thinking")
+
+    built = json.dumps(body(provider(api_key="k"), model, thinking))
+
+    assert "thinking" not in built.lower() and "reasoning" not in built, built
+    (line,) = caplog.messages
+    assert f"not sent to {model}: the model catalog lists it without thinking" in line
+    assert line.startswith(f"{provider.name}: with_thinking(effort=")
+
+
+@pytest.mark.parametrize(
+    ("provider", "model", "field"),
+    [
+        (OpenAIProvider, "our-reasoner", "reasoning_effort"),
+        (OpenAIResponsesProvider, "our-reasoner", "reasoning"),
+        (AnthropicProvider, "claude-next", "thinking"),
+    ],
+)
+def test_a_model_the_catalog_does_not_list_gets_what_was_asked_for(provider, model, field):
+    assert field in body(provider(api_key="k"), model, Thinking(effort="low"))
 
 
 def test_with_thinking_rejects_an_unknown_effort_in_one_line():

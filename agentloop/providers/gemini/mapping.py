@@ -32,7 +32,7 @@ from ..common import (
     new_call_id,
     tool_call_from_text,
 )
-from ..thinking import budget_tokens, replays_to, stamped
+from ..thinking import budget_tokens, replays_to, stamped, thinking_for
 from .schema import gemini_schema
 
 __all__ = ["CALL_ID", "PARTS_KEY", "SIGNATURE", "Answer", "request_body"]
@@ -83,8 +83,9 @@ def request_body(request: ModelRequest, provider: str | None = None) -> dict[str
             config["responseSchema"] = converted
         else:
             config["responseJsonSchema"] = copy.deepcopy(request.output_schema)
-    if request.thinking is not None:
-        config["thinkingConfig"] = _thinking_config(request.model, request.thinking)
+    thinking = thinking_for(request, provider or "gemini")
+    if thinking is not None:
+        config["thinkingConfig"] = _thinking_config(request.model, thinking)
     if config:
         body["generationConfig"] = config
     if request.tools:
