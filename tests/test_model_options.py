@@ -153,6 +153,29 @@ def test_a_fallback_to_another_family_without_thinking():
     assert body["model"] == "gpt-4.1-mini" and "reasoning_effort" not in body
 
 
+def test_a_fallback_to_a_reasoning_model_sends_no_temperature(debug_log):
+    def answer(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["model"] == "gpt-4.1-mini":
+            return httpx.Response(503, json={"error": {"message": "Unavailable"}})
+        return chat_completion("Hi")
+
+    recorder = Recorder(answer, answer)
+    with (
+        override_settings(AGENTLOOP=FAST),
+        registered("openai", OpenAIProvider(api_key="k", transport=recorder.transport())),
+    ):
+        chat = Chat.objects.create(model="openai:gpt-4.1-mini").with_temperature(0.2)
+        assert chat.with_fallbacks("openai:gpt-5-mini").ask("Hi").content == "Hi"
+
+    first, fallback = recorder.bodies
+    assert first["temperature"] == 0.2
+    assert fallback["model"] == "gpt-5-mini" and "temperature" not in fallback
+    assert dropped(debug_log) == [
+        "openai: temperature=0.2 not sent to gpt-5-mini: the model catalog lists it without "
+        "temperature"
+    ]
+
+
 # -- Gemini ---------------------------------------------------------------------------------------
 def test_gemini_sends_no_thinking_config_to_a_model_without_thinking():
     answer = {

@@ -43,7 +43,8 @@ from .common import (
 )
 from .errors import error_for_status
 from .http import HTTPProvider, StreamParser
-from .thinking import budget_tokens, replays_to, stamped, thinking_for
+from .model_options import temperature_for, thinking_for
+from .thinking import budget_tokens, replays_to, stamped
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicProvider", "default_max_tokens"]
 
@@ -197,8 +198,9 @@ class AnthropicProvider(HTTPProvider):
         }
         if system:
             body["system"] = system
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
+        temperature = temperature_for(request, self.name)
+        if temperature is not None:
+            body["temperature"] = temperature
         if request.tools:
             body["tools"] = [self._tool(tool) for tool in request.tools]
             choice = self._tool_choice(request)

@@ -1,6 +1,6 @@
 """Well-known models: provider, context window, whether they think, and prices
-(``models.json``). It is the one place that knows which model takes thinking options:
-providers ask :func:`thinks` when they build a request body."""
+(``models.json``). It is the one place that knows which model takes which option
+(:func:`accepts`; the providers ask through :mod:`~agentloop.providers.model_options`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from importlib import resources
 
 from ..messages import TokenUsage
 
-__all__ = ["ModelInfo", "lookup", "price_of", "thinks"]
+__all__ = ["ModelInfo", "accepts", "lookup", "price_of", "thinks"]
 
 _MILLION = Decimal(1_000_000)
 
@@ -34,6 +34,8 @@ class ModelInfo:
     cache_write_1h_price: Decimal | None = None
     #: the model takes thinking options (reasoning effort, a thinking budget); None: unknown.
     thinking: bool | None = None
+    #: the model takes a sampling temperature (OpenAI's reasoning models refuse one).
+    temperature: bool = True
 
 
 def _decimal(value: object) -> Decimal | None:
@@ -55,6 +57,7 @@ def _catalog() -> dict[str, ModelInfo]:
             cache_write_price=_decimal(entry.get("cache_write_price")),
             cache_write_1h_price=_decimal(entry.get("cache_write_1h_price")),
             thinking=entry.get("thinking"),
+            temperature=entry.get("temperature", True),
         )
         models[info.id] = info
         for alias in entry.get("aliases", ()):
@@ -79,11 +82,22 @@ def lookup(model: str) -> ModelInfo | None:
     return catalog.get(base) if base != model else None
 
 
-def thinks(model: str) -> bool | None:
-    """Whether ``model`` takes thinking options, as the catalog knows; None for a model it
-    doesn't list (its provider's own naming rule, or the user, knows better)."""
+#: the options :func:`accepts` knows, each a ModelInfo field.
+OPTIONS = ("thinking", "temperature")
+
+
+def accepts(model: str, option: str) -> bool | None:
+    """Whether ``model`` takes ``option`` (one of :data:`OPTIONS`), as the catalog knows;
+    None for a model it doesn't list (its provider's own rule, or the user, knows better)."""
+    if option not in OPTIONS:
+        raise ValueError(f"No catalog option {option!r}: one of {', '.join(OPTIONS)}")
     info = lookup(model)
-    return None if info is None else info.thinking
+    return None if info is None else getattr(info, option)
+
+
+def thinks(model: str) -> bool | None:
+    """Whether ``model`` takes thinking options (None: not in the catalog)."""
+    return accepts(model, "thinking")
 
 
 def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:

@@ -39,8 +39,9 @@ from .common import (
     tool_call_from_text,
 )
 from .http import HTTPProvider, StreamParser
+from .model_options import temperature_for, thinking_for
 from .openai_reasoning import DETAILS_KEY, ReasoningDetails, reasoning_fields, usage_from
-from .thinking import replays_to, stamped, thinking_for
+from .thinking import replays_to, stamped
 
 __all__ = [
     "DeepSeekProvider",
@@ -191,8 +192,9 @@ class OpenAIProvider(HTTPProvider):
                 }
             if request.parallel_tool_calls is not None:
                 body["parallel_tool_calls"] = request.parallel_tool_calls
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
+        temperature = temperature_for(request, self.name)
+        if temperature is not None:
+            body["temperature"] = temperature
         if request.max_output_tokens is not None:
             body[self.option("max_tokens_field")] = request.max_output_tokens
         if request.output_schema is not None:

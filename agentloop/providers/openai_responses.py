@@ -73,7 +73,8 @@ from .common import (
 )
 from .errors import redact
 from .http import HTTPProvider, StreamParser
-from .thinking import replays_to, stamped, thinking_for
+from .model_options import temperature_for, thinking_for
+from .thinking import replays_to, stamped
 
 __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
 
@@ -244,8 +245,9 @@ class OpenAIResponsesProvider(HTTPProvider):
                 body["parallel_tool_calls"] = request.parallel_tool_calls
         if request.output_schema is not None:
             body["text"] = {"format": self._schema_format(request.output_schema)}
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
+        temperature = temperature_for(request, self.name)
+        if temperature is not None:
+            body["temperature"] = temperature
         if request.max_output_tokens is not None:
             body["max_output_tokens"] = request.max_output_tokens
         thinking = thinking_for(request, self.name)

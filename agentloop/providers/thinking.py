@@ -9,23 +9,14 @@ DeepSeek ``reasoning_content``, Gemini thought signatures). Providers keep that 
 it back only to the provider that made it: after a switch to another provider (another
 name, even one speaking the same wire format) it stays in the database but is not sent,
 since a signature made for one provider means nothing to another.
-
-Thinking follows the model, not the chat: a chat keeps what ``with_thinking`` asked for,
-and each request sends it only to a model that takes it. :func:`thinking_for` is what
-every provider's body builder reads instead of ``request.thinking``: None for a model the
-catalog (``models.json``) lists without thinking (after ``with_model`` or a fallback to
-``gpt-4.1-mini``, say), with a debug line; a model the catalog doesn't list gets what was
-asked for, since whoever named it may know better.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..messages import Message, ModelRequest, Thinking
-from .catalog import thinks
+from ..messages import Message, Thinking
 
 __all__ = [
     "EFFORT_BUDGETS",
@@ -33,10 +24,7 @@ __all__ = [
     "budget_tokens",
     "replays_to",
     "stamped",
-    "thinking_for",
 ]
-
-logger = logging.getLogger(__name__)
 
 #: Message.provider_data key: the name of the provider whose replay data the message holds.
 REPLAY_PROVIDER = "replay_provider"
@@ -63,21 +51,3 @@ def replays_to(message: Message, provider: str) -> bool:
     message predates the stamp (kept as it was sent before)."""
     owner = message.provider_data.get(REPLAY_PROVIDER)
     return owner is None or owner == provider
-
-
-def thinking_for(request: ModelRequest, provider: str) -> Thinking | None:
-    """The thinking to send with ``request``: what the chat asked for, or None when the
-    catalog lists ``request.model`` without thinking (the vendor would refuse or ignore it)."""
-    thinking = request.thinking
-    if thinking is not None and thinks(request.model) is False:
-        asked = f"effort={thinking.effort!r}"
-        if thinking.budget_tokens is not None:
-            asked += f", budget_tokens={thinking.budget_tokens!r}"
-        logger.debug(
-            "%s: with_thinking(%s) not sent to %s: the model catalog lists it without thinking",
-            provider,
-            asked,
-            request.model,
-        )
-        return None
-    return thinking

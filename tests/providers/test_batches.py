@@ -82,7 +82,9 @@ def test_openai_chat_completions_lines_go_to_the_chat_completions_endpoint():
     )
     api = batch_api(OpenAIProvider(api_key=KEY, transport=server.transport()))
 
-    info = api.submit([("0", request("hi", temperature=0.5)), ("1", request("yo"))])
+    # gpt-4.1-nano: a model that takes a temperature (gpt-5-nano refuses one, see test_catalog).
+    hot = request("hi", model="gpt-4.1-nano", temperature=0.5)
+    info = api.submit([("0", hot), ("1", request("yo", model="gpt-4.1-nano"))])
 
     upload, create = server.requests
     assert str(upload.url) == "https://api.openai.com/v1/files"
@@ -94,7 +96,7 @@ def test_openai_chat_completions_lines_go_to_the_chat_completions_endpoint():
         ("1", "POST", "/v1/chat/completions"),
     ]
     assert items[0]["body"] == {
-        "model": "gpt-5-nano",
+        "model": "gpt-4.1-nano",
         "messages": [{"role": "user", "content": "hi"}],
         "temperature": 0.5,
     }  # the provider's own body, without "stream"

@@ -15,7 +15,7 @@ from agentloop import providers
 from agentloop.messages import TokenUsage
 from agentloop.models import Chat, Usage
 from agentloop.providers import catalog
-from agentloop.providers.catalog import ModelInfo, lookup, price_of, thinks
+from agentloop.providers.catalog import ModelInfo, accepts, lookup, price_of, thinks
 from agentloop.providers.openai import OpenAIProvider
 from tests.providers.wire import Recorder, chat_completion, serving
 
@@ -185,11 +185,13 @@ def test_every_entry_is_well_formed(entry):
         "cache_write_price",
         "cache_write_1h_price",
         "thinking",
+        "temperature",
         "aliases",
         "source",
     }
     assert entry["provider"] in providers.BUILTINS
     assert isinstance(entry["thinking"], bool)  # every entry says whether it thinks
+    assert entry.get("temperature", True) is True or entry["thinking"]  # only reasoners refuse it
     assert entry["context_window"] is None or (
         isinstance(entry["context_window"], int) and entry["context_window"] > 0
     )
@@ -224,6 +226,16 @@ def test_every_price_names_the_vendor_page_it_was_read_on(entry):
 )
 def test_the_catalog_says_which_models_think(model, expected):
     assert thinks(model) is expected
+
+
+def test_the_catalog_says_which_models_take_a_temperature():
+    assert [accepts(m, "temperature") for m in ("gpt-4.1-mini", "o4-mini-2025-04-16", "x")] == [
+        True,
+        False,
+        None,
+    ]
+    with pytest.raises(ValueError, match="No catalog option 'top_k'"):
+        accepts("gpt-5", "top_k")
 
 
 def test_ids_and_aliases_are_unique():

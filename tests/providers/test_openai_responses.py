@@ -199,7 +199,7 @@ def test_tool_choice_parallel_control_and_limits_are_sent():
         parallel_tool_calls=False,
         temperature=0.2,
         max_output_tokens=300,
-    )
+    ).model_copy(update={"model": "gpt-4.1-nano"})  # a model that takes a temperature
 
     body = OpenAIResponsesProvider(api_key=KEY).build_body(request, stream=False)
 

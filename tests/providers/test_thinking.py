@@ -157,7 +157,7 @@ def test_without_with_thinking_no_provider_sends_a_thinking_field():
 def test_a_model_the_catalog_lists_without_thinking_gets_no_thinking_field(
     provider, model, thinking, caplog
 ):
-    caplog.set_level(logging.DEBUG, logger="agentloop.providers.thinking")
+    caplog.set_level(logging.DEBUG, logger="agentloop.providers.model_options")
 
     built = json.dumps(body(provider(api_key="k"), model, thinking))
 

@@ -32,7 +32,8 @@ from ..common import (
     new_call_id,
     tool_call_from_text,
 )
-from ..thinking import budget_tokens, replays_to, stamped, thinking_for
+from ..model_options import temperature_for, thinking_for
+from ..thinking import budget_tokens, replays_to, stamped
 from .schema import gemini_schema
 
 __all__ = ["CALL_ID", "PARTS_KEY", "SIGNATURE", "Answer", "request_body"]
@@ -72,8 +73,9 @@ def request_body(request: ModelRequest, provider: str | None = None) -> dict[str
     if system:
         body["systemInstruction"] = {"parts": system}
     config: dict[str, Any] = {}
-    if request.temperature is not None:
-        config["temperature"] = request.temperature
+    temperature = temperature_for(request, provider or "gemini")
+    if temperature is not None:
+        config["temperature"] = temperature
     if request.max_output_tokens is not None:
         config["maxOutputTokens"] = request.max_output_tokens
     if request.output_schema is not None:
