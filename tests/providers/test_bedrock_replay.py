@@ -53,7 +53,7 @@ from agentloop.messages import (
 from agentloop.providers.bedrock import CONTENT_KEY, BedrockProvider
 from agentloop.providers.thinking import REPLAY_PROVIDER
 from tests.providers import cassettes
-from tests.providers.aws import ACCESS_KEY, REGION, aws_env  # noqa: F401 (a fixture)
+from tests.providers.aws import ACCESS_KEY, REGION
 from tests.providers.cassettes import CLOUD, Interaction
 from tests.providers.wire import as_message
 
