@@ -44,9 +44,7 @@ _DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 #: stream; it returns the answer (``StopIteration.value``), possibly before the end.
 StreamParser = Generator[None, ServerSentEvent | None, ModelResponse]
 
-#: decodes a streamed body that is not server-sent events (Bedrock's binary event stream):
-#: called with each piece of the body as it arrives, it returns the events complete so far,
-#: which are fed to the provider's stream parser in place of server-sent events.
+#: sent each piece of a non-SSE streamed body, returns the events completed (for the parser).
 StreamDecoder = Callable[[bytes], Iterable[Any]]
 
 
@@ -105,13 +103,6 @@ def _feed(parser: StreamParser, event: ServerSentEvent | None) -> ModelResponse 
         answer: ModelResponse = stop.value
         return answer
     return None
-
-
-async def _decoded(pieces: AsyncIterator[bytes], decoder: StreamDecoder) -> AsyncIterator[Any]:
-    """The events ``decoder`` makes of an async body, as its pieces arrive."""
-    async for piece in pieces:
-        for event in decoder(piece):
-            yield event
 
 
 def _too_large(provider: str, limit: int) -> ResponseTooLargeError:
@@ -280,14 +271,11 @@ class HTTPProvider(Provider):
         raise NotImplementedError
 
     def sign(self, post: dict[str, Any]) -> dict[str, Any]:
-        """The POST's arguments (``url``, ``json``, ``headers``...) as sent. A provider that
-        signs each request (AWS SigV4) serializes the body and adds its signature here, on
-        every attempt; the default sends them unchanged."""
+        """The POST's arguments as sent, on every attempt (AWS SigV4 signs here): unchanged."""
         return post
 
     def stream_decoder(self) -> StreamDecoder | None:
-        """A decoder of this provider's streamed bodies, made for each stream; None (the
-        default): they are server-sent events."""
+        """A decoder of streamed bodies, new for each stream; None: server-sent events."""
         return None
 
     def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
@@ -412,8 +400,7 @@ class HTTPProvider(Provider):
             self._check_stream(source.response)
             return self._parse_stream(source.iter_sse(), on_chunk)
 
-    def _check_stream(self, response: httpx.Response) -> None:
-        """Watch and cap a sync stream's response; raise its error status."""
+    def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
         watchdog.watch_response(response)  # a cancel or the deadline shuts it
         _cap(response, self.name)
         if response.status_code >= 400:
@@ -435,17 +422,16 @@ class HTTPProvider(Provider):
                 if decoder is not None:
                     async with client.stream("POST", **post) as response:
                         await self._acheck_stream(response)
+                        pieces = response.aiter_bytes()
+                        events = (event async for piece in pieces for event in decoder(piece))
                         with self._unexpected_shape("streamed"):
-                            return await self._aparse_stream(
-                                _decoded(response.aiter_bytes(), decoder), on_chunk
-                            )
+                            return await self._aparse_stream(events, on_chunk)
                 async with aconnect_sse(client, "POST", **post) as source:
                     await self._acheck_stream(source.response)
                     with self._unexpected_shape("streamed"):
                         return await self._aparse_stream(source.aiter_sse(), on_chunk)
 
-    async def _acheck_stream(self, response: httpx.Response) -> None:
-        """Cap an async stream's response; raise its error status."""
+    async def _acheck_stream(self, response: httpx.Response) -> None:  # cap, raise its error
         _cap(response, self.name)
         if response.status_code >= 400:
             await response.aread()
