@@ -18,6 +18,7 @@ from .background import backend_name
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
+from .providers.bedrock import BedrockProvider
 from .providers.http import HTTPProvider
 
 
@@ -315,3 +316,38 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             )
         ]
     return []
+
+
+# Bedrock's checks use ids agentloop.E040-E049 and W040-W049 (a range of their own).
+@register(Tags.compatibility)
+def check_bedrock_region(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when a configured Bedrock provider (``AGENTLOOP["PROVIDERS"][name]`` of the
+    ``bedrock`` built-in, or of a class that is one) finds no AWS region: its every call
+    would fail. The region may come from the setting, ``AWS_REGION``, ``AWS_DEFAULT_REGION``
+    or the AWS profile; credentials are never read here."""
+    if management_command() in COMMANDS_WITHOUT_CHATS:
+        return []
+    configured = agentloop_settings.PROVIDERS
+    warnings: list[CheckMessage] = []
+    for name in configured if isinstance(configured, dict) else ():
+        provider = _provider_or_none(name)
+        if isinstance(provider, BedrockProvider) and not provider.auth.region():
+            warnings.append(
+                Warning(
+                    f"Provider {name!r} (AWS Bedrock) has no AWS region: its calls will fail.",
+                    hint=f"Set AGENTLOOP['PROVIDERS'][{name!r}]['region'], or AWS_REGION or "
+                    "AWS_DEFAULT_REGION in the environment, or a region in the AWS profile.",
+                    obj=name,
+                    id="agentloop.W040",
+                )
+            )
+    return warnings
+
+
+def _provider_or_none(name: str) -> providers.Provider | None:
+    """The provider of ``name``; None when it is unknown or won't load (botocore missing):
+    that fails when it is used, with its own message."""
+    try:
+        return providers.get(name)
+    except Exception:
+        return None

@@ -14,8 +14,10 @@ from django.core.checks import Error
 from django.core.checks import run_checks as run_django_checks
 from django.test import override_settings
 
+from agentloop import providers
 from agentloop.checks import check_settings, management_command
 from agentloop.conf import DEFAULTS, agentloop_settings
+from tests.providers.aws import isolate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -463,3 +465,41 @@ def test_settings_are_read_with_their_types():
     assert agentloop_settings.LEASE_SECONDS == 30.0
     assert isinstance(agentloop_settings.LEASE_SECONDS, float)
     assert isinstance(agentloop_settings.MODEL_RETRIES, int)
+
+
+# -- W040: a configured Bedrock provider without a region ------------------------------------
+def bedrock_warnings():
+    try:
+        return [m for m in run_checks() if m.id == "agentloop.W040"]
+    finally:
+        providers.forget_configured()
+
+
+@override_settings(AGENTLOOP={"PROVIDERS": {"bedrock": {"profile": None}}})
+def test_w040_a_configured_bedrock_provider_without_a_region_warns(monkeypatch, tmp_path):
+    isolate(monkeypatch, tmp_path)
+
+    (warning,) = bedrock_warnings()
+
+    assert warning.obj == "bedrock"
+    assert "AWS_REGION" in warning.hint
+
+
+@pytest.mark.parametrize("where", ["setting", "AWS_REGION", "AWS_DEFAULT_REGION"])
+def test_w040_a_region_from_the_setting_or_the_environment_passes(monkeypatch, tmp_path, where):
+    isolate(monkeypatch, tmp_path)
+    configured = {"bedrock": {"region": "eu-central-1"} if where == "setting" else {}}
+    if where != "setting":
+        monkeypatch.setenv(where, "eu-central-1")
+
+    with override_settings(AGENTLOOP={"PROVIDERS": configured}):
+        assert bedrock_warnings() == []
+
+
+@override_settings(
+    AGENTLOOP={"PROVIDERS": {"mine": {"class": "agentloop.providers.bedrock.BedrockProvider"}}}
+)
+def test_w040_names_a_bedrock_provider_configured_under_another_name(monkeypatch, tmp_path):
+    isolate(monkeypatch, tmp_path)
+
+    assert [warning.obj for warning in bedrock_warnings()] == ["mine"]

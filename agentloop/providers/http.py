@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
@@ -37,13 +37,16 @@ from .common import with_parsed_json
 from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
 from .errors import error_for_status, redact, status_of_error
 
-__all__ = ["HTTPProvider", "StreamParser"]
+__all__ = ["HTTPProvider", "StreamDecoder", "StreamParser"]
 
 _DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 #: a push parser of a stream: sent each server-sent event, then None at the end of the
 #: stream; it returns the answer (``StopIteration.value``), possibly before the end.
 StreamParser = Generator[None, ServerSentEvent | None, ModelResponse]
+
+#: sent each piece of a non-SSE streamed body, returns the events completed (for the parser).
+StreamDecoder = Callable[[bytes], Iterable[Any]]
 
 
 class _Budget:
@@ -292,6 +295,14 @@ class HTTPProvider(Provider):
         """A ModelResponse from a JSON answer."""
         raise NotImplementedError
 
+    def sign(self, post: dict[str, Any]) -> dict[str, Any]:
+        """The POST's arguments as sent, on every attempt (AWS SigV4 signs here): unchanged."""
+        return post
+
+    def stream_decoder(self) -> StreamDecoder | None:
+        """A decoder of streamed bodies, new for each stream; None: server-sent events."""
+        return None
+
     def stream_parser(self, on_chunk: ChunkCallback) -> StreamParser:
         """A push parser of the SSE stream (a generator: see :data:`StreamParser`), calling
         ``on_chunk`` as pieces arrive. Both the sync and the async requests feed it."""
@@ -394,7 +405,7 @@ class HTTPProvider(Provider):
                 write=min(timeout.write or left, left),
                 pool=min(timeout.pool or left, left),
             )
-        return post
+        return self.sign(post)
 
     def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
         post = self._post(request, on_chunk is not None)
@@ -404,13 +415,22 @@ class HTTPProvider(Provider):
                 _cap(response, self.name)
                 response.read()
             return self._json_answer(response)
+        decoder = self.stream_decoder()
+        if decoder is not None:
+            with self._translate_errors(), self.client.stream("POST", **post) as response:
+                self._check_stream(response)
+                events = (event for piece in response.iter_bytes() for event in decoder(piece))
+                return self._parse_stream(events, on_chunk)
         with self._translate_errors(), connect_sse(self.client, "POST", **post) as source:
-            watchdog.watch_response(source.response)  # a cancel or the deadline shuts it
-            _cap(source.response, self.name)
-            if source.response.status_code >= 400:
-                source.response.read()
-                self._raise_for_status(source.response)
+            self._check_stream(source.response)
             return self._parse_stream(source.iter_sse(), on_chunk)
+
+    def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
+        watchdog.watch_response(response)  # a cancel or the deadline shuts it
+        _cap(response, self.name)
+        if response.status_code >= 400:
+            response.read()
+            self._raise_for_status(response)
 
     async def _aanswer(
         self, request: ModelRequest, on_chunk: AsyncChunkCallback | None
@@ -423,13 +443,24 @@ class HTTPProvider(Provider):
                         _cap(response, self.name)
                         await response.aread()
                     return self._json_answer(response)
+                decoder = self.stream_decoder()
+                if decoder is not None:
+                    async with client.stream("POST", **post) as response:
+                        await self._acheck_stream(response)
+                        pieces = response.aiter_bytes()
+                        events = (event async for piece in pieces for event in decoder(piece))
+                        with self._unexpected_shape("streamed"):
+                            return await self._aparse_stream(events, on_chunk)
                 async with aconnect_sse(client, "POST", **post) as source:
-                    _cap(source.response, self.name)
-                    if source.response.status_code >= 400:
-                        await source.response.aread()
-                        self._raise_for_status(source.response)
+                    await self._acheck_stream(source.response)
                     with self._unexpected_shape("streamed"):
                         return await self._aparse_stream(source.aiter_sse(), on_chunk)
+
+    async def _acheck_stream(self, response: httpx.Response) -> None:  # cap, raise its error
+        _cap(response, self.name)
+        if response.status_code >= 400:
+            await response.aread()
+            self._raise_for_status(response)
 
     def _json_answer(self, response: httpx.Response) -> ModelResponse:
         """The answer of a read, non-streamed response (or its error)."""

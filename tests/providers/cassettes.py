@@ -39,6 +39,8 @@ FIXTURES = Path(
 )
 #: the newer recordings (thinking, prompt caching), kept apart from FIXTURES.
 NEXT = FIXTURES.parent / "providers-next"
+#: the recordings of the clouds (Bedrock, Vertex AI, Azure), kept apart from FIXTURES.
+CLOUD = FIXTURES.parent / "providers-cloud"
 
 
 def require_fixtures(folder: Path = FIXTURES) -> Path:
@@ -61,6 +63,8 @@ class Interaction:
     status: int
     response_headers: dict[str, list[str]]
     response_text: str
+    #: the body's exact bytes (a ``!binary`` body: Bedrock's event-stream frames).
+    response_bytes: bytes = b""
 
     @property
     def is_stream(self) -> bool:
@@ -91,9 +95,8 @@ class Cassette:
             headers = {key: ", ".join(values) for key, values in recorded.response_headers.items()
                        if key.lower() not in {"content-encoding", "transfer-encoding",
                                                "content-length"}}  # fmt: skip
-            return httpx.Response(
-                recorded.status, headers=headers, content=recorded.response_text.encode("utf-8")
-            )
+            content = recorded.response_bytes or recorded.response_text.encode("utf-8")
+            return httpx.Response(recorded.status, headers=headers, content=content)
 
         return httpx.MockTransport(handle)
 
@@ -111,9 +114,17 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader that also reads Ruby's ``!binary`` (base64) strings."""
 
 
+class _BinaryText(str):
+    """A ``!binary`` body as text (bytes that aren't UTF-8 replaced), its bytes in ``raw``."""
+
+    raw: bytes
+
+
 def _binary(loader: yaml.SafeLoader, node: yaml.Node) -> str:
     raw = base64.b64decode(loader.construct_scalar(node))  # type: ignore[arg-type]
-    return raw.decode("utf-8", errors="replace")
+    text = _BinaryText(raw.decode("utf-8", errors="replace"))
+    text.raw = raw
+    return text
 
 
 _Loader.add_constructor("!binary", _binary)
@@ -146,6 +157,7 @@ def load(name: str, folder: Path = FIXTURES) -> Cassette:
                 status=int(response["status"]["code"]),
                 response_headers=response.get("headers") or {},
                 response_text=_body(response.get("body")),
+                response_bytes=getattr(_body(response.get("body")), "raw", b""),
             )
         )
     return Cassette(path.stem, interactions)

@@ -9,6 +9,7 @@ import pytest
 
 from agentloop import providers
 from tests.providers import cassettes
+from tests.providers.aws import aws_env  # noqa: F401 (fixed AWS credentials: the Bedrock tests)
 
 
 @pytest.fixture
