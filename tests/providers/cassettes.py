@@ -39,6 +39,8 @@ FIXTURES = Path(
 )
 #: the newer recordings (thinking, prompt caching), kept apart from FIXTURES.
 NEXT = FIXTURES.parent / "providers-next"
+#: the recordings of the clouds (Bedrock, Vertex AI, Azure AI Foundry), kept apart too.
+CLOUD = FIXTURES.parent / "providers-cloud"
 
 
 def require_fixtures(folder: Path = FIXTURES) -> Path:
