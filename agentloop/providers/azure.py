@@ -71,9 +71,7 @@ _REASONING_MODELS = re.compile(r"(?<![a-z0-9])(?:gpt-5|o[1-9])(?![0-9])")
 _ENDPOINT_SUFFIXES = ("/models", "/openai/v1", "/openai")
 
 
-def route_for(
-    model: str, routes: Mapping[str, str] | None = None, route: str | None = None
-) -> str:
+def route_for(model: str, routes: Mapping[str, str] | None = None, route: str | None = None) -> str:
     """The route (``"chat"`` or ``"responses"``) for ``model``: its entry in ``routes``, else
     ``route`` (every model), else the rule above (``"auto"`` asks for the rule)."""
     chosen = (routes or {}).get(model) or route or "auto"
