@@ -34,7 +34,10 @@ from typing import Any
 import pytest
 
 from agentloop.exceptions import AuthenticationError, ProviderError, RateLimitError
+from agentloop import providers
 from agentloop.messages import ModelRequest, TextDelta, Thinking, ToolCallDelta
+from agentloop.models import Chat, Usage
+from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.azure import AzureProvider
 from agentloop.providers.openai_responses import OUTPUT_KEY
 from tests.providers import cassettes
@@ -299,3 +302,35 @@ def test_the_parsed_answer_becomes_the_next_recorded_input(name):
         body = provider.responses.build_body(request, after["stream"])
 
         assert body["input"] == after["input"], f"interaction {k + 1}"
+
+
+# -- a persisted chat, end to end ------------------------------------------------------------
+(CHANGE_MODEL,) = (name for name in EXPECTED if name.startswith("chat_change_model_on_the_fly"))
+
+
+@pytest.mark.django_db
+def test_a_chat_switching_from_claude_to_azure_sends_the_recorded_azure_request(user):
+    served = Cassette(CHANGE_MODEL, list(recording(CHANGE_MODEL).interactions))
+    transport = served.transport()
+    providers.register("anthropic", AnthropicProvider(api_key=KEY, transport=transport))
+    providers.register("azure", AzureProvider(api_key=KEY, endpoint=ENDPOINT, transport=transport))
+    try:
+        chat = Chat.objects.create(model="anthropic:claude-haiku-4-5", owner=user)
+        chat.with_temperature(0.0)
+        first = chat.ask("Reply with exactly: FOUR")
+        Chat.objects.get(pk=chat.pk).with_model("azure:grok-4-1-fast-non-reasoning")
+        second = Chat.objects.get(pk=chat.pk).ask("Reply with exactly: EIGHT")
+    finally:
+        providers.unregister("anthropic")
+        providers.unregister("azure")
+
+    recorded = azure(CHANGE_MODEL)[0]
+    assert (first.content, second.content) == ("FOUR", "EIGHT")
+    assert str(served.sent[1].url) == recorded.uri
+    assert served.sent[1].headers["api-key"] == KEY
+    assert json.loads(served.sent[1].content) == recorded.request_body
+    usage = list(Usage.objects.filter(chat=chat).order_by("id").values_list("provider", "model"))
+    assert usage == [
+        ("anthropic", "claude-haiku-4-5"),
+        ("azure", "grok-4-1-fast-non-reasoning"),
+    ]
