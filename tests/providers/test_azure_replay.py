@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from agentloop.exceptions import AuthenticationError, ProviderError, RateLimitError
 from agentloop import providers
+from agentloop.exceptions import AuthenticationError, ProviderError, RateLimitError
 from agentloop.messages import ModelRequest, TextDelta, Thinking, ToolCallDelta
 from agentloop.models import Chat, Usage
 from agentloop.providers.anthropic import AnthropicProvider
