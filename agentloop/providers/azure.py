@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
@@ -207,16 +207,9 @@ class AzureChatProvider(_AzureConnection, OpenAIProvider):
     o-series), which Microsoft documents as taking ``max_completion_tokens``.
     """
 
+    # The dialect is that of any OpenAI-compatible host (OpenAIProvider.option's defaults
+    # for a base URL other than api.openai.com): just what the recordings show.
     base_url_env = ()
-    dialect: ClassVar[dict[str, Any]] = {
-        "system_role": "system",
-        "max_tokens_field": "max_tokens",
-        "strict_tools": False,
-        "reasoning_field": None,
-        "file_urls": False,
-        "thinking_format": "openai",
-        "prompt_cache_key": False,
-    }
 
     def endpoint(self, request: ModelRequest, stream: bool) -> str:
         query = urlencode({"api-version": self.api_version})

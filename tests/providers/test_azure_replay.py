@@ -285,19 +285,7 @@ def test_the_parsed_answer_becomes_the_next_recorded_input(name):
         provider, _ = provider_for(name, interactions[k])
         response = provider.request(to_request(interactions[k]))
         before, after = interactions[k].request_body, interactions[k + 1].request_body
-        tail = after["input"][len(before["input"]) :]
-        answered = 0
-        while answered < len(tail) and (
-            tail[answered].get("role") == "assistant"
-            or tail[answered].get("type") in ("reasoning", "function_call")
-        ):
-            answered += 1
-        messages = [
-            *responses_wire.to_messages(before["input"]),
-            as_message(response),
-            *responses_wire.to_messages(tail[answered:]),
-        ]
-        request = to_request(interactions[k + 1]).model_copy(update={"messages": messages})
+        request = responses_wire.with_parsed_answer(before, after, as_message(response))
 
         body = provider.responses.build_body(request, after["stream"])
 
