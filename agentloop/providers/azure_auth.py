@@ -37,8 +37,8 @@ class TokenCredential(Protocol):
 
 
 def _default_credential() -> TokenCredential:
-    # Local: azure-identity is an optional extra, needed only when Entra ID is chosen.
     try:
+        # Local: azure-identity is an optional extra, needed only when Entra ID is chosen.
         from azure.identity import DefaultAzureCredential
     except ImportError as exc:
         raise ConfigurationError(
