@@ -356,3 +356,23 @@ def test_e009_other_providers_and_no_settings_pass():
     assert e009(PROVIDERS={"openai": {}}, DEFAULT_MODEL="gpt-5-nano") == []
     with override_settings(AGENTLOOP={"DEFAULT_MODEL": "azure:x"}):
         assert check_azure_endpoints() != []
+
+
+# -- agentloop.W002 ----------------------------------------------------------------------------
+def w002(**agentloop: Any) -> list[Any]:
+    with override_settings(AGENTLOOP=agentloop):
+        return [m for m in run_checks(databases=[]) if m.id == "agentloop.W002"]
+
+
+def test_w002_a_default_model_on_azure_without_a_key_warns():
+    (warning,) = w002(DEFAULT_MODEL="azure:grok-4", PROVIDERS={"azure": {"endpoint": ENDPOINT}})
+
+    assert warning.obj == "azure"
+    assert "AZURE_API_KEY" in warning.hint and "'entra'" in warning.hint
+
+
+def test_w002_a_key_or_an_entra_credential_passes():
+    configured = {"endpoint": ENDPOINT, "api_key": "k"}
+    assert w002(DEFAULT_MODEL="azure:grok-4", PROVIDERS={"azure": configured}) == []
+    configured = {"endpoint": ENDPOINT, "credential": FakeCredential()}
+    assert w002(DEFAULT_MODEL="azure:grok-4", PROVIDERS={"azure": configured}) == []
