@@ -18,6 +18,7 @@ from .background import backend_name
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
+from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
 from .providers.http import HTTPProvider
 
@@ -301,10 +302,11 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         provider = providers.get(name)
     except Exception:  # unknown or unimportable: that fails when used, with its own message
         return []
-    if not isinstance(provider, HTTPProvider):
-        return []
+    api_key = getattr(provider, "api_key", None)  # HTTP providers, and Azure's two routes
+    if not callable(api_key):
+        return []  # a provider that takes no key (a test double, a local model)
     try:
-        provider.api_key()
+        api_key()
     except ConfigurationError as exc:
         return [
             Warning(
@@ -344,9 +346,42 @@ def check_bedrock_region(app_configs: Any = None, **kwargs: Any) -> list[CheckMe
     return warnings
 
 
+@register(Tags.compatibility)
+def check_azure_endpoints(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """An Azure AI Foundry provider that is configured (in ``PROVIDERS``) or used by
+    ``DEFAULT_MODEL`` must have an endpoint: Azure has no default one (``agentloop.E009``)."""
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
+        return []
+    names = (
+        set(chosen.get("PROVIDERS") or {}) if isinstance(chosen.get("PROVIDERS"), dict) else set()
+    )
+    default_model = chosen.get("DEFAULT_MODEL")
+    if isinstance(default_model, str) and default_model:
+        try:
+            names.add(providers.split_model(default_model)[0])
+        except ConfigurationError:
+            pass  # a model of no known provider fails when used, with its own message
+    errors: list[CheckMessage] = []
+    for name in sorted(names):
+        provider = _provider_or_none(name)
+        if isinstance(provider, AzureProvider) and not provider.base_url:
+            errors.append(
+                Error(
+                    f"Provider {name!r} (Azure AI Foundry) has no endpoint.",
+                    hint=f"Set AGENTLOOP['PROVIDERS'][{name!r}]['endpoint'] = "
+                    "'https://NAME.services.ai.azure.com' (your resource's endpoint) or the "
+                    "AZURE_ENDPOINT environment variable.",
+                    obj=name,
+                    id="agentloop.E009",
+                )
+            )
+    return errors
+
+
 def _provider_or_none(name: str) -> providers.Provider | None:
-    """The provider of ``name``; None when it is unknown or won't load (botocore missing):
-    that fails when it is used, with its own message."""
+    """The provider named ``name``, or None when it is unknown or can't be made (that fails
+    when a chat uses it, with its own message)."""
     try:
         return providers.get(name)
     except Exception:

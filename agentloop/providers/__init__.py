@@ -87,6 +87,7 @@ BUILTINS: dict[str, str] = {
     "deepseek": "agentloop.providers.openai.DeepSeekProvider",
     "anthropic": "agentloop.providers.anthropic.AnthropicProvider",
     "gemini": "agentloop.providers.gemini.GeminiProvider",
+    "azure": "agentloop.providers.azure.AzureProvider",
     "bedrock": "agentloop.providers.bedrock.BedrockProvider",
 }
 

@@ -168,6 +168,11 @@ class OpenAIProvider(HTTPProvider):
         defaults = _OPENAI_DIALECT if host == "api.openai.com" else _COMPATIBLE_DIALECT
         return defaults[key]
 
+    def option_for(self, key: str, model: str) -> Any:
+        """A dialect option for one model: :meth:`option` here; a host whose models differ in a
+        detail (Azure's reasoning models take ``max_completion_tokens``) overrides this."""
+        return self.option(key)
+
     # -- the request ---------------------------------------------------------------------
     def endpoint(self, request: ModelRequest, stream: bool) -> str:
         return f"{self.base_url}/chat/completions"
@@ -196,7 +201,7 @@ class OpenAIProvider(HTTPProvider):
         if temperature is not None:
             body["temperature"] = temperature
         if request.max_output_tokens is not None:
-            body[self.option("max_tokens_field")] = request.max_output_tokens
+            body[self.option_for("max_tokens_field", request.model)] = request.max_output_tokens
         if request.output_schema is not None:
             body["response_format"] = self._response_format(request.output_schema)
         thinking = thinking_for(request, self.name)

@@ -221,7 +221,7 @@ class OpenAIResponsesProvider(HTTPProvider):
 
     name = "openai-responses"
     default_base_url = "https://api.openai.com/v1"
-    api_key_env = ("OPENAI_API_KEY",)
+    api_key_env: tuple[str, ...] = ("OPENAI_API_KEY",)
 
     def endpoint(self, request: ModelRequest, stream: bool) -> str:
         return "/responses"

@@ -44,6 +44,8 @@ ALL_KEY_VARIABLES = (
     "ANTHROPIC_API_KEY",
     "GEMINI_API_KEY",
     "GOOGLE_API_KEY",
+    "AZURE_API_KEY",
+    "AZURE_OPENAI_API_KEY",
 )
 
 
@@ -67,8 +69,10 @@ def setting_name(name: str) -> str:
 @pytest.fixture(autouse=True)
 def no_keys(monkeypatch) -> None:
     """No key in the environment, whatever the machine running the tests has."""
-    for variable in (*ALL_KEY_VARIABLES, "OPENAI_BASE_URL"):
+    for variable in (*ALL_KEY_VARIABLES, "OPENAI_BASE_URL", "AZURE_OPENAI_ENDPOINT"):
         monkeypatch.delenv(variable, raising=False)
+    # Azure has no default endpoint (check agentloop.E009): give its requests somewhere to go.
+    monkeypatch.setenv("AZURE_ENDPOINT", "https://keys-test.services.ai.azure.com")
 
 
 def run_checks() -> list[Any]:

@@ -308,6 +308,29 @@ def follow_ups(name: str) -> list[int]:
 ROUND_TRIPS = [name for name in CASSETTES if follow_ups(name)]
 
 
+def with_parsed_answer(
+    before: dict[str, Any], after: dict[str, Any], answer: Message
+) -> ModelRequest:
+    """The recorded request ``after`` with our parsed ``answer`` in place of the recorded
+    answer items (reasoning, text, calls) that follow ``before``'s input."""
+    tail = after["input"][len(before["input"]) :]
+    answer_items = 0
+    while answer_items < len(tail) and (
+        tail[answer_items].get("role") == "assistant"
+        or tail[answer_items].get("type") in ("reasoning", "function_call")
+    ):
+        answer_items += 1
+    assert answer_items > 0, "the next request doesn't start with the answer"
+    request = to_request(after)
+    messages = [
+        *[m for m in request.messages if m.role == "system"],
+        *to_messages(before["input"]),
+        answer,
+        *to_messages(tail[answer_items:]),
+    ]
+    return request.model_copy(update={"messages": messages})
+
+
 @pytest.mark.parametrize("name", ROUND_TRIPS, ids=ROUND_TRIPS)
 def test_parsed_answer_becomes_the_next_recorded_input(name):
     interactions = cached(name).interactions
@@ -315,27 +338,7 @@ def test_parsed_answer_becomes_the_next_recorded_input(name):
         response, _ = replay_response(interactions[k])
         before = interactions[k].request_body
         after = interactions[k + 1].request_body
-        tail = after["input"][len(before["input"]) :]
-        answer_items = 0
-        while answer_items < len(tail) and (
-            tail[answer_items].get("role") == "assistant"
-            or tail[answer_items].get("type") in ("reasoning", "function_call")
-        ):
-            answer_items += 1
-        assert answer_items > 0, f"interaction {k + 1} doesn't start with the answer"
-        answer = as_message(response)
-        earlier = to_messages(before["input"])
-        later = to_messages(tail[answer_items:])
-        request = to_request(after).model_copy(
-            update={
-                "messages": [
-                    *[m for m in to_request(after).messages if m.role == "system"],
-                    *earlier,
-                    answer,
-                    *later,
-                ]
-            }
-        )
+        request = with_parsed_answer(before, after, as_message(response))
 
         body = OpenAIResponsesProvider(api_key="test-key").build_body(request, after["stream"])
 
