@@ -87,6 +87,7 @@ BUILTINS: dict[str, str] = {
     "deepseek": "agentloop.providers.openai.DeepSeekProvider",
     "anthropic": "agentloop.providers.anthropic.AnthropicProvider",
     "gemini": "agentloop.providers.gemini.GeminiProvider",
+    "vertexai": "agentloop.providers.vertex.VertexAIProvider",
 }
 
 

@@ -39,6 +39,8 @@ FIXTURES = Path(
 )
 #: the newer recordings (thinking, prompt caching), kept apart from FIXTURES.
 NEXT = FIXTURES.parent / "providers-next"
+#: the recordings of the clouds (Vertex AI, Bedrock, Azure), kept apart from FIXTURES.
+CLOUD = FIXTURES.parent / "providers-cloud"
 
 
 def require_fixtures(folder: Path = FIXTURES) -> Path:
@@ -159,9 +161,9 @@ def names(part: str, folder: Path = FIXTURES) -> list[str]:
 
 
 @cache
-def cached(name: str) -> Cassette:
+def cached(name: str, folder: Path = FIXTURES) -> Cassette:
     """``load(name)`` read once, for reading the recording (serve copies: see :func:`serve`)."""
-    return load(name)
+    return load(name, folder)
 
 
 # -- serving a recording to a provider ----------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Serving recorded Vertex AI traffic: the OAuth token exchange and the API calls, each from
+its own queue (a provider refreshes its token when it must, not once per recorded chat),
+through one ``httpx.MockTransport`` that keeps what was sent."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+from google.oauth2.credentials import Credentials
+
+from agentloop.providers.vertex import VertexAIProvider
+from tests.providers.cassettes import Interaction
+
+#: what the recordings' placeholders stand for here. The recorded host is
+#: aiplatform.googleapis.com, with no region before it: the recordings were made in the
+#: ``global`` location (a region's host is {region}-aiplatform.googleapis.com).
+PROJECT = "test-project"
+LOCATION = "global"
+TOKEN_URI = "https://oauth2.googleapis.com/token"
+#: the recordings' access token (a placeholder, as the token endpoint's answer has it).
+ACCESS_TOKEN = "<GOOGLE_ACCESS_TOKEN>"
+
+
+def user_credentials() -> Credentials:
+    """Authorized-user credentials (``gcloud auth application-default login`` makes these)
+    holding the recordings' placeholders: refreshing them posts the recorded form."""
+    return Credentials(
+        token=None,
+        refresh_token="<GOOGLE_REFRESH_TOKEN>",
+        client_id="<GOOGLE_CLIENT_ID>",
+        client_secret="<GOOGLE_CLIENT_SECRET>",
+        token_uri=TOKEN_URI,
+    )
+
+
+def recorded_url(interaction: Interaction) -> str:
+    return interaction.uri.replace("<GOOGLE_CLOUD_PROJECT>", PROJECT).replace(
+        "<GOOGLE_CLOUD_LOCATION>", LOCATION
+    )
+
+
+def is_token_exchange(interaction: Interaction) -> bool:
+    return interaction.uri == TOKEN_URI
+
+
+def form(text: str) -> dict[str, list[str]]:
+    return parse_qs(text, strict_parsing=True)
+
+
+def _response(recorded: Interaction) -> httpx.Response:
+    dropped = {"content-encoding", "transfer-encoding", "content-length"}
+    headers = {
+        key: ", ".join(values)
+        for key, values in recorded.response_headers.items()
+        if key.lower() not in dropped
+    }
+    return httpx.Response(recorded.status, headers=headers, content=recorded.response_text.encode())
+
+
+@dataclass
+class VertexServer:
+    """Answers token exchanges and API calls from their own queues, in order."""
+
+    tokens: list[Interaction]
+    calls: list[Any]  # Interaction, or an httpx.Response made by the test
+    sent: list[httpx.Request] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, interactions: list[Interaction], *extra: httpx.Response) -> VertexServer:
+        tokens = [i for i in interactions if is_token_exchange(i)]
+        return cls(tokens, [i for i in interactions if not is_token_exchange(i)] + list(extra))
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
+        queue = self.tokens if str(request.url) == TOKEN_URI else self.calls
+        if not queue:
+            raise AssertionError(f"unexpected request to {request.url}")
+        answer = queue.pop(0)
+        return answer if isinstance(answer, httpx.Response) else _response(answer)
+
+    @property
+    def token_requests(self) -> list[httpx.Request]:
+        return [r for r in self.sent if str(r.url) == TOKEN_URI]
+
+    @property
+    def api_requests(self) -> list[httpx.Request]:
+        return [r for r in self.sent if str(r.url) != TOKEN_URI]
+
+    def api_bodies(self) -> list[Any]:
+        return [json.loads(r.content) for r in self.api_requests]
+
+
+def serving(
+    interactions: list[Interaction], *extra: httpx.Response, **options: Any
+) -> tuple[VertexAIProvider, VertexServer]:
+    """A VertexAIProvider (the test project, ``global``, authorized-user credentials) served
+    by ``interactions`` (then ``extra`` answers to API calls)."""
+    server = VertexServer.of(interactions, *extra)
+    options.setdefault("credentials", user_credentials())
+    provider = VertexAIProvider(
+        project=PROJECT, location=LOCATION, transport=httpx.MockTransport(server), **options
+    )
+    return provider, server
