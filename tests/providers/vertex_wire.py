@@ -51,7 +51,7 @@ def form(text: str) -> dict[str, list[str]]:
     return parse_qs(text, strict_parsing=True)
 
 
-def _response(recorded: Interaction) -> httpx.Response:
+def recorded_response(recorded: Interaction) -> httpx.Response:
     dropped = {"content-encoding", "transfer-encoding", "content-length"}
     headers = {
         key: ", ".join(values)
@@ -65,14 +65,21 @@ def _response(recorded: Interaction) -> httpx.Response:
 class VertexServer:
     """Answers token exchanges and API calls from their own queues, in order."""
 
-    tokens: list[Interaction]
-    calls: list[Any]  # Interaction, or an httpx.Response made by the test
+    tokens: list[Any]  # an Interaction, or an httpx.Response made by the test
+    calls: list[Any]
     sent: list[httpx.Request] = field(default_factory=list)
 
     @classmethod
-    def of(cls, interactions: list[Interaction], *extra: httpx.Response) -> VertexServer:
-        tokens = [i for i in interactions if is_token_exchange(i)]
-        return cls(tokens, [i for i in interactions if not is_token_exchange(i)] + list(extra))
+    def of(
+        cls,
+        interactions: list[Interaction],
+        *extra: httpx.Response,
+        tokens: tuple[httpx.Response, ...] = (),
+    ) -> VertexServer:
+        """Served ``interactions``, then ``extra`` API answers and ``tokens`` exchanges."""
+        recorded = [i for i in interactions if is_token_exchange(i)]
+        calls = [i for i in interactions if not is_token_exchange(i)]
+        return cls([*recorded, *tokens], [*calls, *extra])
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.sent.append(request)
@@ -80,7 +87,7 @@ class VertexServer:
         if not queue:
             raise AssertionError(f"unexpected request to {request.url}")
         answer = queue.pop(0)
-        return answer if isinstance(answer, httpx.Response) else _response(answer)
+        return answer if isinstance(answer, httpx.Response) else recorded_response(answer)
 
     @property
     def token_requests(self) -> list[httpx.Request]:
@@ -95,11 +102,14 @@ class VertexServer:
 
 
 def serving(
-    interactions: list[Interaction], *extra: httpx.Response, **options: Any
+    interactions: list[Interaction],
+    *extra: httpx.Response,
+    tokens: tuple[httpx.Response, ...] = (),
+    **options: Any,
 ) -> tuple[VertexAIProvider, VertexServer]:
     """A VertexAIProvider (the test project, ``global``, authorized-user credentials) served
-    by ``interactions`` (then ``extra`` answers to API calls)."""
-    server = VertexServer.of(interactions, *extra)
+    by ``interactions``, then ``extra`` API answers and ``tokens`` token exchanges."""
+    server = VertexServer.of(interactions, *extra, tokens=tokens)
     options.setdefault("credentials", user_credentials())
     provider = VertexAIProvider(
         project=PROJECT, location=LOCATION, transport=httpx.MockTransport(server), **options

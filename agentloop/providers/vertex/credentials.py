@@ -9,6 +9,7 @@ its absence is a one-line ConfigurationError naming the extra.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,50 @@ def google_auth(provider: str) -> Any:
             f"Provider {provider!r} (Vertex AI) needs google-auth: {INSTALL}"
         ) from exc
     return google.auth
+
+
+def _external_account(info: dict[str, Any]) -> Any:
+    """Workload identity federation: AWS, an executable, or a file or URL token source."""
+    # Local: these google-auth modules are only needed for this kind of file.
+    from google.auth import aws, identity_pool, pluggable
+
+    source = info.get("credential_source") or {}
+    if str(info.get("subject_token_type", "")).endswith(":aws4_request"):
+        return aws.Credentials.from_info(info, scopes=[SCOPE])
+    if isinstance(source, dict) and source.get("executable") is not None:
+        return pluggable.Credentials.from_info(info, scopes=[SCOPE])
+    return identity_pool.Credentials.from_info(info, scopes=[SCOPE])
+
+
+def _from_file(path: str | Path) -> tuple[Any, str | None]:
+    """Credentials and their project from a credentials file, by its ``type``, with
+    google-auth's loader for that type (its catch-all loader is deprecated: it would accept
+    any type from any file)."""
+    # Local: google-auth is the vertex extra's (present: the caller imported it).
+    from google.auth import external_account_authorized_user, impersonated_credentials
+    from google.oauth2 import credentials as user
+    from google.oauth2 import service_account
+
+    try:
+        info = json.loads(Path(path).read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"can't read it as JSON ({type(exc).__name__})") from exc
+    if not isinstance(info, dict):
+        raise ValueError("it is not a JSON object")
+    kind = info.get("type")
+    project = info.get("project_id") or info.get("quota_project_id")
+    if kind == "service_account":
+        return service_account.Credentials.from_service_account_info(info, scopes=[SCOPE]), project
+    if kind == "authorized_user":  # gcloud auth application-default login
+        return user.Credentials.from_authorized_user_info(info), project
+    if kind == "external_account":
+        return _external_account(info), project
+    if kind == "external_account_authorized_user":
+        return external_account_authorized_user.Credentials.from_info(info), project
+    if kind == "impersonated_service_account":
+        found = impersonated_credentials.Credentials.from_impersonated_service_account_info
+        return found(info, scopes=[SCOPE]), project
+    raise ValueError(f"its type {kind!r} is not a kind of Google credentials file")
 
 
 class GoogleCredentials:
@@ -75,18 +120,17 @@ class GoogleCredentials:
             if source is None:
                 credentials, project = auth.default(scopes=[SCOPE], request=self._request())
             elif isinstance(source, str | Path):
-                credentials, project = auth.load_credentials_from_file(
-                    str(source), scopes=[SCOPE], request=self._request()
-                )
+                credentials, project = _from_file(source)
             else:
                 credentials, project = source, None
                 if getattr(credentials, "requires_scopes", False):
                     credentials = credentials.with_scopes([SCOPE])
-        except auth.exceptions.DefaultCredentialsError as exc:
+        except (auth.exceptions.DefaultCredentialsError, ValueError, KeyError) as exc:
             where = f"the file {source}" if isinstance(source, str | Path) else "ADC"
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigurationError(
                 f"No usable Google credentials for provider {self.provider!r} from {where}: "
-                f"{exc} (see docs/providers/vertex-ai.md)"
+                f"{reason} (see docs/providers/vertex-ai.md)"
             ) from exc
         self._project = project or getattr(credentials, "project_id", None) or None
         return credentials
