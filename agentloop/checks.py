@@ -19,6 +19,7 @@ from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.http import HTTPProvider
+from .providers.vertex import VertexAIProvider
 
 
 @register(Tags.compatibility)
@@ -315,3 +316,46 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             )
         ]
     return []
+
+
+def _providers(names: list[str]) -> list[tuple[str, providers.Provider]]:
+    """The providers of ``names`` that can be made (an unknown or unimportable one fails
+    when used, with its own message)."""
+    found = []
+    for name in names:
+        try:
+            found.append((name, providers.get(name)))
+        except Exception:  # noqa: S112 - see the docstring
+            continue
+    return found
+
+
+@register(Tags.compatibility)
+def check_vertex_ai(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A Vertex AI provider that is configured (named in ``PROVIDERS`` or by
+    ``DEFAULT_MODEL``) needs a project and a location it can find (agentloop.E009)."""
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
+        return []
+    names = set(chosen.get("PROVIDERS") or {})
+    default_model = chosen.get("DEFAULT_MODEL")
+    if isinstance(default_model, str) and ":" in default_model:
+        names.add(default_model.partition(":")[0])
+    errors: list[CheckMessage] = []
+    for name, provider in _providers(sorted(names)):
+        if not isinstance(provider, VertexAIProvider):
+            continue
+        try:
+            problems = provider.configuration_problems()
+        except ConfigurationError as exc:  # the credentials themselves (google-auth missing...)
+            problems = [str(exc)]
+        errors.extend(
+            Error(
+                problem,
+                hint="See docs/providers/vertex-ai.md (projects and locations).",
+                obj=name,
+                id="agentloop.E009",
+            )
+            for problem in problems
+        )
+    return errors

@@ -57,33 +57,57 @@ class VertexAIProvider(GeminiBase):
 
     def __repr__(self) -> str:
         # Nothing is resolved here (no credentials loaded, nothing that could fail).
-        given = self._location or self._setting("location") or _first_env(LOCATION_ENV)
-        return f"<{type(self).__name__} name={self.name!r} location={given!r}>"
+        return f"<{type(self).__name__} name={self.name!r} location={self._given_location()!r}>"
 
     # -- configuration -------------------------------------------------------------------
+    def _given_location(self) -> str | None:
+        return self._location or self._setting("location") or _first_env(LOCATION_ENV)
+
+    def _given_project(self) -> str | None:
+        return self._project or self._setting("project") or _first_env(PROJECT_ENV)
+
+    def configuration_problems(self) -> list[str]:
+        """What would stop every call (for the system check): no location, or no project
+        in the settings, the environment or the credentials (loaded for that, when needed,
+        once a location is known: google-auth's requests go to the location's host)."""
+        problems: list[str] = []
+        if not self._given_location():
+            problems.append(self._missing("location"))
+            if not self._given_project():
+                problems.append(self._missing("project"))
+            return problems
+        try:
+            self.project  # noqa: B018 - resolving it is the check
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+        return problems
+
     @property
     def location(self) -> str:
         """The location (``global`` or a region), or ConfigurationError saying where to set it."""
-        location = self._location or self._setting("location") or _first_env(LOCATION_ENV)
+        location = self._given_location()
         if not location:
-            raise ConfigurationError(
-                f"No Vertex AI location for provider {self.name!r}: set "
-                f"AGENTLOOP['PROVIDERS'][{self.name!r}]['location'] (e.g. 'global' or "
-                "'us-central1') or the GOOGLE_CLOUD_LOCATION environment variable."
-            )
+            raise ConfigurationError(self._missing("location"))
         return str(location)
+
+    def _missing(self, what: str) -> str:
+        setting = f"AGENTLOOP['PROVIDERS'][{self.name!r}][{what!r}]"
+        if what == "location":
+            return (
+                f"No Vertex AI location for provider {self.name!r}: set {setting} (e.g. "
+                "'global' or 'us-central1') or the GOOGLE_CLOUD_LOCATION environment variable."
+            )
+        return (
+            f"No Google Cloud project for provider {self.name!r}: set {setting} or the "
+            "GOOGLE_CLOUD_PROJECT environment variable (the credentials name none)."
+        )
 
     @property
     def project(self) -> str:
         """The project: the setting, else the environment, else the credentials' own."""
-        project = self._project or self._setting("project") or _first_env(PROJECT_ENV)
-        project = project or self._google.project()
+        project = self._given_project() or self._google.project()
         if not project:
-            raise ConfigurationError(
-                f"No Google Cloud project for provider {self.name!r}: set "
-                f"AGENTLOOP['PROVIDERS'][{self.name!r}]['project'] or the "
-                "GOOGLE_CLOUD_PROJECT environment variable (the credentials name none)."
-            )
+            raise ConfigurationError(self._missing("project"))
         return str(project)
 
     @property
