@@ -312,3 +312,21 @@ def test_built_in_under_vertexai():
     assert providers.VertexAIProvider is VertexAIProvider
     assert isinstance(provider, VertexAIProvider) and provider.name == "vertexai"
     assert model == "gemini-3-flash-preview"
+
+
+@pytest.mark.django_db
+def test_a_chat_on_vertex_ai_keeps_usage_and_no_token(user):
+    from agentloop.models import Chat
+    from tests.providers.wire import registered
+
+    provider, server = serving(list(recorded()))
+    with registered("vertexai", provider):
+        chat = Chat.objects.create(model="vertexai:gemini-2.5-flash", owner=user)
+        answer = chat.ask("What's 2 + 2?")
+
+    (usage,) = chat.usage_records.all()
+    assert answer.content == "2 + 2 = **4**"
+    assert (usage.input_tokens, usage.output_tokens, usage.reasoning_tokens) == (9, 27, 19)
+    assert usage.cost is None  # Vertex AI's prices are not in the catalog (see models.json)
+    stored = json.dumps([list(m.provider_data.items()) for m in chat.messages.all()])
+    assert ACCESS_TOKEN not in stored + json.dumps(chat.provider_options or {})
