@@ -3,13 +3,12 @@ fails the system check; one that finds both (settings, environment, credentials)
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.test import override_settings
 
 from agentloop import providers
 from agentloop.checks import check_vertex_ai
+from tests.providers.vertex_wire import user_file
 
 
 @pytest.fixture(autouse=True)
@@ -23,20 +22,6 @@ def _no_google_environment(monkeypatch):
         monkeypatch.delenv(variable, raising=False)
     yield
     providers.forget_configured()
-
-
-def user_file(tmp_path, **extra):
-    """An authorized user's credentials file, as ``gcloud auth application-default login``
-    writes it (loading it needs no network)."""
-    path = tmp_path / "adc.json"
-    info = {
-        "type": "authorized_user",
-        "client_id": "id",
-        "client_secret": "s",
-        "refresh_token": "r",
-    }
-    path.write_text(json.dumps({**info, **extra}))
-    return str(path)
 
 
 def messages(agentloop):

@@ -33,6 +33,7 @@ from tests.providers.vertex_wire import (
     recorded_response,
     serving,
     user_credentials,
+    user_file,
 )
 from tests.providers.wire import shown
 
@@ -244,18 +245,10 @@ def test_the_project_of_a_credentials_file(tmp_path, monkeypatch):
     login`` writes it) is loaded by google-auth; its quota project is the project."""
     for variable in ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT"):
         monkeypatch.delenv(variable, raising=False)
-    path = tmp_path / "adc.json"
-    info = {
-        "type": "authorized_user",
-        "client_id": "<GOOGLE_CLIENT_ID>",
-        "client_secret": "<GOOGLE_CLIENT_SECRET>",
-        "refresh_token": "<GOOGLE_REFRESH_TOKEN>",
-        "quota_project_id": "file-project",
-    }
-    path.write_text(json.dumps(info))
     token, call = recorded()
     server = VertexServer.of([token, call])
-    setting = {"credentials": str(path), "location": "global"}
+    setting = {"credentials": user_file(tmp_path, quota_project_id="file-project")}
+    setting["location"] = "global"
     with override_settings(AGENTLOOP={"PROVIDERS": {"vertexai": setting}}):
         provider = VertexAIProvider(transport=httpx.MockTransport(server))
 
@@ -312,6 +305,14 @@ def test_built_in_under_vertexai():
     assert providers.VertexAIProvider is VertexAIProvider
     assert isinstance(provider, VertexAIProvider) and provider.name == "vertexai"
     assert model == "gemini-3-flash-preview"
+
+
+def test_no_batch_api():
+    """Vertex AI's batch prediction is another API (Cloud Storage or BigQuery in and out):
+    the Gemini API's batch mode is not used for it."""
+    from agentloop.providers.batch_apis import batch_api
+
+    assert batch_api(VertexAIProvider(project="p", location="global")) is None
 
 
 @pytest.mark.django_db

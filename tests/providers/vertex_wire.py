@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -35,6 +36,22 @@ def user_credentials() -> Credentials:
         client_secret="<GOOGLE_CLIENT_SECRET>",
         token_uri=TOKEN_URI,
     )
+
+
+def user_file(folder: Path, **extra: Any) -> str:
+    """The path of an authorized user's credentials file in ``folder`` (as ``gcloud auth
+    application-default login`` writes it; loading it needs no network), with the
+    recordings' placeholders, and ``extra`` fields (``quota_project_id``)."""
+    info = {
+        "type": "authorized_user",
+        "client_id": "<GOOGLE_CLIENT_ID>",
+        "client_secret": "<GOOGLE_CLIENT_SECRET>",
+        "refresh_token": "<GOOGLE_REFRESH_TOKEN>",
+        **extra,
+    }
+    path = folder / "adc.json"
+    path.write_text(json.dumps(info))
+    return str(path)
 
 
 def recorded_url(interaction: Interaction) -> str:

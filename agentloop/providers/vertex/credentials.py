@@ -90,14 +90,17 @@ def _from_file(path: str | Path) -> tuple[Any, str | None]:
 class GoogleCredentials:
     """Credentials loaded on first use from ``source``, and their current bearer token.
 
-    ``source`` is a path to a credentials file, a google-auth ``Credentials`` object, or
-    None for Application Default Credentials. ``client`` gives the httpx client google-auth's
-    own requests go through. The token is kept here, in memory only.
+    ``source`` gives, when credentials are first needed, a path to a credentials file, a
+    google-auth ``Credentials`` object, or None for Application Default Credentials.
+    ``client`` gives the httpx client google-auth's own requests go through. The token is
+    kept here, in memory only.
     """
 
-    def __init__(self, provider: str, source: Any, client: Callable[[], httpx.Client]) -> None:
+    def __init__(
+        self, provider: str, source: Callable[[], Any], client: Callable[[], httpx.Client]
+    ) -> None:
         self.provider = provider
-        self.source = source
+        self._source = source
         self._client = client
         self._credentials: Credentials | None = None
         self._project: str | None = None
@@ -115,7 +118,7 @@ class GoogleCredentials:
 
     def _load(self) -> Credentials:
         auth = google_auth(self.provider)
-        source = self.source
+        source = self._source()
         try:
             if source is None:
                 credentials, project = auth.default(scopes=[SCOPE], request=self._request())

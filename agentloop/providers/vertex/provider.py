@@ -52,14 +52,18 @@ class VertexAIProvider(GeminiBase):
         self._project = project
         self._location = location
         self._endpoint_url = endpoint_url
-        source = credentials if credentials is not None else self._setting("credentials")
-        self._google = GoogleCredentials(self.name, source, lambda: self.client)
+        self._credentials = credentials
+        self._google = GoogleCredentials(self.name, self._credentials_source, lambda: self.client)
 
     def __repr__(self) -> str:
         # Nothing is resolved here (no credentials loaded, nothing that could fail).
         return f"<{type(self).__name__} name={self.name!r} location={self._given_location()!r}>"
 
     # -- configuration -------------------------------------------------------------------
+    def _credentials_source(self) -> Any:
+        """The ``credentials`` argument, else the setting (None: ADC)."""
+        return self._credentials if self._credentials is not None else self._setting("credentials")
+
     def _given_location(self) -> str | None:
         return self._location or self._setting("location") or _first_env(LOCATION_ENV)
 
