@@ -87,8 +87,6 @@ class GeminiBase(HTTPProvider):
             if not event.data.strip():
                 continue
             data = json.loads(event.data)
-            if isinstance(data, list) and len(data) == 1:
-                data = data[0]  # an error in a stream may come as a one-item JSON array
             if isinstance(data, dict) and isinstance(data.get("error"), dict):
                 raise self.error_from_body(None, data)
             answer.add(data, on_chunk)
