@@ -128,7 +128,7 @@ class GoogleCredentials:
                 credentials, project = source, None
                 if getattr(credentials, "requires_scopes", False):
                     credentials = credentials.with_scopes([SCOPE])
-        except (auth.exceptions.DefaultCredentialsError, ValueError, KeyError) as exc:
+        except (auth.exceptions.GoogleAuthError, ValueError, KeyError) as exc:
             where = f"the file {source}" if isinstance(source, str | Path) else "ADC"
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigurationError(
