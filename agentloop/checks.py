@@ -20,7 +20,7 @@ from .exceptions import ConfigurationError
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
-from .providers.http import HTTPProvider
+from .providers.vertex import VertexAIProvider
 
 
 @register(Tags.compatibility)
@@ -386,3 +386,35 @@ def _provider_or_none(name: str) -> providers.Provider | None:
         return providers.get(name)
     except Exception:
         return None
+
+
+@register(Tags.compatibility)
+def check_vertex_ai(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A Vertex AI provider that is configured (named in ``PROVIDERS`` or by
+    ``DEFAULT_MODEL``) needs a project and a location it can find (agentloop.E010)."""
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
+        return []
+    names = set(chosen.get("PROVIDERS") or {})
+    default_model = chosen.get("DEFAULT_MODEL")
+    if isinstance(default_model, str) and ":" in default_model:
+        names.add(default_model.partition(":")[0])
+    errors: list[CheckMessage] = []
+    for name in sorted(names):
+        provider = _provider_or_none(name)
+        if not isinstance(provider, VertexAIProvider):
+            continue
+        try:
+            problems = provider.configuration_problems()
+        except ConfigurationError as exc:  # the credentials themselves (google-auth missing...)
+            problems = [str(exc)]
+        errors.extend(
+            Error(
+                problem,
+                hint="See docs/providers/vertex-ai.md (projects and locations).",
+                obj=name,
+                id="agentloop.E010",
+            )
+            for problem in problems
+        )
+    return errors

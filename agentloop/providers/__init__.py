@@ -89,6 +89,7 @@ BUILTINS: dict[str, str] = {
     "gemini": "agentloop.providers.gemini.GeminiProvider",
     "azure": "agentloop.providers.azure.AzureProvider",
     "bedrock": "agentloop.providers.bedrock.BedrockProvider",
+    "vertexai": "agentloop.providers.vertex.VertexAIProvider",
 }
 
 

@@ -1,6 +1,11 @@
 """Well-known models: provider, context window, whether they think, and prices
 (``models.json``). It is the one place that knows which model takes which option
-(:func:`accepts`; the providers ask through :mod:`~agentloop.providers.model_options`)."""
+(:func:`accepts`; the providers ask through :mod:`~agentloop.providers.model_options`).
+
+``models`` are the vendors' own APIs' entries, by model id. ``clouds`` are entries for a model
+served through a cloud provider (Vertex AI...), whose prices are the cloud's: a call through
+that provider is looked up there first, so it is never priced at another API's rates.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from ..messages import TokenUsage
 
@@ -42,39 +48,62 @@ def _decimal(value: object) -> Decimal | None:
     return None if value is None else Decimal(str(value))
 
 
+def _info(entry: dict[str, Any]) -> ModelInfo:
+    return ModelInfo(
+        id=entry["id"],
+        provider=entry["provider"],
+        context_window=entry.get("context_window"),
+        input_price=_decimal(entry.get("input_price")),
+        output_price=_decimal(entry.get("output_price")),
+        cached_input_price=_decimal(entry.get("cached_input_price")),
+        cache_write_price=_decimal(entry.get("cache_write_price")),
+        cache_write_1h_price=_decimal(entry.get("cache_write_1h_price")),
+        thinking=entry.get("thinking"),
+        temperature=entry.get("temperature", True),
+    )
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(
+        resources.files(__package__).joinpath("models.json").read_text("utf-8")
+    )
+    return raw
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, ModelInfo]:
-    raw = json.loads(resources.files(__package__).joinpath("models.json").read_text("utf-8"))
     models = {}
-    for entry in raw["models"]:
-        info = ModelInfo(
-            id=entry["id"],
-            provider=entry["provider"],
-            context_window=entry.get("context_window"),
-            input_price=_decimal(entry.get("input_price")),
-            output_price=_decimal(entry.get("output_price")),
-            cached_input_price=_decimal(entry.get("cached_input_price")),
-            cache_write_price=_decimal(entry.get("cache_write_price")),
-            cache_write_1h_price=_decimal(entry.get("cache_write_1h_price")),
-            thinking=entry.get("thinking"),
-            temperature=entry.get("temperature", True),
-        )
+    for entry in _raw()["models"]:
+        info = _info(entry)
         models[info.id] = info
         for alias in entry.get("aliases", ()):
             models[alias] = info
     return models
 
 
+@lru_cache(maxsize=1)
+def _clouds() -> dict[tuple[str, str], ModelInfo]:
+    """The ``clouds`` entries by (provider, model id)."""
+    return {(entry["provider"], entry["id"]): _info(entry) for entry in _raw().get("clouds", ())}
+
+
 # A snapshot's suffix: "-2025-04-14" (OpenAI), "-20251001" (Anthropic), "-001" (Gemini).
 _SNAPSHOT = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{3})$")
 
 
-def lookup(model: str) -> ModelInfo | None:
+def lookup(model: str, provider: str | None = None) -> ModelInfo | None:
     """The catalog entry for ``model``; a dated snapshot falls back to its base id.
 
     Only a snapshot suffix is dropped: a variant such as ``o3-pro`` or ``gpt-4o-audio-preview``
-    is priced differently from its family and stays unknown unless it has an entry.
+    is priced differently from its family and stays unknown unless it has an entry. A call
+    through ``provider`` takes that provider's ``clouds`` entry first, when it has one.
     """
+    if provider is not None:
+        clouds = _clouds()
+        for candidate in (model, _SNAPSHOT.sub("", model)):
+            if (provider, candidate) in clouds:
+                return clouds[(provider, candidate)]
     catalog = _catalog()
     if model in catalog:
         return catalog[model]
@@ -107,7 +136,7 @@ def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Deci
     price, its cache writes at the write price of their lifetime (input price when the
     catalog has none, as OpenAI bills them), the rest at the input price.
     """
-    info = lookup(model)
+    info = lookup(model, provider)
     if info is None or info.input_price is None or info.output_price is None:
         return None
     # Counts a provider got wrong never make a negative share of plain input.

@@ -171,9 +171,9 @@ def names(part: str, folder: Path = FIXTURES) -> list[str]:
 
 
 @cache
-def cached(name: str) -> Cassette:
+def cached(name: str, folder: Path = FIXTURES) -> Cassette:
     """``load(name)`` read once, for reading the recording (serve copies: see :func:`serve`)."""
-    return load(name)
+    return load(name, folder)
 
 
 # -- serving a recording to a provider ----------------------------------------------------------

@@ -307,3 +307,33 @@ def test_a_chat_without_a_model_is_priced_as_the_default_model(server, user):
     assert (usage.provider, usage.model, usage.status) == ("priced", "gpt-5-nano", "succeeded")
     assert usage.cost == Decimal("0.00005000")
     assert server.bodies[0]["model"] == "gpt-5-nano"
+
+
+# -- clouds: a model served through a cloud provider is priced at the cloud's rates ------------
+CLOUDS = RAW.get("clouds", [])
+
+
+@pytest.mark.parametrize("entry", CLOUDS, ids=[f"{e['provider']}:{e['id']}" for e in CLOUDS])
+def test_every_cloud_entry_is_well_formed_and_names_its_source(entry):
+    test_every_entry_is_well_formed(entry)
+    assert entry["source"]
+    if entry["input_price"] is not None:
+        test_every_price_names_the_vendor_page_it_was_read_on(entry)
+
+
+def test_cloud_entries_are_unique():
+    keys = [(entry["provider"], entry["id"]) for entry in CLOUDS]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_call_through_vertex_ai_takes_the_vertex_entry_not_the_gemini_apis():
+    usage = TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000)
+
+    through_vertex = lookup("gemini-2.5-flash", provider="vertexai")
+
+    assert through_vertex is not None and through_vertex.provider == "vertexai"
+    assert through_vertex.context_window == 1048576
+    assert price_of("gemini-2.5-flash", usage, provider="vertexai") is None  # not confirmed
+    assert price_of("gemini-2.5-flash-001", usage, provider="vertexai") is None  # a snapshot
+    assert price_of("gemini-2.5-flash", usage, provider="gemini") == Decimal("2.80000000")
+    assert lookup("gemini-2.5-flash").provider == "gemini"  # type: ignore[union-attr]

@@ -34,7 +34,11 @@ from tests.providers.wire import Recorder
 REPO = Path(__file__).resolve().parents[2]
 # No vendor's key shape, so only the provider's own redaction can hide it.
 KEY = "zz-agentloop-SECRET-7d1f9a0c2b4e"
-NAMES = sorted(providers.BUILTINS)
+#: providers authorised without an API key: AWS Bedrock signs with the AWS credentials chain
+#: (tests/providers/test_bedrock.py shows its secrets never leak) and Vertex AI's OAuth tokens
+#: come from google-auth (tests/providers/test_vertex.py shows they never leak).
+WITHOUT_API_KEYS = {"bedrock", "vertexai"}
+NAMES = sorted(set(providers.BUILTINS) - WITHOUT_API_KEYS)
 NEED_KEYS = [name for name in NAMES if name != "ollama"]
 ALL_KEY_VARIABLES = (
     "OPENAI_API_KEY",

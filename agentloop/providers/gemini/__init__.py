@@ -16,12 +16,22 @@ vendor's id, when there is one, is kept in ``ToolCall.provider_data``. Thought s
 are kept on the call (``thought_signature``) or, for signed text and thought parts, in the
 assistant message's ``provider_data["gemini_parts"]``, and sent back on the same parts.
 
-The package: ``provider`` (``GeminiProvider``: HTTP and errors), ``mapping`` (the request
-body and the answers) and ``schema`` (JSON Schema in Gemini's dialect).
+The package: ``base`` (``GeminiBase``: the wire format over HTTP and Google's errors, shared
+with ``agentloop.providers.vertex``), ``provider`` (``GeminiProvider``: the Gemini API's URL
+and key), ``mapping`` (the request body and the answers) and ``schema`` (JSON Schema in
+Gemini's dialect).
 """
 
+from .base import GeminiBase
 from .mapping import CALL_ID, PARTS_KEY, SIGNATURE
 from .provider import GeminiProvider
 from .schema import gemini_schema
 
-__all__ = ["CALL_ID", "PARTS_KEY", "SIGNATURE", "GeminiProvider", "gemini_schema"]
+__all__ = [
+    "CALL_ID",
+    "PARTS_KEY",
+    "SIGNATURE",
+    "GeminiBase",
+    "GeminiProvider",
+    "gemini_schema",
+]
