@@ -294,9 +294,10 @@ class AzureProvider(Provider):
         return await self.family(request.model).arequest(request, on_chunk=on_chunk)
 
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        """Azure's own price for ``model`` (catalog id ``azure:<model>``), never another
-        vendor's: Azure meters differ by deployment type and region."""
-        return price_of(f"azure:{model}", usage, provider=self.name)
+        """Azure's own price for ``model`` (the catalog's ``clouds`` entries of ``azure``),
+        never another vendor's: Azure meters differ by deployment type and region. The class's
+        name, not the instance's: a provider configured under another name is Azure too."""
+        return price_of(model, usage, provider=type(self).name)
 
     def close(self) -> None:
         """Close both routes' HTTP clients."""

@@ -3,15 +3,15 @@
 (:func:`accepts`; the providers ask through :mod:`~agentloop.providers.model_options`).
 
 ``models`` are the vendors' own APIs' entries, by model id. ``clouds`` are entries for a model
-served through a cloud provider (Vertex AI...), whose prices are the cloud's: a call through
-that provider is looked up there first, so it is never priced at another API's rates.
+served through a cloud provider (Vertex AI, Azure AI Foundry), whose prices are the cloud's: a
+call through that provider is priced by those entries only, never at another API's rates.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import lru_cache
 from importlib import resources
@@ -19,7 +19,7 @@ from typing import Any
 
 from ..messages import TokenUsage
 
-__all__ = ["ModelInfo", "accepts", "lookup", "price_of", "thinks"]
+__all__ = ["ModelInfo", "accepts", "cloud_providers", "lookup", "price_of", "thinks"]
 
 _MILLION = Decimal(1_000_000)
 
@@ -84,8 +84,23 @@ def _catalog() -> dict[str, ModelInfo]:
 
 @lru_cache(maxsize=1)
 def _clouds() -> dict[tuple[str, str], ModelInfo]:
-    """The ``clouds`` entries by (provider, model id)."""
-    return {(entry["provider"], entry["id"]): _info(entry) for entry in _raw().get("clouds", ())}
+    """The ``clouds`` entries by (provider, model id). Whether the model thinks or takes a
+    temperature is the model's own: it is read from the vendor's entry, when there is one."""
+    found = {}
+    for entry in _raw().get("clouds", ()):
+        info = _info(entry)
+        vendor = _lookup_model(info.id)
+        if vendor is not None:
+            info = replace(info, thinking=vendor.thinking, temperature=vendor.temperature)
+        found[(info.provider, info.id)] = info
+    return found
+
+
+@lru_cache(maxsize=1)
+def cloud_providers() -> frozenset[str]:
+    """The providers (BUILTINS names) the ``clouds`` list prices: a call through one is priced
+    by its ``clouds`` entries only, never at the vendor API's rates."""
+    return frozenset(provider for provider, _ in _clouds())
 
 
 # A snapshot's suffix: "-2025-04-14" (OpenAI), "-20251001" (Anthropic), "-001" (Gemini).
@@ -97,13 +112,20 @@ def lookup(model: str, provider: str | None = None) -> ModelInfo | None:
 
     Only a snapshot suffix is dropped: a variant such as ``o3-pro`` or ``gpt-4o-audio-preview``
     is priced differently from its family and stays unknown unless it has an entry. A call
-    through ``provider`` takes that provider's ``clouds`` entry first, when it has one.
+    through a cloud ``provider`` (one of :func:`cloud_providers`: ``vertexai``, ``azure``)
+    takes that provider's ``clouds`` entry, or none: the cloud's prices are its own.
     """
-    if provider is not None:
+    if provider is not None and provider in cloud_providers():
         clouds = _clouds()
         for candidate in (model, _SNAPSHOT.sub("", model)):
             if (provider, candidate) in clouds:
                 return clouds[(provider, candidate)]
+        return None
+    return _lookup_model(model)
+
+
+def _lookup_model(model: str) -> ModelInfo | None:
+    """The ``models`` entry (a vendor's own API) for ``model`` or its snapshot's base id."""
     catalog = _catalog()
     if model in catalog:
         return catalog[model]

@@ -521,4 +521,6 @@ class HTTPProvider(Provider):
 
     # -- prices ----------------------------------------------------------------------------------
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        return price_of(model, usage, provider=self.name)
+        # The class's name (a BUILTINS name), not the instance's: a Vertex AI provider
+        # configured as "vertex-eu" is still priced by the catalog's vertexai entries.
+        return price_of(model, usage, provider=type(self).name)

@@ -20,6 +20,7 @@ from agentloop.exceptions import AuthenticationError, ConfigurationError
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.providers import azure_auth
 from agentloop.providers.azure import AzureProvider, route_for
+from agentloop.providers.catalog import price_of
 from tests.providers.wire import Recorder, chat_completion, conversation, shown
 
 ENDPOINT = "https://res.services.ai.azure.com"
@@ -321,6 +322,11 @@ def test_azure_calls_are_priced_at_azures_price_or_not_at_all():
     # gpt-5-nano has OpenAI's price, but Microsoft's own page gave none to read.
     assert AzureProvider().cost("gpt-5-nano", usage) is None
     assert AzureProvider().cost("grok-4-1-fast-non-reasoning", usage) is None
+    # A model the catalog has no Azure entry for is not priced at OpenAI's rates either,
+    # nor is one through an Azure provider configured under another name.
+    assert price_of("gpt-5-mini", usage) is not None
+    assert AzureProvider().cost("gpt-5-mini", usage) is None
+    assert AzureProvider(name="azure-eu").cost("gpt-5-mini", usage) is None
 
 
 # -- agentloop.E009 ----------------------------------------------------------------------------

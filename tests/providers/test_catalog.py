@@ -173,25 +173,30 @@ def test_the_catalog_says_where_its_prices_come_from_and_when():
     assert "USD per million tokens" in RAW["about"]
 
 
+#: the fields of a price entry, in ``models`` and in ``clouds`` alike.
+PRICE_FIELDS = {
+    "id",
+    "provider",
+    "context_window",
+    "input_price",
+    "output_price",
+    "cached_input_price",
+    "cache_write_price",
+    "cache_write_1h_price",
+    "source",
+}
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=[entry["id"] for entry in ENTRIES])
 def test_every_entry_is_well_formed(entry):
-    assert set(entry) <= {
-        "id",
-        "provider",
-        "context_window",
-        "input_price",
-        "output_price",
-        "cached_input_price",
-        "cache_write_price",
-        "cache_write_1h_price",
-        "thinking",
-        "temperature",
-        "aliases",
-        "source",
-    }
-    assert entry["provider"] in providers.BUILTINS
+    assert set(entry) <= PRICE_FIELDS | {"thinking", "temperature", "aliases"}
     assert isinstance(entry["thinking"], bool)  # every entry says whether it thinks
     assert entry.get("temperature", True) is True or entry["thinking"]  # only reasoners refuse it
+    assert_prices_are_well_formed(entry)
+
+
+def assert_prices_are_well_formed(entry):
+    assert entry["provider"] in providers.BUILTINS
     assert entry["context_window"] is None or (
         isinstance(entry["context_window"], int) and entry["context_window"] > 0
     )
@@ -315,7 +320,9 @@ CLOUDS = RAW.get("clouds", [])
 
 @pytest.mark.parametrize("entry", CLOUDS, ids=[f"{e['provider']}:{e['id']}" for e in CLOUDS])
 def test_every_cloud_entry_is_well_formed_and_names_its_source(entry):
-    test_every_entry_is_well_formed(entry)
+    # Whether a model thinks or takes a temperature is the model's: its vendor entry says.
+    assert set(entry) <= PRICE_FIELDS
+    assert_prices_are_well_formed(entry)
     assert entry["source"]
     if entry["input_price"] is not None:
         test_every_price_names_the_vendor_page_it_was_read_on(entry)
@@ -337,3 +344,46 @@ def test_a_call_through_vertex_ai_takes_the_vertex_entry_not_the_gemini_apis():
     assert price_of("gemini-2.5-flash-001", usage, provider="vertexai") is None  # a snapshot
     assert price_of("gemini-2.5-flash", usage, provider="gemini") == Decimal("2.80000000")
     assert lookup("gemini-2.5-flash").provider == "gemini"  # type: ignore[union-attr]
+
+
+def test_a_cloud_entry_takes_the_models_flags_from_its_vendor_entry():
+    through_azure = lookup("gpt-5-nano", provider="azure")
+    vendor = lookup("gpt-5-nano")
+
+    assert through_azure is not None and vendor is not None and through_azure.provider == "azure"
+    assert (through_azure.thinking, through_azure.temperature) == (True, False)
+    assert (through_azure.thinking, through_azure.temperature) == (
+        vendor.thinking,
+        vendor.temperature,
+    )
+
+
+def test_a_call_through_a_cloud_is_never_priced_at_the_vendor_apis_rates():
+    usage = TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000)
+    priced = [entry["id"] for entry in PRICED if entry["provider"] == "openai"]
+
+    assert catalog.cloud_providers() == {"vertexai", "azure"}
+    assert price_of(priced[0], usage) is not None
+    # A model the cloud has no entry for costs null through it, not the vendor's price.
+    assert lookup(priced[0], provider="azure") is None
+    assert price_of(priced[0], usage, provider="azure") is None
+    assert price_of("gemini-2.5-flash", usage, provider="vertexai") is None
+    # A provider that is no cloud is priced from the vendors' entries, whatever its name.
+    assert price_of(priced[0], usage, provider="priced") == price_of(priced[0], usage)
+
+
+def test_azure_entries_are_clouds_entries_not_prefixed_model_ids():
+    assert not [entry["id"] for entry in ENTRIES if ":" in entry["id"]]
+    assert {entry["id"] for entry in CLOUDS if entry["provider"] == "azure"} >= {"gpt-5-nano"}
+
+
+def test_a_cloud_provider_configured_under_another_name_is_priced_as_that_cloud():
+    from agentloop.providers.vertex import VertexAIProvider
+
+    usage = TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000)
+    gemini_price = price_of("gemini-2.5-flash", usage, provider="gemini")
+
+    provider = VertexAIProvider(name="vertex-eu", project="p", location="europe-west4")
+
+    assert gemini_price is not None
+    assert provider.cost("gemini-2.5-flash", usage) is None  # Vertex AI's entry, unpriced
