@@ -3,7 +3,8 @@
 Subclasses say how a request becomes a body (``build_body``), where it goes
 (``endpoint``), how a JSON answer parses (``parse_response``) and how a stream of
 server-sent events parses (``parse_stream``). Everything else lives here once,
-including the cap on an answer's size (``AGENTLOOP["MAX_RESPONSE_BYTES"]``).
+including the cap on an answer's size (``AGENTLOOP["MAX_RESPONSE_BYTES"]``, applied by
+:mod:`.response_cap`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from ..exceptions import (
     InvalidResponseError,
     ProviderError,
     ProviderTimeout,
-    ResponseTooLargeError,
     ServerError,
     StreamInterruptedError,
 )
@@ -36,6 +36,7 @@ from .catalog import price_of
 from .common import with_parsed_json
 from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
 from .errors import error_for_status, redact, status_of_error
+from .response_cap import cap_response
 
 __all__ = ["HTTPProvider", "StreamDecoder", "StreamParser"]
 
@@ -49,53 +50,6 @@ StreamParser = Generator[None, ServerSentEvent | None, ModelResponse]
 StreamDecoder = Callable[[bytes], Iterable[Any]]
 
 
-class _Budget:
-    """Counts a body's bytes as received (before any content decoding), as they arrive,
-    and raises ResponseTooLargeError past ``limit``: a runaway answer fails early and is
-    never held whole in memory."""
-
-    def __init__(self, limit: int, provider: str) -> None:
-        self.limit = limit
-        self.provider = provider
-        self.received = 0
-
-    def take(self, chunk: bytes) -> bytes:
-        self.received += len(chunk)
-        if self.received > self.limit:
-            raise _too_large(self.provider, self.limit)
-        return chunk
-
-
-class _CappedStream(httpx.SyncByteStream):
-    """A response body read through a :class:`_Budget`."""
-
-    def __init__(self, stream: httpx.SyncByteStream, budget: _Budget) -> None:
-        self.stream = stream
-        self.budget = budget
-
-    def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.stream:
-            yield self.budget.take(chunk)
-
-    def close(self) -> None:
-        self.stream.close()
-
-
-class _AsyncCappedStream(httpx.AsyncByteStream):
-    """An async response body read through a :class:`_Budget`."""
-
-    def __init__(self, stream: httpx.AsyncByteStream, budget: _Budget) -> None:
-        self.stream = stream
-        self.budget = budget
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.stream:
-            yield self.budget.take(chunk)
-
-    async def aclose(self) -> None:
-        await self.stream.aclose()
-
-
 def _feed(parser: StreamParser, event: ServerSentEvent | None) -> ModelResponse | None:
     """Push one event (None: the stream ended) into ``parser``; its answer once it has one."""
     try:
@@ -104,28 +58,6 @@ def _feed(parser: StreamParser, event: ServerSentEvent | None) -> ModelResponse 
         answer: ModelResponse = stop.value
         return answer
     return None
-
-
-def _too_large(provider: str, limit: int) -> ResponseTooLargeError:
-    return ResponseTooLargeError(
-        f"{provider} answered with more than MAX_RESPONSE_BYTES ({limit} bytes): "
-        "the answer was refused"
-    )
-
-
-def _cap(response: httpx.Response, provider: str) -> None:
-    """Apply ``MAX_RESPONSE_BYTES`` to ``response`` before its body is read."""
-    limit = agentloop_settings.MAX_RESPONSE_BYTES
-    if limit is None:
-        return
-    limit = int(limit)
-    length = response.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise _too_large(provider, limit)  # said up front: not a byte of it is read
-    if isinstance(response.stream, httpx.SyncByteStream):
-        response.stream = _CappedStream(response.stream, _Budget(limit, provider))
-    elif isinstance(response.stream, httpx.AsyncByteStream):
-        response.stream = _AsyncCappedStream(response.stream, _Budget(limit, provider))
 
 
 class HTTPProvider(Provider):
@@ -412,7 +344,7 @@ class HTTPProvider(Provider):
         if on_chunk is None:
             with self._translate_errors(), self.client.stream("POST", **post) as response:
                 watchdog.watch_response(response)  # a cancel or the deadline shuts it
-                _cap(response, self.name)
+                cap_response(response, self.name)
                 response.read()
             return self._json_answer(response)
         decoder = self.stream_decoder()
@@ -427,7 +359,7 @@ class HTTPProvider(Provider):
 
     def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
         watchdog.watch_response(response)  # a cancel or the deadline shuts it
-        _cap(response, self.name)
+        cap_response(response, self.name)
         if response.status_code >= 400:
             response.read()
             self._raise_for_status(response)
@@ -440,7 +372,7 @@ class HTTPProvider(Provider):
             async with self._async_client() as client:
                 if on_chunk is None:
                     async with client.stream("POST", **post) as response:
-                        _cap(response, self.name)
+                        cap_response(response, self.name)
                         await response.aread()
                     return self._json_answer(response)
                 decoder = self.stream_decoder()
@@ -457,7 +389,7 @@ class HTTPProvider(Provider):
                         return await self._aparse_stream(source.aiter_sse(), on_chunk)
 
     async def _acheck_stream(self, response: httpx.Response) -> None:  # cap, raise its error
-        _cap(response, self.name)
+        cap_response(response, self.name)
         if response.status_code >= 400:
             await response.aread()
             self._raise_for_status(response)
