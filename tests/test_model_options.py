@@ -192,3 +192,17 @@ def test_gemini_sends_no_thinking_config_to_a_model_without_thinking():
     thinking, plain = recorder.bodies
     assert thinking["generationConfig"]["thinkingConfig"]["thinkingBudget"] == 1024
     assert "thinkingConfig" not in json.dumps(plain)
+
+
+def test_vertex_ai_shares_the_gemini_mapping_and_drops_thinking_the_same_way():
+    from agentloop.messages import Message, ModelRequest, Thinking
+    from agentloop.providers.vertex import VertexAIProvider
+
+    vertex = VertexAIProvider(project="p", location="global")
+    asked = {"thinking": Thinking(effort="low"), "messages": [Message(role="user", content="Hi")]}
+
+    thinking = vertex.build_body(ModelRequest(model="gemini-2.5-flash", **asked), stream=False)
+    plain = vertex.build_body(ModelRequest(model="gemini-2.0-flash", **asked), stream=False)
+
+    assert thinking["generationConfig"]["thinkingConfig"]["thinkingBudget"] == 1024
+    assert "thinkingConfig" not in json.dumps(plain)

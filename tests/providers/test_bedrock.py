@@ -414,3 +414,24 @@ def test_cost_of_a_profile_uses_the_base_models_catalog_entry(
 
     assert BedrockProvider().cost(MODEL, TokenUsage(input_tokens=10)) == Decimal("1.5")
     assert asked == [MODEL, "amazon.nova-2-lite-v1:0"]
+
+
+# -- options that follow the model (providers/model_options.py) ---------------------------------
+def test_the_body_sends_thinking_and_temperature_through_the_model_options(monkeypatch):
+    from agentloop.messages import Thinking
+    from agentloop.providers import model_options
+    from agentloop.providers.bedrock.mapping import request_body
+
+    claude = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+    request = ask(model=claude, thinking=Thinking(effort="low"), temperature=0.3)
+
+    # Bedrock's ids are not in the catalog: what the chat asked for is sent.
+    body = request_body(request, "bedrock")
+    assert body["inferenceConfig"]["temperature"] == 0.3
+    assert "reasoning_config" in body["additionalModelRequestFields"]
+
+    # A model the catalog listed without them gets neither.
+    monkeypatch.setattr(model_options, "accepts", lambda model, option: False)
+    body = request_body(request, "bedrock")
+    assert "temperature" not in body["inferenceConfig"]
+    assert "additionalModelRequestFields" not in body

@@ -15,6 +15,7 @@ from ...exceptions import AttachmentError
 from ...messages import Caching, Message, ModelRequest, Thinking, ToolCall, ToolDefinition
 from ..caching import MAX_BREAKPOINTS
 from ..common import INVALID_ARGUMENTS, close_object_schemas, deep_merge
+from ..model_options import temperature_for, thinking_for
 from ..thinking import EFFORT_BUDGETS, budget_tokens, replays_to
 
 __all__ = ["CONTENT_KEY", "request_body"]
@@ -53,8 +54,9 @@ def request_body(request: ModelRequest, provider: str) -> dict[str, Any]:
     inference: dict[str, Any] = {}
     if request.max_output_tokens is not None:
         inference["maxTokens"] = request.max_output_tokens
-    if request.temperature is not None:
-        inference["temperature"] = request.temperature
+    temperature = temperature_for(request, provider)
+    if temperature is not None:
+        inference["temperature"] = temperature
     body["inferenceConfig"] = inference
     if request.tools:
         tool_config: dict[str, Any] = {"tools": [_tool(tool) for tool in request.tools]}
@@ -66,8 +68,9 @@ def request_body(request: ModelRequest, provider: str) -> dict[str, Any]:
         schema = close_object_schemas(request.output_schema)
         structure = {"jsonSchema": {"schema": json.dumps(schema), "name": _STRUCTURED_OUTPUT_NAME}}
         body["outputConfig"] = {"textFormat": {"type": "json_schema", "structure": structure}}
-    if request.thinking is not None:
-        fields = _thinking_fields(request.model, request.thinking)
+    thinking = thinking_for(request, provider)
+    if thinking is not None:
+        fields = _thinking_fields(request.model, thinking)
         if fields:
             body["additionalModelRequestFields"] = fields
     if request.provider_options:
