@@ -14,11 +14,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import _tracing, providers
-from .background import backend_name
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .exceptions import ConfigurationError
+from .importing import load_by_path
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.http import HTTPProvider
+from .runners import Runner, runner_name
+from .runners.sending import BUILTINS as RUNNERS
 
 
 @register(Tags.compatibility)
@@ -88,7 +90,7 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
     """The embedded runner loses queued steps on restart: warn outside DEBUG."""
     if settings.DEBUG or _chosen_runner() in ("embedded", "django_tasks"):
         return []  # chosen explicitly, or development
-    if backend_name() == "embedded":
+    if runner_name() == "embedded":
         return [
             Warning(
                 "Background steps run on in-process threads (no Celery broker configured).",
@@ -114,6 +116,14 @@ def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _is_runner_path(path: Any) -> bool:
+    try:
+        found = load_by_path(str(path))
+    except Exception:
+        return False
+    return isinstance(found, type) and issubclass(found, Runner)
 
 
 def _chosen_runner() -> str:
@@ -178,11 +188,11 @@ def check_chat_models(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 def check_runner(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """RUNNER must name a runner, and "django_tasks" needs Django 6's tasks framework."""
     runner = agentloop_settings.RUNNER
-    if runner not in ("auto", "celery", "embedded", "django_tasks"):
+    if runner not in ("auto", *RUNNERS) and not _is_runner_path(runner):
         return [
             Error(
-                f"AGENTLOOP['RUNNER'] must be 'auto', 'celery', 'embedded' or 'django_tasks', "
-                f"not {runner!r}.",
+                f"AGENTLOOP['RUNNER'] must be 'auto', 'celery', 'embedded', 'django_tasks' or "
+                f"the import path of a Runner subclass, not {runner!r}.",
                 id="agentloop.E006",
             )
         ]
@@ -203,7 +213,7 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
     """A broker in the settings that Celery's current app doesn't have: steps would run here.
 
     ``complete_later()`` sends jobs to Celery only when Celery's *current* app has a broker
-    (``agentloop.background.backend_name``); the project's app becomes current when the project
+    (``agentloop.runners.runner_name``); the project's app becomes current when the project
     package imports it. Without that import, ``CELERY_BROKER_URL`` is read by nobody.
     """
     broker_url = getattr(settings, "CELERY_BROKER_URL", None)

@@ -1,6 +1,6 @@
 """Background steps in the embedded runner (no broker), leases and recovery (docs/design.md §3).
 
-The embedded runner runs the very job Celery runs (``agentloop._runner.run_step`` and its
+The embedded runner runs the very job Celery runs (``agentloop.runners.run_step`` and its
 follow-up) on a thread pool of this process, so these tests drive the background loop on
 the real database without a broker; tests/test_celery_worker.py does it with real workers.
 """
@@ -19,14 +19,13 @@ from django.utils import timezone
 
 from agentloop import signals
 from agentloop._leases import Lease, beat, heartbeats
-from agentloop._runner import StepOutcome, run_step
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.exceptions import (
     AuthenticationError,
     RateLimitError,
 )
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
+from agentloop.runners import StepOutcome, run_step, wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, stream, tool_call
 from tests.helpers import transcript
 from tests.tools import add, transfer

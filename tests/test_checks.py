@@ -212,7 +212,7 @@ def celery_without_broker():
 
 @override_settings(DEBUG=False, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns(celery_without_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "embedded"
 
@@ -257,7 +257,7 @@ def celery_with_broker():
 
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w003_a_broker_setting_without_the_celery_app_loaded_warns(celery_without_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "embedded"  # what complete_later() would do: run in-process
 
@@ -274,7 +274,7 @@ def test_w003_an_explicit_celery_background_without_the_app_loaded_warns(celery_
 
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w003_the_celery_app_loaded_with_its_broker_passes(celery_with_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "celery"
     assert celery_warnings() == []

@@ -9,11 +9,11 @@ from django.test import override_settings
 
 import agentloop
 from agentloop import providers
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Chat, ChatState, Usage
 from agentloop.providers.anthropic import AnthropicProvider
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, reply
 from tests.batch_server import FakeBatches
 

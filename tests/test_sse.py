@@ -28,10 +28,10 @@ from django.test import AsyncClient, Client
 from django.urls import reverse
 
 from agentloop import CancelledError, events
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.sse import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
 from agentloop.testing import stream, tool_call
 from tests.processes import REPO_ROOT, process_env

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -88,6 +89,7 @@ class ClaimMixin:
     #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
     _held_calls: frozenset[Any] | set[Any] = frozenset()
     cancel_notice: Any
+    send_next: Callable[[], None] | None
 
     @property
     def _db(self) -> str:
@@ -240,12 +242,8 @@ class ClaimMixin:
         self._applied(fields)
         self._forget_lease()
         release = self._wake_if_decided(release)
-        if not self.background and release.state == "queued":
-            # Handed back to the background (see _release_fields): send its next job.
-            # Function-local: background imports the runner, which imports this store.
-            from ..background import enqueue
-
-            enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
+        if not self.background and release.state == "queued" and self.send_next is not None:
+            self.send_next()  # handed back to the background (see _release_fields)
         self.last_release = release
 
     def release_with(self, **fields: Any) -> None:

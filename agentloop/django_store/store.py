@@ -135,8 +135,12 @@ def _models(chat_model: Any) -> _Models:
 class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
-    def __init__(self, chat: AbstractChat) -> None:
+    def __init__(self, chat: AbstractChat, *, send_next: Callable[[], None] | None = None) -> None:
+        """``send_next`` sends the chat's next background job: the store calls it when a
+        verb run in-process (or a message queued to a free chat) leaves the chat queued for
+        the background. The store sends nothing itself: its owner knows the runners."""
         self.chat = chat
+        self.send_next = send_next
         self.chat_model: Any = type(chat)
         models = self.models = _models(self.chat_model)
         self.message_model = models.message_model

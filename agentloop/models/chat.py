@@ -16,11 +16,11 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .. import subagents
-from ..background import enqueue
 from ..django_store.sql import get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
+from ..runners import enqueue
 from .chat_events import connect_chat_events
 
 if TYPE_CHECKING:
@@ -168,7 +168,8 @@ class AbstractChat(models.Model):
         """The engine driving this chat (one per instance; callbacks live on it)."""
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
-            cached = Conversation(DjangoStore(self), owner=self)
+            store = DjangoStore(self, send_next=self._send_next)
+            cached = Conversation(store, owner=self)
             connect_chat_events(self, cached)
             self.__dict__["_conversation"] = cached
         return cached
@@ -410,6 +411,10 @@ class AbstractChat(models.Model):
         if queued:
             self.state = ChatState.QUEUED
             enqueue(self.pk, self._meta.label, using=self._state.db)
+
+    def _send_next(self) -> None:
+        """Send this chat's next background job (after the current transaction commits)."""
+        enqueue(self.pk, self._meta.label, using=self._state.db or "default")
 
     def complete_later(self) -> AbstractChat:
         """Run the conversation in the background, one step per job, from the next commit.
