@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from .._cancel_notices import notify
 from .._leases import UNREAD
+from ..agents.subagents import cancel_children
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
-from ..subagents import cancel_children
 from .reconnect import retried
 
 __all__ = ["Stopping"]

@@ -21,11 +21,12 @@ from django.db.models import Sum
 
 from .._cancel_notices import listen_locally
 from .._leases import UNREAD
+from ..agents.subagents import has_children
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus
-from ..subagents import has_children
-from ..tools import Tool, load_tool, tool_reference
+from ..tool_refs import load_tool, tool_reference
+from ..tools import Tool
 from .claims import ClaimMixin
 from .reconnect import committed_message, retried
 from .rows import JSON_COLUMNS, held_calls, messages_from_rows, transcript_query

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -97,15 +99,25 @@ class Batch(AbstractBatch):
         ]
 
     def refresh(self) -> Batch:
-        """Poll the provider now; collect the results if the batch has ended."""
-        # Function-local: agentloop.batches imports these models (a cycle at import time).
+        """Deprecated (goes in 0.3): ``agentloop.batches.refresh(batch)``."""
+        warnings.warn(
+            "Batch.refresh() is deprecated: use agentloop.batches.refresh(batch)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # Function-local: a deprecated alias; the batch service sits above the models.
         from ..batches import refresh
 
         return refresh(self)
 
     def cancel(self) -> Batch:
-        """Ask the provider to stop the batch; answers already given are still collected."""
-        # Function-local: agentloop.batches imports these models (a cycle at import time).
+        """Deprecated (goes in 0.3): ``agentloop.batches.cancel(batch)``."""
+        warnings.warn(
+            "Batch.cancel() is deprecated: use agentloop.batches.cancel(batch)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # Function-local: a deprecated alias; the batch service sits above the models.
         from ..batches import cancel
 
         return cancel(self)

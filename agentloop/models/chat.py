@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from django.db import models, router
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .. import subagents
+from ..agents import subagents
 from ..django_store.sql import get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
@@ -25,7 +26,6 @@ from .chat_events import connect_chat_events
 
 if TYPE_CHECKING:
     from ..engine import StreamCallback
-    from .batches import Batch
 
 
 class ChatState(models.TextChoices):
@@ -53,9 +53,14 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
     def owned_by(self, user: Any) -> ChatQuerySet:
         return self.filter(owner=user)
 
-    def batch(self, auto_continue: bool = False) -> Batch:
-        """Send these chats' next model call as one provider batch (``agentloop.batch``)."""
-        # Function-local: batches import this module's models (a cycle at import time).
+    def batch(self, auto_continue: bool = False) -> Any:
+        """Deprecated (goes in 0.3): ``agentloop.batch(queryset)``."""
+        warnings.warn(
+            "Chat.objects.batch() is deprecated: use agentloop.batch(chats)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # Function-local: a deprecated alias; the batch service sits above the models.
         from ..batches import submit
 
         return submit(self, auto_continue=auto_continue)
