@@ -13,8 +13,9 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from . import _tracing, providers
+from . import providers
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
+from .engine import tracing
 from .exceptions import ConfigurationError
 from .importing import load_by_path
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
@@ -105,7 +106,7 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 @register(Tags.compatibility)
 def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """TRACING without opentelemetry-api traces nothing: say so."""
-    if agentloop_settings.TRACING and not _tracing.available():
+    if agentloop_settings.TRACING and not tracing.available():
         return [
             Warning(
                 "AGENTLOOP['TRACING'] is on, but opentelemetry-api is not installed: "

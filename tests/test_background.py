@@ -18,7 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentloop import signals
-from agentloop._leases import Lease, beat, heartbeats
+from agentloop.django_store.leases import Lease, beat, heartbeats
 from agentloop.exceptions import (
     AuthenticationError,
     RateLimitError,
@@ -306,7 +306,7 @@ def test_the_heartbeat_notices_a_lost_lease(chat):
 def test_a_message_added_while_a_worker_holds_the_chat_is_refused_not_stranded(scripted):
     """A user message saved while a worker's model call runs would sort before the answer
     and never be answered: ask_later refuses it instead (ChatBusyError), losing nothing."""
-    from agentloop._leases import Lease
+    from agentloop.django_store.leases import Lease
     from agentloop.exceptions import ChatBusyError
 
     chat = Chat.objects.create(model="scripted:test")

@@ -21,9 +21,9 @@ from django.utils import timezone
 
 import agentloop
 from agentloop import providers, signals
-from agentloop._leases import Lease
 from agentloop.batches import cancel as cancel_batch
 from agentloop.batches import refresh as refresh_batch
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import BatchError
 from agentloop.messages import TokenUsage
 from agentloop.models import (

@@ -335,7 +335,7 @@ def _check(
 
 # -- what the chaos run found --------------------------------------------------------------
 def test_the_sweeper_resumes_a_queued_chat_whose_in_process_caller_died_holding_it(user):
-    from agentloop._leases import claim_row
+    from agentloop.django_store.leases import claim_row
     from agentloop.runners.sweeper import stalled_chats
 
     chat = Chat.objects.create(model="rules:chaos", owner=user)

@@ -142,7 +142,7 @@ def test_e003_infinity_and_nan_are_no_number_of_seconds(key, value):
 @pytest.mark.django_db
 @override_settings(AGENTLOOP={**settings.AGENTLOOP, "LEASE_SECONDS": 0})
 def test_a_lease_seconds_of_zero_keeps_one_writer_per_chat():
-    from agentloop._leases import Lease  # the models load once Django is set up
+    from agentloop.django_store.leases import Lease  # the models load once Django is set up
     from agentloop.models import Chat
 
     agentloop_settings.reload()

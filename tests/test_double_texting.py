@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from agentloop import chat as memory_chat
 from agentloop import providers
-from agentloop._leases import Lease
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import (
     AuthenticationError,
     ChatBusyError,

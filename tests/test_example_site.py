@@ -16,7 +16,7 @@ from django.contrib.auth.models import Permission
 from django.test import AsyncClient, Client
 from django.urls import reverse
 
-from agentloop._leases import Lease
+from agentloop.django_store.leases import Lease
 from agentloop.events import message_payload
 from agentloop.messages import Message, ModelRequest, ToolCall
 from agentloop.models import Chat

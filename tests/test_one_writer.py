@@ -13,8 +13,8 @@ import pytest
 from django.db import OperationalError, connections
 from django.utils import timezone
 
-from agentloop import _leases
-from agentloop._leases import Lease, beat
+from agentloop.django_store import leases as _leases
+from agentloop.django_store.leases import Lease, beat
 from agentloop.exceptions import (
     ChatBusyError,
     DecisionConflictError,

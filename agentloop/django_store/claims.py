@@ -1,6 +1,6 @@
 """The Django store's claim: one writer per chat, for every writing verb in any process.
 
-A verb takes the chat's lease with one conditional UPDATE (``agentloop._leases``) unless a
+A verb takes the chat's lease with one conditional UPDATE (``.leases``) unless a
 worker's job already took it while loading the chat; it gives it up with one UPDATE that
 also records how the verb ended (the chat's next state, a one-line error, the retry count).
 """
@@ -19,7 +19,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
 from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
@@ -33,7 +32,8 @@ from ..exceptions import (
     ToolCallNotWaitingError,
 )
 from ..messages import ToolCallState
-from .reconnect import is_connection_fault, lost_to_fault, retried
+from .leases import UNREAD, Lease, attnames, claim_row, heartbeats
+from .reconnect import is_connection_fault, retried
 
 __all__ = ["ClaimMixin", "Release", "one_line"]
 
@@ -191,7 +191,7 @@ class ClaimMixin:
     def _release(self, lease: Lease, next_move: str | None, failure: BaseException | None) -> None:
         if isinstance(failure, LeaseLostError) or lease.lost.is_set():
             self._forget_lease()
-            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+            self.last_release = Release("unreachable" if lease.unreachable else "lost")
             return
         fields, release = self._release_fields(next_move, failure)
         if release.state == "failed" or release.retry_in is not None:
@@ -217,7 +217,7 @@ class ClaimMixin:
             self._released(fields, release)
         else:
             self._forget_lease()
-            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+            self.last_release = Release("unreachable" if lease.unreachable else "lost")
 
     def _released_after_all(self, lease: Lease, fields: dict[str, Any]) -> str | None:
         """After a dropped connection: how a release that committed before its answer was

@@ -14,10 +14,10 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from .._cancel_notices import notify
-from .._leases import UNREAD
 from ..agents.subagents import cancel_children
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
+from .leases import UNREAD
 from .reconnect import retried
 
 __all__ = ["Stopping"]

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .drivers import drive_async
 from .moves import Moves
+from .results import StepResult
 from .store import ChatStore
 from .streaming import StreamCallback
-
-if TYPE_CHECKING:  # the verbs' result type only; conversation imports this module
-    from .conversation import StepResult
 
 __all__ = ["AsyncVerbs"]
 

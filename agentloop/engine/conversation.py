@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import _tracing
 from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
@@ -26,14 +25,16 @@ from ..exceptions import (
 )
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
+from . import tracing
 from .async_verbs import AsyncVerbs
 from .checkpoints import Checkpoints
-from .configuration import Configuration
+from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
 from .model_calls import ModelCalls, PreparedCall
 from .moves import Moves
 from .people import PeopleInTheLoop
+from .results import StepResult
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
@@ -67,16 +68,6 @@ _EVENTS = (
     "claimed",
     "subagents_waiting",
 )
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one step did and what comes next."""
-
-    #: the last message the step added (the store's record), or None when it did nothing.
-    message: Any
-    #: "done", "wait", "tools" or "generate": the move a next step would make.
-    next_move: str
 
 
 @dataclass
@@ -274,7 +265,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
                 raise
         run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
-            with _tracing.verb(self.store, single):
+            with tracing.verb(self.store, single):
                 yield run
         except BaseException as exc:
             if isinstance(exc, CancelledError) and not exc.recorded:
@@ -390,7 +381,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         run.transcript = transcript
         for message in messages:
             record = self.store.append_message(message)
-            _tracing.turn_started(self.store, message)
+            tracing.turn_started(self.store, message)
             transcript.append(message)
             run.next_move = next_move(transcript)
             self._emit("after_message", record)

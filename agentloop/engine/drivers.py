@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from .. import _tracing
+from . import tracing
 from .moves import Launch, Moves, RunTool, Send, Sleep, WaitAny
 from .sending import asend, send
 from .store import ChatStore
@@ -112,7 +112,7 @@ def drive(moves: Moves[T], store: ChatStore | None = None) -> T:
                         pool = ThreadPoolExecutor(move.size, thread_name_prefix="agentloop-tool")
                         pool_size = move.size
                     # carry: the tool thread's spans join this verb's trace.
-                    value = pool.submit(_tracing.carry(move.tool.wrap(_sync_call(move.tool))))
+                    value = pool.submit(tracing.carry(move.tool.wrap(_sync_call(move.tool))))
                 elif isinstance(move, WaitAny):
                     done, _ = wait(move.handles, return_when=FIRST_COMPLETED)
                     value = [(future, future.result()) for future in done]

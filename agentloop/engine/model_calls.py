@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .. import _tracing, providers
+from .. import providers
 from ..conf import agentloop_settings
 from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
 from ..importing import load_by_path
@@ -26,9 +26,10 @@ from ..messages import (
     ToolCallState,
 )
 from ..providers.base import Provider
+from . import tracing
 from .checkpoints import Checkpoints
 from .compaction import window
-from .configuration import ChatConfig
+from .config import ChatConfig
 from .moves import Moves, Send, Sleep
 from .retries import retry_delay
 from .store import ChatStore, UsageRecord
@@ -270,7 +271,9 @@ class ModelCalls(Summaries):
             state.partial_key = partial_key
             started = time.monotonic()
             try:
-                with _tracing.model_call(prepared) as span:  # one span per attempt
+                with tracing.model_call(
+                    provider_name, model_id, request
+                ) as span:  # one span per attempt
                     stream_state = state if request.stream else None
                     response = yield Send(
                         provider, request, stream_state, checkpoints, provider_name

@@ -12,7 +12,7 @@ from ..messages import Message, ModelRequest, ModelResponse
 from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
-from .configuration import ChatConfig
+from .config import ChatConfig
 from .moves import Send
 from .retries import retry_delay
 from .sending import send

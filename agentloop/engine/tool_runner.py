@@ -16,7 +16,6 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from pydantic import ValidationError
 
-from .. import _tracing
 from ..exceptions import CancelledError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
@@ -28,8 +27,9 @@ from ..tools import (
     describe_validation_error,
     format_result,
 )
+from . import tracing
 from .checkpoints import Checkpoints
-from .configuration import ToolOptions
+from .config import ToolOptions
 from .moves import Launch, Moves, RunTool, WaitAny
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
@@ -83,7 +83,7 @@ def execute_tool(
     instance, arguments = ready
 
     def run() -> str:
-        with _tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span:
             return span.result(format_result(_value_of(instance.execute(**arguments))))
 
     return _outcome(call, run)
@@ -97,7 +97,7 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         return ready
     instance, arguments = ready
     try:
-        with _tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span:
             content = span.result(format_result(await instance.execute(**arguments)))
     except Exception as exc:
         failure = exc

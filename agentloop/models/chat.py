@@ -147,7 +147,7 @@ class AbstractChat(models.Model):
     #: turn joins its trace (``AGENTLOOP["TRACING"]``); replaced when a turn starts.
     trace_context = models.JSONField(_("trace context"), default=dict, blank=True, editable=False)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
-    #: the one worker allowed to write (see agentloop._leases).
+    #: the one worker allowed to write (see agentloop.django_store.leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     #: the process holding the lease, "<host>/<boot>:<pid>:<start time>": a claimant on the

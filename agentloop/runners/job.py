@@ -17,10 +17,10 @@ from django.apps import apps
 from django.db import router
 
 from .._cancel_notices import RedisCancelListener
-from .._leases import claim
 from ..conf import agentloop_settings
 from ..django_store.claims import one_line
-from ..django_store.reconnect import CONNECTION_ERRORS, discard, lease_remaining
+from ..django_store.leases import claim
+from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
 from ..exceptions import CancelledError, LeaseLostError, LimitReachedError
@@ -133,7 +133,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     outcome = _advance(chat, lease, transcript)
     if outcome.action == "unreachable":
         # Given up before the lease ran out: the next job can take the chat once it has.
-        wait = max(backoff(attempt, outage=True), lease_remaining(lease) + 0.1)
+        wait = max(backoff(attempt, outage=True), lease.remaining + 0.1)
         return StepOutcome("unreachable", retry_in=wait, error=outcome.error)
     return outcome
 

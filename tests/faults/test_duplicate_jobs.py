@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop._leases import Lease
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import AuthenticationError
 from agentloop.models import Chat, ChatState
 from agentloop.runners import run_step
