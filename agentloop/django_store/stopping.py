@@ -13,10 +13,10 @@ from django.db.models import Case, DateTimeField, Exists, F, Q, Value, When
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from .._cancel_notices import notify
 from ..agents.subagents import cancel_children
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
+from ..process.cancel_notices import notify
 from .leases import UNREAD
 from .reconnect import retried
 

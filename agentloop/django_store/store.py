@@ -19,11 +19,11 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db.models import Sum
 
-from .._cancel_notices import listen_locally
 from ..agents.subagents import has_children
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus
+from ..process.cancel_notices import listen_locally
 from ..tool_refs import load_tool, tool_reference
 from ..tools import Tool
 from .claims import ClaimMixin
@@ -36,10 +36,9 @@ from .tool_calls import ToolCallRows
 from .waiting import release_connection
 from .writes import OneStatementWrites
 
-T = TypeVar("T")
-
-
 __all__ = ["DjangoStore"]
+
+T = TypeVar("T")
 
 # ChatConfig field -> chat column
 _CONFIG_COLUMNS = {
@@ -135,11 +134,10 @@ class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatSt
     """Keeps one chat row's transcript; the models come from its related managers."""
 
     def __init__(self, chat: Any, *, send_next: Callable[[], None] | None = None) -> None:
-        """``chat``: a row of a model built on ``AbstractChat`` (a layer above this one).
-
-        ``send_next`` sends the chat's next background job: the store calls it when a verb
-        run in-process (or a message queued to a free chat) leaves the chat queued for the
-        background. The store sends nothing itself: its owner knows the runners."""
+        """``chat``: a row of a model built on ``AbstractChat``. ``send_next`` sends the
+        chat's next background job: the store calls it when a verb run in-process (or a
+        message queued to a free chat) leaves the chat queued for the background. The store
+        sends nothing itself: its owner knows the runners."""
         self.chat = chat
         self.send_next = send_next
         self.chat_model: Any = type(chat)

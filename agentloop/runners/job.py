@@ -16,14 +16,15 @@ from typing import Any, Literal
 from django.apps import apps
 from django.db import router
 
-from .._cancel_notices import RedisCancelListener
 from ..conf import agentloop_settings
 from ..django_store.claims import one_line
 from ..django_store.leases import claim
 from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
+from ..events import publish_chunk
 from ..exceptions import CancelledError, LeaseLostError, LimitReachedError
+from ..process.cancel_notices import RedisCancelListener
 from .base import Job
 from .sending import send
 
@@ -211,8 +212,6 @@ def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
 
 def _publisher(chat: Any) -> Any:
     """The stream callback that forwards chunks to live pages (see agentloop.events)."""
-    # Function-local: live events bring the Redis client and SSE machinery only when streaming.
-    from ..events import publish_chunk
 
     def forward(chunk: Any) -> None:
         publish_chunk(chat, chunk)
