@@ -31,8 +31,8 @@ from .checkpoints import Checkpoints
 from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
+from .effects import Effects
 from .model_calls import ModelCalls, PreparedCall
-from .moves import Moves
 from .people import PeopleInTheLoop
 from .results import StepResult
 from .store import ChatStore, UsageRecord
@@ -220,23 +220,23 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
         return drive(self._completing(stream, (content, attachments)), self.store)
 
-    # -- the verbs' moves: driven by ``drive`` here, by ``drive_async`` in the async twins ------
-    def _generating(self, stream: StreamCallback | None) -> Moves[Any]:
+    # -- the verbs' effects: driven by ``drive`` here, by ``drive_async`` in the async twins ------
+    def _generating(self, stream: StreamCallback | None) -> Effects[Any]:
         with self._run(single=True) as run:
             return (yield from self._generate(self._read(run), stream, run))
 
-    def _running_tools(self) -> Moves[list[Any]]:
+    def _running_tools(self) -> Effects[list[Any]]:
         with self._run(single=True) as run:
             return (yield from self._run_tools(self._read(run), run))
 
-    def _advancing(self, stream: StreamCallback | None) -> Moves[StepResult]:
+    def _advancing(self, stream: StreamCallback | None) -> Effects[StepResult]:
         with self._run(single=True) as run:
             added = yield from self._step(stream, run)
         return StepResult(message=added, next_move=run.next_move or "done")
 
     def _completing(
         self, stream: StreamCallback | None, asked: tuple[str, Any] | None = None
-    ) -> Moves[Any]:
+    ) -> Effects[Any]:
         """``complete()``; with ``asked`` (content, attachments) ``ask()``."""
         files = None if asked is None else self._attachments(asked[1])
         with self._run(single=False) as run:
@@ -386,7 +386,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             run.next_move = next_move(transcript)
             self._emit("after_message", record)
 
-    def _complete(self, run: _Run, stream: StreamCallback | None) -> Moves[Any]:
+    def _complete(self, run: _Run, stream: StreamCallback | None) -> Effects[Any]:
         last: Any = None
         while True:
             added = yield from self._step(stream, run)
@@ -403,7 +403,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             return self.store.native_message(transcript[-1]) if transcript else None
         return last
 
-    def _step(self, stream: StreamCallback | None, run: _Run) -> Moves[Any]:
+    def _step(self, stream: StreamCallback | None, run: _Run) -> Effects[Any]:
         requested_at = None
         first = run.transcript is None
         if run.transcript is None:
@@ -445,7 +445,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}
 
-    def _run_tools(self, transcript: list[Message], run: _Run) -> Moves[list[Any]]:
+    def _run_tools(self, transcript: list[Message], run: _Run) -> Effects[list[Any]]:
         round_ = pending_round(transcript)
         if round_.message is None or not round_.unanswered:
             run.next_move = next_move(transcript)

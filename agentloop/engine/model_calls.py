@@ -30,7 +30,7 @@ from . import tracing
 from .checkpoints import Checkpoints
 from .compaction import window
 from .config import ChatConfig
-from .moves import Moves, Send, Sleep
+from .effects import Effects, Send, Sleep
 from .retries import retry_delay
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
@@ -204,7 +204,7 @@ class ModelCalls(Summaries):
 
     def _generate(
         self, transcript: list[Message], stream: StreamCallback | None, run: Any
-    ) -> Moves[Any]:
+    ) -> Effects[Any]:
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         config = self.store.get_config()
         streams = stream is not None
@@ -256,10 +256,10 @@ class ModelCalls(Summaries):
 
     def _send(
         self, prepared: PreparedCall, stream: StreamCallback | None, run: Any
-    ) -> Moves[tuple[ModelResponse, Any, float]]:
+    ) -> Effects[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, and when the answering attempt started. A usage row per failure.
-        The request and the backoff are moves (:mod:`.moves`): the driver does the I/O."""
+        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O."""
         checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name

@@ -13,7 +13,7 @@ from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
 from .config import ChatConfig
-from .moves import Send
+from .effects import Send
 from .retries import retry_delay
 from .sending import send
 from .store import ChatStore, UsageRecord

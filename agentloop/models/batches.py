@@ -100,27 +100,23 @@ class Batch(AbstractBatch):
 
     def refresh(self) -> Batch:
         """Deprecated (goes in 0.3): ``agentloop.batches.refresh(batch)``."""
-        warnings.warn(
-            "Batch.refresh() is deprecated: use agentloop.batches.refresh(batch)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        # Function-local: a deprecated alias; the batch service sits above the models.
-        from ..batches import refresh
-
-        return refresh(self)
+        return self._by_the_service("refresh")
 
     def cancel(self) -> Batch:
         """Deprecated (goes in 0.3): ``agentloop.batches.cancel(batch)``."""
+        return self._by_the_service("cancel")
+
+    def _by_the_service(self, verb: str) -> Batch:
         warnings.warn(
-            "Batch.cancel() is deprecated: use agentloop.batches.cancel(batch)",
+            f"Batch.{verb}() is deprecated: use agentloop.batches.{verb}(batch)",
             DeprecationWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         # Function-local: a deprecated alias; the batch service sits above the models.
-        from ..batches import cancel
+        from .. import batches
 
-        return cancel(self)
+        done: Batch = getattr(batches, verb)(self)
+        return done
 
 
 class BatchItem(models.Model):
