@@ -12,8 +12,7 @@ from typing import Any
 # only because other modules happen to use it.
 from . import providers as providers
 from .agents import Agent
-from .conf import agentloop_settings
-from .engine import Conversation, MemoryStore
+from .engine import Conversation
 from .exceptions import (
     AgentloopError,
     BatchError,
@@ -29,6 +28,7 @@ from .exceptions import (
     ProviderError,
     ToolError,
 )
+from .in_memory import chat
 from .messages import Attachment, Message, ToolCall
 from .tools import Tool, tool
 
@@ -58,23 +58,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-
-def chat(
-    model: str | None = None,
-    *,
-    provider: str | None = None,
-    instructions: str | None = None,
-    tools: tuple[Any, ...] | list[Any] = (),
-) -> Conversation:
-    """An in-memory chat (no database): the same verbs as the persisted ``Chat``."""
-    conversation = Conversation(MemoryStore())
-    conversation.with_model(model or agentloop_settings.DEFAULT_MODEL, provider)
-    if instructions:
-        conversation.with_instructions(instructions)
-    if tools:
-        conversation.with_tools(*tools)
-    return conversation
 
 
 def batch(chats: Any, *, auto_continue: bool = False) -> Any:

@@ -13,14 +13,17 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from . import _tracing, providers
-from .background import backend_name
+from . import providers
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
+from .engine import tracing
 from .exceptions import ConfigurationError
+from .importing import load_by_path
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
 from .providers.vertex import VertexAIProvider
+from .runners import Runner, runner_name
+from .runners.sending import BUILTINS as RUNNERS
 
 
 @register(Tags.compatibility)
@@ -90,7 +93,7 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
     """The embedded runner loses queued steps on restart: warn outside DEBUG."""
     if settings.DEBUG or _chosen_runner() in ("embedded", "django_tasks"):
         return []  # chosen explicitly, or development
-    if backend_name() == "embedded":
+    if runner_name() == "embedded":
         return [
             Warning(
                 "Background steps run on in-process threads (no Celery broker configured).",
@@ -105,7 +108,7 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
 @register(Tags.compatibility)
 def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """TRACING without opentelemetry-api traces nothing: say so."""
-    if agentloop_settings.TRACING and not _tracing.available():
+    if agentloop_settings.TRACING and not tracing.available():
         return [
             Warning(
                 "AGENTLOOP['TRACING'] is on, but opentelemetry-api is not installed: "
@@ -116,6 +119,14 @@ def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _is_runner_path(path: Any) -> bool:
+    try:
+        found = load_by_path(str(path))
+    except Exception:
+        return False
+    return isinstance(found, type) and issubclass(found, Runner)
 
 
 def _chosen_runner() -> str:
@@ -180,11 +191,11 @@ def check_chat_models(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
 def check_runner(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """RUNNER must name a runner, and "django_tasks" needs Django 6's tasks framework."""
     runner = agentloop_settings.RUNNER
-    if runner not in ("auto", "celery", "embedded", "django_tasks"):
+    if runner not in ("auto", *RUNNERS) and not _is_runner_path(runner):
         return [
             Error(
-                f"AGENTLOOP['RUNNER'] must be 'auto', 'celery', 'embedded' or 'django_tasks', "
-                f"not {runner!r}.",
+                f"AGENTLOOP['RUNNER'] must be 'auto', 'celery', 'embedded', 'django_tasks' or "
+                f"the import path of a Runner subclass, not {runner!r}.",
                 id="agentloop.E006",
             )
         ]
@@ -205,7 +216,7 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
     """A broker in the settings that Celery's current app doesn't have: steps would run here.
 
     ``complete_later()`` sends jobs to Celery only when Celery's *current* app has a broker
-    (``agentloop.background.backend_name``); the project's app becomes current when the project
+    (``agentloop.runners.runner_name``); the project's app becomes current when the project
     package imports it. Without that import, ``CELERY_BROKER_URL`` is read by nobody.
     """
     broker_url = getattr(settings, "CELERY_BROKER_URL", None)

@@ -19,11 +19,11 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.apps import apps
 
-from . import _redis
-from ._event_publisher import publisher
-from ._redis import chat_key
 from .conf import agentloop_settings
 from .messages import TextDelta, ToolCallDelta
+from .process import redis_client
+from .process.event_publisher import publisher
+from .process.redis_client import chat_key
 
 __all__ = [
     "READ_COUNT",
@@ -129,14 +129,14 @@ class RedisEvents(EventBackend):
     keeps_events = True
 
     def __init__(self, url: str, maxlen: int = 1000, ttl: int | None = None) -> None:
-        self.client = _redis.client(url)
+        self.client = redis_client.client(url)
         self.maxlen = maxlen
         #: seconds a stream lives after its latest event (None: until its chat is deleted).
         self.ttl = ttl
 
     def stream(self, key: str) -> str:
         """The Redis key of the chat named ``key``'s stream (under ``REDIS_PREFIX``)."""
-        return _redis.key("events", key)
+        return redis_client.key("events", key)
 
     def publish(self, key: str, type_: str, data: dict[str, Any]) -> None:
         self.publish_batch([(self.stream(key), type_, data)])
@@ -163,7 +163,7 @@ class RedisEvents(EventBackend):
         return self.events_of(answer)
 
     def aconnect(self) -> Any:
-        return _redis.async_client()
+        return redis_client.async_client()
 
     async def aread(
         self, key: str, after: str | None, timeout: float, connection: Any = None
@@ -262,7 +262,7 @@ def get_backend() -> EventBackend:
     """The configured backend (Redis when ``REDIS_URL`` is set)."""
     ttl = agentloop_settings.EVENTS_TTL
     return _backend_for(
-        _redis.redis_url(), agentloop_settings.EVENTS_MAXLEN, int(ttl) if ttl else None
+        redis_client.redis_url(), agentloop_settings.EVENTS_MAXLEN, int(ttl) if ttl else None
     )
 
 

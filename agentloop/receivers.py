@@ -7,6 +7,7 @@ from django.core.signals import setting_changed
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
+from . import providers
 from .conf import agentloop_settings
 from .events import delete_events, get_backend, publish_message
 from .models import AbstractChat
@@ -17,8 +18,6 @@ from .signals import chat_cancelled, message_added
 def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
     """Drop cached settings when ``AGENTLOOP`` changes (``override_settings``)."""
     if setting == "AGENTLOOP":
-        from . import providers  # providers load httpx and the vendors' modules: only on a change
-
         agentloop_settings.reload()
         providers.forget_configured()
 

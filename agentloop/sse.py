@@ -43,7 +43,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
-from .views import can_view_chat
+from .permissions import can_view_chat
 
 __all__ = [
     "CUT_MARK",

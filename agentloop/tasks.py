@@ -1,4 +1,4 @@
-"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop._runner`.
+"""Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop.runners`.
 
 Also a worker bootstep, added to every worker that imports this module: when the worker's
 connection to the broker comes back after a loss, it sends again the jobs of chats queued
@@ -16,9 +16,9 @@ from celery import bootsteps, shared_task
 from celery.signals import worker_init
 from django.db import connections
 
-from ._recovery import resend_queued, resume_stalled
-from ._runner import run_step
-from .background import follow_up
+from .runners import Job, run_job
+from .runners.celery import STEP_TASK
+from .runners.sweeper import resend_queued, resume_stalled
 
 __all__ = ["ResendAfterReconnect", "poll_batches", "resume_stalled_chats", "step_chat"]
 
@@ -26,19 +26,17 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(
-    name="agentloop.step_chat",
+    name=STEP_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
 )
 def step_chat(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> str:
-    """Run one step of a chat and enqueue the next; returns what happened. ``attempt``
+    """Run one step of a chat and send the next; returns what happened. ``attempt``
     counts the job's tries after the database could not be reached."""
     # A job that could not reach the database is sent again (counted) before this one is
-    # acknowledged: never done while its chat still waits.
-    outcome = run_step(chat_id, model_label, attempt)
-    follow_up(outcome, chat_id, model_label, attempt)
-    return outcome.action
+    # acknowledged (acks_late): never done while its chat still waits.
+    return run_job(Job(chat_id, model_label, attempt=attempt)).action
 
 
 @shared_task(name="agentloop.resume_stalled_chats", ignore_result=True)
@@ -59,7 +57,7 @@ def poll_batches() -> int:
 
 class ResendAfterReconnect(bootsteps.StartStopStep):
     """A consumer bootstep: on each reconnection to the broker, re-send the jobs of chats
-    queued before the connection was lost (:func:`agentloop._recovery.resend_queued`)."""
+    queued before the connection was lost (:func:`agentloop.runners.sweeper.resend_queued`)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 

@@ -31,7 +31,6 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from .exceptions import ConfigurationError, NeedsInput, ToolError
-from .importing import import_path_of, load_by_path
 from .messages import ToolCall, ToolDefinition
 
 __all__ = [
@@ -44,8 +43,6 @@ __all__ = [
     "arguments_problem",
     "arguments_schema",
     "format_result",
-    "load_tool",
-    "tool_reference",
     "snake_case",
     "tool",
 ]
@@ -425,48 +422,3 @@ def _name(part: Any) -> str:
     the model put in it."""
     text = str(part)
     return text if text.isidentifier() or isinstance(part, int) else json.dumps(text)
-
-
-def tool_reference(tool_class: type[Tool]) -> str:
-    """How a persisted chat names a tool: its import path (agents: ``agent:<path>``)."""
-    reference = getattr(tool_class, "reference", None)
-    if callable(reference):
-        return str(reference())
-    if isinstance(tool_class, type) and issubclass(tool_class, FunctionTool):
-        what = f"@tool function {tool_class.__qualname__!r}"  # a class, but written as a function
-    else:
-        what = f"tool class {getattr(tool_class, '__qualname__', tool_class)!r}"
-    return import_path_of(tool_class, what=what, advice=_TOOL_ADVICE)
-
-
-#: the fix for a tool that can't be stored by import path.
-_TOOL_ADVICE = (
-    "define tools of persisted chats in a module (e.g. myapp/tools.py, not a shell or a "
-    "function body) and import them from there, so a worker in another process can load them"
-)
-
-
-def load_tool(reference: str) -> type[Tool]:
-    """The Tool class a :func:`tool_reference` names (``agent:``, ``mcp:`` or an import path);
-    errors name the reference."""
-    if reference.startswith("mcp:"):
-        # Local: avoids a circular import (agentloop.mcp builds its tools on this module).
-        from .mcp import load_mcp_tool
-
-        return load_mcp_tool(reference)
-    if reference.startswith("agent:"):
-        path, _, extra = reference.removeprefix("agent:").partition("?")
-        agent = load_by_path(path)
-        bound = json.loads(extra) if extra else {}
-        name = bound.pop("__name__", None)
-        tool_class: type[Tool] = agent.as_tool(name=name, **bound)
-        return tool_class
-    loaded = load_by_path(reference)
-    if isinstance(loaded, type) and issubclass(loaded, Tool):
-        return loaded
-    as_tool = getattr(loaded, "as_tool", None)
-    if callable(as_tool):
-        converted = as_tool()
-        if isinstance(converted, type) and issubclass(converted, Tool):
-            return converted
-    raise ConfigurationError(f"{reference!r} is not a tool.")

@@ -12,13 +12,15 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from .conf import get_chat_model
 from .exceptions import InvalidArgumentsError, ToolCallNotWaitingError
+from .permissions import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
+from .sse import stream_response
 
 __all__ = [
     "answer_tool_call",
@@ -32,39 +34,6 @@ __all__ = [
     "get_chat_for_view",
     "get_chat_model",
 ]
-
-
-def can_change_chat(user: Any, chat: Any) -> bool:
-    """The owner, or staff holding the model's change permission."""
-    if chat.owner_id is not None and chat.owner_id == user.pk:
-        return True
-    opts = chat._meta
-    return bool(user.is_staff and user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
-
-
-def get_chat_for_change(request: HttpRequest, pk: Any) -> Any:
-    """The chat if this user may change it, else 404."""
-    chat_model = get_chat_model()
-    chat = chat_model.objects.filter(pk=pk).first()
-    if chat is None or not can_change_chat(request.user, chat):
-        raise Http404("No such chat.")
-    return chat
-
-
-def can_view_chat(user: Any, chat: Any) -> bool:
-    """The owner, or staff holding the model's view (or change) permission."""
-    if can_change_chat(user, chat):
-        return True
-    opts = chat._meta
-    return bool(user.is_staff and user.has_perm(f"{opts.app_label}.view_{opts.model_name}"))
-
-
-def get_chat_for_view(request: HttpRequest, pk: Any) -> Any:
-    """The chat if this user may see it, else 404."""
-    chat = get_chat_model().objects.filter(pk=pk).first()
-    if chat is None or not can_view_chat(request.user, chat):
-        raise Http404("No such chat.")
-    return chat
 
 
 def _done(request: HttpRequest) -> HttpResponse:
@@ -155,8 +124,5 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
-    # Function-local: the SSE machinery (Redis, async drivers) loads only for event streams.
-    from .sse import stream_response
-
     chat = await sync_to_async(get_chat_for_view)(request, pk)
     return stream_response(request, chat)

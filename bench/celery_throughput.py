@@ -7,7 +7,7 @@ Every chat asks ``tools:add|add|...`` (``--rounds`` rounds) of a zero-latency pr
 (tests/worker_provider.py): 2 x rounds + 1 steps each (the model asks for the ``add`` tool, the
 tool runs, ..., the model answers), on PostgreSQL. Measured, after a warm-up, on fresh chats:
 
-* in-process: this process runs each step with ``agentloop._runner.run_step`` (a job's body:
+* in-process: this process runs each step with ``agentloop.runners.run_step`` (a job's body:
   take the lease, one ``step()``, release), chat after chat; no broker;
 * in-process, no lease: ``chat.complete()`` on each chat (what a view would do);
 * celery: ``complete_later()`` on ``--chats`` chats (20: all in flight at once) in one
@@ -97,7 +97,7 @@ def check(ids: list[int], rounds: int) -> None:
 
 def in_process(count: int, rounds: int) -> float:
     """Seconds to run every step of ``count`` chats with run_step, one after another."""
-    from agentloop._runner import run_step
+    from agentloop.runners import run_step
 
     ids = make_chats(count, rounds)
     started = time.perf_counter()

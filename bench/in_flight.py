@@ -434,9 +434,9 @@ def _release_probe(samples: int) -> None:
     from django.test import override_settings
 
     from agentloop import providers
-    from agentloop._runner import run_step
     from agentloop.messages import ModelResponse, ToolCall
     from agentloop.models import Chat, Usage
+    from agentloop.runners import run_step
     from agentloop.testing import FunctionProvider
     from bench.in_flight import lookup
 

@@ -8,7 +8,7 @@ the tool runs, the model answers), with a zero-latency in-process model
 PostgreSQL, at L = 10 and 200 messages of history before the turn. Timed per turn, reported
 per step (turn time / 5):
 
-(a) ``agentloop._runner.run_step(pk)`` until it stops asking for another job: the body of the
+(a) ``agentloop.runners.run_step(pk)`` until it stops asking for another job: the body of the
     Celery task (lease, load, step, release), without the broker;
 (b) ``Chat.objects.get(pk=pk).step()`` five times: a fresh chat object per step;
 (c) ``Chat.objects.get(pk=pk).complete()`` once: loop mode, one process;
@@ -154,8 +154,8 @@ class JobPath:
         from django.db import connection
 
         from agentloop import providers
-        from agentloop._runner import run_step
         from agentloop.models import Chat, Message, ToolCall, Usage
+        from agentloop.runners import run_step
         from agentloop.testing import FunctionProvider
 
         self.samples, self.warmup = samples, warmup
@@ -177,9 +177,9 @@ class JobPath:
         )
         # (d)'s complete_later() sends its first job after the commit: not published here (no
         # broker, as in (a), whose next jobs aren't either); the bench runs the jobs itself.
-        from agentloop import background
+        from agentloop.runners import sending
 
-        background._send = lambda *args, **kwargs: None
+        sending.send = lambda job: None
 
     # -- data ---------------------------------------------------------------------------------
     def reset_tables(self) -> None:

@@ -8,9 +8,9 @@ moment ago, and 1% stalled (half running with a lease that expired ten minutes a
 queued an hour ago, with no lease). After ``VACUUM ANALYZE`` it times, medians over
 ``--repeats`` runs each:
 
-* the sweeper's query: ``agentloop._recovery.stalled_chats()``, its primary keys fetched, as
+* the sweeper's query: ``agentloop.runners.sweeper.stalled_chats()``, its primary keys fetched, as
   ``resume_stalled()`` reads them;
-* ``agentloop._recovery.resume_stalled()`` whole, with the enqueue replaced by a counter (no
+* ``agentloop.runners.sweeper.resume_stalled()`` whole, with the enqueue replaced by a counter (no
   broker: the publishing is the broker's cost, not the query's);
 
 checks that exactly the stalled chats are found, and prints ``EXPLAIN (ANALYZE, BUFFERS)`` of
@@ -117,7 +117,7 @@ def fill(count: int) -> int:
 @contextmanager
 def enqueues_counted() -> Iterator[list[Any]]:
     """Replace the sweeper's enqueue with a counter (and the backend's send, as a backstop)."""
-    from agentloop import _recovery, background  # local: they import Django models
+    from agentloop.runners import sending, sweeper  # local: they import Django models
 
     sent: list[Any] = []
 
@@ -126,7 +126,7 @@ def enqueues_counted() -> Iterator[list[Any]]:
 
     patched = [
         (module, name, getattr(module, name))
-        for module, name in ((_recovery, "enqueue"), (background, "_send"))
+        for module, name in ((sweeper, "enqueue"), (sending, "send"))
         if hasattr(module, name)
     ]
     for module, name, _ in patched:
@@ -139,7 +139,7 @@ def enqueues_counted() -> Iterator[list[Any]]:
 
 
 def timings(repeats: int, stalled: int) -> dict[str, Any]:
-    from agentloop._recovery import resume_stalled, stalled_chats  # local: Django models
+    from agentloop.runners.sweeper import resume_stalled, stalled_chats  # local: Django models
 
     query: list[float] = []
     sweep: list[float] = []
@@ -166,7 +166,7 @@ def explain() -> tuple[str, bool]:
     # Django is set up at run time (setup_django), after this module is imported.
     from django.db import connection
 
-    from agentloop._recovery import stalled_chats
+    from agentloop.runners.sweeper import stalled_chats
 
     sql, params = stalled_chats().values_list("pk", flat=True).query.sql_with_params()
     with connection.cursor() as cursor:

@@ -106,8 +106,8 @@ class Variants:
     def __init__(self) -> None:
         from django.conf import settings
 
-        from agentloop import _tracing
         from agentloop.engine import conversation, model_calls, tool_runner
+        from agentloop.engine import tracing as _tracing
 
         self.tracing = _tracing
         self.engine_modules = (conversation, model_calls, tool_runner)

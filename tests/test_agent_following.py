@@ -8,8 +8,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agentloop import ConfigurationError
-from agentloop._runner import run_step
 from agentloop.models import Chat, ChatState
+from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests.agents import Calculator, Research, Writer
 

@@ -22,11 +22,11 @@ from django.utils import timezone
 import agentloop
 from agentloop import CancelledError, ConfigurationError
 from agentloop.agents import AgentTool
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.agents.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, ToolCall
-from agentloop.subagents import SUBAGENT_CANCELLED_RESULT
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream, tool_call
 from tests.agents import (
     Briefing,

@@ -16,11 +16,11 @@ from django.utils import timezone
 
 import agentloop
 from agentloop import InvalidArgumentsError
-from agentloop._approval_timeouts import deny_timed_out_approvals
-from agentloop._recovery import resume_stalled
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
+from agentloop.runners.approval_timeouts import deny_timed_out_approvals
+from agentloop.runners.sweeper import resume_stalled
 from agentloop.testing import tool_call
 from tests.tools import transfer
 

@@ -27,7 +27,7 @@ from django.test.utils import CaptureQueriesContext
 
 import agentloop
 from agentloop import CancelledError, ChatBusyError, LimitReachedError, Tool, tool
-from agentloop._leases import Lease
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import ServerError
 from agentloop.messages import MessageStatus, TextDelta, ToolCallState
 from agentloop.models import Chat, Usage

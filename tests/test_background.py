@@ -1,6 +1,6 @@
 """Background steps in the embedded runner (no broker), leases and recovery (docs/design.md §3).
 
-The embedded runner runs the very job Celery runs (``agentloop._runner.run_step`` and its
+The embedded runner runs the very job Celery runs (``agentloop.runners.run_step`` and its
 follow-up) on a thread pool of this process, so these tests drive the background loop on
 the real database without a broker; tests/test_celery_worker.py does it with real workers.
 """
@@ -18,15 +18,14 @@ from django.test import override_settings
 from django.utils import timezone
 
 from agentloop import signals
-from agentloop._leases import Lease, beat, heartbeats
-from agentloop._runner import StepOutcome, run_step
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.django_store.leases import Lease, beat, heartbeats
 from agentloop.exceptions import (
     AuthenticationError,
     RateLimitError,
 )
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
+from agentloop.runners import StepOutcome, run_step, wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, stream, tool_call
 from tests.helpers import transcript
 from tests.tools import add, transfer
@@ -307,7 +306,7 @@ def test_the_heartbeat_notices_a_lost_lease(chat):
 def test_a_message_added_while_a_worker_holds_the_chat_is_refused_not_stranded(scripted):
     """A user message saved while a worker's model call runs would sort before the answer
     and never be answered: ask_later refuses it instead (ChatBusyError), losing nothing."""
-    from agentloop._leases import Lease
+    from agentloop.django_store.leases import Lease
     from agentloop.exceptions import ChatBusyError
 
     chat = Chat.objects.create(model="scripted:test")

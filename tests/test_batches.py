@@ -21,7 +21,9 @@ from django.utils import timezone
 
 import agentloop
 from agentloop import providers, signals
-from agentloop._leases import Lease
+from agentloop.batches import cancel as cancel_batch
+from agentloop.batches import refresh as refresh_batch
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import BatchError
 from agentloop.messages import TokenUsage
 from agentloop.models import (
@@ -66,7 +68,7 @@ def new_chat(user, question, *tools, model=MODEL):
 
 def poll_until_collected(batch, polls=10):
     for _ in range(polls):
-        batch.refresh()
+        refresh_batch(batch)
         batch.refresh_from_db()
         if batch.collected_at is not None:
             return batch
@@ -124,10 +126,22 @@ def test_each_batched_request_is_the_request_generate_sends(fake, user):
 def test_a_queryset_of_chats_can_be_batched(fake, user):
     chats = [new_chat(user, "hello"), new_chat(user, "bonjour")]
 
-    batch = Chat.objects.filter(pk__in=[c.pk for c in chats]).batch(auto_continue=True)
+    batch = agentloop.batch(Chat.objects.filter(pk__in=[c.pk for c in chats]), auto_continue=True)
 
     assert batch.auto_continue
     assert sorted(batch.items.values_list("chat_id", flat=True)) == sorted(c.pk for c in chats)
+
+
+def test_the_deprecated_model_methods_warn_and_still_work(fake, user):
+    chat = new_chat(user, "hello")
+
+    with pytest.warns(DeprecationWarning, match=r"agentloop\.batch\(chats\)"):
+        batch = Chat.objects.filter(pk=chat.pk).batch()
+    with pytest.warns(DeprecationWarning, match=r"agentloop\.batches\.refresh\(batch\)"):
+        assert batch.refresh() is batch
+    with pytest.warns(DeprecationWarning, match=r"agentloop\.batches\.cancel\(batch\)"):
+        assert batch.cancel() is batch
+    assert list(batch.items.values_list("chat_id", flat=True)) == [chat.pk]
 
 
 def test_chats_not_awaiting_the_model_are_refused_by_name(fake, user, scripted):
@@ -287,12 +301,12 @@ def test_answers_are_appended_once_the_batch_has_ended(fake, user):
     chats = [new_chat(user, "hello"), new_chat(user, "bonjour")]
     batch = agentloop.batch(chats)
 
-    batch.refresh()
+    refresh_batch(batch)
     batch.refresh_from_db()
     assert batch.status == BatchStatus.IN_PROGRESS and batch.polled_at is not None
     assert [transcript(c)[-1][0] for c in chats] == ["user", "user"]
 
-    batch.refresh()
+    refresh_batch(batch)
     batch.refresh_from_db()
 
     assert batch.status == BatchStatus.ENDED and batch.collected_at is not None
@@ -385,10 +399,10 @@ def test_a_two_round_tool_conversation_for_several_chats_runs_through_batches(fa
     failing = new_chat(user, "fail fourth", *tools)
 
     first = agentloop.batch([*chats, failing], auto_continue=True)
-    first.refresh()  # in progress
+    refresh_batch(first)  # in progress
     first.refresh_from_db()
     assert first.status == BatchStatus.IN_PROGRESS
-    first.refresh()  # ended: answers in, tools run, the next batch sent
+    refresh_batch(first)  # ended: answers in, tools run, the next batch sent
     first.refresh_from_db()
 
     assert first.status == BatchStatus.ENDED and first.collected_at is not None
@@ -469,17 +483,17 @@ def test_a_chat_that_reaches_its_limit_after_its_tools_is_stopped_not_batched(fa
 def test_a_chat_busy_when_its_answer_arrives_gets_it_at_the_next_poll(fake, user):
     busy, free = new_chat(user, "one"), new_chat(user, "two")
     batch = agentloop.batch([busy, free])
-    batch.refresh()  # in progress
+    refresh_batch(batch)  # in progress
     lease = Lease.take(Chat, busy.pk)
 
-    batch.refresh()
+    refresh_batch(batch)
     batch.refresh_from_db()
 
     assert batch.collected_at is None
     assert batch.items.get(chat=busy).status == BatchItemStatus.PENDING
     assert transcript(free)[-1] == ("assistant", "echo: two")
     lease.release(state="idle")
-    batch.refresh()
+    refresh_batch(batch)
     batch.refresh_from_db()
     assert batch.collected_at is not None
     assert transcript(busy)[-1] == ("assistant", "echo: one")
@@ -492,7 +506,7 @@ def test_a_batch_another_poller_holds_is_left_alone(fake, user):
     )
     requests_before = len(fake.received)
 
-    batch.refresh()
+    refresh_batch(batch)
 
     assert len(fake.received) == requests_before
 
@@ -523,7 +537,7 @@ def test_a_chat_cancelled_in_a_batch_is_released_and_its_answer_discarded(fake, 
 
     signals.chat_cancelled.connect(receiver)
     try:
-        batch.refresh()  # still in progress: the chat is released at once
+        refresh_batch(batch)  # still in progress: the chat is released at once
     finally:
         signals.chat_cancelled.disconnect(receiver)
     cancelled.refresh_from_db()
@@ -545,10 +559,10 @@ def test_a_chat_cancelled_in_a_batch_is_released_and_its_answer_discarded(fake, 
 def test_a_chat_cancelled_as_its_answer_arrives_gets_no_answer(fake, user):
     chat = new_chat(user, "hello")
     batch = agentloop.batch([chat])
-    batch.refresh()  # in progress
+    refresh_batch(batch)  # in progress
     fake.before_results = chat.cancel  # the cancel comes while the results download
 
-    batch.refresh()
+    refresh_batch(batch)
 
     chat.refresh_from_db()
     assert transcript(chat) == [("user", "hello")]
@@ -564,7 +578,7 @@ def test_when_every_chat_of_a_batch_is_cancelled_the_provider_batch_is_cancelled
     for chat in chats:
         chat.cancel()
 
-    batch.refresh()
+    refresh_batch(batch)
 
     assert ("POST", f"/v1/messages/batches/{batch.provider_batch_id}/cancel", {}) in fake.received
     poll_until_collected(batch)
@@ -595,7 +609,7 @@ def test_cancelling_a_batch_leaves_its_chats_awaiting_the_model(fake, user):
     chats = [new_chat(user, "a"), new_chat(user, "b")]
     batch = agentloop.batch(chats)
 
-    batch.cancel()
+    cancel_batch(batch)
 
     batch.refresh_from_db()
     assert batch.status == BatchStatus.CANCELLING
@@ -673,9 +687,9 @@ def first_round_in(fake, user, failure):
     """A chat through its first round, the next batch's submission answered with ``failure``."""
     chat = new_chat(user, "tools:step_one go", step_one)
     first = agentloop.batch([chat], auto_continue=True)
-    first.refresh()  # in progress
+    refresh_batch(first)  # in progress
     fake.before_results = lambda: fake.failures.append(failure)  # hits the next request
-    first.refresh()  # ended: answer in, tool run, next batch refused
+    refresh_batch(first)  # ended: answer in, tool run, next batch refused
     fake.before_results = None
     return chat, Batch.objects.get(previous=first)
 
@@ -685,7 +699,7 @@ def test_a_next_round_the_provider_is_too_busy_for_is_sent_by_the_next_poll(fake
 
     assert second.status == BatchStatus.CREATED and second.provider_batch_id == ""
     assert "Not sent yet: ServerError" in second.error
-    second.refresh()  # the poller sends it
+    refresh_batch(second)  # the poller sends it
 
     second.refresh_from_db()
     assert second.status == BatchStatus.IN_PROGRESS and second.submitted_at is not None

@@ -309,7 +309,7 @@ def test_after_a_cancel_from_another_process_the_chat_works_again(cancelled_mid_
 # -- (3) kill -9 of the worker, then a new worker --------------------------------------------
 def sweep_until_settled(background: Background, chat: Chat) -> None:
     """Wait for the chat to settle, running the sweeper every second as celery beat would."""
-    from agentloop._recovery import resume_stalled
+    from agentloop.runners.sweeper import resume_stalled
 
     last_sweep = 0.0
 

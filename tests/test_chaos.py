@@ -34,8 +34,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from agentloop._recovery import resume_stalled
 from agentloop.models import Chat, ToolCall, Usage
+from agentloop.runners.sweeper import resume_stalled
 from tests import test_celery_worker as celery_workers
 from tests.processes import REPO_ROOT, command, process_env, summary
 from tests.tools import ChaosA, ChaosB, ChaosC
@@ -335,8 +335,8 @@ def _check(
 
 # -- what the chaos run found --------------------------------------------------------------
 def test_the_sweeper_resumes_a_queued_chat_whose_in_process_caller_died_holding_it(user):
-    from agentloop._leases import claim_row
-    from agentloop._recovery import stalled_chats
+    from agentloop.django_store.leases import claim_row
+    from agentloop.runners.sweeper import stalled_chats
 
     chat = Chat.objects.create(model="rules:chaos", owner=user)
     chat.ask_later("hello")
@@ -401,8 +401,8 @@ def test_an_approved_tool_runs_once_when_two_processes_step_the_chat_at_once(
 
 
 def test_a_failed_job_logs_the_traceback_and_shows_users_one_line(user, scripted, caplog):
-    from agentloop._runner import run_step
     from agentloop.exceptions import AuthenticationError
+    from agentloop.runners import run_step
 
     chat = Chat.objects.create(model="scripted:test", owner=user)
     chat.ask_later("Hi")

@@ -144,7 +144,7 @@ def test_e003_infinity_and_nan_are_no_number_of_seconds(key, value):
 @pytest.mark.django_db
 @override_settings(AGENTLOOP={**settings.AGENTLOOP, "LEASE_SECONDS": 0})
 def test_a_lease_seconds_of_zero_keeps_one_writer_per_chat():
-    from agentloop._leases import Lease  # the models load once Django is set up
+    from agentloop.django_store.leases import Lease  # the models load once Django is set up
     from agentloop.models import Chat
 
     agentloop_settings.reload()
@@ -214,7 +214,7 @@ def celery_without_broker():
 
 @override_settings(DEBUG=False, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w001_the_embedded_runner_chosen_by_default_without_debug_warns(celery_without_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "embedded"
 
@@ -259,7 +259,7 @@ def celery_with_broker():
 
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w003_a_broker_setting_without_the_celery_app_loaded_warns(celery_without_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "embedded"  # what complete_later() would do: run in-process
 
@@ -276,7 +276,7 @@ def test_w003_an_explicit_celery_background_without_the_app_loaded_warns(celery_
 
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w003_the_celery_app_loaded_with_its_broker_passes(celery_with_broker):
-    from agentloop.background import backend_name
+    from agentloop.runners import runner_name as backend_name
 
     assert backend_name() == "celery"
     assert celery_warnings() == []

@@ -9,11 +9,12 @@ from django.test import override_settings
 
 import agentloop
 from agentloop import providers
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.batches import refresh as refresh_batch
 from agentloop.engine.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Chat, ChatState, Usage
 from agentloop.providers.anthropic import AnthropicProvider
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, reply
 from tests.batch_server import FakeBatches
 
@@ -81,7 +82,7 @@ def test_a_batched_chat_is_compacted_before_its_call_is_batched(user, model):
         batch = agentloop.batch([chat])
         ((request,),) = fake.submitted()
         for _ in range(10):
-            batch.refresh()
+            refresh_batch(batch)
             batch.refresh_from_db()
             if batch.collected_at is not None:
                 break

@@ -16,9 +16,9 @@ import time
 import pytest
 from django.db import OperationalError, connection, connections
 
-from agentloop._runner import run_step
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests import test_celery_worker as workers
 from tests.helpers import transcript
@@ -293,7 +293,7 @@ def test_a_job_started_while_connections_are_refused_is_retried_until_they_come_
 
 @postgresql
 def test_an_embedded_job_that_finds_connections_refused_is_retried_too(user, settings, caplog):
-    from agentloop.background import enqueue, wait_for_embedded_jobs
+    from agentloop.runners import enqueue, wait_for_embedded_jobs
     from tests.db_faults import refusing_connections
 
     settings.AGENTLOOP = {**settings.AGENTLOOP, "RUNNER": "embedded"}

@@ -9,10 +9,9 @@ from django.urls import reverse
 
 import agentloop
 from agentloop import signals
-from agentloop._runner import run_step
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.transcript import TOOL_LIMIT_RESULT
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import run_step, wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from tests.control_tools import Guard, HaltFromAnotherProcess
 from tests.tools import add

@@ -11,10 +11,10 @@ from django.test import override_settings
 from django.test.utils import isolate_apps
 from django.urls import reverse
 
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.checks import chat_model_problems
 from agentloop.conf import agentloop_settings, get_chat_model
 from agentloop.models import AbstractChat, AbstractMessage, ChatState
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from example_project.models import SupportConversation, SupportUsage, Ticket
 from tests.tools import add, step_one

@@ -8,10 +8,10 @@ from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
 from tests.tools import ask_manager, transfer

@@ -10,10 +10,10 @@ from django.test import override_settings
 
 import agentloop
 from agentloop import DecisionConflictError
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.exceptions import ToolCallNotWaitingError
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from tests.control_tools import OperatorCheck, ask_accounting
 from tests.processes import run_script, summary

@@ -11,8 +11,8 @@ import django
 import pytest
 from django.test import override_settings
 
-from agentloop.background import backend_name
 from agentloop.models import Chat, ChatState
+from agentloop.runners import runner_name as backend_name
 from tests.processes import REPO_ROOT, process_env
 from tests.tools import step_one, step_two
 

@@ -12,9 +12,7 @@ from django.test import override_settings
 
 from agentloop import chat as memory_chat
 from agentloop import providers
-from agentloop._leases import Lease
-from agentloop._runner import run_step
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import (
     AuthenticationError,
     ChatBusyError,
@@ -23,6 +21,7 @@ from agentloop.exceptions import (
 )
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState
+from agentloop.runners import run_step, wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider
 from tests.helpers import transcript
 

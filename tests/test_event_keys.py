@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
-from agentloop import _redis, events
-from agentloop._cancel_notices import RedisCancelListener, listen_locally
+from agentloop import events
 from agentloop.messages import TextDelta
 from agentloop.models import Chat
+from agentloop.process import redis_client as _redis
+from agentloop.process.cancel_notices import RedisCancelListener, listen_locally
 from tests import test_sse
 from tests.test_sse import Reader, events_url, is_state
 

@@ -16,11 +16,11 @@ from django.contrib.auth.models import Permission
 from django.test import AsyncClient, Client
 from django.urls import reverse
 
-from agentloop._leases import Lease
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.django_store.leases import Lease
 from agentloop.events import message_payload
 from agentloop.messages import Message, ModelRequest, ToolCall
 from agentloop.models import Chat
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import reply
 from agentloop.tools import AskPerson
 from example_project.demo.agents import Assistant

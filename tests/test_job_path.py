@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agentloop import ConcurrentWriteError, providers, tool
-from agentloop._runner import run_step
 from agentloop.messages import Message, ToolCallState
 from agentloop.models import Chat, ToolCall, Usage
+from agentloop.runners import run_step
 from agentloop.testing import FunctionProvider, tool_call
 
 pytestmark = pytest.mark.django_db

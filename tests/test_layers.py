@@ -1,5 +1,6 @@
-"""The package's shape (a newcomer can carry it): no import cycles between its modules, every
-function-local import says why it is local, and no module outgrows 500 lines."""
+"""The package's shape (a newcomer can carry it): no import circles between its modules counting
+every import; function-local imports only where listed (app loading, optional extras,
+deprecated aliases), each saying why it is local; no module outgrows 500 lines."""
 
 from __future__ import annotations
 
@@ -37,44 +38,87 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def top_level_imports(module: str, path: Path) -> set[str]:
-    """agentloop modules imported when ``module`` is imported (not under TYPE_CHECKING, not
-    inside functions)."""
+#: Function-local imports of agentloop's own modules, each with why it can't be at the top:
+#: Django's app loading (a module the ORM's models need, imported once apps are ready) and
+#: deprecated aliases. Anything else is a layer climbing back up: fix the layout instead.
+LOCAL_IMPORTS = {
+    ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
+    ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
+    ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
+    ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
+    ("agentloop.models.chat", "agentloop.batches"): "deprecated alias (0.3): ChatQuerySet.batch",
+    ("agentloop.models.batches", "agentloop.batches"): "deprecated alias (0.3): Batch.refresh",
+}
+#: the deprecated aliases above climb back up on purpose until they go; no other import does.
+DEPRECATED = {edge for edge, why in LOCAL_IMPORTS.items() if why.startswith("deprecated")}
+
+#: Function-local imports of other packages: optional extras, and Django read when used.
+OPTIONAL = {
+    "azure": "the azure extra",
+    "botocore": "the bedrock extra",
+    "celery": "the celery extra",
+    "django": "settings and apps read when used, not at import",
+    "google": "the vertex extra",
+    "mcp": "the mcp extra",
+    "opentelemetry": "the otel extra",
+    "psycopg": "the postgres extra",
+    "readline": "not on every platform",
+    "redis": "the celery extra",
+}
+
+
+def imports(module: str, path: Path) -> dict[str, set[str]]:
+    """agentloop modules ``module`` imports, by where: "top" (at import time), "typing"
+    (under TYPE_CHECKING) and "local" (inside a function)."""
     tree = ast.parse(path.read_text())
     is_package = path.name == "__init__.py"
-    found: set[str] = set()
+    found: dict[str, set[str]] = {"top": set(), "typing": set(), "local": set()}
     known = {name for name, _ in modules()}
 
-    def add(target: str) -> None:
+    def add(target: str, where: str) -> None:
         # "from . import x" may name a submodule; otherwise the module itself.
         while target and target not in known:
             target = target.rpartition(".")[0]
         if target and target != module:
-            found.add(target)
+            found[where].add(target)
 
-    for node in tree.body:
-        nodes = node.body if isinstance(node, ast.If) and not _type_checking(node) else [node]
-        for statement in nodes:
-            if isinstance(statement, ast.Import):
+    def take(statement: ast.AST, where: str) -> None:
+        if isinstance(statement, ast.Import):
+            for alias in statement.names:
+                if alias.name.startswith("agentloop"):
+                    add(alias.name, where)
+        elif isinstance(statement, ast.ImportFrom):
+            target = _resolve(module, statement, is_package)
+            if target.startswith("agentloop"):
                 for alias in statement.names:
-                    if alias.name.startswith("agentloop"):
-                        add(alias.name)
-            elif isinstance(statement, ast.ImportFrom):
-                target = _resolve(module, statement, is_package)
-                if target.startswith("agentloop"):
-                    for alias in statement.names:
-                        submodule = f"{target}.{alias.name}"
-                        add(submodule if submodule in known else target)
+                    submodule = f"{target}.{alias.name}"
+                    add(submodule if submodule in known else target, where)
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                visit(child, "local")
+            elif isinstance(child, ast.If) and where == "top" and _type_checking(child):
+                for statement in child.body:
+                    take(statement, "typing")
+                    visit(statement, "typing")
+                for statement in child.orelse:
+                    take(statement, where)
+                    visit(statement, where)
+            else:
+                take(child, where)
+                visit(child, where)
+
+    visit(tree, "top")
     return found
 
 
-def test_no_import_cycles_between_modules():
-    graph = {name: top_level_imports(name, path) for name, path in modules()}
-    # A package importing its own submodules (re-exports) is not a cycle of concern.
-    edges = {
-        name: {target for target in targets if not target.startswith(name + ".")}
-        for name, targets in graph.items()
-    }
+def top_level_imports(module: str, path: Path) -> set[str]:
+    """agentloop modules imported when ``module`` is imported."""
+    return imports(module, path)["top"]
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}
 
@@ -92,7 +136,43 @@ def test_no_import_cycles_between_modules():
     for name in sorted(edges):
         if name not in state:
             visit(name, [])
-    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    return cycles
+
+
+def test_no_import_circles_counting_every_import():
+    """At import time, under TYPE_CHECKING and inside functions alike, every import points
+    down the layers; a package importing its own submodules counts too."""
+    edges = {
+        name: {
+            target
+            for found in imports(name, path).values()
+            for target in found
+            if (name, target) not in DEPRECATED
+        }
+        for name, path in modules()
+    }
+    cycles = _cycles(edges)
+    assert cycles == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_function_local_imports_of_agentloop_are_the_listed_ones():
+    found = {(name, target) for name, path in modules() for target in imports(name, path)["local"]}
+    assert found == set(LOCAL_IMPORTS), (
+        f"not listed: {sorted(found - set(LOCAL_IMPORTS))}; "
+        f"listed but gone: {sorted(set(LOCAL_IMPORTS) - found)}"
+    )
+
+
+@pytest.mark.parametrize(("module", "path"), list(modules()), ids=lambda value: str(value))
+def test_function_local_imports_of_other_packages_are_optional_ones(module, path):
+    others = set()
+    for node in _local_imports(path):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            names = [] if node.level else [node.module or ""]
+        others.update(name.split(".")[0] for name in names if not name.startswith("agentloop"))
+    assert others <= set(OPTIONAL), f"{module}: local imports of {sorted(others - set(OPTIONAL))}"
 
 
 def _local_imports(path: Path) -> Iterator[ast.stmt]:

@@ -18,11 +18,11 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from agentloop import _leases
-from agentloop._leases import Lease, beat, claim_row, holder_alive, holder_id
-from agentloop._runner import run_step
+from agentloop.django_store import leases as _leases
 from agentloop.django_store.lease_statements import LeaseStatements
+from agentloop.django_store.leases import Lease, beat, claim_row, holder_alive, holder_id
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests.helpers import wait_until
 from tests.processes import start_script

@@ -28,7 +28,7 @@ from agentloop.mcp import STOPPED_RESULT, MCPTool, close_connections, load_mcp_t
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
-from agentloop.tools import load_tool
+from agentloop.tool_refs import load_tool
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "mcp_server.py"
 DEADLINE = 30.0  # seconds the HTTP server may take to start

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from django.test import override_settings
 
-from agentloop._runner import run_step
+from agentloop.runners import run_step
 from agentloop.models import Chat
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.gemini import GeminiProvider

@@ -13,10 +13,8 @@ import pytest
 from django.db import OperationalError, connections
 from django.utils import timezone
 
-from agentloop import _leases
-from agentloop._leases import Lease, beat
-from agentloop._recovery import resume_stalled
-from agentloop._runner import run_step
+from agentloop.django_store import leases as _leases
+from agentloop.django_store.leases import Lease, beat
 from agentloop.exceptions import (
     ChatBusyError,
     DecisionConflictError,
@@ -24,6 +22,8 @@ from agentloop.exceptions import (
     RateLimitError,
 )
 from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.runners import run_step
+from agentloop.runners.sweeper import resume_stalled
 from agentloop.testing import tool_call
 from tests.processes import start_script, summary
 from tests.tools import ask_manager, step_one, step_three, step_two, transfer
@@ -290,7 +290,7 @@ def test_a_refused_message_does_not_mark_the_chat_failed(user, scripted):
 def test_a_step_taken_in_process_on_a_queued_chat_hands_the_rest_back(user):
     """A chat queued for the background (its job found it busy and left) stepped once in
     this process: the rest goes back to the background, nothing is stranded."""
-    from agentloop.background import wait_for_embedded_jobs
+    from agentloop.runners import wait_for_embedded_jobs
 
     chat = Chat.objects.create(model="rules:test", owner=user).with_tools(step_one)
     chat.ask_later("tools:step_one")

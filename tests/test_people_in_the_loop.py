@@ -13,8 +13,7 @@ from django.urls import reverse
 
 from agentloop import CancelledError, PendingToolCallsError, signals
 from agentloop import chat as memory_chat
-from agentloop._leases import Lease
-from agentloop.background import wait_for_embedded_jobs
+from agentloop.django_store.leases import Lease
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.exceptions import (
@@ -24,6 +23,7 @@ from agentloop.exceptions import (
 )
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
 from tests.control_tools import ask_accounting

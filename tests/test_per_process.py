@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from agentloop import _cancel_notices, events
-from agentloop._cancel_notices import RedisCancelListener, listen_locally
-from agentloop._event_publisher import publisher
+from agentloop import events
 from agentloop.messages import TextDelta, ToolCallDelta
 from agentloop.models import Chat
+from agentloop.process import cancel_notices as _cancel_notices
+from agentloop.process.cancel_notices import RedisCancelListener, listen_locally
+from agentloop.process.event_publisher import publisher
 from agentloop.testing import stream
 from tests.helpers import wait_until
 from tests.processes import start_script, summary

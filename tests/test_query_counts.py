@@ -35,9 +35,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from agentloop import events
-from agentloop._runner import run_step
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, Message, ToolCall
+from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests import test_sse
 from tests.tools import add

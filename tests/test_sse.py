@@ -28,10 +28,10 @@ from django.test import AsyncClient, Client
 from django.urls import reverse
 
 from agentloop import CancelledError, events
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.sse import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
 from agentloop.testing import stream, tool_call
 from tests.processes import REPO_ROOT, process_env
@@ -266,7 +266,7 @@ def test_the_first_state_event_follows_the_messages_and_has_no_id(chat, open_str
 def test_a_whole_run_between_two_polls_still_sends_a_state_event(chat, open_stream):
     """idle -> queued -> running -> idle faster than the poll: the page must still hear of
     it (it re-enables its Send button on a state event)."""
-    from agentloop._leases import Lease
+    from agentloop.django_store.leases import Lease
 
     stream = open_stream()
     first = stream.until(is_state)[-1].data

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from agentloop import DecisionConflictError
+from agentloop.agents.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.exceptions import ToolCallNotWaitingError
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
-from agentloop.subagents import SUBAGENT_CANCELLED_RESULT
 from agentloop.testing import tool_call
 from tests.agents import Lead
 from tests.helpers import transcript

@@ -13,7 +13,8 @@ from agentloop import ConfigurationError, Tool, tool
 from agentloop.engine.tool_runner import execute_tool
 from agentloop.importing import import_path_of, load_by_path
 from agentloop.messages import ToolCall
-from agentloop.tools import format_result, tool_reference
+from agentloop.tool_refs import tool_reference
+from agentloop.tools import format_result
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 

@@ -15,8 +15,8 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from agentloop import providers
-from agentloop.background import wait_for_embedded_jobs
 from agentloop.models import Chat, ChatState
+from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, stream
 
 pytestmark = pytest.mark.django_db

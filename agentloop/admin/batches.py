@@ -15,6 +15,7 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..batches import cancel, refresh
 from ..exceptions import AgentloopError
 from ..models import Batch, BatchItem, BatchItemStatus
 
@@ -40,7 +41,7 @@ class BatchItemInline(admin.TabularInline):
 def poll_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     for batch in queryset.filter(collected_at__isnull=True):
         try:
-            batch.refresh()
+            refresh(batch)
         except AgentloopError as exc:
             modeladmin.message_user(request, f"Batch #{batch.pk}: {exc}", messages.ERROR)
 
@@ -51,7 +52,7 @@ def cancel_at_provider(
 ) -> None:
     for batch in queryset.filter(collected_at__isnull=True):
         try:
-            batch.cancel()
+            cancel(batch)
         except AgentloopError as exc:
             modeladmin.message_user(request, f"Batch #{batch.pk}: {exc}", messages.ERROR)
 

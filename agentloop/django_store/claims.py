@@ -1,6 +1,6 @@
 """The Django store's claim: one writer per chat, for every writing verb in any process.
 
-A verb takes the chat's lease with one conditional UPDATE (``agentloop._leases``) unless a
+A verb takes the chat's lease with one conditional UPDATE (``.leases``) unless a
 worker's job already took it while loading the chat; it gives it up with one UPDATE that
 also records how the verb ended (the chat's next state, a one-line error, the retry count).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -18,7 +19,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .._leases import UNREAD, Lease, attnames, claim_row, heartbeats
 from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
@@ -32,7 +32,8 @@ from ..exceptions import (
     ToolCallNotWaitingError,
 )
 from ..messages import ToolCallState
-from .reconnect import is_connection_fault, lost_to_fault, retried
+from .leases import UNREAD, Lease, attnames, claim_row, heartbeats
+from .reconnect import is_connection_fault, retried
 
 __all__ = ["ClaimMixin", "Release", "one_line"]
 
@@ -88,6 +89,7 @@ class ClaimMixin:
     #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
     _held_calls: frozenset[Any] | set[Any] = frozenset()
     cancel_notice: Any
+    send_next: Callable[[], None] | None
 
     @property
     def _db(self) -> str:
@@ -189,7 +191,7 @@ class ClaimMixin:
     def _release(self, lease: Lease, next_move: str | None, failure: BaseException | None) -> None:
         if isinstance(failure, LeaseLostError) or lease.lost.is_set():
             self._forget_lease()
-            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+            self.last_release = Release("unreachable" if lease.unreachable else "lost")
             return
         fields, release = self._release_fields(next_move, failure)
         if release.state == "failed" or release.retry_in is not None:
@@ -215,7 +217,7 @@ class ClaimMixin:
             self._released(fields, release)
         else:
             self._forget_lease()
-            self.last_release = Release("unreachable" if lost_to_fault(lease) else "lost")
+            self.last_release = Release("unreachable" if lease.unreachable else "lost")
 
     def _released_after_all(self, lease: Lease, fields: dict[str, Any]) -> str | None:
         """After a dropped connection: how a release that committed before its answer was
@@ -240,12 +242,8 @@ class ClaimMixin:
         self._applied(fields)
         self._forget_lease()
         release = self._wake_if_decided(release)
-        if not self.background and release.state == "queued":
-            # Handed back to the background (see _release_fields): send its next job.
-            # Function-local: background imports the runner, which imports this store.
-            from ..background import enqueue
-
-            enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
+        if not self.background and release.state == "queued" and self.send_next is not None:
+            self.send_next()  # handed back to the background (see _release_fields)
         self.last_release = release
 
     def release_with(self, **fields: Any) -> None:

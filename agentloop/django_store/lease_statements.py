@@ -1,5 +1,5 @@
 """The lease's SQL: the claim, the renewals and the holder's lookup, built once per chat
-model and database (see ``agentloop._leases`` for what they mean)."""
+model and database (see ``agentloop.django_store.leases`` for what they mean)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,16 +22,13 @@ from django.db import InterfaceError, OperationalError, connections
 from ..exceptions import LeaseLostError
 
 if TYPE_CHECKING:
-    from .._leases import Lease
+    from .leases import Lease
 
 __all__ = [
     "CONNECTION_ERRORS",
     "committed_message",
     "discard",
     "is_connection_fault",
-    "lease_remaining",
-    "lost_to_fault",
-    "mark_unreachable",
     "retried",
 ]
 
@@ -47,9 +43,6 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: the first wait before trying again on a new connection, and the longest.
 _FIRST_WAIT = 0.05
 _LONGEST_WAIT = 1.0
-
-#: leases given up because the database could not be reached (not taken over by another).
-_UNREACHABLE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def is_connection_fault(error: BaseException) -> bool:
@@ -72,27 +65,6 @@ def discard(using: str) -> None:
         connections[using].close()
     except Exception:  # noqa: S110 - closing a broken connection may fail too
         pass
-
-
-def lease_remaining(lease: Lease) -> float:
-    """Seconds until ``lease`` expires, as far as this process knows (its last renewal)."""
-    return lease.renewed_at + lease.seconds - time.monotonic()
-
-
-def _margin(lease: Lease) -> float:
-    # As the heartbeat's: give up early enough that the database's clock agrees it held.
-    return max(lease.seconds / 6, 0.1)
-
-
-def mark_unreachable(lease: Lease) -> None:
-    """The lease is given up because the database could not be reached in time."""
-    _UNREACHABLE.add(lease)
-    lease.lost.set()
-
-
-def lost_to_fault(lease: Lease) -> bool:
-    """Whether ``lease`` was given up for a connection fault (not taken over)."""
-    return lease in _UNREACHABLE
 
 
 def committed_message(record: Any, chat_pk: Any, using: str) -> Any | None:
@@ -131,9 +103,9 @@ def retried(
                 raise
             discard(using)
             failed = True
-            left = lease_remaining(lease) - _margin(lease)
+            left = lease.remaining - lease.margin
             if lease.lost.is_set() or left <= wait:
-                mark_unreachable(lease)
+                lease.give_up_unreachable()
                 raise LeaseLostError(
                     f"Chat {lease.chat_pk}: the database could not be reached before the "
                     f"lease ran out ({exc}); this step writes nothing more."

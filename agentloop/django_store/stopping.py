@@ -13,11 +13,11 @@ from django.db.models import Case, DateTimeField, Exists, F, Q, Value, When
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
-from .._cancel_notices import notify
-from .._leases import UNREAD
+from ..agents.subagents import cancel_children
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
-from ..subagents import cancel_children
+from ..process.cancel_notices import notify
+from .leases import UNREAD
 from .reconnect import retried
 
 __all__ = ["Stopping"]
@@ -32,6 +32,7 @@ class Stopping:
     tool_call_model: Any
     models: Any
     cancel_notice: Any
+    send_next: Callable[[], None] | None
     lease: Any
     _flag_after_write: Any
     # DjangoStore's own (one write transaction under the lease; rows; the saved chat).
@@ -231,10 +232,8 @@ class Stopping:
         )
         if woken:
             self.chat.state = "queued"
-            # Function-local: background imports the runner, which imports this store.
-            from ..background import enqueue
-
-            enqueue(self.chat.pk, self.chat._meta.label, using=self._db)
+            if self.send_next is not None:
+                self.send_next()
 
     def run_in_progress(self) -> bool:
         state = self.chat_model._default_manager.filter(pk=self.chat.pk).values_list(

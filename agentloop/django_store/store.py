@@ -13,20 +13,21 @@ from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from decimal import Decimal
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db.models import Sum
 
-from .._cancel_notices import listen_locally
-from .._leases import UNREAD
+from ..agents.subagents import has_children
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, MessageStatus
-from ..subagents import has_children
-from ..tools import Tool, load_tool, tool_reference
+from ..process.cancel_notices import listen_locally
+from ..tool_refs import load_tool, tool_reference
+from ..tools import Tool
 from .claims import ClaimMixin
+from .leases import UNREAD
 from .reconnect import committed_message, retried
 from .rows import JSON_COLUMNS, held_calls, messages_from_rows, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
@@ -35,12 +36,9 @@ from .tool_calls import ToolCallRows
 from .waiting import release_connection
 from .writes import OneStatementWrites
 
-T = TypeVar("T")
-
-if TYPE_CHECKING:
-    from ..models import AbstractChat
-
 __all__ = ["DjangoStore"]
+
+T = TypeVar("T")
 
 # ChatConfig field -> chat column
 _CONFIG_COLUMNS = {
@@ -135,8 +133,13 @@ def _models(chat_model: Any) -> _Models:
 class DjangoStore(ClaimMixin, OneStatementWrites, ToolCallRows, Stopping, ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
-    def __init__(self, chat: AbstractChat) -> None:
+    def __init__(self, chat: Any, *, send_next: Callable[[], None] | None = None) -> None:
+        """``chat``: a row of a model built on ``AbstractChat``. ``send_next`` sends the
+        chat's next background job: the store calls it when a verb run in-process (or a
+        message queued to a free chat) leaves the chat queued for the background. The store
+        sends nothing itself: its owner knows the runners."""
         self.chat = chat
+        self.send_next = send_next
         self.chat_model: Any = type(chat)
         models = self.models = _models(self.chat_model)
         self.message_model = models.message_model

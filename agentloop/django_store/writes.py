@@ -17,11 +17,11 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .._leases import Lease, renewal
 from ..engine import UsageRecord
 from ..exceptions import LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .claims import Release
+from .leases import Lease, renewal
 from .reconnect import committed_message, retried
 from .sql import bound_cursor
 

@@ -3,7 +3,7 @@
 Nothing here imports Django; the Django layer is one store among others.
 """
 
-from .configuration import ChatConfig, Limits, ToolOptions
+from .config import ChatConfig, Limits, ToolOptions
 from .conversation import CANCELLED_TOOL_RESULT, Conversation, StreamCallback
 from .memory import MemoryStore
 from .store import ChatStore, UsageRecord

@@ -1,6 +1,6 @@
 """The async twins of the verbs (a part of ``Conversation``).
 
-Each drives the same moves as its sync verb (:mod:`.moves`) with the async driver: the
+Each drives the same effects as its sync verb (:mod:`.effects`) with the async driver: the
 decisions and database phases are the sync verb's own, run with ``ChatStore.run_phase``;
 the model request, backoffs and ``async def`` tools are awaited on the event loop.
 """
@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .drivers import drive_async
-from .moves import Moves
+from .effects import Effects
+from .results import StepResult
 from .store import ChatStore
 from .streaming import StreamCallback
-
-if TYPE_CHECKING:  # the verbs' result type only; conversation imports this module
-    from .conversation import StepResult
 
 __all__ = ["AsyncVerbs"]
 
@@ -27,10 +25,10 @@ class AsyncVerbs:
     ``acancel`` and the async reads: what a Conversation offers to async code."""
 
     store: ChatStore
-    _generating: Callable[[StreamCallback | None], Moves[Any]]
-    _running_tools: Callable[[], Moves[list[Any]]]
-    _advancing: Callable[[StreamCallback | None], Moves[StepResult]]
-    _completing: Callable[..., Moves[Any]]
+    _generating: Callable[[StreamCallback | None], Effects[Any]]
+    _running_tools: Callable[[], Effects[list[Any]]]
+    _advancing: Callable[[StreamCallback | None], Effects[StepResult]]
+    _completing: Callable[..., Effects[Any]]
     ask_later: Callable[..., Any]
     cancel: Callable[[], bool]
     is_complete: Callable[[], bool]

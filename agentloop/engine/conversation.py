@@ -15,7 +15,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import _tracing
 from ..attachments import attachments_from
 from ..conf import agentloop_settings
 from ..exceptions import (
@@ -26,14 +25,16 @@ from ..exceptions import (
 )
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import Tool
+from . import tracing
 from .async_verbs import AsyncVerbs
 from .checkpoints import Checkpoints
-from .configuration import Configuration
+from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
+from .effects import Effects
 from .model_calls import ModelCalls, PreparedCall
-from .moves import Moves
 from .people import PeopleInTheLoop
+from .results import StepResult
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
@@ -67,16 +68,6 @@ _EVENTS = (
     "claimed",
     "subagents_waiting",
 )
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one step did and what comes next."""
-
-    #: the last message the step added (the store's record), or None when it did nothing.
-    message: Any
-    #: "done", "wait", "tools" or "generate": the move a next step would make.
-    next_move: str
 
 
 @dataclass
@@ -229,23 +220,23 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
         return drive(self._completing(stream, (content, attachments)), self.store)
 
-    # -- the verbs' moves: driven by ``drive`` here, by ``drive_async`` in the async twins ------
-    def _generating(self, stream: StreamCallback | None) -> Moves[Any]:
+    # -- the verbs' effects: driven by ``drive`` here, by ``drive_async`` in the async twins ------
+    def _generating(self, stream: StreamCallback | None) -> Effects[Any]:
         with self._run(single=True) as run:
             return (yield from self._generate(self._read(run), stream, run))
 
-    def _running_tools(self) -> Moves[list[Any]]:
+    def _running_tools(self) -> Effects[list[Any]]:
         with self._run(single=True) as run:
             return (yield from self._run_tools(self._read(run), run))
 
-    def _advancing(self, stream: StreamCallback | None) -> Moves[StepResult]:
+    def _advancing(self, stream: StreamCallback | None) -> Effects[StepResult]:
         with self._run(single=True) as run:
             added = yield from self._step(stream, run)
         return StepResult(message=added, next_move=run.next_move or "done")
 
     def _completing(
         self, stream: StreamCallback | None, asked: tuple[str, Any] | None = None
-    ) -> Moves[Any]:
+    ) -> Effects[Any]:
         """``complete()``; with ``asked`` (content, attachments) ``ask()``."""
         files = None if asked is None else self._attachments(asked[1])
         with self._run(single=False) as run:
@@ -274,7 +265,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
                 raise
         run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
-            with _tracing.verb(self.store, single):
+            with tracing.verb(self.store, single):
                 yield run
         except BaseException as exc:
             if isinstance(exc, CancelledError) and not exc.recorded:
@@ -390,12 +381,12 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         run.transcript = transcript
         for message in messages:
             record = self.store.append_message(message)
-            _tracing.turn_started(self.store, message)
+            tracing.turn_started(self.store, message)
             transcript.append(message)
             run.next_move = next_move(transcript)
             self._emit("after_message", record)
 
-    def _complete(self, run: _Run, stream: StreamCallback | None) -> Moves[Any]:
+    def _complete(self, run: _Run, stream: StreamCallback | None) -> Effects[Any]:
         last: Any = None
         while True:
             added = yield from self._step(stream, run)
@@ -412,7 +403,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             return self.store.native_message(transcript[-1]) if transcript else None
         return last
 
-    def _step(self, stream: StreamCallback | None, run: _Run) -> Moves[Any]:
+    def _step(self, stream: StreamCallback | None, run: _Run) -> Effects[Any]:
         requested_at = None
         first = run.transcript is None
         if run.transcript is None:
@@ -454,7 +445,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
     def _tool_map(self) -> dict[str, type[Tool]]:
         return {tool.name: tool for tool in self.store.get_tools()}
 
-    def _run_tools(self, transcript: list[Message], run: _Run) -> Moves[list[Any]]:
+    def _run_tools(self, transcript: list[Message], run: _Run) -> Effects[list[Any]]:
         round_ = pending_round(transcript)
         if round_.message is None or not round_.unanswered:
             run.next_move = next_move(transcript)

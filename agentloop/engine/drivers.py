@@ -1,4 +1,4 @@
-"""The two drivers of a verb's moves (:mod:`.moves`): one for sync verbs, one for async.
+"""The two drivers of a verb's effects (:mod:`.effects`): one for sync verbs, one for async.
 
 A verb is a generator: its decisions and its database phases run between two ``yield``s;
 the driver performs what it yields (a model request, a backoff, a tool run) and sends the
@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
-from .. import _tracing
-from .moves import Launch, Moves, RunTool, Send, Sleep, WaitAny
+from . import tracing
+from .effects import Effects, Launch, RunTool, Send, Sleep, WaitAny
 from .sending import asend, send
 from .store import ChatStore
 from .tool_runner import aexecute_tool, execute_tool
@@ -35,37 +35,37 @@ __all__ = ["drive", "drive_async"]
 T = TypeVar("T")
 
 
-def _resume(moves: Moves[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """Run the verb to its next move: (False, move), or (True, its result) when it ended.
+def _resume(effects: Effects[T], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Run the verb to its next effect: (False, effect), or (True, its result) when it ended.
     (A StopIteration can't cross a thread's future: the end is returned as a flag.)"""
     try:
-        move = moves.throw(error) if error is not None else moves.send(value)
+        effect = effects.throw(error) if error is not None else effects.send(value)
     except StopIteration as stop:
         return True, stop.value
-    return False, move
+    return False, effect
 
 
 def _advance(
-    moves: Moves[T],
+    effects: Effects[T],
     value: Any,
     error: BaseException | None,
     tools_here: bool,
     before_wait: Callable[[], None],
 ) -> tuple[bool, Any]:
-    """``_resume``, then ``before_wait`` ahead of a move that waits; with ``tools_here`` (the
+    """``_resume``, then ``before_wait`` ahead of an effect that waits; with ``tools_here`` (the
     phase runs on the database's thread, where a sync tool runs anyway) a sync tool's run is
     done in place, saving two thread hops."""
     while True:
-        ended, move = _resume(moves, value, error)
+        ended, effect = _resume(effects, value, error)
         if ended:
-            return ended, move
-        if not isinstance(move, Launch):  # launching waits for nothing
+            return ended, effect
+        if not isinstance(effect, Launch):  # launching waits for nothing
             before_wait()
-        if not (tools_here and isinstance(move, RunTool)) or move.tool_class.is_async():
-            return ended, move
+        if not (tools_here and isinstance(effect, RunTool)) or effect.tool_class.is_async():
+            return ended, effect
         value, error = None, None
         try:
-            value = _sync_call(move)()
+            value = _sync_call(effect)()
         except BaseException as exc:
             error = exc
 
@@ -80,8 +80,8 @@ def _sync_call(tool: RunTool) -> Callable[[], Any]:
     )
 
 
-def drive(moves: Moves[T], store: ChatStore | None = None) -> T:
-    """Run a verb's moves in this thread: the I/O in place, concurrent tools on a pool;
+def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
+    """Run a verb's effects in this thread: the I/O in place, concurrent tools on a pool;
     ``store.before_wait()`` ahead of each wait."""
     before_wait = store.before_wait if store is not None else _no_wait
     pool: ThreadPoolExecutor | None = None
@@ -90,44 +90,44 @@ def drive(moves: Moves[T], store: ChatStore | None = None) -> T:
     error: BaseException | None = None
     try:
         while True:
-            ended, move = _resume(moves, value, error)
+            ended, effect = _resume(effects, value, error)
             if ended:
-                result: T = move
+                result: T = effect
                 return result
             value, error = None, None
             try:
-                if not isinstance(move, Launch):  # launching waits for nothing
+                if not isinstance(effect, Launch):  # launching waits for nothing
                     before_wait()
-                if isinstance(move, Send):
-                    value = send(move)  # bounded: a slot, a deadline, a cancel watchdog
-                elif isinstance(move, Sleep):
-                    time.sleep(move.seconds)
-                elif isinstance(move, RunTool):
-                    value = _sync_call(move)()
-                elif isinstance(move, Launch):
-                    if pool is None or pool_size != move.size:
+                if isinstance(effect, Send):
+                    value = send(effect)  # bounded: a slot, a deadline, a cancel watchdog
+                elif isinstance(effect, Sleep):
+                    time.sleep(effect.seconds)
+                elif isinstance(effect, RunTool):
+                    value = _sync_call(effect)()
+                elif isinstance(effect, Launch):
+                    if pool is None or pool_size != effect.size:
                         # A round's tools all finished before the next round launches any.
                         if pool is not None:
                             pool.shutdown()
-                        pool = ThreadPoolExecutor(move.size, thread_name_prefix="agentloop-tool")
-                        pool_size = move.size
+                        pool = ThreadPoolExecutor(effect.size, thread_name_prefix="agentloop-tool")
+                        pool_size = effect.size
                     # carry: the tool thread's spans join this verb's trace.
-                    value = pool.submit(_tracing.carry(move.tool.wrap(_sync_call(move.tool))))
-                elif isinstance(move, WaitAny):
-                    done, _ = wait(move.handles, return_when=FIRST_COMPLETED)
+                    value = pool.submit(tracing.carry(effect.tool.wrap(_sync_call(effect.tool))))
+                elif isinstance(effect, WaitAny):
+                    done, _ = wait(effect.handles, return_when=FIRST_COMPLETED)
                     value = [(future, future.result()) for future in done]
-                else:  # pragma: no cover - a move this driver doesn't know is a bug
-                    raise TypeError(f"unknown move {move!r}")
+                else:  # pragma: no cover - an effect this driver doesn't know is a bug
+                    raise TypeError(f"unknown effect {effect!r}")
             except BaseException as exc:
                 error = exc
     finally:
-        moves.close()
+        effects.close()
         if pool is not None:
             pool.shutdown()
 
 
-async def drive_async(moves: Moves[T], store: ChatStore) -> T:
-    """Run a verb's moves from a coroutine: its database phases with ``store.run_phase``,
+async def drive_async(effects: Effects[T], store: ChatStore) -> T:
+    """Run a verb's effects from a coroutine: its database phases with ``store.run_phase``,
     its I/O awaited; sync tools on a thread, ``async def`` tools on this loop."""
     phase = store.run_phase
     tools_here = store.phases_on_a_thread
@@ -137,43 +137,43 @@ async def drive_async(moves: Moves[T], store: ChatStore) -> T:
     tasks: set[asyncio.Future[Any]] = set()
     try:
         while True:
-            ended, move = await phase(_advance, moves, value, error, tools_here, before_wait)
+            ended, effect = await phase(_advance, effects, value, error, tools_here, before_wait)
             if ended:
-                result: T = move
+                result: T = effect
                 return result
             value, error = None, None
             try:
-                value = await _perform(move, phase, tasks)
+                value = await _perform(effect, phase, tasks)
             except BaseException as exc:
                 error = exc
     finally:
         for task in tasks:
             task.cancel()
-        if inspect.getgeneratorstate(moves) == inspect.GEN_SUSPENDED:
+        if inspect.getgeneratorstate(effects) == inspect.GEN_SUSPENDED:
             # Left mid-verb (the task was cancelled during a phase): the verb's cleanup (its
             # release) is a database phase too.
-            await phase(moves.close)
+            await phase(effects.close)
 
 
-async def _perform(move: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
-    if isinstance(move, Send):
-        return await asend(move, phase)  # bounded: a slot, a deadline, a cancel watchdog
-    if isinstance(move, Sleep):
-        await asyncio.sleep(move.seconds)
+async def _perform(effect: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
+    if isinstance(effect, Send):
+        return await asend(effect, phase)  # bounded: a slot, a deadline, a cancel watchdog
+    if isinstance(effect, Sleep):
+        await asyncio.sleep(effect.seconds)
         return None
-    if isinstance(move, RunTool):
+    if isinstance(effect, RunTool):
         # One at a time: a sync tool runs where the verb's database phases run (it may use
         # the ORM, as in a sync verb), never on the loop.
-        return await _run_tool(move, thread_sensitive=True)
-    if isinstance(move, Launch):
-        task = asyncio.ensure_future(_run_tool(move.tool, thread_sensitive=False))
+        return await _run_tool(effect, thread_sensitive=True)
+    if isinstance(effect, Launch):
+        task = asyncio.ensure_future(_run_tool(effect.tool, thread_sensitive=False))
         tasks.add(task)
         return task
-    if isinstance(move, WaitAny):
-        done, _ = await asyncio.wait(move.handles, return_when=asyncio.FIRST_COMPLETED)
+    if isinstance(effect, WaitAny):
+        done, _ = await asyncio.wait(effect.handles, return_when=asyncio.FIRST_COMPLETED)
         tasks.difference_update(done)
         return [(task, task.result()) for task in done]
-    raise TypeError(f"unknown move {move!r}")  # pragma: no cover - a bug
+    raise TypeError(f"unknown effect {effect!r}")  # pragma: no cover - a bug
 
 
 async def _run_tool(tool: RunTool, *, thread_sensitive: bool) -> Any:

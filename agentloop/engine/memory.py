@@ -11,7 +11,7 @@ from typing import Any
 
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
-from .configuration import ChatConfig
+from .config import ChatConfig
 from .store import ChatStore, UsageRecord
 from .transcript import pending_round
 

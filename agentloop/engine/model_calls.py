@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .. import _tracing, providers
+from .. import providers
 from ..conf import agentloop_settings
 from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
 from ..importing import load_by_path
@@ -26,10 +26,11 @@ from ..messages import (
     ToolCallState,
 )
 from ..providers.base import Provider
+from . import tracing
 from .checkpoints import Checkpoints
 from .compaction import window
-from .configuration import ChatConfig
-from .moves import Moves, Send, Sleep
+from .config import ChatConfig
+from .effects import Effects, Send, Sleep
 from .retries import retry_delay
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
@@ -203,7 +204,7 @@ class ModelCalls(Summaries):
 
     def _generate(
         self, transcript: list[Message], stream: StreamCallback | None, run: Any
-    ) -> Moves[Any]:
+    ) -> Effects[Any]:
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         config = self.store.get_config()
         streams = stream is not None
@@ -255,10 +256,10 @@ class ModelCalls(Summaries):
 
     def _send(
         self, prepared: PreparedCall, stream: StreamCallback | None, run: Any
-    ) -> Moves[tuple[ModelResponse, Any, float]]:
+    ) -> Effects[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, and when the answering attempt started. A usage row per failure.
-        The request and the backoff are moves (:mod:`.moves`): the driver does the I/O."""
+        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O."""
         checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
@@ -270,7 +271,9 @@ class ModelCalls(Summaries):
             state.partial_key = partial_key
             started = time.monotonic()
             try:
-                with _tracing.model_call(prepared) as span:  # one span per attempt
+                with tracing.model_call(
+                    provider_name, model_id, request
+                ) as span:  # one span per attempt
                     stream_state = state if request.stream else None
                     response = yield Send(
                         provider, request, stream_state, checkpoints, provider_name

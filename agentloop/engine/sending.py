@@ -1,4 +1,4 @@
-"""Performing a :class:`~.moves.Send`: a slot of its provider's limit, a total deadline, and
+"""Performing a :class:`~.effects.Send`: a slot of its provider's limit, a total deadline, and
 a cancel that stops it whether it waits for a slot or for the provider.
 
 Both drivers (:mod:`.drivers`) send through here. A call first takes a slot of each limit it
@@ -31,7 +31,7 @@ from ..exceptions import (
 from ..messages import Chunk, ModelResponse
 from ..providers.slots import Slots, Ticket, slots_for
 from ..providers.watchdog import CallWatch, watching
-from .moves import Send
+from .effects import Send
 
 __all__ = ["asend", "call_timeout", "send"]
 
@@ -63,15 +63,15 @@ def call_timeout(provider_name: str) -> float | None:
 class _Call:
     """One Send's bounds: its limits, its deadline, its watch."""
 
-    def __init__(self, move: Send) -> None:
-        self.move = move
-        self.name = move.provider_name or move.provider.name
+    def __init__(self, effect: Send) -> None:
+        self.effect = effect
+        self.name = effect.provider_name or effect.provider.name
         self.timeout = call_timeout(self.name)
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        checkpoints = move.checkpoints
+        checkpoints = effect.checkpoints
         notice = checkpoints.store.cancel_notice if checkpoints is not None else None
         self.watch = CallWatch(self.deadline, notice)
-        self.slots = slots_for(self.name, move.request.model)
+        self.slots = slots_for(self.name, effect.request.model)
 
     def slice(self) -> float:
         if self.deadline is None:
@@ -100,7 +100,7 @@ class _Call:
     def on_chunk(self) -> Callable[[Chunk], None] | None:
         """The stream's chunk callback, which also ends a call past its deadline (for
         providers whose responses the watchdog can't shut)."""
-        state = self.move.state
+        state = self.effect.state
         if state is None:
             return None
 
@@ -132,17 +132,17 @@ class _Call:
             slots.give_back(ticket)
 
 
-def send(move: Send) -> ModelResponse:
+def send(effect: Send) -> ModelResponse:
     """Make the call in this thread (or greenlet), within its bounds."""
-    call = _Call(move)
+    call = _Call(effect)
     held: Held = []
     try:
         for slots in call.slots:
             woken = threading.Event()
             held.append((slots, ticket := slots.request(woken.set)))
             while not ticket.granted:
-                if move.checkpoints is not None:
-                    move.checkpoints.check(force=False)
+                if effect.checkpoints is not None:
+                    effect.checkpoints.check(force=False)
                 if call.expired():
                     raise call.timed_out(waiting=True)
                 woken.wait(call.slice())
@@ -150,20 +150,20 @@ def send(move: Send) -> ModelResponse:
                     raise call.timed_out(waiting=True)
         with watching(call.watch):
             try:
-                return move.provider.request(move.request, on_chunk=call.on_chunk())
+                return effect.provider.request(effect.request, on_chunk=call.on_chunk())
             except Exception as exc:
-                if call.watch.reason == "cancel" and move.checkpoints is not None:
-                    move.checkpoints.check()  # raises the run's CancelledError
+                if call.watch.reason == "cancel" and effect.checkpoints is not None:
+                    effect.checkpoints.check()  # raises the run's CancelledError
                 raise call.error_for(exc)  # noqa: B904 - error_for keeps the cause
     finally:
         call.give_back(held)
 
 
-async def asend(move: Send, phase: Phase) -> ModelResponse:
+async def asend(effect: Send, phase: Phase) -> ModelResponse:
     """Make the call from a coroutine, within its bounds; the cancel's flag is read as a
     database phase (``phase``)."""
-    call = _Call(move)
-    checkpoints = move.checkpoints
+    call = _Call(effect)
+    checkpoints = effect.checkpoints
     loop = asyncio.get_running_loop()
     held: Held = []
     try:
@@ -197,7 +197,7 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
             task.cancel()
 
     call.watch.on_abort(partial(loop.call_soon_threadsafe, cancel_here))
-    move, state = call.move, call.move.state
+    effect, state = call.effect, call.effect.state
 
     async def on_chunk(chunk: Chunk) -> None:
         if call.expired():
@@ -210,8 +210,8 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
         with watching(call.watch):
             try:
                 if state is None:
-                    return await move.provider.arequest(move.request)
-                return await move.provider.arequest(move.request, on_chunk=on_chunk)
+                    return await effect.provider.arequest(effect.request)
+                return await effect.provider.arequest(effect.request, on_chunk=on_chunk)
             except asyncio.CancelledError as exc:
                 if not aborted or task.uncancel() > 0:
                     raise  # cancelled from outside too: not ours to turn into an error
@@ -220,8 +220,8 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
                 error = exc
     finally:
         active = False
-    if call.watch.reason == "cancel" and move.checkpoints is not None:
-        await phase(move.checkpoints.check)  # raises the run's CancelledError
+    if call.watch.reason == "cancel" and effect.checkpoints is not None:
+        await phase(effect.checkpoints.check)  # raises the run's CancelledError
     raise call.error_for(error)
 
 

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
-from .configuration import ChatConfig
+from .config import ChatConfig
 
 __all__ = ["ChatStore", "UsageRecord"]
 
@@ -251,7 +251,7 @@ class ChatStore(ABC):
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
 
-    # -- tracing (AGENTLOOP["TRACING"], agentloop._tracing) ---------------------------
+    # -- tracing (AGENTLOOP["TRACING"], agentloop.engine.tracing) ---------------------------
     def trace_names(self) -> tuple[str, str]:
         """The chat's id and its agent's name ("" when it has none), as spans show them."""
         return "", ""

@@ -12,8 +12,8 @@ from ..messages import Message, ModelRequest, ModelResponse
 from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
-from .configuration import ChatConfig
-from .moves import Send
+from .config import ChatConfig
+from .effects import Send
 from .retries import retry_delay
 from .sending import send
 from .store import ChatStore, UsageRecord

@@ -2,7 +2,7 @@
 
 Every result is written as soon as its tool finishes, in its own transaction, so a
 crash loses at most the tool that was running. Database writes happen on the
-calling thread; running a tool is a move (:mod:`.moves`) its driver performs: on a
+calling thread; running a tool is an effect (:mod:`.effects`) its driver performs: on a
 thread, or awaited on the event loop for an ``async def`` tool of an async verb.
 """
 
@@ -16,7 +16,6 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from pydantic import ValidationError
 
-from .. import _tracing
 from ..exceptions import CancelledError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
@@ -28,9 +27,10 @@ from ..tools import (
     describe_validation_error,
     format_result,
 )
+from . import tracing
 from .checkpoints import Checkpoints
-from .configuration import ToolOptions
-from .moves import Launch, Moves, RunTool, WaitAny
+from .config import ToolOptions
+from .effects import Effects, Launch, RunTool, WaitAny
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
 
@@ -83,7 +83,7 @@ def execute_tool(
     instance, arguments = ready
 
     def run() -> str:
-        with _tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span:
             return span.result(format_result(_value_of(instance.execute(**arguments))))
 
     return _outcome(call, run)
@@ -97,7 +97,7 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         return ready
     instance, arguments = ready
     try:
-        with _tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span:
             content = span.result(format_result(await instance.execute(**arguments)))
     except Exception as exc:
         failure = exc
@@ -254,7 +254,7 @@ class ToolRunner:
         return True
 
     # -- the round ---------------------------------------------------------------------
-    def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Moves[list[Any]]:
+    def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Effects[list[Any]]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
         self.unanswered = unanswered
         # Calls held by a person or a subagent are not ours to run.
@@ -280,7 +280,7 @@ class ToolRunner:
 
     def _run_in_order(
         self, calls: list[ToolCall], refusals: dict[str, ToolOutcome | None]
-    ) -> Moves[None]:
+    ) -> Effects[None]:
         """One after another, results in call order."""
         checked = False
         for index, call in enumerate(calls):
@@ -321,7 +321,7 @@ class ToolRunner:
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
 
-    def _run_at_once(self, calls: list[ToolCall], size: int) -> Moves[None]:
+    def _run_at_once(self, calls: list[ToolCall], size: int) -> Effects[None]:
         """At most ``size`` tools running at once (threads, or tasks of an async verb)."""
         queue = list(calls)
         running: dict[Any, ToolCall] = {}

@@ -27,9 +27,9 @@ from contextlib import asynccontextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from .._per_process import PerProcess
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError, MCPServerError
+from ..process.holder import PerProcess
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:

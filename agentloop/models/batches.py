@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -97,18 +99,24 @@ class Batch(AbstractBatch):
         ]
 
     def refresh(self) -> Batch:
-        """Poll the provider now; collect the results if the batch has ended."""
-        # Function-local: agentloop.batches imports these models (a cycle at import time).
-        from ..batches import refresh
-
-        return refresh(self)
+        """Deprecated (goes in 0.3): ``agentloop.batches.refresh(batch)``."""
+        return self._by_the_service("refresh")
 
     def cancel(self) -> Batch:
-        """Ask the provider to stop the batch; answers already given are still collected."""
-        # Function-local: agentloop.batches imports these models (a cycle at import time).
-        from ..batches import cancel
+        """Deprecated (goes in 0.3): ``agentloop.batches.cancel(batch)``."""
+        return self._by_the_service("cancel")
 
-        return cancel(self)
+    def _by_the_service(self, verb: str) -> Batch:
+        warnings.warn(
+            f"Batch.{verb}() is deprecated: use agentloop.batches.{verb}(batch)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        # Function-local: a deprecated alias; the batch service sits above the models.
+        from .. import batches
+
+        done: Batch = getattr(batches, verb)(self)
+        return done
 
 
 class BatchItem(models.Model):

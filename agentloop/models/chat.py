@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,17 +16,16 @@ from django.db import models, router
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .. import subagents
-from ..background import enqueue
+from ..agents import subagents
 from ..django_store.sql import get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
+from ..runners import enqueue
 from .chat_events import connect_chat_events
 
 if TYPE_CHECKING:
     from ..engine import StreamCallback
-    from .batches import Batch
 
 
 class ChatState(models.TextChoices):
@@ -53,9 +53,14 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
     def owned_by(self, user: Any) -> ChatQuerySet:
         return self.filter(owner=user)
 
-    def batch(self, auto_continue: bool = False) -> Batch:
-        """Send these chats' next model call as one provider batch (``agentloop.batch``)."""
-        # Function-local: batches import this module's models (a cycle at import time).
+    def batch(self, auto_continue: bool = False) -> Any:
+        """Deprecated (goes in 0.3): ``agentloop.batch(queryset)``."""
+        warnings.warn(
+            "Chat.objects.batch() is deprecated: use agentloop.batch(chats)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # Function-local: a deprecated alias; the batch service sits above the models.
         from ..batches import submit
 
         return submit(self, auto_continue=auto_continue)
@@ -116,7 +121,7 @@ class AbstractChat(models.Model):
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
     agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)
-    #: digest of the agent configuration last applied (see ``agentloop._following``).
+    #: digest of the agent configuration last applied (see ``agentloop.agents.following``).
     agent_digest = models.CharField(
         _("agent configuration digest"), max_length=64, blank=True, editable=False
     )
@@ -142,7 +147,7 @@ class AbstractChat(models.Model):
     #: turn joins its trace (``AGENTLOOP["TRACING"]``); replaced when a turn starts.
     trace_context = models.JSONField(_("trace context"), default=dict, blank=True, editable=False)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
-    #: the one worker allowed to write (see agentloop._leases).
+    #: the one worker allowed to write (see agentloop.django_store.leases).
     lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     #: the process holding the lease, "<host>/<boot>:<pid>:<start time>": a claimant on the
@@ -168,7 +173,8 @@ class AbstractChat(models.Model):
         """The engine driving this chat (one per instance; callbacks live on it)."""
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
-            cached = Conversation(DjangoStore(self), owner=self)
+            store = DjangoStore(self, send_next=self._send_next)
+            cached = Conversation(store, owner=self)
             connect_chat_events(self, cached)
             self.__dict__["_conversation"] = cached
         return cached
@@ -410,6 +416,10 @@ class AbstractChat(models.Model):
         if queued:
             self.state = ChatState.QUEUED
             enqueue(self.pk, self._meta.label, using=self._state.db)
+
+    def _send_next(self) -> None:
+        """Send this chat's next background job (after the current transaction commits)."""
+        enqueue(self.pk, self._meta.label, using=self._state.db or "default")
 
     def complete_later(self) -> AbstractChat:
         """Run the conversation in the background, one step per job, from the next commit.

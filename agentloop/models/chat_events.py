@@ -1,28 +1,29 @@
 """What a persisted chat does when its conversation's events fire.
 
-Signals go out, and the subagent hooks run (``agentloop.subagents``): a subagent's final
+Signals go out, and the subagent hooks run (``agentloop.agents.subagents``): a subagent's final
 answer settles its parent's waiting tool call; a cancelled chat stops its running subagents
 and releases its parent.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from .. import _following, signals, subagents
+from .. import signals
+from ..agents import following, subagents
 
 if TYPE_CHECKING:
     from ..engine import Conversation
-    from .chat import AbstractChat
 
 
-def connect_chat_events(chat: AbstractChat, conversation: Conversation) -> None:
-    """Wire the chat's conversation events to the signals and the subagent hooks."""
+def connect_chat_events(chat: Any, conversation: Conversation) -> None:
+    """Wire the conversation events of ``chat`` (an ``AbstractChat``) to the signals and the
+    subagent hooks."""
     conversation.on("after_message", lambda m: subagents.settle_parent(chat, m))
     # A chat made by an agent follows the agent's code: each verb applies its configuration.
-    conversation.on("claimed", lambda: _following.follow_agent(chat))
+    conversation.on("claimed", lambda: following.follow_agent(chat))
     # In process, a parent's complete() drives on the subagents a person unblocked.
     conversation.on("subagents_waiting", lambda calls: subagents.drive_children(chat, calls))
     # A cancelled chat's running subagents stop too (their own subagents follow in turn).

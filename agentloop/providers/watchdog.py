@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from .._per_process import PerProcess
+from ..process.holder import PerProcess
 
 __all__ = ["CallWatch", "current", "remaining", "watch_response", "watching"]
 

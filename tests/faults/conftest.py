@@ -80,7 +80,7 @@ class Faults:
         """The sweeper, as celery beat runs it; a sweep during a broker outage fails (beat's
         task would not even be delivered) and the next one tries again."""
         # Function-local: recovery imports the models, loaded after Django's setup.
-        from agentloop._recovery import resume_stalled
+        from agentloop.runners.sweeper import resume_stalled
 
         self._last_sweep = time.monotonic()
         try:

@@ -69,7 +69,7 @@ def test_a_job_sent_while_the_broker_is_down_is_sent_by_the_next_sweep(faults, u
     """complete_later() with the broker down doesn't fail the caller: the chat is queued and
     marked stalled at once, so the sweeper's next run sends it (not STALE_QUEUED_SECONDS
     later)."""
-    from agentloop._recovery import stalled_chats
+    from agentloop.runners.sweeper import stalled_chats
 
     faults.redis.kill()
     chat = faults.send(user, "tools:charge")  # the broker refuses the job: nothing raised

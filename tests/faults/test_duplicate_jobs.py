@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop._leases import Lease
-from agentloop._runner import run_step
+from agentloop.django_store.leases import Lease
 from agentloop.exceptions import AuthenticationError
 from agentloop.models import Chat, ChatState
+from agentloop.runners import run_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,8 +75,8 @@ def test_after_a_reconnection_each_lost_job_is_re_sent_once(user, scripted, sett
 
     from django.utils import timezone
 
-    from agentloop._recovery import resend_queued
-    from agentloop.background import wait_for_embedded_jobs
+    from agentloop.runners import wait_for_embedded_jobs
+    from agentloop.runners.sweeper import resend_queued
 
     settings.AGENTLOOP = {**settings.AGENTLOOP, "RUNNER": "embedded"}
     lost = []

@@ -19,7 +19,7 @@ def main(pks: list[int]) -> None:
     django.setup()
     from django.db import connections
 
-    from agentloop._runner import run_step
+    from agentloop.runners import run_step
 
     print(f"PID {os.getpid()}", flush=True)
     actions: dict[str, str] = {}

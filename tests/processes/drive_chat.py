@@ -72,7 +72,7 @@ def main(chat_pk: int, spec: dict[str, Any]) -> None:
     if verb == "cancel":
         chat.cancel()
     elif verb == "submit_result":
-        from agentloop.background import wait_for_embedded_jobs
+        from agentloop.runners import wait_for_embedded_jobs
 
         result = chat.submit_result(spec["call"], spec["content"], error=spec.get("error", False))
         wait_for_embedded_jobs(60)  # a chat a worker left waiting goes on here (embedded)

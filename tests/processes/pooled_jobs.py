@@ -26,7 +26,7 @@ class _Kept(logging.Handler):
 def main(pks: list[int]) -> None:
     django.setup()
     from agentloop import providers
-    from agentloop._runner import run_step
+    from agentloop.runners import run_step
     from agentloop.testing import FunctionProvider
 
     def echo(request):  # type: ignore[no-untyped-def]

@@ -31,14 +31,14 @@ from django.db import connections
 from django.urls import NoReverseMatch, reverse
 
 from ... import providers
-from ..._recovery import free_chat, resume_stalled, stalled_chats
 from ...agents import Agent
-from ...background import backend_name, wait_for_embedded_jobs
 from ...batches import poll
 from ...conf import agentloop_settings, get_chat_model
 from ...exceptions import AgentloopError
 from ...importing import load_by_path
 from ...models import Batch, Chat, ChatState
+from ...runners import runner_name, wait_for_embedded_jobs
+from ...runners.sweeper import free_chat, resume_stalled, stalled_chats
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
@@ -197,7 +197,7 @@ class Command(BaseCommand):
             self.style.SUCCESS(f"Re-enqueued {len(ids)} chat(s)")
             + (f": {', '.join(map(str, ids))}" if ids else "")
         )
-        if ids and backend_name() == "embedded":
+        if ids and runner_name() == "embedded":
             # No broker: the steps run in this process, so wait for them before exiting.
             wait_for_embedded_jobs()
 
@@ -223,7 +223,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Chat {chat_id} holds no lease; nothing to do.")
             return
         self.stdout.write(self.style.SUCCESS(f"Unlocked chat {chat_id} (held by {holder or '?'})."))
-        if backend_name() == "embedded":
+        if runner_name() == "embedded":
             wait_for_embedded_jobs()  # no broker: its next step runs in this process
 
     # -- batches ---------------------------------------------------------------------------

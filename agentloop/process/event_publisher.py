@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ._per_process import PerProcess
+from .holder import PerProcess
 
 __all__ = ["Publisher", "publisher"]
 

@@ -9,29 +9,23 @@ their parent is cancelled.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
-from .engine.transcript import finished
-from .exceptions import AgentloopError, DecisionConflictError, ToolCallNotWaitingError
-
-if TYPE_CHECKING:
-    from .agents import Agent
+from ..exceptions import AgentloopError, DecisionConflictError, ToolCallNotWaitingError
+from . import last_answer
 
 __all__ = [
     "SUBAGENT_CANCELLED_RESULT",
     "cancel_children",
     "cancel_waiting_children",
-    "child_for",
     "decide",
     "drive_children",
     "pending_in_children",
-    "last_answer",
     "release_parent",
     "settle_parent",
 ]
@@ -45,29 +39,6 @@ SUBAGENT_CANCELLED_RESULT = "The subagent's run was cancelled before it answered
 def has_children(chat_model: Any) -> bool:
     """Whether chats of this model can have subagent chats (a ``parent`` field)."""
     return any(field.name == "parent" for field in chat_model._meta.get_fields())
-
-
-def child_for(parent: Any, call: Any, agent: type[Agent], task: str, inputs: dict[str, Any]) -> Any:
-    """The child chat of this call: the existing one (after a crash or a wait) or a new one."""
-    chat_model = type(parent)
-    child = chat_model._default_manager.filter(parent_tool_call_id=call.key).first()
-    if child is None:
-        child = agent.create(
-            owner=parent.owner, parent=parent, parent_tool_call_id=call.key, **inputs
-        )
-    if not any(m.role == "user" for m in child.conversation.messages):
-        child.ask_later(task)
-    return child
-
-
-def last_answer(child: Any) -> str:
-    """The child's latest answer as its parent's tool result (structured output as JSON)."""
-    for message in reversed(finished(child.conversation.messages)):
-        if message.role == "assistant":
-            if message.parsed is not None:
-                return json.dumps(message.parsed)
-            return message.content
-    return ""
 
 
 def settle_parent(chat: Any, message: Any) -> None:

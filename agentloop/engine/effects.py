@@ -1,9 +1,9 @@
 """The I/O a verb asks its driver for: the verbs' decisions and database phases are written
-once, as generators that yield these moves; a sync driver and an async driver perform them
+once, as generators that yield these effects; a sync driver and an async driver perform them
 (:mod:`.drivers`).
 
 A verb's generator runs its database phases itself (between two yields) and hands out only
-the waiting: a model request, a backoff sleep, a tool run. What a move returns is sent back
+the waiting: a model request, a backoff sleep, a tool run. What an effect returns is sent back
 into the generator; what it raises is thrown into it, at the ``yield``, so the verb's own
 ``try``/``except`` handle it exactly as if the call had been made in place.
 """
@@ -21,12 +21,12 @@ if TYPE_CHECKING:  # the stream state imports the store; only its type is named 
     from .checkpoints import Checkpoints
     from .streaming import StreamState
 
-__all__ = ["Launch", "Moves", "RunTool", "Send", "Sleep", "WaitAny"]
+__all__ = ["Launch", "Effects", "RunTool", "Send", "Sleep", "WaitAny"]
 
 T = TypeVar("T")
 
-#: a verb (or a part of one) written as a generator of moves, returning ``T``.
-Moves = Generator[Any, Any, T]
+#: a verb (or a part of one) written as a generator of effects, returning ``T``.
+Effects = Generator[Any, Any, T]
 
 
 @dataclass

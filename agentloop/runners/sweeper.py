@@ -1,4 +1,4 @@
-"""Finding chats that stalled (a worker died, a job was lost) and sending them on."""
+"""The sweeper: finding chats that stalled (a worker died, a job was lost) and sending them on."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from django.apps import apps
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ._approval_timeouts import deny_timed_out_approvals
-from .background import enqueue
-from .conf import agentloop_settings
+from ..conf import agentloop_settings
+from .approval_timeouts import deny_timed_out_approvals
+from .sending import enqueue
 
 __all__ = ["free_chat", "resend_queued", "resume_stalled", "stalled_chats"]
 

@@ -21,8 +21,8 @@ import weakref
 from contextlib import suppress
 from typing import Any
 
-from . import _redis
-from ._redis import chat_key
+from . import redis_client
+from .redis_client import chat_key
 
 __all__ = [
     "RedisCancelListener",
@@ -60,7 +60,7 @@ def _wake(notices: list[Any], cancel: bool) -> None:
 
 
 def _channel(key: str) -> str:
-    return _redis.key("cancel", key)
+    return redis_client.key("cancel", key)
 
 
 def listen_locally(chat: Any) -> threading.Event:
@@ -89,9 +89,9 @@ def notify(chat: Any, *, halt: bool = False) -> None:
     with _lock:
         notices = list(_local.get(key, ()))
     _wake(notices, cancel=not halt)
-    if _redis.redis_url():
+    if redis_client.redis_url():
         try:
-            _redis.client().publish(_channel(key), "halt" if halt else "cancel")
+            redis_client.client().publish(_channel(key), "halt" if halt else "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
 
@@ -106,7 +106,7 @@ class RedisCancelListener:
         self.notice = notice
 
     def __enter__(self) -> RedisCancelListener:
-        if _redis.redis_url():
+        if redis_client.redis_url():
             with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned to
                 _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
             try:
@@ -194,7 +194,7 @@ def stop_subscribers() -> None:
 
 def subscriber() -> Subscriber:
     """This process's subscriber for the configured Redis and prefix, started on first use."""
-    url = _redis.redis_url()
+    url = redis_client.redis_url()
     if url is None:
         raise ValueError("AGENTLOOP['REDIS_URL'] is not set")
     channel_prefix = _channel("")

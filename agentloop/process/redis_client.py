@@ -1,6 +1,6 @@
 """agentloop's one way to Redis: the client for ``AGENTLOOP["REDIS_URL"]`` and the key names.
 
-Live events (``agentloop.events``) and cancel notices (``agentloop._cancel_notices``)
+Live events (``agentloop.events``) and cancel notices (``agentloop.process.cancel_notices``)
 both name a chat the same way and put every key under ``REDIS_PREFIX``, so two
 sites sharing one Redis database never read each other's chats.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connections
 
-from .conf import agentloop_settings
+from ..conf import agentloop_settings
 
 __all__ = ["async_client", "chat_key", "client", "key", "prefix", "redis_url"]
 

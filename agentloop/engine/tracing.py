@@ -29,16 +29,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .conf import agentloop_settings
-from .exceptions import ToolWaiting
+from ..conf import agentloop_settings
+from ..exceptions import ToolWaiting
+from ..messages import Message, ModelRequest, ModelResponse, ToolCall
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
 
-    from .engine.model_calls import PreparedCall
-    from .engine.store import ChatStore
-    from .messages import Message, ModelResponse, ToolCall
+    from .store import ChatStore
 
 __all__ = ["available", "carry", "model_call", "tool_call", "turn_started", "verb"]
 
@@ -121,12 +120,12 @@ def turn_started(store: ChatStore, message: Message) -> None:
         running.start_turn(message)
 
 
-def model_call(prepared: PreparedCall) -> Any:
+def model_call(provider_name: str, model_id: str, request: ModelRequest) -> Any:
     """A context around one provider attempt: a ``chat {model}`` span (CLIENT)."""
     running = _VERB.get()
     if running is None:
         return _OFF
-    return _ModelCall(running, prepared)
+    return _ModelCall(running, provider_name, model_id, request)
 
 
 def tool_call(call: ToolCall, tool_class: Any) -> Any:
@@ -266,9 +265,13 @@ class _ModelCall:
     """``chat {model}``: one provider attempt, current while the request runs (so an HTTP
     client's own instrumentation nests under it)."""
 
-    def __init__(self, running: _Verb, prepared: PreparedCall) -> None:
+    def __init__(
+        self, running: _Verb, provider_name: str, model_id: str, request: ModelRequest
+    ) -> None:
         self.running = running
-        self.prepared = prepared
+        self.provider_name = provider_name
+        self.model_id = model_id
+        self.request = request
         self.span: Span | None = None
         self._outer: Any = None
 
@@ -278,13 +281,11 @@ class _ModelCall:
 
         trace = _otel()
         parent = self.running.parent()  # opens the verb's span (and its labels) if need be
-        prepared, request = self.prepared, self.prepared.request
+        request = self.request
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": _PROVIDER_NAMES.get(
-                prepared.provider_name, prepared.provider_name
-            ),
-            "gen_ai.request.model": prepared.model_id,
+            "gen_ai.provider.name": _PROVIDER_NAMES.get(self.provider_name, self.provider_name),
+            "gen_ai.request.model": self.model_id,
             **self.running.labels,
         }
         if request.temperature is not None:
@@ -300,7 +301,7 @@ class _ModelCall:
             others = [m for m in request.messages if m.role != "system"]
             attributes["gen_ai.input.messages"] = _dumps(_messages(others))
         self.span = self.running.tracer.start_span(
-            f"chat {prepared.model_id}",
+            f"chat {self.model_id}",
             context=parent,
             kind=trace.SpanKind.CLIENT,
             attributes=attributes,
@@ -316,7 +317,7 @@ class _ModelCall:
         """Record the answer: model, id, tokens, finish reason (and content when on)."""
         span = self.span
         assert span is not None
-        span.set_attribute("gen_ai.response.model", response.model or self.prepared.model_id)
+        span.set_attribute("gen_ai.response.model", response.model or self.model_id)
         response_id = response.provider_data.get("id")
         if isinstance(response_id, str) and response_id:
             span.set_attribute("gen_ai.response.id", response_id)
@@ -330,9 +331,6 @@ class _ModelCall:
         reason = response.finish_reason or ("tool_calls" if response.tool_calls else "stop")
         span.set_attribute("gen_ai.response.finish_reasons", [reason])
         if agentloop_settings.TRACE_CONTENT:
-            # Function-local: messages is light, but the engine imports this module early.
-            from .messages import Message
-
             answer = Message(
                 role="assistant",
                 content=response.content,

@@ -1,10 +1,10 @@
-"""One background job: take the chat's lease and load it, run one step, say what comes next.
+"""The one job body: take the chat's lease and load it, run one step, send what comes next.
 
-This is the logic of ``agentloop.tasks.step_chat`` (and of the embedded thread pool); the
-task itself only turns the outcome into a re-enqueue or a retry. The job path is short by
-design: one statement takes the lease and returns the chat row, one reads the transcript
-(with the cancel flag), the step writes its rows, and its last write transaction releases the
-lease with the chat's next state. The step's result says what comes next: no second read.
+Every runner's worker calls :func:`run_job` (the Celery task ``agentloop.step_chat``, the
+django.tasks task, the embedded thread pool). The job path is short by design: one statement
+takes the lease and returns the chat row, one reads the transcript (with the cancel flag),
+the step writes its rows, and its last write transaction releases the lease with the chat's
+next state. The step's result says what comes next: no second read.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ from typing import Any, Literal
 from django.apps import apps
 from django.db import router
 
-from ._cancel_notices import RedisCancelListener
-from ._leases import claim
-from .django_store.claims import one_line
-from .django_store.reconnect import CONNECTION_ERRORS, discard, lease_remaining
-from .django_store.store import transcript_select
-from .engine.retries import backoff
-from .exceptions import CancelledError, LeaseLostError, LimitReachedError
+from ..conf import agentloop_settings
+from ..django_store.claims import one_line
+from ..django_store.leases import claim
+from ..django_store.reconnect import CONNECTION_ERRORS, discard
+from ..django_store.store import transcript_select
+from ..engine.retries import backoff
+from ..events import publish_chunk
+from ..exceptions import CancelledError, LeaseLostError, LimitReachedError
+from ..process.cancel_notices import RedisCancelListener
+from .base import Job
+from .sending import send
 
-__all__ = ["StepOutcome", "run_step"]
+__all__ = ["StepOutcome", "next_job", "run_job", "run_step"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +73,39 @@ class StepOutcome:
         return self.action == "again"
 
 
+def run_job(job: Job) -> StepOutcome:
+    """One job: a step under the lease, then the next job sent (or this one again, later)."""
+    outcome = run_step(*job.args)
+    following = next_job(job, outcome)
+    if following is not None:
+        send(following)
+    return outcome
+
+
+def next_job(job: Job, outcome: StepOutcome) -> Job | None:
+    """What a finished job sends: the next step, or a retry of this one (the chat counts
+    its attempts and fails once ``STEP_RETRIES`` are used up). When the database could not
+    be reached the job counts (``attempt``): after ``STEP_RETRIES`` such tries it stops and
+    the sweeper finds the chat later."""
+    chat_id, model_label = job.chat_id, job.model_label
+    if outcome.enqueue_next:
+        return Job(chat_id, model_label)
+    if outcome.action == "retry":
+        return Job(chat_id, model_label, countdown=outcome.retry_in)
+    if outcome.action != "unreachable":
+        return None
+    if job.attempt < agentloop_settings.STEP_RETRIES:
+        return Job(chat_id, model_label, countdown=outcome.retry_in, attempt=job.attempt + 1)
+    logger.error(
+        "Chat %s: the database could not be reached in %d tries (%s); the job stops "
+        "and the sweeper (resume_stalled_chats) enqueues the chat again",
+        chat_id, job.attempt + 1, outcome.error,
+    )  # fmt: skip
+    return None
+
+
 def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0) -> StepOutcome:
-    """Run one step of chat ``chat_id`` under its lease.
+    """Run one step of chat ``chat_id`` under its lease; what happened (nothing is sent).
 
     ``attempt`` counts this job's tries after the database could not be reached (the chat
     row can't count those); other retries are counted on the chat row, so re-enqueues (the
@@ -99,7 +134,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     outcome = _advance(chat, lease, transcript)
     if outcome.action == "unreachable":
         # Given up before the lease ran out: the next job can take the chat once it has.
-        wait = max(backoff(attempt, outage=True), lease_remaining(lease) + 0.1)
+        wait = max(backoff(attempt, outage=True), lease.remaining + 0.1)
         return StepOutcome("unreachable", retry_in=wait, error=outcome.error)
     return outcome
 
@@ -177,8 +212,6 @@ def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
 
 def _publisher(chat: Any) -> Any:
     """The stream callback that forwards chunks to live pages (see agentloop.events)."""
-    # Function-local: live events bring the Redis client and SSE machinery only when streaming.
-    from .events import publish_chunk
 
     def forward(chunk: Any) -> None:
         publish_chunk(chat, chunk)

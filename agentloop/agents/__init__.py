@@ -20,6 +20,7 @@ own jobs while the parent's call waits; the parent resumes when the child settle
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -27,17 +28,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, create_model
 
-from ._following import fingerprint, follow, hand_over
-from .conf import agentloop_settings, get_chat_model
-from .engine.transcript import next_move
-from .exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
-from .importing import import_path_of
-from .tools import Tool, snake_case
+from ..conf import agentloop_settings, get_chat_model
+from ..engine.transcript import finished, next_move
+from ..exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
+from ..importing import import_path_of
+from ..in_memory import chat as new_chat
+from ..tools import Tool, snake_case
 
 if TYPE_CHECKING:
-    from .engine import Conversation
+    from ..engine import Conversation
 
-__all__ = ["Agent", "AgentTool"]
+__all__ = ["Agent", "AgentTool", "last_answer"]
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
@@ -119,16 +120,13 @@ class Agent:
     @classmethod
     def chat(cls, **inputs: Any) -> Conversation:
         """An in-memory chat configured by this agent."""
-        # Function-local: agentloop/__init__ imports this module (a cycle at import time).
-        from . import chat as new_chat
-
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
         conversation.store.agent_name = cls.__name__  # type: ignore[attr-defined]  # for traces
-        applied = [fingerprint(cls, inputs)]
+        applied = [cls.fingerprint(inputs)]
 
         def follow_code() -> None:
             # Each verb applies the class as it is now (attributes changed since, say).
-            applied[0] = follow(cls, conversation, inputs, applied[0])
+            applied[0] = cls.follow(conversation, inputs, applied[0])
 
         conversation.on("claimed", follow_code)
         return conversation
@@ -148,7 +146,7 @@ class Agent:
             title=cls.__name__,
             **extra,
         )
-        chat.agent_digest = fingerprint(cls, inputs)  # fails before saving anything
+        chat.agent_digest = cls.fingerprint(inputs)  # fails before saving anything
         chat.save()
         return cls.configure(chat, **inputs)
 
@@ -160,8 +158,47 @@ class Agent:
         chat = get_chat_model().objects.get(pk=pk)
         path = import_path_of(cls)
         if chat.agent_path != path or inputs:
-            hand_over(cls, chat, path, inputs)
+            cls._hand_over(chat, path, inputs)
         return chat
+
+    # -- following the code: a chat takes the agent's configuration as it is now -----------
+    @classmethod
+    def fingerprint(cls, inputs: Mapping[str, Any]) -> str:
+        """A digest of what ``configure(chat, **inputs)`` applies: equal digests, nothing
+        to apply (so an unchanged agent costs a verb no query)."""
+        applied = {
+            "model": cls.model,
+            "provider": cls.provider,
+            "instructions": cls.render_instructions(inputs),
+            "tools": [_stable_name(tool) for tool in cls.tools],
+            "tool_options": dict(cls.tool_options),
+            "temperature": cls.temperature,
+            "schema": None if cls.schema is None else _stable_name(cls.schema),
+            "limits": dict(cls.limits),
+        }
+        text = json.dumps(applied, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @classmethod
+    def follow(cls, chat: Any, inputs: Mapping[str, Any], applied: str) -> str:
+        """Apply this agent's configuration to ``chat`` when it changed since the ``applied``
+        fingerprint; returns the current one."""
+        current = cls.fingerprint(inputs)
+        if current != applied:
+            cls.configure(chat, **inputs)
+        return current
+
+    @classmethod
+    def _hand_over(cls, chat: Any, path: str, inputs: Mapping[str, Any]) -> None:
+        """This agent takes ``chat`` over: its configuration applied and recorded on the
+        chat, so every later verb follows this agent."""
+        given = {**(chat.agent_inputs or {}), **inputs}
+        kept = {name: value for name, value in given.items() if name in cls.input_names()}
+        current = cls.follow(chat, kept, "")  # raises before writing on missing inputs
+        type(chat)._default_manager.filter(pk=chat.pk).update(
+            agent_path=path, agent_inputs=kept, agent_digest=current
+        )
+        chat.agent_path, chat.agent_inputs, chat.agent_digest = path, kept, current
 
     # -- as a tool ------------------------------------------------------------------------
     @classmethod
@@ -218,10 +255,7 @@ class AgentTool(Tool):
         parent = self.context.chat
         if not hasattr(parent, "_meta"):
             return self._run_in_memory(agent, task, inputs)
-        # Function-local: persisted subagents need the ORM; agentloop imports without it.
-        from .subagents import child_for, last_answer
-
-        child = child_for(parent, self.tool_call, agent, task, inputs)
+        child = self._child(parent, agent, task, inputs)
         if self.context.background:
             # The child runs as its own jobs; our call waits and is settled when it ends.
             if next_move(child.conversation.messages) == "done":
@@ -236,6 +270,19 @@ class AgentTool(Tool):
             return last_answer(child)
         raise ToolWaiting("subagent")  # the child waits for a person; so do we
 
+    def _child(self, parent: Any, agent: type[Agent], task: str, inputs: dict[str, Any]) -> Any:
+        """The child chat of this call: the existing one (after a crash or a wait) or a new
+        one, asked the task."""
+        call = self.tool_call
+        child = type(parent)._default_manager.filter(parent_tool_call_id=call.key).first()
+        if child is None:
+            child = agent.create(
+                owner=parent.owner, parent=parent, parent_tool_call_id=call.key, **inputs
+            )
+        if not any(m.role == "user" for m in child.conversation.messages):
+            child.ask_later(task)
+        return child
+
     def _run_in_memory(self, agent: type[Agent], task: str, inputs: dict[str, Any]) -> str:
         child = agent.chat(**inputs)
         answer = child.ask(task)
@@ -245,3 +292,26 @@ class AgentTool(Tool):
                 "can't wait for; use a persisted Chat."
             )
         return str(getattr(answer, "content", "") or "")
+
+
+def last_answer(child: Any) -> str:
+    """A child chat's latest answer as its parent's tool result (structured output as JSON)."""
+    for message in reversed(finished(child.conversation.messages)):
+        if message.role == "assistant":
+            if message.parsed is not None:
+                return json.dumps(message.parsed)
+            return message.content
+    return ""
+
+
+def _stable_name(obj: Any) -> str:
+    """A stable name for a tool, an agent or a schema (it need not be importable)."""
+    bound = getattr(obj, "bound_inputs", None)
+    agent = getattr(obj, "agent_class", None)
+    if agent is not None:
+        return (
+            f"{_stable_name(agent)}:{getattr(obj, 'name', '')}:{json.dumps(bound, sort_keys=True)}"
+        )
+    if isinstance(obj, type) or callable(obj):
+        return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+    return json.dumps(obj, sort_keys=True, default=str)

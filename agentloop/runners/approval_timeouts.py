@@ -8,8 +8,8 @@ from typing import Any
 from django.apps import apps
 from django.db.models.functions import Now
 
-from .conf import agentloop_settings
-from .exceptions import ToolCallNotWaitingError
+from ..conf import agentloop_settings
+from ..exceptions import ToolCallNotWaitingError
 
 __all__ = ["TIMED_OUT_REASON", "deny_timed_out_approvals"]
 

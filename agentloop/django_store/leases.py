@@ -35,14 +35,13 @@ from typing import Any
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from .conf import agentloop_settings
-from .django_store.holders import holder_alive, holder_id
-from .django_store.lease_statements import attnames
-from .django_store.lease_statements import statement as _statements
-from .django_store.reconnect import mark_unreachable
-from .django_store.sql import PreparedUpdate
-from .django_store.waiting import release_connection
-from .exceptions import LeaseLostError
+from ..conf import agentloop_settings
+from ..exceptions import LeaseLostError
+from .holders import holder_alive, holder_id
+from .lease_statements import attnames
+from .lease_statements import statement as _statements
+from .sql import PreparedUpdate
+from .waiting import release_connection
 
 __all__ = [
     "UNREAD",
@@ -87,10 +86,29 @@ class Lease:
         self.halt_reason = ""
         #: set when a renewal sees a cancel or a halt (the run's checkpoint then reads it).
         self.notice: threading.Event | None = None
+        #: set with ``lost`` when the lease was given up because the database could not be
+        #: reached before it expired (not taken over): the step is tried again.
+        self.unreachable = False
         _HELD[token] = self
 
     def __repr__(self) -> str:
         return f"<Lease chat={self.chat_pk} token={self.token[:6]}…>"
+
+    @property
+    def remaining(self) -> float:
+        """Seconds until the lease expires, as far as this process knows (its last renewal)."""
+        return self.renewed_at + self.seconds - time.monotonic()
+
+    @property
+    def margin(self) -> float:
+        """How long before expiry a holder gives up: early enough that the database's clock
+        agrees it still held the lease."""
+        return max(self.seconds / 6, 0.1)
+
+    def give_up_unreachable(self) -> None:
+        """Give the lease up: the database could not be reached before it expires."""
+        self.unreachable = True
+        self.lost.set()
 
     @classmethod
     def take(
@@ -425,9 +443,8 @@ def _renew_many(leases: Iterable[Lease]) -> dict[tuple[str, str], tuple[Any, Any
 
 
 def _give_up_if_expiring(lease: Lease) -> None:
-    margin = max(lease.seconds / 6, 0.1)
-    if time.monotonic() - lease.renewed_at >= lease.seconds - margin:
-        mark_unreachable(lease)
+    if lease.remaining <= lease.margin:
+        lease.give_up_unreachable()
         heartbeats.stop(lease)
         logger.error(
             "Chat %s: the lease could not be renewed before it expires; the step is "

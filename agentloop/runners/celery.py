@@ -1,0 +1,28 @@
+"""The Celery runner: each job is a message for the ``agentloop.step_chat`` task.
+
+Jobs are sent by task name through Celery's current app (the project's, once its package
+imports it), so sending needs no import of :mod:`agentloop.tasks`; a worker runs them once
+it has loaded that module (``app.autodiscover_tasks()``).
+"""
+
+from __future__ import annotations
+
+from celery import current_app
+
+from .base import Job, Runner
+
+__all__ = ["STEP_TASK", "CeleryRunner"]
+
+#: the registered name of the step task (``agentloop.tasks.step_chat``).
+STEP_TASK = "agentloop.step_chat"
+
+
+class CeleryRunner(Runner):
+    """Sends each job to Celery's broker; a countdown is Celery's own."""
+
+    name = "celery"
+
+    def send(self, job: Job) -> None:
+        # A signature applies the registered task's own options (and CELERY_TASK_ALWAYS_EAGER),
+        # or sends by name when this process has not loaded the task.
+        current_app.signature(STEP_TASK, args=job.args).apply_async(countdown=job.countdown)

@@ -1,0 +1,61 @@
+"""Tool references: how a persisted chat names its tools, and turning a name back into a tool.
+
+A chat row stores each tool as a reference a worker in another process can load: an import
+path (``myapp.tools.lookup_order``), ``agent:<path>?{...}`` for an agent offered as a tool,
+or ``mcp:server/tool?{...}`` for a tool of an MCP server. This module knows every kind; the
+kinds' own modules (:mod:`agentloop.tools`, :mod:`agentloop.mcp`) know none of the others.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .exceptions import ConfigurationError
+from .importing import import_path_of, load_by_path
+from .mcp import PREFIX as MCP_PREFIX
+from .mcp import load_mcp_tool
+from .tools import FunctionTool, Tool
+
+__all__ = ["load_tool", "tool_reference"]
+
+
+def tool_reference(tool_class: type[Tool]) -> str:
+    """How a persisted chat names a tool: its import path (agents: ``agent:<path>``)."""
+    reference = getattr(tool_class, "reference", None)
+    if callable(reference):
+        return str(reference())
+    if isinstance(tool_class, type) and issubclass(tool_class, FunctionTool):
+        what = f"@tool function {tool_class.__qualname__!r}"  # a class, but written as a function
+    else:
+        what = f"tool class {getattr(tool_class, '__qualname__', tool_class)!r}"
+    return import_path_of(tool_class, what=what, advice=_TOOL_ADVICE)
+
+
+#: the fix for a tool that can't be stored by import path.
+_TOOL_ADVICE = (
+    "define tools of persisted chats in a module (e.g. myapp/tools.py, not a shell or a "
+    "function body) and import them from there, so a worker in another process can load them"
+)
+
+
+def load_tool(reference: str) -> type[Tool]:
+    """The Tool class a :func:`tool_reference` names (``agent:``, ``mcp:`` or an import path);
+    errors name the reference."""
+    if reference.startswith(MCP_PREFIX):
+        return load_mcp_tool(reference)
+    if reference.startswith("agent:"):
+        path, _, extra = reference.removeprefix("agent:").partition("?")
+        agent = load_by_path(path)
+        bound = json.loads(extra) if extra else {}
+        name = bound.pop("__name__", None)
+        tool_class: type[Tool] = agent.as_tool(name=name, **bound)
+        return tool_class
+    loaded = load_by_path(reference)
+    if isinstance(loaded, type) and issubclass(loaded, Tool):
+        return loaded
+    as_tool = getattr(loaded, "as_tool", None)
+    if callable(as_tool):
+        converted = as_tool()
+        if isinstance(converted, type) and issubclass(converted, Tool):
+            return converted
+    raise ConfigurationError(f"{reference!r} is not a tool.")
