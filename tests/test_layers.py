@@ -39,13 +39,16 @@ def _type_checking(node: ast.If) -> bool:
 
 
 #: Function-local imports of agentloop's own modules, each with why it can't be at the top:
-#: Django's app loading (a module the ORM's models need, imported once apps are ready) and
-#: deprecated aliases. Anything else is a layer climbing back up: fix the layout instead.
+#: Django's app loading (a module the ORM's models need, imported once apps are ready), a
+#: module of an optional extra, and deprecated aliases. Anything else is a layer climbing back up: fix the layout instead.
 LOCAL_IMPORTS = {
     ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
+    ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
+        "optional extra: the transport imports google-auth (the vertex extra)"
+    ),
     ("agentloop.models.chat", "agentloop.batches"): "deprecated alias (0.3): ChatQuerySet.batch",
     ("agentloop.models.batches", "agentloop.batches"): "deprecated alias (0.3): Batch.refresh",
 }

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from django.test import override_settings
 
-from agentloop.runners import run_step
 from agentloop.models import Chat
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.openai import OpenAIProvider
+from agentloop.runners import run_step
 from tests.providers.wire import Recorder, chat_completion, event_stream, registered
 from tests.test_thinking import anthropic_answer as anthropic_reply
 
