@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.test import override_settings
 from django.urls import reverse
@@ -213,4 +214,84 @@ def test_a_halt_from_another_process_stops_an_in_process_complete_before_its_nex
     chat.refresh_from_db()
     assert chat.messages.get(role="tool").content == "halted True"
     assert (chat.state, chat.stop_reason) == (ChatState.STOPPED, "halted: operator stop")
+    assert len(scripted.requests) == 1
+
+
+# -- tools run at once ---------------------------------------------------------------------------
+@pytest.mark.django_db
+@pytest.mark.parametrize("concurrency", ["threads", 2])
+def test_a_tool_halts_a_persisted_chat_whose_tools_run_at_once(persisted, scripted, concurrency):
+    persisted.with_tool_options(concurrency=concurrency)
+    scripted.add(GUARDED_ROUND, "never sent")
+
+    persisted.ask("pay 500")
+
+    persisted.refresh_from_db()
+    assert (persisted.state, persisted.stop_reason) == (
+        ChatState.STOPPED,
+        "halted: amount 500 is over budget",
+    )
+    assert len(scripted.requests) == 1
+    states = ToolCall.objects.filter(chat=persisted).values_list("state", flat=True)
+    assert sorted(states) == ["succeeded", "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_halts_a_persisted_chat_asked_with_aask_whose_tools_run_at_once(persisted, scripted):
+    persisted.with_tool_options(concurrency="threads")
+    scripted.add(GUARDED_ROUND, "never sent")
+
+    async_to_sync(persisted.aask)("pay 500")
+
+    persisted.refresh_from_db()
+    assert (persisted.state, persisted.stop_reason) == (
+        ChatState.STOPPED,
+        "halted: amount 500 is over budget",
+    )
+    assert len(scripted.requests) == 1
+
+
+@pytest.mark.parametrize("concurrency", ["threads", 2])
+def test_a_tool_halts_a_memory_chat_whose_tools_run_at_once(scripted, concurrency):
+    chat = agentloop.chat("scripted:test", tools=[Guard, add])
+    chat.with_tool_options(concurrency=concurrency)
+    scripted.add(GUARDED_ROUND, "never sent")
+
+    chat.ask("pay 500")
+
+    assert len(scripted.requests) == 1
+    assert chat.store.stop_reason == "halted: amount 500 is over budget"
+
+
+@pytest.mark.django_db
+def test_a_tool_halts_a_persisted_chat_under_the_projects_tool_concurrency(persisted, scripted):
+    scripted.add(GUARDED_ROUND, "never sent")
+    with override_settings(AGENTLOOP={**settings.AGENTLOOP, "TOOL_CONCURRENCY": "threads"}):
+        persisted.ask("pay 500")
+
+    persisted.refresh_from_db()
+    assert (persisted.state, persisted.stop_reason) == (
+        ChatState.STOPPED,
+        "halted: amount 500 is over budget",
+    )
+    assert len(scripted.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_halt_in_a_background_step_whose_tools_run_at_once_is_released_as_stopped(
+    persisted, scripted
+):
+    persisted.with_tool_options(concurrency="threads")
+    scripted.add(GUARDED_ROUND, "never sent")
+    persisted.ask_later("pay 500")
+    Chat.objects.filter(pk=persisted.pk).update(state=ChatState.QUEUED)
+
+    assert run_step(persisted.pk).action == "again"  # the model asks for the round
+    assert run_step(persisted.pk).action == "stopped"  # the round runs at once, then the halt
+
+    persisted.refresh_from_db()
+    assert (persisted.state, persisted.stop_reason) == (
+        ChatState.STOPPED,
+        "halted: amount 500 is over budget",
+    )
     assert len(scripted.requests) == 1

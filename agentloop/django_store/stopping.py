@@ -54,7 +54,11 @@ class Stopping:
             return None
         row = rows[0]
         value: datetime | None = row[0]
-        self.chat.halt_reason = row[1]
+        if row[1]:
+            # Only ever adds a halt: one this process asked for while it holds the chat is
+            # kept in memory, not in the row, and a read must not undo it (its tools running
+            # at once check the flag between them).
+            self.chat.halt_reason = row[1]
         return value
 
     def cancel_requested_at(self) -> datetime | None:
