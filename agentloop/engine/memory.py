@@ -285,6 +285,9 @@ class MemoryStore(ChatStore):
                 stored.status = MessageStatus.CANCELLED
             else:
                 self._add(partial.model_copy(update={"status": MessageStatus.CANCELLED}))
+        elif partial_key is not None:
+            # An earlier attempt's partial, its retry cut short before any text came.
+            self._find(partial_key).status = MessageStatus.CANCELLED
         if usage is not None:
             self.usage.append((_now(), usage))
         for call in unanswered:
