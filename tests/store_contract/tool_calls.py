@@ -7,16 +7,10 @@ import pytest
 
 from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from agentloop.messages import Message, ToolCall, ToolCallState
-from tests.store_contract.harness import Harness, answer, breaks, call, usage
+from tests.store_contract.harness import Harness, answer, call, usage
 
 __all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls"]
 
-#: the memory store ignores ``release=`` on the step's last write: the claim stays held
-#: until the verb's own release() at its end.
-MEMORY_KEEPS_THE_CLAIM = (
-    "MemoryStore.save_answer/save_tool_result ignore release=: the claim stays held until "
-    "the verb's own release()"
-)
 
 
 def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
@@ -244,7 +238,6 @@ class TestReleasingWrites:
     ``release`` afterwards is a no-op."""
 
     @pytest.mark.parametrize("move", ["done", "tools"])
-    @breaks("memory", MEMORY_KEEPS_THE_CLAIM)
     def test_save_answer_with_release_frees_the_chat(self, harness: Harness, move: str) -> None:
         harness.store.append_message(Message(role="user", content="Hi"))
         assert harness.store.claim() is True
@@ -260,7 +253,6 @@ class TestReleasingWrites:
             harness.store.release(move)  # the verb's end: a no-op when already released
         assert taken is True
 
-    @breaks("memory", MEMORY_KEEPS_THE_CLAIM)
     def test_save_tool_result_with_release_frees_the_chat(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
         assert harness.store.claim() is True
