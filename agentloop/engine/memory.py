@@ -175,6 +175,8 @@ class MemoryStore(ChatStore):
             self.reported_input = (stored.key, usage.usage.input_tokens)
         self.stop_reason = ""
         original.key = stored.key
+        if release is not None:
+            self.release(release)  # the same write gives the claim up, as the contract says
         return stored
 
     def record_usage(self, usage: UsageRecord) -> None:
@@ -216,6 +218,8 @@ class MemoryStore(ChatStore):
             self.tool_errors[call.id] = error
         stored = self._add(message)
         message.key = stored.key
+        if release is not None:
+            self.release(release)  # the same write gives the claim up, as the contract says
         return stored
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
@@ -285,6 +289,9 @@ class MemoryStore(ChatStore):
                 stored.status = MessageStatus.CANCELLED
             else:
                 self._add(partial.model_copy(update={"status": MessageStatus.CANCELLED}))
+        elif partial_key is not None:
+            # An earlier attempt's partial, its retry cut short before any text came.
+            self._find(partial_key).status = MessageStatus.CANCELLED
         if usage is not None:
             self.usage.append((_now(), usage))
         for call in unanswered:

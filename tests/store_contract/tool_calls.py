@@ -1,0 +1,272 @@
+"""Contract: tool calls (run at most once, one result each), holds and people's decisions,
+and the writes that release the claim with the step's last row."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
+from agentloop.messages import Message, ToolCall, ToolCallState
+from tests.store_contract.harness import Harness, answer, call, usage
+
+__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls"]
+
+
+
+def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
+    """The tool message answering ``c``."""
+    return Message(
+        role="tool", content=content, tool_call_id=c.id, tool_name=c.name, is_error=is_error
+    )
+
+
+def round_of(harness: Harness, *calls: ToolCall) -> list[ToolCall]:
+    """Save an answer asking for ``calls``; the calls as a verb reads them back."""
+    harness.store.append_message(Message(role="user", content="Go"))
+    harness.store.save_answer(answer(*calls), usage())
+    return harness.store.load_transcript()[-1].tool_calls
+
+
+def calls_read(harness: Harness) -> dict[str, ToolCall]:
+    """The calls of the chat, by id, as a store opened now reads them."""
+    return {c.id: c for m in harness.reopen().load_transcript() for c in m.tool_calls}
+
+
+def tool_messages(harness: Harness) -> list[Message]:
+    return [m for m in harness.reopen().load_transcript() if m.role == "tool"]
+
+
+def held(harness: Harness, c: ToolCall, reason: str, question: str | None = None) -> ToolCall:
+    """``c`` held for a person by a verb (under the claim); the call as a decision reads it."""
+    assert harness.store.claim() is True
+    harness.store.mark_tool_waiting(c, reason, question)
+    harness.store.release("wait")
+    return calls_read(harness)[c.id]
+
+
+class TestToolCalls:
+    """``mark_tool_running`` is a conditional write from the state the call was read in:
+    a second mark from the same read is refused (no tool runs twice), one from a read
+    that saw it running (after a crash) takes it again; ``save_tool_result`` writes the
+    result and the call's final state once (``ConcurrentWriteError`` for a second), for a
+    call in any state (a refusal never ran); ``mark_tool_waiting`` holds it for a person."""
+
+    def test_a_call_is_marked_running_once_from_one_read(self, harness: Harness) -> None:
+        (first,) = round_of(harness, call("c1"))
+        (second,) = harness.store.load_transcript()[-1].tool_calls  # a second reader
+        assert harness.store.claim() is True
+
+        assert harness.store.mark_tool_running(first) is True
+        assert harness.store.mark_tool_running(second) is False
+
+        assert calls_read(harness)["c1"].state == ToolCallState.RUNNING
+        harness.store.release("tools")
+
+    def test_a_call_read_running_after_a_crash_can_be_taken_again(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+        harness.store.release(None, failure=KeyboardInterrupt())  # the process died
+
+        assert harness.store.claim() is True
+        again = harness.store.load_transcript()[-1].tool_calls[0]
+        assert again.state == ToolCallState.RUNNING
+        assert harness.store.mark_tool_running(again) is True
+        harness.store.release("tools")
+
+    def test_a_result_is_written_once_with_the_calls_final_state(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+        result = result_for(c1)
+
+        record = harness.store.save_tool_result(c1, result, ToolCallState.SUCCEEDED, None)
+
+        assert result.key is not None
+        back = harness.as_message(record)
+        assert (back.role, back.content, back.tool_call_id, back.key) == (
+            "tool",
+            "3",
+            "c1",
+            result.key,
+        )
+        with pytest.raises(ConcurrentWriteError):
+            harness.store.save_tool_result(c1, result_for(c1, "4"), ToolCallState.SUCCEEDED, None)
+        harness.store.release("generate")
+
+        (message,) = tool_messages(harness)
+        assert (message.content, message.tool_call_id, message.tool_name) == ("3", "c1", "add")
+        assert not message.is_error
+        assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
+        assert harness.call_error(c1) == ""
+
+    def test_an_error_result_keeps_its_flag_and_error(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+
+        harness.store.save_tool_result(
+            c1, result_for(c1, "Error: bad", is_error=True), ToolCallState.FAILED, "ValueError: bad"
+        )
+        harness.store.release("generate")
+
+        (message,) = tool_messages(harness)
+        assert message.is_error and message.content == "Error: bad"
+        assert calls_read(harness)["c1"].state == ToolCallState.FAILED
+        assert harness.call_error(c1) == "ValueError: bad"
+
+    @pytest.mark.parametrize("final", [ToolCallState.FAILED, ToolCallState.CANCELLED])
+    def test_a_call_that_never_ran_can_get_its_result(
+        self, harness: Harness, final: ToolCallState
+    ) -> None:
+        """A refusal (unknown tool, a limit) or the answer to a cancelled call."""
+        c1, c2 = round_of(harness, call("c1"), call("c2"))
+        assert harness.store.claim() is True
+
+        harness.store.save_tool_result(c1, result_for(c1, "no", is_error=True), final, None)
+        harness.store.release("tools")
+
+        states = calls_read(harness)
+        assert (states["c1"].state, states["c2"].state) == (final, ToolCallState.PENDING)
+        assert [m.tool_call_id for m in tool_messages(harness)] == ["c1"]
+
+    @pytest.mark.parametrize(
+        ("reason", "question"), [("approval", None), ("question", "Which city?")]
+    )
+    def test_a_held_call_waits_for_its_reason(
+        self, harness: Harness, reason: str, question: str | None
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+
+        read = held(harness, c1, reason, question)
+
+        assert (read.state, read.wait_reason, read.question) == (
+            ToolCallState.WAITING,
+            reason,
+            question,
+        )
+        assert read.decision is None
+
+
+class TestDecisions:
+    """``record_decision`` only while the call still waits (else ``DecisionConflictError``,
+    nothing written): an approval sets the call pending for exactly its arguments (edited
+    ones replace them, the model's are kept); a denial or an answer writes the result."""
+
+    def test_an_approval_lets_the_call_run_for_exactly_its_arguments(
+        self, harness: Harness
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        read = held(harness, c1, "approval")
+
+        assert (
+            harness.other().record_decision(read, "approved", by=None, reason="", result=None)
+            is None
+        )
+
+        after = calls_read(harness)["c1"]
+        assert (after.state, after.decision) == (ToolCallState.PENDING, "approved")
+        assert after.decision_digest == read.arguments_digest()
+        assert harness.original_arguments(after) is None
+        assert tool_messages(harness) == []
+
+    def test_an_approval_with_edited_arguments_keeps_the_models(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1", a=1, b=2))
+        read = held(harness, c1, "approval")
+        read.original_arguments, read.arguments = read.arguments, {"a": 10, "b": 20}
+
+        harness.other().record_decision(read, "approved", by=None, reason="", result=None)
+
+        after = calls_read(harness)["c1"]
+        assert after.arguments == {"a": 10, "b": 20}
+        assert after.decision_digest == after.arguments_digest()
+        assert harness.original_arguments(after) == {"a": 1, "b": 2}
+
+    @pytest.mark.parametrize(
+        ("reason", "decision", "is_error", "state"),
+        [
+            ("approval", "denied", True, ToolCallState.FAILED),
+            ("question", "answered", False, ToolCallState.SUCCEEDED),
+        ],
+    )
+    def test_a_denial_or_an_answer_writes_the_result(
+        self, harness: Harness, reason: str, decision: str, is_error: bool, state: ToolCallState
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        read = held(harness, c1, reason, "Why?" if reason == "question" else None)
+        result = result_for(read, "Paris" if not is_error else "Denied.", is_error=is_error)
+
+        record = harness.other().record_decision(read, decision, by=None, reason="r", result=result)
+
+        back = harness.as_message(record)
+        assert (back.role, back.tool_call_id, back.is_error) == ("tool", "c1", is_error)
+        after = calls_read(harness)["c1"]
+        assert (after.state, after.decision) == (state, decision)
+        assert [m.content for m in tool_messages(harness)] == [result.content]
+
+    @pytest.mark.parametrize("first", ["approved", "denied"])
+    def test_a_second_decision_conflicts_and_writes_nothing(
+        self, harness: Harness, first: str
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        read = held(harness, c1, "approval")
+        first_result = result_for(read, "Denied.", is_error=True) if first == "denied" else None
+        harness.other().record_decision(read, first, by=None, reason="", result=first_result)
+        before = harness.reopen().load_transcript()
+
+        for decision, result in (
+            ("approved", None),
+            ("denied", result_for(read, "No", is_error=True)),
+        ):
+            with pytest.raises(DecisionConflictError):
+                harness.other().record_decision(read, decision, by=None, reason="", result=result)
+
+        assert harness.reopen().load_transcript() == before
+
+    def test_a_call_that_does_not_wait_cannot_be_decided(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1"))
+
+        with pytest.raises(DecisionConflictError):
+            harness.other().record_decision(c1, "approved", by=None, reason="", result=None)
+
+        assert calls_read(harness)["c1"].decision is None
+
+
+class TestReleasingWrites:
+    """``save_answer``/``save_tool_result`` with ``release`` (the next move) give the claim
+    up in the same write: the next writer can take the chat at once, and the verb's own
+    ``release`` afterwards is a no-op."""
+
+    @pytest.mark.parametrize("move", ["done", "tools"])
+    def test_save_answer_with_release_frees_the_chat(self, harness: Harness, move: str) -> None:
+        harness.store.append_message(Message(role="user", content="Hi"))
+        assert harness.store.claim() is True
+        calls = [call("c1")] if move == "tools" else []
+
+        harness.store.save_answer(answer(*calls, content="Hello"), usage(), release=move)
+
+        try:
+            taken = harness.rival(lambda store: (store.claim(), store.release("done"))[0])
+        except ChatBusyError:
+            pytest.fail("the answer's release= left the chat claimed")
+        finally:
+            harness.store.release(move)  # the verb's end: a no-op when already released
+        assert taken is True
+
+    def test_save_tool_result_with_release_frees_the_chat(self, harness: Harness) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+
+        harness.store.save_tool_result(
+            c1, result_for(c1), ToolCallState.SUCCEEDED, None, release="generate"
+        )
+
+        try:
+            taken = harness.rival(lambda store: (store.claim(), store.release("done"))[0])
+        except ChatBusyError:
+            pytest.fail("the result's release= left the chat claimed")
+        finally:
+            harness.store.release("generate")
+        assert taken is True
+        assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
