@@ -1,14 +1,22 @@
-"""Shared fixtures: no network, a scripted provider registered as "scripted", users."""
+"""Shared fixtures: no network, a scripted provider registered as "scripted", users; and the
+fixtures of the real parts several test modules use (Celery workers on Redis, ...), whose
+helpers live in modules named for them (tests/workers.py, ...): a test module imports no
+other test module (tests/test_test_layout.py)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from agentloop import providers
 from agentloop.conf import agentloop_settings
 from agentloop.testing import ScriptedProvider, block_network
+from tests import mcp_servers, workers
 from tests.agents import register_agents_provider
 
 
@@ -62,3 +70,56 @@ def run_log(tmp_path, monkeypatch):
     path = tmp_path / "runs.log"
     monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
     return path
+
+
+# -- real Celery workers (tests/workers.py) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def redis_client() -> Any:
+    """A client of the Celery tests' Redis (``tests.workers.REDIS_URL``); skips without it."""
+    try:
+        import celery  # noqa: F401
+        import redis
+    except ImportError as exc:
+        workers.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    client = redis.Redis.from_url(workers.REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        workers.unavailable(f"Redis does not answer at {workers.REDIS_URL}: {exc}")
+    return client
+
+
+@pytest.fixture
+def background(redis_client, tmp_path) -> Iterator[workers.Background]:
+    """A queue of this test's own; the test process enqueues to it through Redis and
+    ``background.start_worker(name)`` starts real workers on it (killed at the end)."""
+    from celery import current_app
+
+    # Importing the app makes it this thread's current app: put the previous one back after.
+    previous_current = current_app._get_current_object()
+    from tests.celery_app import app
+
+    queue = f"agentloop-test-{uuid.uuid4().hex[:12]}"
+    previous_queue = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    app.set_current()
+    state = workers.Background(queue, tmp_path, tmp_path / "runs.log", tmp_path / "model_calls.log")
+    agentloop = {**settings.AGENTLOOP, "BACKGROUND": "celery", "REDIS_URL": workers.REDIS_URL}
+    try:
+        with override_settings(AGENTLOOP=agentloop):
+            yield state
+    finally:
+        for worker in state.workers:
+            worker.kill()
+        previous_current.set_current()
+        app.conf.task_default_queue = previous_queue
+        redis_client.delete(queue)
+
+
+# -- the MCP test server over HTTP (tests/mcp_servers.py) ------------------------------------
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory) -> Iterator[mcp_servers.HttpServer]:
+    """The MCP test server over streamable HTTP, one per test module."""
+    server = mcp_servers.HttpServer.start(tmp_path_factory.mktemp("mcp-http"))
+    yield server
+    server.stop()
