@@ -5,6 +5,9 @@ other test module (tests/test_test_layout.py)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import types
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +16,10 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from agentloop import providers
+from agentloop import events, providers
 from agentloop.conf import agentloop_settings
 from agentloop.testing import ScriptedProvider, block_network
-from tests import mcp_servers, workers
+from tests import browsers, doc_blocks, mcp_servers, sse_reading, workers
 from tests.agents import register_agents_provider
 
 
@@ -123,3 +126,85 @@ def http_server(tmp_path_factory) -> Iterator[mcp_servers.HttpServer]:
     server = mcp_servers.HttpServer.start(tmp_path_factory.mktemp("mcp-http"))
     yield server
     server.stop()
+
+
+# -- the event stream on Redis (tests/sse_reading.py) ----------------------------------------
+@pytest.fixture
+def redis_events(settings) -> Iterator[Any]:
+    """The Redis backend on this run's database, emptied before and after each test."""
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - the redis extra is a dev dependency
+        sse_reading.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    client = redis.Redis.from_url(sse_reading.REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        sse_reading.unavailable(f"Redis does not answer at {sse_reading.REDIS_URL}: {exc}")
+    client.flushdb()
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_URL": sse_reading.REDIS_URL}
+    try:
+        yield client
+    finally:
+        events.flush()  # this test's queued events land now, not in the next test's database
+        client.flushdb()
+        client.close()
+
+
+# -- a real browser on the test site (tests/browsers.py) -------------------------------------
+@pytest.fixture(scope="module")
+def browser_available() -> None:
+    """Skips the module without Chromium or Playwright (fails under ``CI=true``); a browser
+    test module uses it and ``orm_next_to_playwright`` (``pytest.mark.usefixtures``)."""
+    reason = browsers.missing()
+    if reason and browsers.IN_CI:
+        pytest.fail(f"{reason}; under CI=true the browser tests must run")
+    if reason:
+        pytest.skip(reason)
+
+
+# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+# plain blocking calls between page actions, which is what Django's guard is about.
+@pytest.fixture(scope="module")
+def orm_next_to_playwright() -> Iterator[None]:
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[browsers.Server]:
+    """``manage.py runserver`` (threaded WSGI, no reloader) on the test database."""
+    port = browsers.free_port()
+    command = [
+        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    with django_db_blocker.unblock():
+        server = browsers.Server(command, port, tmp_path_factory.mktemp("runserver") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(browser_available) -> Iterator[object]:
+    """Headless Chromium, one per test module."""
+    from playwright.sync_api import sync_playwright  # the dev extra, checked by browser_available
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=browsers.CHROMIUM, headless=True, args=browsers.CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+# -- the documentation's examples (tests/doc_blocks.py) --------------------------------------
+@pytest.fixture
+def example_module() -> Iterator[types.ModuleType]:
+    """A fresh ``myapp.tools`` module; providers and signal receivers are restored after."""
+    with doc_blocks.example_module() as module:
+        yield module
