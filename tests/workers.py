@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop.models import Chat, ChatState
+from tests.helpers import wait_until
 from tests.processes import REPO_ROOT, process_env
 from tests.worker_provider import logged_requests
 
@@ -163,14 +163,7 @@ class Background:
 
     def wait(self, condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
         """Poll ``condition`` until it is true; fail with the workers' logs at the deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
-            time.sleep(POLL)
+        return wait_until(condition, what, timeout, self.logs, poll=POLL)
 
     def runs(self) -> list[str]:
         return self.run_log.read_text().split() if self.run_log.exists() else []
