@@ -55,7 +55,7 @@ def main() -> None:
     )
     django.setup()
     # Local: the test helpers import the models, which need the settings above.
-    from tests.test_mcp import SERVER_SCRIPT, HttpServer
+    from tests.mcp_servers import SERVER_SCRIPT, HttpServer
 
     with tempfile.TemporaryDirectory() as directory:
         http = HttpServer.start(Path(directory))

@@ -1,14 +1,25 @@
-"""Shared fixtures: no network, a scripted provider registered as "scripted", users."""
+"""Shared fixtures: no network, a scripted provider registered as "scripted", users; and the
+fixtures of the real parts several test modules use (Celery workers on Redis, ...), whose
+helpers live in modules named for them (tests/workers.py, ...): a test module imports no
+other test module (tests/test_test_layout.py)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
-from agentloop import providers
+from agentloop import events, providers
 from agentloop.conf import agentloop_settings
 from agentloop.testing import ScriptedProvider, block_network
+from tests import browsers, doc_blocks, mcp_servers, sse_reading, workers
 from tests.agents import register_agents_provider
 
 
@@ -62,3 +73,138 @@ def run_log(tmp_path, monkeypatch):
     path = tmp_path / "runs.log"
     monkeypatch.setenv("AGENTLOOP_TEST_RUN_LOG", str(path))
     return path
+
+
+# -- real Celery workers (tests/workers.py) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def redis_client() -> Any:
+    """A client of the Celery tests' Redis (``tests.workers.REDIS_URL``); skips without it."""
+    try:
+        import celery  # noqa: F401
+        import redis
+    except ImportError as exc:
+        workers.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    client = redis.Redis.from_url(workers.REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        workers.unavailable(f"Redis does not answer at {workers.REDIS_URL}: {exc}")
+    return client
+
+
+@pytest.fixture
+def background(redis_client, tmp_path) -> Iterator[workers.Background]:
+    """A queue of this test's own; the test process enqueues to it through Redis and
+    ``background.start_worker(name)`` starts real workers on it (killed at the end)."""
+    from celery import current_app
+
+    # Importing the app makes it this thread's current app: put the previous one back after.
+    previous_current = current_app._get_current_object()
+    from tests.celery_app import app
+
+    queue = f"agentloop-test-{uuid.uuid4().hex[:12]}"
+    previous_queue = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    app.set_current()
+    state = workers.Background(queue, tmp_path, tmp_path / "runs.log", tmp_path / "model_calls.log")
+    agentloop = {**settings.AGENTLOOP, "BACKGROUND": "celery", "REDIS_URL": workers.REDIS_URL}
+    try:
+        with override_settings(AGENTLOOP=agentloop):
+            yield state
+    finally:
+        for worker in state.workers:
+            worker.kill()
+        previous_current.set_current()
+        app.conf.task_default_queue = previous_queue
+        redis_client.delete(queue)
+
+
+# -- the MCP test server over HTTP (tests/mcp_servers.py) ------------------------------------
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory) -> Iterator[mcp_servers.HttpServer]:
+    """The MCP test server over streamable HTTP, one per test module."""
+    server = mcp_servers.HttpServer.start(tmp_path_factory.mktemp("mcp-http"))
+    yield server
+    server.stop()
+
+
+# -- the event stream on Redis (tests/sse_reading.py) ----------------------------------------
+@pytest.fixture
+def redis_events(settings) -> Iterator[Any]:
+    """The Redis backend on this run's database, emptied before and after each test."""
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - the redis extra is a dev dependency
+        sse_reading.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    client = redis.Redis.from_url(sse_reading.REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        sse_reading.unavailable(f"Redis does not answer at {sse_reading.REDIS_URL}: {exc}")
+    client.flushdb()
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_URL": sse_reading.REDIS_URL}
+    try:
+        yield client
+    finally:
+        events.flush()  # this test's queued events land now, not in the next test's database
+        client.flushdb()
+        client.close()
+
+
+# -- a real browser on the test site (tests/browsers.py) -------------------------------------
+@pytest.fixture(scope="module")
+def browser_available() -> None:
+    """Skips the module without Chromium or Playwright (fails under ``CI=true``); a browser
+    test module uses it and ``orm_next_to_playwright`` (``pytest.mark.usefixtures``)."""
+    reason = browsers.missing()
+    if reason and browsers.IN_CI:
+        pytest.fail(f"{reason}; under CI=true the browser tests must run")
+    if reason:
+        pytest.skip(reason)
+
+
+# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+# plain blocking calls between page actions, which is what Django's guard is about.
+@pytest.fixture(scope="module")
+def orm_next_to_playwright() -> Iterator[None]:
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[browsers.Server]:
+    """``manage.py runserver`` (threaded WSGI, no reloader) on the test database."""
+    port = browsers.free_port()
+    command = [
+        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    with django_db_blocker.unblock():
+        server = browsers.Server(command, port, tmp_path_factory.mktemp("runserver") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(browser_available) -> Iterator[object]:
+    """Headless Chromium, one per test module."""
+    from playwright.sync_api import sync_playwright  # the dev extra, checked by browser_available
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=browsers.CHROMIUM, headless=True, args=browsers.CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+# -- the documentation's examples (tests/doc_blocks.py) --------------------------------------
+@pytest.fixture
+def example_module() -> Iterator[types.ModuleType]:
+    """A fresh ``myapp.tools`` module; providers and signal receivers are restored after."""
+    with doc_blocks.example_module() as module:
+        yield module

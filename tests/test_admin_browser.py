@@ -2,7 +2,7 @@
 with its whole value in a tooltip, and text from models and people stays text.
 
 Chromium (Playwright) against ``manage.py runserver`` on the test database, as in
-``tests/test_browser.py`` (whose server and browser fixtures this reuses). With
+``tests/test_browser.py`` (the ``site`` and ``browser`` fixtures of tests/conftest.py). With
 ``AGENTLOOP_SCREENSHOTS=1`` the screenshot is written to ``docs/images/``.
 """
 
@@ -15,16 +15,14 @@ from pathlib import Path
 import pytest
 
 from agentloop.models import Chat, ChatState, Message, ToolCall, Usage
-from tests.test_browser import (  # noqa: F401 - fixtures
-    TIMEOUT_MS,
-    _allow_orm_next_to_playwright,
-    _browser_available,
-    browser,
-    screenshot,
-    site,
-)
+from tests.browsers import TIMEOUT_MS, screenshot
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.subprocess,
+    # tests/conftest.py: skip without Chromium/Playwright; the ORM between page actions
+    pytest.mark.usefixtures("browser_available", "orm_next_to_playwright"),
+]
 
 WIDTH = 1280
 LONG_TITLE = (
@@ -37,7 +35,7 @@ MARKUP_TITLE = '<img src=x onerror="document.title=1">Not markup'
 
 
 @pytest.fixture
-def wide_page(browser) -> Iterator[object]:  # noqa: F811 - the imported fixture
+def wide_page(browser) -> Iterator[object]:
     context = browser.new_context(viewport={"width": WIDTH, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     tab = context.new_page()
@@ -80,7 +78,7 @@ def chats(django_user_model) -> list[Chat]:
     return made
 
 
-def log_in_to_admin(page, site, django_user_model) -> None:  # noqa: F811
+def log_in_to_admin(page, site, django_user_model) -> None:
     django_user_model.objects.create_superuser(username="root", password="pw")
     page.goto(f"{site.url}/admin/login/?next=/admin/agentloop/chat/")
     page.fill("input[name=username]", "root")
@@ -109,7 +107,7 @@ FIT = """() => {
 
 def test_the_chat_list_fits_1280_pixels(
     wide_page,
-    site,  # noqa: F811
+    site,
     django_user_model,
     chats,
     tmp_path: Path,
@@ -130,7 +128,7 @@ def test_the_chat_list_fits_1280_pixels(
 
 def test_long_text_is_cut_with_the_whole_value_in_its_title(
     wide_page,
-    site,  # noqa: F811
+    site,
     django_user_model,
     chats,
 ):
@@ -149,7 +147,7 @@ def test_long_text_is_cut_with_the_whole_value_in_its_title(
 
 def test_titles_from_models_and_people_are_shown_as_text(
     wide_page,
-    site,  # noqa: F811
+    site,
     django_user_model,
     chats,
 ):

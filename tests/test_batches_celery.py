@@ -4,8 +4,9 @@ The test process sends the first batch and plays celery beat (``poll_batches.del
 the worker polls, appends the answers, runs the tools (they log their runs to a file) and
 sends the next round's batch. The batch API is ``tests.batch_server.FakeBatches`` behind a
 real HTTP server on 127.0.0.1, reached by the real ``AnthropicProvider`` in both processes.
-Workers, Redis and the skip rules are those of tests/test_celery_worker.py (skipped when
-Redis doesn't answer, except under ``CI=true``).
+Workers, Redis and the skip rules are the Celery tests' (the ``background`` fixture of
+tests/conftest.py, tests/workers.py): skipped when Redis doesn't answer, except under
+``CI=true``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from django.test import override_settings
 import agentloop
 from agentloop.models import Batch, BatchItemStatus, BatchStatus, Chat, ChatState
 from tests.batch_server import USAGE, FakeBatches, serve_over_http
-from tests.test_celery_worker import background, redis_client  # noqa: F401 - fixtures
 from tests.tools import step_one, step_three, step_two
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]

@@ -13,15 +13,11 @@ screenshots the documentation shows are written to ``docs/images/``.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -29,122 +25,24 @@ from django.utils import timezone
 from agentloop.models import Chat, ChatState, Message
 from example_project.demo.provider import STORY
 from example_project.models import Note
-from tests.processes import REPO_ROOT, process_env
+from tests.browsers import (
+    IN_CI,
+    SERVER_SETTINGS,
+    TIMEOUT_MS,
+    Server,
+    free_port,
+    screenshot,
+)
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.subprocess,
+    # tests/conftest.py: skip without Chromium/Playwright; the ORM between page actions
+    pytest.mark.usefixtures("browser_available", "orm_next_to_playwright"),
 ]
-IN_CI = os.environ.get("CI") == "true"
-SCREENSHOTS = REPO_ROOT / "docs" / "images"
-TIMEOUT_MS = 30_000  # any one wait for the page; a failure, not a pause
-SERVER_SETTINGS = {
-    "DEFAULT_MODEL": "demo:rule-based",
-    "BACKGROUND": "embedded",
-    "PARTIAL_SAVE_INTERVAL": 0.2,
-    "EVENTS_POLL_INTERVAL": 0.1,
-}
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 
 
-def _missing() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
-    if importlib.util.find_spec("playwright") is None:
-        return "the playwright package is not installed (pip install -e '.[dev]')"
-    return None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _browser_available() -> None:
-    reason = _missing()
-    if reason and IN_CI:
-        pytest.fail(f"{reason}; under CI=true the browser tests must run")
-    if reason:
-        pytest.skip(reason)
-
-
-# Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-# plain blocking calls between page actions, which is what Django's guard is about.
-@pytest.fixture(scope="module", autouse=True)
-def _allow_orm_next_to_playwright() -> Iterator[None]:
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if previous is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-# -- the servers -------------------------------------------------------------------------------
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    def __init__(
-        self, command: list[str], port: int, log: Path, settings: dict | None = None
-    ) -> None:
-        self.url = f"http://localhost:{port}"  # a host the test settings allow
-        self.port = port
-        self.log = log
-        agentloop_settings = json.dumps(settings or SERVER_SETTINGS)
-        with log.open("w") as output:
-            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter
-                command,
-                env=process_env(AGENTLOOP_TEST_SETTINGS=agentloop_settings),
-                cwd=REPO_ROOT,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-        self._wait_until_listening()
-
-    def _wait_until_listening(self) -> None:
-        import socket
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the server exited:\n{self.output()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError(f"the server did not listen in time:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
-    """``manage.py runserver`` (threaded WSGI, no reloader) on the test database."""
-    port = free_port()
-    command = [
-        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
-    ]  # fmt: skip
-    with django_db_blocker.unblock():
-        server = Server(command, port, tmp_path_factory.mktemp("runserver") / "server.log")
-    yield server
-    server.stop()
-
-
+# -- the servers (``site`` is tests/conftest.py's) -------------------------------------------
 @pytest.fixture(scope="module")
 def asgi_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
     """The same site under uvicorn (ASGI): event streams hold no thread."""
@@ -214,16 +112,6 @@ def _no_run_left_behind() -> Iterator[None]:
 
 
 # -- the browser -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser(_browser_available) -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
@@ -244,15 +132,6 @@ def page(browser) -> Iterator[object]:
 @pytest.fixture
 def person(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-def screenshot(page, name: str, tmp_path: Path) -> Path:
-    """A screenshot for the docs (with AGENTLOOP_SCREENSHOTS=1), else a throwaway one."""
-    folder = SCREENSHOTS if os.environ.get("AGENTLOOP_SCREENSHOTS") == "1" else tmp_path
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    page.screenshot(path=str(path), full_page=True)
-    return path
 
 
 def log_in(page, site: Server, username: str, password: str) -> None:

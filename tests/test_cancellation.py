@@ -19,7 +19,7 @@ from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, Usage
 from agentloop.testing import stream, tool_call
 from tests.processes import start_script
-from tests.test_query_counts import GENERATE_TEXT_QUERIES
+from tests.step_queries import GENERATE_TEXT_QUERIES
 from tests.tools import CancelViaDatabase, add
 
 WORDS = [f"word{i} " for i in range(600)]  # 30 s at 0.05 s a chunk: a cancel always lands first

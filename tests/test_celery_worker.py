@@ -1,8 +1,9 @@
 """The background loop on a real Redis and real ``celery worker`` processes (docs/design.md §3, §4).
 
-Each test starts its own workers (``python -m celery -A tests.celery_app worker``) on a queue
-of its own, against the test database; the test process enqueues through the same broker,
-cancels through the database and Redis, and kills workers with SIGKILL. Chats use the
+Each test starts its own workers (``python -m celery -A tests.celery_app worker``: the
+``background`` fixture of tests/conftest.py, tests/workers.py) on a queue of its own, against
+the test database; the test process enqueues through the same broker, cancels through the
+database and Redis, and kills workers with SIGKILL. Chats use the
 ``rules`` provider (tests/worker_provider.py), which answers the same way in every process.
 
 Skipped when Redis doesn't answer on 127.0.0.1:6379, except under ``CI=true``, where that
@@ -11,190 +12,18 @@ fails the run: CI must run these.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, ChatState, Usage
 from tests.helpers import roles, transcript
-from tests.processes import REPO_ROOT, process_env
 from tests.tools import charge_card_slowly, step_one, step_three, step_two, wait_for_flag
-from tests.worker_provider import logged_requests
-
-REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-IN_CI = os.environ.get("CI") == "true"
-DEADLINE = 60.0  # seconds any one wait may take before the test fails
-POLL = 0.05
+from tests.workers import Background, new_chat, settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
-
-
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason}; under CI=true the Celery integration tests must run")
-    pytest.skip(f"{reason} (start it with: bash scripts/services.sh start)")
-
-
-@pytest.fixture(scope="module")
-def redis_client() -> Any:
-    try:
-        import celery  # noqa: F401
-        import redis
-    except ImportError as exc:
-        _unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        _unavailable(f"Redis does not answer at {REDIS_URL}: {exc}")
-    return client
-
-
-# -- workers -------------------------------------------------------------------------------
-@dataclass
-class Worker:
-    name: str
-    process: subprocess.Popen
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def outcomes(self) -> list[str]:
-        """What each finished step_chat job returned (the worker logs it)."""
-        return [
-            line.rsplit(":", 1)[1].strip().strip("'")
-            for line in self.output().splitlines()
-            if "agentloop.step_chat[" in line and " succeeded in " in line
-        ]
-
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group (the main process and its pool)."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-
-@dataclass
-class Background:
-    """The test's queue, its workers, and the files the tools and provider log to."""
-
-    queue: str
-    tmp: Path
-    run_log: Path
-    provider_log: Path
-    workers: list[Worker] = field(default_factory=list)
-
-    def start_worker(self, name: str, *, flag: bool = False, **agentloop: Any) -> Worker:
-        """A worker process on this test's queue; ``agentloop`` settings go on top of the
-        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed."""
-        ready = self.tmp / f"{name}.ready"
-        log = self.tmp / f"{name}.log"
-        worker_settings = {"BACKGROUND": "celery", "REDIS_URL": REDIS_URL, **agentloop}
-        env = process_env(
-            AGENTLOOP_TEST_QUEUE=self.queue,
-            AGENTLOOP_TEST_BROKER_URL=REDIS_URL,
-            AGENTLOOP_TEST_WORKER_READY=ready,
-            AGENTLOOP_TEST_SETTINGS=json.dumps(worker_settings),
-            AGENTLOOP_TEST_RUN_LOG=self.run_log,
-            AGENTLOOP_TEST_PROVIDER_LOG=self.provider_log,
-            AGENTLOOP_TEST_FLAG=self.tmp / "never-created" if flag else None,
-        )
-        command = [
-            sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-            "--pool=prefork", "--concurrency=1", "--loglevel=INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-Q", self.queue,
-        ]  # fmt: skip
-        with log.open("w") as output:
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter
-                command,
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: killpg reaches the pool too
-            )
-        worker = Worker(name, process, log)
-        self.workers.append(worker)
-        self.wait(ready.exists, f"worker {name} to be ready")
-        return worker
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- worker {w.name} (exit {w.process.poll()}) ---\n{w.output()[-4000:]}"
-            for w in self.workers
-        )
-
-    def wait(self, condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-        """Poll ``condition`` until it is true; fail with the workers' logs at the deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
-            time.sleep(POLL)
-
-    def runs(self) -> list[str]:
-        return self.run_log.read_text().split() if self.run_log.exists() else []
-
-    def model_calls(self) -> list[dict[str, Any]]:
-        return logged_requests(self.provider_log)
-
-
-@pytest.fixture
-def background(redis_client, tmp_path) -> Iterator[Background]:
-    """A queue of this test's own; the test process enqueues to it through Redis."""
-    from celery import current_app
-
-    # Importing the app makes it this thread's current app: put the previous one back after.
-    previous_current = current_app._get_current_object()
-    from tests.celery_app import app
-
-    queue = f"agentloop-test-{uuid.uuid4().hex[:12]}"
-    previous_queue = app.conf.task_default_queue
-    app.conf.task_default_queue = queue
-    app.set_current()
-    state = Background(queue, tmp_path, tmp_path / "runs.log", tmp_path / "model_calls.log")
-    agentloop = {**settings.AGENTLOOP, "BACKGROUND": "celery", "REDIS_URL": REDIS_URL}
-    try:
-        with override_settings(AGENTLOOP=agentloop):
-            yield state
-    finally:
-        for worker in state.workers:
-            worker.kill()
-        previous_current.set_current()
-        app.conf.task_default_queue = previous_queue
-        redis_client.delete(queue)
-
-
-def settled(chat: Chat) -> bool:
-    """Idle with no lease and nothing left to do (re-read from the database)."""
-    chat.refresh_from_db()
-    return chat.state == ChatState.IDLE and not chat.lease_token and chat.is_complete()
-
-
-def new_chat(user, *tools) -> Chat:
-    chat = Chat.objects.create(model="rules:test", owner=user)
-    if tools:
-        chat.with_tools(*tools)
-    return chat
 
 
 # -- (1) a multi-round tool conversation ---------------------------------------------------

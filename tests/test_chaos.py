@@ -11,7 +11,8 @@ and the callers finish every chat, and the transcripts must be exact: nothing lo
 written twice, and a tool run again only where a kill cut its run.
 
 Set ``AGENTLOOP_CHAOS_SEED`` to replay a schedule; the seed and a one-line tally are printed.
-Skipped when Redis doesn't answer, except under ``CI=true`` (as tests/test_celery_worker.py).
+Skipped when Redis doesn't answer, except under ``CI=true`` (as tests/test_celery_worker.py:
+the ``background`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -36,13 +37,10 @@ from django.utils import timezone
 
 from agentloop.models import Chat, ToolCall, Usage
 from agentloop.runners.sweeper import resume_stalled
-from tests import test_celery_worker as celery_workers
+from tests import workers as celery_workers
 from tests.processes import REPO_ROOT, command, process_env, summary
 from tests.tools import ChaosA, ChaosB, ChaosC
-
-# The Celery tests' fixtures: a queue of this test's own, its workers, Redis.
-background = celery_workers.background
-redis_client = celery_workers.redis_client
+from tests.worker_provider import logged_requests
 
 CHATS = 20
 WORKER_CHATS = 10  # the first ten run on workers, the rest on in-process callers
@@ -308,7 +306,7 @@ def _check(
     usage = Counter(Usage.objects.filter(chat_id__in=chats).values_list("status", flat=True))
     answers = sum(Chat.objects.get(pk=pk).messages.filter(role="assistant").count() for pk in chats)
     assert usage == {"succeeded": answers}
-    model_calls = len(celery_workers.logged_requests(provider_log))
+    model_calls = len(logged_requests(provider_log))
     cut_model_calls = model_calls - answers
     assert 0 <= cut_model_calls <= len(chaos.kills)
 

@@ -3,9 +3,10 @@
 The faults are real and hit only this run's own PostgreSQL test database: a connection is
 dropped with ``pg_terminate_backend`` (as a server restart or a network cut would), or the
 database refuses new connections for a while (``ALLOW_CONNECTIONS false``, always restored):
-see tests/db_faults.py. Workers are real ``celery worker`` processes (tests/test_celery_worker.py
-starts them). After each fault the invariants are checked: no message lost or duplicated, one
-result per tool call, every tool run exactly once.
+see tests/db_faults.py. Workers are real ``celery worker`` processes (the ``background``
+fixture of tests/conftest.py starts them, tests/workers.py). After each fault the invariants
+are checked: no message lost or duplicated, one result per tool call, every tool run exactly
+once.
 """
 
 from __future__ import annotations
@@ -20,14 +21,9 @@ from agentloop.messages import MessageStatus
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.runners import run_step
 from agentloop.testing import tool_call
-from tests import test_celery_worker as workers
 from tests.helpers import transcript
 from tests.tools import drop_connection, lose_reply, step_one
-
-# Real worker processes, as tests/test_celery_worker.py starts them.
-redis_client = workers.redis_client
-background = workers.background
-new_chat, settled = workers.new_chat, workers.settled
+from tests.workers import new_chat, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,7 +1,8 @@
 """Control on real ``celery worker`` processes: a tool's halt stops the job's chat before its
 next model call, and a deferred tool's result submitted from this process resumes the chat.
 
-Workers, queues and the ``rules`` provider come from tests/test_celery_worker.py.
+Workers, queues and the ``rules`` provider are the Celery tests' (tests/workers.py, the
+``background`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -10,16 +11,12 @@ import pytest
 
 from agentloop import DecisionConflictError
 from agentloop.models import Chat, ChatState, ToolCall
-from tests import test_celery_worker as workers
 from tests.control_tools import Guard, ask_accounting
+from tests.helpers import transcript
 from tests.tools import add
+from tests.workers import new_chat, settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
-
-# The Celery tests' fixtures and helpers: a queue of the test's own, its workers, Redis.
-redis_client = workers.redis_client
-background = workers.background
-new_chat, settled, transcript = workers.new_chat, workers.settled, workers.transcript
 
 
 def test_a_tool_halting_in_a_worker_stops_the_chat_before_the_next_model_call(background, user):

@@ -14,24 +14,15 @@ be importable (``from myapp.tools import add`` works, and so does loading
 from __future__ import annotations
 
 import re
-import sys
-import types
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from agentloop import providers, signals
+from tests.doc_blocks import ROOT, blocks_of, runnable
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-NO_RUN = "<!-- no-run -->"
-EXAMPLE_MODULE = "myapp.tools"
 
-_FENCE = re.compile(r"^```(\w*)\s*$")
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-_SIGNALS = [getattr(signals, name) for name in signals.__all__]
 #: promises of what isn't there ("providers are coming"), and to-do marks.
 _PROMISE = re.compile(
     r"\b(?:is|are)\s+coming\b|\bcoming\s+soon\b|\bin\s+a\s+(?:future|later)\s+(?:release|version)\b"
@@ -48,71 +39,6 @@ _PLACEHOLDER_URL = re.compile(
 
 def page_id(page: Path) -> str:
     return page.relative_to(ROOT).as_posix()
-
-
-@dataclass
-class Block:
-    language: str
-    code: str
-    line: int  # where the code starts in the page (1-based)
-    runs: bool
-
-
-def blocks_of(text: str) -> list[Block]:
-    """The fenced code blocks of a Markdown page, each marked run or no-run."""
-    lines = text.splitlines()
-    found: list[Block] = []
-    index = 0
-    while index < len(lines):
-        opening = _FENCE.match(lines[index])
-        if opening is None:
-            index += 1
-            continue
-        previous = next((line.strip() for line in reversed(lines[:index]) if line.strip()), "")
-        end = index + 1
-        while end < len(lines) and lines[end].strip() != "```":
-            end += 1
-        code = "\n".join(lines[index + 1 : end]) + "\n"
-        found.append(Block(opening.group(1), code, index + 2, previous != NO_RUN))
-        index = end + 1
-    return found
-
-
-def runnable(page: Path) -> list[Block]:
-    return [
-        block for block in blocks_of(page.read_text()) if block.language == "python" and block.runs
-    ]
-
-
-@pytest.fixture
-def example_module() -> Iterator[types.ModuleType]:
-    """A fresh ``myapp.tools`` module; providers and signal receivers are restored after."""
-    package = types.ModuleType("myapp")
-    package.__path__ = []
-    module = types.ModuleType(EXAMPLE_MODULE)
-    package.tools = module  # type: ignore[attr-defined]
-    saved_modules = {name: sys.modules.get(name) for name in ("myapp", EXAMPLE_MODULE)}
-    sys.modules["myapp"] = package
-    sys.modules[EXAMPLE_MODULE] = module
-    saved_providers = providers.registered()
-    saved_receivers = [(signal, list(signal.receivers)) for signal in _SIGNALS]
-    try:
-        yield module
-    finally:
-        for name, previous in saved_modules.items():
-            if previous is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = previous
-        for name in providers.registered():
-            if name not in saved_providers:
-                providers.unregister(name)
-        for name, provider in saved_providers.items():
-            providers.register(name, provider)
-        for signal, receivers in saved_receivers:
-            with signal.lock:
-                signal.receivers[:] = receivers
-                signal.sender_receivers_cache.clear()
 
 
 def test_blocks_of_skips_a_block_marked_no_run():

@@ -1,6 +1,6 @@
 """agentloop's Redis keys: a prefix per site; streams capped, expiring, deleted with their chat.
 
-Against the real Redis the SSE tests use (``tests.test_sse.redis_events``).
+Against the real Redis the SSE tests use (the ``redis_events`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from agentloop.messages import TextDelta
 from agentloop.models import Chat
 from agentloop.process import redis_client as _redis
 from agentloop.process.cancel_notices import RedisCancelListener, listen_locally
-from tests import test_sse
-from tests.test_sse import Reader, events_url, is_state
-
-#: the SSE tests' fixture: the Redis backend on this run's database, emptied around each test.
-redis_events = test_sse.redis_events
+from tests.sse_reading import Reader, events_url, is_state
 
 pytestmark = pytest.mark.django_db
 

@@ -33,7 +33,7 @@ from typing import Any
 import dj_database_url
 import pytest
 
-from tests.test_docs import blocks_of
+from tests.doc_blocks import blocks_of
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_PAGE = ROOT / "docs" / "install.md"

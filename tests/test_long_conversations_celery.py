@@ -4,7 +4,8 @@ docs/long-conversations.md), one step per job.
 The first model is the real ``AnthropicProvider`` reaching a loopback HTTP server that
 answers every request with Anthropic's 529 "overloaded" (its recorded error format); the
 fallback is the ``rules`` provider (tests/worker_provider.py). Workers, Redis and the skip
-rules are those of tests/test_celery_worker.py.
+rules are those of tests/test_celery_worker.py (tests/workers.py, the
+``background`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from agentloop.engine.compaction import SUMMARY_PREFIX
 from agentloop.models import Chat, ChatState
 from tests.batch_server import serve_over_http
 from tests.providers.cassettes import load
-from tests.test_celery_worker import background, redis_client, settled  # noqa: F401 - fixtures
+from tests.workers import settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 

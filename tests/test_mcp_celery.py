@@ -3,7 +3,8 @@
 The test process adds the server's tools to a chat (listing them through a session of its
 own); the worker (prefork pool) rebuilds them from the chat row and calls the server
 through sessions it opens itself: over stdio it starts its own server process. Workers,
-Redis and the skip rules are those of tests/test_celery_worker.py.
+Redis and the skip rules are those of tests/test_celery_worker.py (tests/workers.py, the
+``background`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import pytest
 
 from agentloop.mcp import close_connections
 from agentloop.models import Chat
-from tests.test_celery_worker import (  # noqa: F401 - fixtures
-    background,
-    redis_client,
-    settled,
-    transcript,
-)
-from tests.test_mcp import calls, configure, http_server, stdio_entry  # noqa: F401 - fixture
+from tests.helpers import transcript
+from tests.mcp_servers import calls, configure, stdio_entry
+from tests.workers import settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 

@@ -31,6 +31,7 @@ from agentloop.providers.openai import OpenAIProvider
 from agentloop.providers.slots import slots_for
 from tests.helpers import wait_until
 from tests.processes import run_script, start_script, summary
+from tests.sse_reading import REDIS_URL  # the Redis the event tests use
 
 #: generous bound of every wait (a loaded 2-core machine).
 DEADLINE = 60.0
@@ -213,8 +214,6 @@ def test_a_halt_lets_the_model_call_in_flight_go_on(keepalive, settings, user):
 def test_a_cancel_from_another_process_stops_a_worker_stuck_on_keep_alives(keepalive, user):
     """A worker's step (``run_step``) whose provider sends only comments: the cancel made
     here reaches it over Redis and closes the response (the flag is read every 600 s)."""
-    from tests.test_sse import REDIS_URL  # the Redis the event tests use
-
     redis = pytest.importorskip("redis")
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()

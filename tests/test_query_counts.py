@@ -39,22 +39,20 @@ from agentloop.messages import ToolCallState
 from agentloop.models import Chat, Message, ToolCall
 from agentloop.runners import run_step
 from agentloop.testing import tool_call
-from tests import test_sse
+from tests.step_queries import (
+    GENERATE_TEXT_QUERIES,
+    GENERATE_TOOL_CALLS_QUERIES,
+    ONE_STATEMENT_WRITES,
+    RUN_TOOLS_QUERIES,
+)
 from tests.tools import add
 
 pytestmark = pytest.mark.django_db
 
-#: the SSE tests' fixture: the Redis backend on this run's database, emptied around each test.
-redis_events = test_sse.redis_events
 
 # A long poll interval keeps the throttled "before the model request" check from
 # depending on how fast the machine is: only the forced checks read.
 SLOW_POLL = override_settings(AGENTLOOP={"CANCEL_POLL_INTERVAL": 60, "PARTIAL_SAVE_INTERVAL": 60})
-
-ONE_STATEMENT_WRITES = connection.vendor == "postgresql"
-GENERATE_TEXT_QUERIES = 5 if ONE_STATEMENT_WRITES else 7
-GENERATE_TOOL_CALLS_QUERIES = 5 if ONE_STATEMENT_WRITES else 8
-RUN_TOOLS_QUERIES = 10 if ONE_STATEMENT_WRITES else 14
 
 
 def build_history(chat, length):

@@ -19,7 +19,7 @@ from django.contrib.sessions.models import Session
 from django.test import AsyncClient, Client
 
 from agentloop.models import Chat
-from tests.test_sse import (
+from tests.sse_reading import (
     AsyncReader,
     Frame,
     Reader,

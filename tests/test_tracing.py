@@ -26,15 +26,11 @@ from agentloop import Agent
 from agentloop.exceptions import RateLimitError, ServerError
 from agentloop.models import Chat
 from agentloop.testing import ScriptedProvider, reply, tool_call
-from tests import test_celery_worker as workers
+from tests import workers
 from tests.span_files import memory_exporter, read_span_file
 from tests.tools import add, explode, step_one, step_three, step_two
 
 Span = dict[str, Any]
-
-# The Celery tests' fixtures (a queue of the test's own, its workers, Redis).
-redis_client = workers.redis_client
-background = workers.background
 
 
 def records() -> list[Span]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
 from .drivers import drive_async
 from .effects import Effects
@@ -63,7 +63,7 @@ class AsyncVerbs:
 
     async def aask_later(
         self, content: str, attachments: Any = None, *, if_busy: str | None = None
-    ) -> Any:
+    ) -> Self:
         """``ask_later()`` for async code (one write, run as a database phase)."""
         await self.store.run_phase(partial(self.ask_later, content, attachments, if_busy=if_busy))
         return self

@@ -21,10 +21,10 @@ from .config import Compaction, Limits, ToolOptions
 if TYPE_CHECKING:
     from .store import ChatStore
 
-__all__ = ["Configuration"]
+__all__ = ["UNSET", "Configuration"]
 
-#: an argument not given (None is a value some arguments take).
-_UNSET: Any = object()
+#: an argument not given (None is a value some arguments take); the chat model passes it on.
+UNSET: Any = object()
 
 
 def _as_tool_class(obj: Any) -> type[Tool]:
@@ -117,16 +117,16 @@ class Configuration:
     def with_tool_options(
         self,
         *,
-        choice: str | None = _UNSET,
-        calls: str = _UNSET,
-        concurrency: str | int | None = _UNSET,
+        choice: str | None = UNSET,
+        calls: str = UNSET,
+        concurrency: str | int | None = UNSET,
     ) -> Self:
         """``choice`` ("auto", "none", "required" or a tool name), ``calls`` ("many" or
         "one"), ``concurrency`` (None, "threads" or a pool size)."""
         changes = {
             key: value
             for key, value in {"choice": choice, "calls": calls, "concurrency": concurrency}.items()
-            if value is not _UNSET
+            if value is not UNSET
         }
         current = self.store.get_config().tool_options.model_dump()
         try:

@@ -1,14 +1,14 @@
 """Chats: ``ChatState``, ``ChatQuerySet``, the abstract ``AbstractChat`` and the concrete ``Chat``.
 
 ``AbstractChat`` holds a chat's configuration and state; its verbs delegate to
-``chat.conversation`` (a ``Conversation`` over a ``DjangoStore``).
+``chat.conversation`` (a ``Conversation`` over a ``DjangoStore``): the pure pass-throughs in
+``ConversationDelegations`` (models/delegations.py), the verbs that do more here.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -23,9 +23,7 @@ from ..engine import Conversation
 from ..engine.transcript import next_move
 from ..runners import enqueue
 from .chat_events import connect_chat_events
-
-if TYPE_CHECKING:
-    from ..engine import StreamCallback
+from .delegations import ConversationDelegations
 
 
 class ChatState(models.TextChoices):
@@ -92,7 +90,7 @@ def _owner_field(*, db_index: bool) -> Any:
     )
 
 
-class AbstractChat(models.Model):
+class AbstractChat(ConversationDelegations, models.Model):
     """A chat whose configuration and state live on its row; the verbs run the loop."""
 
     owner = _owner_field(db_index=True)
@@ -179,167 +177,9 @@ class AbstractChat(models.Model):
             self.__dict__["_conversation"] = cached
         return cached
 
-    # configuration (each persists and returns the chat)
-    def with_model(self, model: str, provider: str | None = None) -> AbstractChat:
-        self.conversation.with_model(model, provider)
-        return self
-
-    def with_instructions(self, text: str, append: bool = False) -> AbstractChat:
-        self.conversation.with_instructions(text, append)
-        return self
-
-    def with_tools(self, *tools: Any, replace: bool = False) -> AbstractChat:
-        self.conversation.with_tools(*tools, replace=replace)
-        return self
-
-    def with_mcp(self, server: str, only: Any = None, requires_approval: Any = ()) -> AbstractChat:
-        """Offer an MCP server's tools (all, or those in ``only``); see agentloop.mcp."""
-        self.conversation.with_mcp(server, only=only, requires_approval=requires_approval)
-        return self
-
-    def with_tool_options(self, **options: Any) -> AbstractChat:
-        self.conversation.with_tool_options(**options)
-        return self
-
-    def with_temperature(self, temperature: float | None) -> AbstractChat:
-        self.conversation.with_temperature(temperature)
-        return self
-
-    def with_max_output_tokens(self, tokens: int | None) -> AbstractChat:
-        self.conversation.with_max_output_tokens(tokens)
-        return self
-
-    def with_provider_options(self, **options: Any) -> AbstractChat:
-        self.conversation.with_provider_options(**options)
-        return self
-
-    def with_headers(self, **headers: str) -> AbstractChat:
-        self.conversation.with_headers(**headers)
-        return self
-
-    def with_schema(self, schema: Any) -> AbstractChat:
-        self.conversation.with_schema(schema)
-        return self
-
-    def with_caching(self, ttl: str = "5m", key: str | None = None) -> AbstractChat:
-        self.conversation.with_caching(ttl, key)
-        return self
-
-    def with_thinking(
-        self, effort: str | None = "medium", budget_tokens: int | None = None
-    ) -> AbstractChat:
-        self.conversation.with_thinking(effort, budget_tokens)
-        return self
-
-    def with_context_window(self, tokens: int | None) -> AbstractChat:
-        self.conversation.with_context_window(tokens)
-        return self
-
-    def with_compaction(
-        self, at: float | None = 0.8, keep_recent: int = 8, model: str | None = None
-    ) -> AbstractChat:
-        self.conversation.with_compaction(at, keep_recent, model)
-        return self
-
-    def with_fallbacks(self, *models: str) -> AbstractChat:
-        self.conversation.with_fallbacks(*models)
-        return self
-
-    def with_limits(self, **limits: Any) -> AbstractChat:
-        self.conversation.with_limits(**limits)
-        return self
-
-    # callbacks (this instance only; signals reach every chat)
-    def before_message(self, callback: Callable[[], Any]) -> AbstractChat:
-        self.conversation.before_message(callback)
-        return self
-
-    def after_message(self, callback: Callable[[Any], Any]) -> AbstractChat:
-        self.conversation.after_message(callback)
-        return self
-
-    def before_tool_call(self, callback: Callable[[Any], Any]) -> AbstractChat:
-        self.conversation.before_tool_call(callback)
-        return self
-
-    def after_tool_result(self, callback: Callable[[Any], Any]) -> AbstractChat:
-        self.conversation.after_tool_result(callback)
-        return self
-
-    # verbs
-    def ask_later(
-        self, content: str, attachments: Any = None, *, if_busy: str | None = None
-    ) -> AbstractChat:
-        """Add a user message; no model call. ``if_busy``: what to do while another run
-        holds the chat ("reject", "queue", "interrupt"; default ``AGENTLOOP["IF_BUSY"]``)."""
-        self.conversation.ask_later(content, attachments, if_busy=if_busy)
-        return self
-
-    def ask(
-        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
-        """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
-        return self.conversation.ask(content, stream, attachments=attachments)
-
-    def generate(self, stream: StreamCallback | None = None) -> Any:
-        """One model call; returns the saved assistant ``Message``."""
-        return self.conversation.generate(stream)
-
-    def run_tools(self) -> list[Any]:
-        """Run pending tool calls; returns the saved tool ``Message`` rows."""
-        return self.conversation.run_tools()
-
-    def step(self, stream: StreamCallback | None = None) -> Any:
-        """The next move, or None when complete or waiting."""
-        return self.conversation.step(stream)
-
-    def complete(self, stream: StreamCallback | None = None) -> Any:
-        """Step until complete or waiting; returns the last ``Message``."""
-        return self.conversation.complete(stream)
-
-    # async twins: the same verbs for async code (views under ASGI, Channels consumers)
-    async def aask_later(
-        self, content: str, attachments: Any = None, *, if_busy: str | None = None
-    ) -> AbstractChat:
-        """``ask_later`` for async code."""
-        await self.conversation.aask_later(content, attachments, if_busy=if_busy)
-        return self
-
-    async def aask(
-        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
-        """``ask`` for async code; ``stream`` may be sync or ``async def``."""
-        return await self.conversation.aask(content, stream, attachments=attachments)
-
-    async def agenerate(self, stream: StreamCallback | None = None) -> Any:
-        """``generate`` for async code."""
-        return await self.conversation.agenerate(stream)
-
-    async def arun_tools(self) -> list[Any]:
-        """``run_tools`` for async code (``async def`` tools awaited, sync ones on a thread)."""
-        return await self.conversation.arun_tools()
-
-    async def astep(self, stream: StreamCallback | None = None) -> Any:
-        """``step`` for async code."""
-        return await self.conversation.astep(stream)
-
-    async def acomplete(self, stream: StreamCallback | None = None) -> Any:
-        """``complete`` for async code."""
-        return await self.conversation.acomplete(stream)
-
     async def acancel(self) -> bool:
         """``cancel`` for async code; the same answer."""
         return await sync_to_async(self.cancel)()
-
-    async def ais_complete(self) -> bool:
-        """``is_complete`` for async code."""
-        return await self.conversation.ais_complete()
-
-    def is_complete(self) -> bool:
-        return self.conversation.is_complete()
-
-    def is_waiting(self) -> bool:
-        return self.conversation.is_waiting()
 
     def cancel(self) -> bool:
         """Request cancellation: one UPDATE, seen by the run wherever it is.
@@ -355,13 +195,6 @@ class AbstractChat(models.Model):
             # for a run): the subagents it waits for that wait for a person are cancelled now.
             subagents.cancel_waiting_children(self)
         return cancelled
-
-    def halt(self, reason: str) -> bool:
-        """Stop the run after its current tool round, before its next model call: the chat
-        becomes ``stopped`` with ``stop_reason`` "halted: <reason>" (not a cancel).
-
-        True when a run was in progress or queued; False, and nothing set, when none was."""
-        return self.conversation.halt(reason)
 
     # people in the loop (a parent also finds the calls of the subagents it waits for)
     def pending_approvals(self) -> list[Any]:
@@ -389,10 +222,6 @@ class AbstractChat(models.Model):
     def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
         """Answer a waiting call's question; the answer is the call's result."""
         return subagents.decide(self, "answer", tool_call_id, text=text, by=by)
-
-    def pending_results(self) -> list[Any]:
-        """Calls of deferred tools waiting for their result from outside."""
-        return self.conversation.pending_results()
 
     def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
         """Give a deferred tool's call its result (a webhook, an operator's system); a chat a

@@ -30,7 +30,7 @@ from typing import Any
 from django.db import connection
 
 from tests.helpers import wait_until
-from tests.processes import REPO_ROOT, process_env
+from tests.workers import Worker, start_worker, worker_logs
 
 #: seconds any one wait may take before the test fails (generous: a loaded 2-core machine).
 DEADLINE = 90.0
@@ -124,31 +124,6 @@ class RedisServer:
 
 # -- worker processes ------------------------------------------------------------------------
 @dataclass
-class Worker:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def outcomes(self) -> list[str]:
-        """What each finished step_chat job returned (the worker logs it)."""
-        return [
-            line.rsplit(":", 1)[1].strip().strip("'")
-            for line in self.output().splitlines()
-            if "agentloop.step_chat[" in line and " succeeded in " in line
-        ]
-
-    def kill(self) -> None:
-        """SIGKILL the worker's process group (the main process and its pool)."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-
-@dataclass
 class Workers:
     """The test's queue, its workers and the files every process logs to."""
 
@@ -173,56 +148,33 @@ class Workers:
         wait: bool = True,
         **agentloop: Any,
     ) -> Worker:
-        """A ``celery worker`` (prefork, one process) on the test's queue and database.
+        """A ``celery worker`` (prefork, one process) on the test's queue and database
+        (tests/workers.py starts it).
 
         ``netns`` runs it in that network namespace; ``database_url`` and ``broker_url``
         point it elsewhere than the test's own (through a forwarder); ``flag`` is the file
         held tools wait for; ``clock_offset`` moves its clock (seconds, time-machine);
         ``agentloop`` settings go on top of the tests' own.
         """
-        ready = self.tmp / f"{name}.ready"
-        log = self.tmp / f"{name}.log"
-        broker = broker_url or self.broker_url
-        worker_settings = {"BACKGROUND": "celery", "REDIS_URL": broker, **agentloop}
-        env = process_env(
-            AGENTLOOP_TEST_QUEUE=self.queue,
-            AGENTLOOP_TEST_BROKER_URL=broker,
-            AGENTLOOP_TEST_WORKER_READY=ready,
-            AGENTLOOP_TEST_SETTINGS=json.dumps(worker_settings),
-            AGENTLOOP_TEST_RUN_LOG=self.run_log,
-            AGENTLOOP_TEST_FLAG=flag,
-            AGENTLOOP_TEST_CLOCK_OFFSET=clock_offset or None,
+        worker, ready = start_worker(
+            self.tmp,
+            name,
+            queue=self.queue,
+            broker_url=broker_url or self.broker_url,
+            run_log=self.run_log,
+            flag=flag,
+            clock_offset=clock_offset,
+            netns=netns,
+            database_url=database_url,
+            agentloop=agentloop,
         )
-        if database_url:
-            env["DATABASE_URL"] = database_url
-        command = [
-            sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-            "--pool=prefork", "--concurrency=1", "--loglevel=INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-Q", self.queue,
-        ]  # fmt: skip
-        if netns:
-            command = ["ip", "netns", "exec", netns, *command]
-        with log.open("w") as output:
-            process = subprocess.Popen(  # noqa: S603 - our own interpreter
-                command,
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: killpg reaches the pool too
-            )
-        worker = Worker(name, process, log)
         self.started.append(worker)
         if wait:
             wait_for(ready.exists, f"worker {name} to be ready", on_timeout=self.logs)
         return worker
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- worker {w.name} (exit {w.process.poll()}) ---\n{w.output()[-5000:]}"
-            for w in self.started
-        )
+        return worker_logs(self.started, 5000)
 
     def stop_all(self) -> None:
         for worker in self.started:

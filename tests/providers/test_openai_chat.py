@@ -45,7 +45,7 @@ from agentloop.providers.openai import (
     OpenRouterProvider,
     strict_json_schema,
 )
-from tests import test_docs
+from tests.doc_blocks import runnable
 from tests.helpers import user_request
 from tests.providers.cassettes import (
     ask_both,
@@ -983,13 +983,9 @@ def test_a_persisted_chat_streams_two_tool_rounds_over_recorded_ollama_traffic(
 DOC = Path(__file__).resolve().parents[2] / "docs" / "providers" / "openai-compatible.md"
 
 
-#: the docs test's fixture: a fresh ``myapp.tools`` namespace, registry restored after.
-example_module = test_docs.example_module
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_documentation_examples_run(example_module) -> None:
-    blocks = test_docs.runnable(DOC)
+    blocks = runnable(DOC)
     assert blocks
     for block in blocks:
         source = "\n" * (block.line - 1) + block.code

@@ -1,0 +1,100 @@
+"""The browser tests' parts: Chromium (Playwright) and the test site served in a subprocess
+(:class:`Server`: ``manage.py runserver`` or uvicorn on the test database), and the
+screenshots the docs show. The ``browser`` and ``site`` fixtures of tests/conftest.py start
+them; a browser test module uses ``browser_available`` and ``orm_next_to_playwright``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.processes import REPO_ROOT, process_env
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+IN_CI = os.environ.get("CI") == "true"
+SCREENSHOTS = REPO_ROOT / "docs" / "images"
+TIMEOUT_MS = 30_000  # any one wait for the page; a failure, not a pause
+SERVER_SETTINGS = {
+    "DEFAULT_MODEL": "demo:rule-based",
+    "BACKGROUND": "embedded",
+    "PARTIAL_SAVE_INTERVAL": 0.2,
+    "EVENTS_POLL_INTERVAL": 0.1,
+}
+
+
+def missing() -> str | None:
+    """Why the browser tests can't run here (no Chromium, no Playwright), or None."""
+    if not Path(CHROMIUM).exists():
+        return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    return None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(
+        self, command: list[str], port: int, log: Path, settings: dict | None = None
+    ) -> None:
+        self.url = f"http://localhost:{port}"  # a host the test settings allow
+        self.port = port
+        self.log = log
+        agentloop_settings = json.dumps(settings or SERVER_SETTINGS)
+        with log.open("w") as output:
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter
+                command,
+                env=process_env(AGENTLOOP_TEST_SETTINGS=agentloop_settings),
+                cwd=REPO_ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_until_listening()
+
+    def _wait_until_listening(self) -> None:
+        import socket
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the server exited:\n{self.output()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"the server did not listen in time:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def screenshot(page, name: str, tmp_path: Path) -> Path:
+    """A screenshot for the docs (with AGENTLOOP_SCREENSHOTS=1), else a throwaway one."""
+    folder = SCREENSHOTS if os.environ.get("AGENTLOOP_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    page.screenshot(path=str(path), full_page=True)
+    return path
