@@ -22,7 +22,7 @@ from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.openai import OpenAIProvider
 from agentloop.runners import run_step
 from tests.providers.wire import Recorder, chat_completion, event_stream, registered
-from tests.test_thinking import anthropic_answer as anthropic_reply
+from tests.providers.wire import anthropic_answer as anthropic_reply
 
 pytestmark = pytest.mark.django_db
 

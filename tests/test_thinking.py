@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 from django.urls import reverse
 
@@ -14,25 +13,9 @@ from agentloop.messages import TextDelta, ThinkingDelta
 from agentloop.models import Chat
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.testing import reply, stream
-from tests.providers.wire import Recorder, registered
+from tests.providers.wire import Recorder, anthropic_answer, registered
 
 pytestmark = pytest.mark.django_db
-
-
-def anthropic_answer(text: str, *, signature: str | None = None) -> httpx.Response:
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
-    if signature:
-        content.insert(0, {"type": "thinking", "thinking": f"About {text}", "signature": signature})
-    return httpx.Response(
-        200,
-        json={
-            "id": "msg_1",
-            "model": "claude-haiku-4-5",
-            "content": content,
-            "stop_reason": "end_turn",
-            "usage": {"input_tokens": 10, "output_tokens": 5},
-        },
-    )
 
 
 def test_an_answers_thinking_is_stored_on_its_row(scripted):

@@ -208,3 +208,20 @@ def an_invalid_call_answered(
 def an_empty_answer_between_questions(model: str) -> ModelRequest:
     """Two user questions with an empty assistant answer between them."""
     return conversation(model, ("user", "Hi"), ("assistant", ""), ("user", "Hello?"))
+
+
+def anthropic_answer(text: str, *, signature: str | None = None) -> httpx.Response:
+    """An Anthropic Messages answer with ``text`` (and a signed thinking block first)."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if signature:
+        content.insert(0, {"type": "thinking", "thinking": f"About {text}", "signature": signature})
+    return httpx.Response(
+        200,
+        json={
+            "id": "msg_1",
+            "model": "claude-haiku-4-5",
+            "content": content,
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        },
+    )

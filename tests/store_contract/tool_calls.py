@@ -12,7 +12,6 @@ from tests.store_contract.harness import Harness, answer, call, usage
 __all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls"]
 
 
-
 def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
     """The tool message answering ``c``."""
     return Message(
