@@ -41,8 +41,8 @@ from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.azure import AzureProvider
 from agentloop.providers.openai_responses import OUTPUT_KEY
 from tests.providers import cassettes
-from tests.providers import test_openai_chat_replay as chat_wire
-from tests.providers import test_openai_responses_replay as responses_wire
+from tests.providers import openai_chat_wire as chat_wire
+from tests.providers import openai_responses_wire as responses_wire
 from tests.providers.cassettes import Cassette, Interaction
 from tests.providers.wire import as_message
 
