@@ -8,7 +8,8 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = "agentloop-tests"
-DEBUG = False
+# A server started by a test may run with DEBUG on (the static files of docs/install.md's asgi.py).
+DEBUG = os.environ.get("AGENTLOOP_TEST_DEBUG") == "1"
 ALLOWED_HOSTS = ["testserver", "localhost"]
 
 INSTALLED_APPS = [

@@ -92,6 +92,7 @@ def test_the_install_page_gives_settings_urls_the_celery_app_and_its_import():
         ("urls.py", True),
         ("celery.py", False),
         ("__init__.py", False),
+        ("asgi.py", False),  # static files under uvicorn
         ("settings.py", True),  # "Check it": the offline model
     ]
     settings_code = files[0][1]
