@@ -32,7 +32,9 @@ def _closest_keys_hint(unknown: list[str]) -> str:
     guesses = []
     for key in unknown:
         close = difflib.get_close_matches(key.upper(), DEFAULTS, n=1, cutoff=0.6)
-        guesses.append(f"{key!r}: did you mean {close[0]!r}?" if close else f"{key!r}: no close key")
+        guesses.append(
+            f"{key!r}: did you mean {close[0]!r}?" if close else f"{key!r}: no close key"
+        )
     return "; ".join(guesses) + ' (every key: "Settings" in the agentloop docs).'
 
 
@@ -191,7 +193,10 @@ def check_chat_models(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             for problem in chat_model_problems(model):
                 errors.append(
                     Error(
-                        problem, hint='See "A chat model of your own" in the agentloop docs.', obj=model, id="agentloop.E008"
+                        problem,
+                        hint='See "A chat model of your own" in the agentloop docs.',
+                        obj=model,
+                        id="agentloop.E008",
                     )
                 )
     return errors

@@ -471,7 +471,9 @@ def test_the_model_filter_offers_the_default_model_and_keeps_its_chats(admin_cli
 
     response = admin_client.get(CHANGELIST)
     (model_filter,) = [f for f in response.context["cl"].filter_specs if f.title == "model"]
-    choices = [(c["display"], c["query_string"]) for c in model_filter.choices(response.context["cl"])]
+    choices = [
+        (c["display"], c["query_string"]) for c in model_filter.choices(response.context["cl"])
+    ]
 
     assert [display for display, _ in choices] == [
         "All", "anthropic:claude-x", "openai:gpt-default (default)",
