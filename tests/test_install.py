@@ -114,8 +114,9 @@ def test_the_check_it_model_is_the_one_the_docs_test_runs_the_page_with():
     exec(code, namespace)  # noqa: S102 - the page's own settings block
 
     assert name == "settings.py"
-    assert namespace["AGENTLOOP"]["PROVIDERS"]["offline"] == (
-        test_settings.AGENTLOOP["PROVIDERS"]["offline"]
+    assert (
+        namespace["AGENTLOOP"]["PROVIDERS"]["offline"]
+        == (test_settings.AGENTLOOP["PROVIDERS"]["offline"])
     )
     assert "offline:" in check_it_shell_code(INSTALL_PAGE.read_text())
 

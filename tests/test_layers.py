@@ -40,7 +40,8 @@ def _type_checking(node: ast.If) -> bool:
 
 #: Function-local imports of agentloop's own modules, each with why it can't be at the top:
 #: Django's app loading (a module the ORM's models need, imported once apps are ready), a
-#: module of an optional extra, and deprecated aliases. Anything else is a layer climbing back up: fix the layout instead.
+#: module of an optional extra, and deprecated aliases. Anything else is a layer climbing back
+#: up: fix the layout instead.
 LOCAL_IMPORTS = {
     ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",

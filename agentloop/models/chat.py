@@ -26,6 +26,7 @@ from .chat_events import connect_chat_events
 
 if TYPE_CHECKING:
     from ..engine import StreamCallback
+    from .messages import AbstractMessage
 
 
 class ChatState(models.TextChoices):
@@ -277,23 +278,23 @@ class AbstractChat(models.Model):
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
+    ) -> AbstractMessage:
         """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
         return self.conversation.ask(content, stream, attachments=attachments)
 
-    def generate(self, stream: StreamCallback | None = None) -> Any:
+    def generate(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """One model call; returns the saved assistant ``Message``."""
         return self.conversation.generate(stream)
 
-    def run_tools(self) -> list[Any]:
+    def run_tools(self) -> list[AbstractMessage]:
         """Run pending tool calls; returns the saved tool ``Message`` rows."""
         return self.conversation.run_tools()
 
-    def step(self, stream: StreamCallback | None = None) -> Any:
+    def step(self, stream: StreamCallback | None = None) -> AbstractMessage | None:
         """The next move, or None when complete or waiting."""
         return self.conversation.step(stream)
 
-    def complete(self, stream: StreamCallback | None = None) -> Any:
+    def complete(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """Step until complete or waiting; returns the last ``Message``."""
         return self.conversation.complete(stream)
 
