@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,17 @@ from .runners import Runner, runner_name
 from .runners.sending import BUILTINS as RUNNERS
 
 
+def _closest_keys_hint(unknown: list[str]) -> str:
+    """For each unknown key the closest known one (difflib), not the whole list of keys."""
+    guesses = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.upper(), DEFAULTS, n=1, cutoff=0.6)
+        guesses.append(
+            f"{key!r}: did you mean {close[0]!r}?" if close else f"{key!r}: no close key"
+        )
+    return "; ".join(guesses) + ' (every key: "Settings" in the agentloop docs).'
+
+
 @register(Tags.compatibility)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """AGENTLOOP must be a dict of known keys with sensible values."""
@@ -44,7 +56,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error(
                 f"Unknown AGENTLOOP keys: {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                hint=_closest_keys_hint(unknown),
                 id="agentloop.E002",
             )
         )
@@ -181,7 +193,10 @@ def check_chat_models(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             for problem in chat_model_problems(model):
                 errors.append(
                     Error(
-                        problem, hint="See docs/custom-models.md.", obj=model, id="agentloop.E008"
+                        problem,
+                        hint='See "A chat model of your own" in the agentloop docs.',
+                        obj=model,
+                        id="agentloop.E008",
                     )
                 )
     return errors
@@ -243,7 +258,7 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
                 "CELERY_DB_REUSE_MAX is not set: every agentloop job (one step) opens a new "
                 "database connection, whatever CONN_MAX_AGE says.",
                 hint="Set CELERY_DB_REUSE_MAX = 1000 in the settings Celery reads (see "
-                'docs/background.md, "Running at scale").',
+                '"Running at scale" in the agentloop docs).',
                 id="agentloop.W005",
             )
         ]
@@ -252,7 +267,8 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
             "CELERY_BROKER_URL is set but no Celery app with a broker is loaded: "
             "complete_later() would run chats in the calling process, not on a worker.",
             hint="Import your Celery app in your project package's __init__.py: "
-            '"from .celery import app as celery_app" (see docs/install.md).',
+            '"from .celery import app as celery_app" (see "Installing agentloop in a Django '
+            'project" in the agentloop docs).',
             id="agentloop.W003",
         )
     ]
@@ -422,7 +438,7 @@ def check_vertex_ai(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         errors.extend(
             Error(
                 problem,
-                hint="See docs/providers/vertex-ai.md (projects and locations).",
+                hint='See "Google Vertex AI" in the agentloop docs (projects and locations).',
                 obj=name,
                 id="agentloop.E010",
             )

@@ -6,6 +6,7 @@ from typing import Any
 
 from .conf import agentloop_settings
 from .engine import Conversation, MemoryStore
+from .messages import Message
 
 __all__ = ["chat"]
 
@@ -16,9 +17,10 @@ def chat(
     provider: str | None = None,
     instructions: str | None = None,
     tools: tuple[Any, ...] | list[Any] = (),
-) -> Conversation:
-    """An in-memory chat (no database): the same verbs as the persisted ``Chat``."""
-    conversation = Conversation(MemoryStore())
+) -> Conversation[Message]:
+    """An in-memory chat (no database): the same verbs as the persisted ``Chat``; they return
+    :class:`agentloop.Message`."""
+    conversation: Conversation[Message] = Conversation(MemoryStore())
     conversation.with_model(model or agentloop_settings.DEFAULT_MODEL, provider)
     if instructions:
         conversation.with_instructions(instructions)

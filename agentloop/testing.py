@@ -10,6 +10,9 @@ either under a name and point a chat at it::
     chat.ask("1 + 2?")
     provider.assert_complete()
 
+``OfflineProvider`` is the one made from settings: named in ``AGENTLOOP["PROVIDERS"]``, every
+process (the shell, the web server, a worker) makes the same deterministic model, no key needed.
+
 ``block_network()`` makes any connection to a non-loopback address fail.
 """
 
@@ -26,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .conf import agentloop_settings
+from .exceptions import ConfigurationError
 from .messages import (
     Chunk,
     ModelRequest,
@@ -41,6 +46,7 @@ from .providers.base import ChunkCallback, Provider
 __all__ = [
     "FunctionProvider",
     "NetworkBlockedError",
+    "OfflineProvider",
     "ScriptedProvider",
     "Stream",
     "block_network",
@@ -229,6 +235,85 @@ class FunctionProvider(Provider):
                 Stream(list(pieces), self.delay, list(item.tool_calls), item.usage), on_chunk
             ).model_copy(update={"parsed": item.parsed, "finish_reason": item.finish_reason})
         return item
+
+
+class OfflineProvider(Provider):
+    """A model that answers from settings: no key, no network, the same answer in any process.
+
+    Made from settings like a real provider, so the shell that starts a chat and the worker
+    that runs it both have it (a provider passed to ``register()`` exists only in the process
+    that registered it)::
+
+        AGENTLOOP["PROVIDERS"] = {
+            "offline": {"class": "agentloop.testing.OfflineProvider", "reply": "Installed."},
+        }
+
+    Settings (``AGENTLOOP["PROVIDERS"][name]``), each also a constructor argument:
+
+    ``reply``
+        The answer's text; ``{message}`` in it stands for the latest user message.
+        Default ``"You said: {message}"``.
+    ``replies``
+        Answers by user message (compared without surrounding spaces), tried before ``reply``.
+    ``delay``
+        Seconds between the words of a streamed answer (default 0), to watch a live page.
+
+    The answer depends only on the transcript, so a retried or resumed step (on another
+    worker, after a crash) gets the same one.
+    """
+
+    name = "offline"
+
+    def __init__(
+        self,
+        name: str = "offline",
+        *,
+        reply: str | None = None,
+        replies: dict[str, str] | None = None,
+        delay: float | None = None,
+    ) -> None:
+        self.name = name
+        configured: dict[str, Any] = agentloop_settings.PROVIDERS.get(name) or {}
+        where = f"AGENTLOOP['PROVIDERS'][{name!r}]"
+        self.reply: str = self._checked(
+            reply if reply is not None else configured.get("reply", "You said: {message}"),
+            str,
+            f"{where}['reply'] must be a string",
+        )
+        self.replies: dict[str, str] = self._checked(
+            replies if replies is not None else configured.get("replies", {}),
+            dict,
+            f"{where}['replies'] must be a dict of user message to answer",
+        )
+        raw_delay = delay if delay is not None else configured.get("delay", 0)
+        if isinstance(raw_delay, bool) or not isinstance(raw_delay, int | float) or raw_delay < 0:
+            raise ConfigurationError(f"{where}['delay'] must be a number of seconds >= 0")
+        self.delay = float(raw_delay)
+
+    @staticmethod
+    def _checked(value: Any, kind: type, message: str) -> Any:
+        if not isinstance(value, kind):
+            raise ConfigurationError(message)
+        return value
+
+    def answer_to(self, message: str) -> str:
+        """The text this model answers to a user message."""
+        key = message.strip()
+        if key in self.replies:
+            return str(self.replies[key])
+        # replace(), not format(): braces in a user's message must not be read as fields.
+        return self.reply.replace("{message}", message)
+
+    def request(
+        self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
+    ) -> ModelResponse:
+        latest = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        text = self.answer_to(latest)
+        words = text.split(" ")
+        if on_chunk is not None:
+            pieces = [word + (" " if i < len(words) - 1 else "") for i, word in enumerate(words)]
+            _play(Stream(list(pieces), self.delay), on_chunk)
+        return reply(text)
 
 
 class NetworkBlockedError(ConnectionError):

@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, ClassVar, get_type_hints, overload
 
 from asgiref.sync import sync_to_async
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -281,6 +281,22 @@ class FunctionTool(Tool):
         return type(self).function(**arguments)
 
 
+@overload
+def tool(function: Callable[..., Any], /) -> type[FunctionTool]: ...
+
+
+@overload
+def tool(
+    function: None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = True,
+    requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    deferred: bool = False,
+) -> Callable[[Callable[..., Any]], type[FunctionTool]]: ...
+
+
 def tool(
     function: Callable[..., Any] | None = None,
     *,
@@ -289,7 +305,7 @@ def tool(
     idempotent: bool = True,
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     deferred: bool = False,
-) -> Any:
+) -> type[FunctionTool] | Callable[[Callable[..., Any]], type[FunctionTool]]:
     """Make a tool from a function: ``@tool`` or ``@tool(name=..., idempotent=False)``.
     With ``deferred=True`` the function only describes the call: it is never run.
 

@@ -53,7 +53,12 @@ def free_port() -> int:
 
 class Server:
     def __init__(
-        self, command: list[str], port: int, log: Path, settings: dict | None = None
+        self,
+        command: list[str],
+        port: int,
+        log: Path,
+        settings: dict | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.url = f"http://localhost:{port}"  # a host the test settings allow
         self.port = port
@@ -62,7 +67,7 @@ class Server:
         with log.open("w") as output:
             self.process = subprocess.Popen(  # noqa: S603 - our own interpreter
                 command,
-                env=process_env(AGENTLOOP_TEST_SETTINGS=agentloop_settings),
+                env=process_env(AGENTLOOP_TEST_SETTINGS=agentloop_settings, **(env or {})),
                 cwd=REPO_ROOT,
                 stdout=output,
                 stderr=subprocess.STDOUT,

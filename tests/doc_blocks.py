@@ -87,3 +87,20 @@ def example_module() -> Iterator[types.ModuleType]:
             with signal.lock:
                 signal.receivers[:] = receivers
                 signal.sender_receivers_cache.clear()
+
+
+#: the install checklist, whose site blocks tests/test_install.py builds a site from.
+INSTALL_PAGE = ROOT / "docs" / "install.md"
+#: a block of docs/install.md that is a file of the site: "# mysite/<file>[: add at the end]".
+_SITE_FILE = re.compile(r"^# mysite/(?P<file>[\w/.]+)(?P<append>: add at the end)?$")
+
+
+def site_files(page: str) -> list[tuple[str, str, bool]]:
+    """(file under mysite/, code, append?) for each site block of the install page, in order."""
+    found = []
+    for block in blocks_of(page):
+        first_line = block.code.split("\n", 1)[0]
+        match = _SITE_FILE.match(first_line)
+        if block.language == "python" and match:
+            found.append((match["file"], block.code, bool(match["append"])))
+    return found

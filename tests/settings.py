@@ -8,7 +8,8 @@ from typing import Any
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = "agentloop-tests"
-DEBUG = False
+# A server started by a test may run with DEBUG on (the static files of docs/install.md's asgi.py).
+DEBUG = os.environ.get("AGENTLOOP_TEST_DEBUG") == "1"
 ALLOWED_HOSTS = ["testserver", "localhost"]
 
 INSTALLED_APPS = [
@@ -112,7 +113,12 @@ LOGIN_URL = "/admin/login/"
 # in any process (tests/worker_provider.py), e.g. in a Celery worker started by a test.
 AGENTLOOP: dict[str, Any] = {
     "CANCEL_POLL_INTERVAL": 0.05,
-    "PROVIDERS": {"rules": {"class": "tests.worker_provider.RuleProvider"}},
+    "PROVIDERS": {
+        "rules": {"class": "tests.worker_provider.RuleProvider"},
+        # docs/install.md's "Check it" model, as that page sets it (tests/test_install.py
+        # asserts the two are the same), so the page's shell example runs in the docs test.
+        "offline": {"class": "agentloop.testing.OfflineProvider", "reply": "Heard: {message}"},
+    },
 }
 # A subprocess started by a test (a Celery worker) takes more AGENTLOOP settings as JSON,
 # e.g. a short LEASE_SECONDS or the REDIS_URL of the test run.

@@ -449,6 +449,41 @@ def test_the_list_shows_owner_model_state_waiting_messages_and_cost(admin_client
         assert text in content
 
 
+def test_a_chat_on_the_default_model_shows_that_model_not_a_dash(admin_client, settings):
+    settings.AGENTLOOP = {"DEFAULT_MODEL": "openai:gpt-default"}
+    Chat.objects.create(title="on the default", model="")
+
+    content = admin_client.get(CHANGELIST).content.decode()
+
+    assert (
+        '<span class="agentloop-cut agentloop-quiet" title="openai:gpt-default (default)">'
+        "openai:gpt-default</span>"
+    ) in content
+    chat_cell = content.split('class="field-chat"', 1)[1].split("</t", 1)[0]
+    assert "—" not in chat_cell
+
+
+def test_the_model_filter_offers_the_default_model_and_keeps_its_chats(admin_client, settings):
+    settings.AGENTLOOP = {"DEFAULT_MODEL": "openai:gpt-default"}
+    Chat.objects.create(title="stored nothing", model="")
+    Chat.objects.create(title="named the default", model="openai:gpt-default")
+    Chat.objects.create(title="another", model="anthropic:claude-x")
+
+    response = admin_client.get(CHANGELIST)
+    (model_filter,) = [f for f in response.context["cl"].filter_specs if f.title == "model"]
+    choices = [
+        (c["display"], c["query_string"]) for c in model_filter.choices(response.context["cl"])
+    ]
+
+    assert [display for display, _ in choices] == [
+        "All", "anthropic:claude-x", "openai:gpt-default (default)",
+    ]  # fmt: skip
+    assert titles(admin_client.get(f"{CHANGELIST}?model=openai:gpt-default")) == [
+        "named the default", "stored nothing",
+    ]  # fmt: skip
+    assert titles(admin_client.get(f"{CHANGELIST}?model=anthropic:claude-x")) == ["another"]
+
+
 def test_the_waiting_filter_keeps_chats_with_a_call_waiting_for_that(admin_client, owners):
     add_chats(8, owners)
 

@@ -70,7 +70,18 @@ def test_e002_an_unknown_key_fails_and_is_named():
     assert ids(errors) == ["agentloop.E002"]
     assert "CANCEL_POLL_INTERVALL" in errors[0].msg
     assert "TOOL_CONCURENCY" in errors[0].msg
-    assert "CANCEL_POLL_INTERVAL" in errors[0].hint
+    assert errors[0].hint == (
+        "'CANCEL_POLL_INTERVALL': did you mean 'CANCEL_POLL_INTERVAL'?; "
+        "'TOOL_CONCURENCY': did you mean 'TOOL_CONCURRENCY'?"
+        ' (every key: "Settings" in the agentloop docs).'
+    )
+
+
+def test_e002_a_key_like_none_says_so_instead_of_listing_every_key():
+    with override_settings(AGENTLOOP={"XYZZY": 1}):
+        (error,) = check_settings()
+
+    assert error.hint == "'XYZZY': no close key (every key: \"Settings\" in the agentloop docs)."
 
 
 def test_e002_every_known_key_passes():

@@ -33,16 +33,13 @@ from typing import Any
 import dj_database_url
 import pytest
 
-from tests.doc_blocks import blocks_of
+from tests.doc_blocks import INSTALL_PAGE, blocks_of, site_files
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALL_PAGE = ROOT / "docs" / "install.md"
 SITE_CODE = Path(__file__).resolve().parent / "install_site" / "offline.py"
 REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 IN_CI = os.environ.get("CI") == "true"
 DEADLINE = 120.0  # seconds the worker may take to answer
-#: a block of docs/install.md that is a file of the site: "# mysite/<file>[: add at the end]".
-_SITE_FILE = re.compile(r"^# mysite/(?P<file>[\w/.]+)(?P<append>: add at the end)?$")
 #: what a fresh user's environment must not carry over from the test run.
 _FOREIGN_ENV = (
     "DJANGO_SETTINGS_MODULE", "PYTHONPATH", "VIRTUAL_ENV", "DATABASE_URL", "CELERY_BROKER_URL",
@@ -73,17 +70,6 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return output
 
 
-def site_files(page: str) -> list[tuple[str, str, bool]]:
-    """(file under mysite/, code, append?) for each site block of the install page, in order."""
-    found = []
-    for block in blocks_of(page):
-        first_line = block.code.split("\n", 1)[0]
-        match = _SITE_FILE.match(first_line)
-        if block.language == "python" and match:
-            found.append((match["file"], block.code, bool(match["append"])))
-    return found
-
-
 def test_the_install_page_gives_settings_urls_the_celery_app_and_its_import():
     files = site_files(INSTALL_PAGE.read_text())
 
@@ -92,10 +78,33 @@ def test_the_install_page_gives_settings_urls_the_celery_app_and_its_import():
         ("urls.py", True),
         ("celery.py", False),
         ("__init__.py", False),
+        ("asgi.py", False),  # static files under uvicorn
+        ("settings.py", True),  # "Check it": the offline model
     ]
     settings_code = files[0][1]
     for needed in ("agentloop.resume_stalled_chats", "agentloop.poll_batches", "CELERY_BROKER_URL"):
         assert needed in settings_code
+
+
+def check_it_shell_code(page: str) -> str:
+    """The shell example of the page's "Check it" (its one runnable Python block)."""
+    (block,) = [b for b in blocks_of(page) if b.language == "python" and b.runs]
+    return block.code
+
+
+def test_the_check_it_model_is_the_one_the_docs_test_runs_the_page_with():
+    from tests import settings as test_settings
+
+    *_, (name, code, _) = site_files(INSTALL_PAGE.read_text())
+    namespace: dict[str, Any] = {"AGENTLOOP": {}}
+    exec(code, namespace)  # noqa: S102 - the page's own settings block
+
+    assert name == "settings.py"
+    assert (
+        namespace["AGENTLOOP"]["PROVIDERS"]["offline"]
+        == (test_settings.AGENTLOOP["PROVIDERS"]["offline"])
+    )
+    assert "offline:" in check_it_shell_code(INSTALL_PAGE.read_text())
 
 
 # -- the services ------------------------------------------------------------------------------
@@ -231,9 +240,9 @@ def test_a_startproject_site_set_up_per_the_install_page_answers_on_a_celery_wor
     write_site_file(site, "__init__.py", init_code, append=False)
     shutil.copy(SITE_CODE, site / "mysite" / "offline.py")
     write_site_file(site, "settings.py", append=True, code=(
-        "# The test's offline model (tests/install_site/offline.py), made from settings.\n"
-        'AGENTLOOP["DEFAULT_MODEL"] = "offline:scripted"\n'
-        'AGENTLOOP["PROVIDERS"] = {"offline": {"class": "mysite.offline.OfflineProvider"}}\n'
+        "# The test's own model with a tool (tests/install_site/offline.py), from settings.\n"
+        'AGENTLOOP["DEFAULT_MODEL"] = "install:scripted"\n'
+        'AGENTLOOP["PROVIDERS"]["install"] = {"class": "mysite.offline.OfflineProvider"}\n'
         f'AGENTLOOP["REDIS_URL"] = {REDIS_URL!r}\n'
     ))  # fmt: skip
     checked = _ok(_run([*manage, "check"], cwd=site, env=env))
@@ -242,6 +251,9 @@ def test_a_startproject_site_set_up_per_the_install_page_answers_on_a_celery_wor
     log = tmp_path / "worker.log"
     worker = start_worker(venv, site, env, queue, log)
     try:
+        # The page's "Check it": the shell enqueues, the worker answers with the offline model.
+        _ok(_run([*manage, "shell", "-c", check_it_shell_code(INSTALL_PAGE.read_text())],
+                 cwd=site, env=env, timeout=60))  # fmt: skip
         started = _ok(_run([*manage, "shell", "-c", (
             "from agentloop.models import Chat\n"
             "from mysite.offline import add\n"
@@ -263,7 +275,7 @@ def test_a_startproject_site_set_up_per_the_install_page_answers_on_a_celery_wor
     ]
     # The worker ran the steps: the shell only enqueued them (no in-process fallback).
     worker_log = log.read_text()
-    assert worker_log.count("Task agentloop.step_chat[") >= 3, worker_log
+    assert worker_log.count("Task agentloop.step_chat[") >= 4, worker_log  # 1 + 3 steps
     assert "succeeded in" in worker_log
 
 

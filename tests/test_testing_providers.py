@@ -3,6 +3,7 @@ provider registry."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -14,6 +15,7 @@ from agentloop.providers import Provider
 from agentloop.testing import (
     FunctionProvider,
     NetworkBlockedError,
+    OfflineProvider,
     ScriptedProvider,
     block_network,
     reply,
@@ -325,6 +327,122 @@ def test_unknown_provider_error_names_the_registered_providers(registered_names)
     assert "alpha" in message
     assert "beta" in message
     assert "providers.register('gamma'" in message
+
+
+def test_unknown_provider_error_names_the_process_and_how_every_process_gets_one():
+    with pytest.raises(UnknownProviderError) as error:
+        providers.get("nowhere")
+    message = str(error.value)
+
+    assert "\n" not in message
+    assert f"in process {os.getpid()} (" in message
+    assert "AGENTLOOP['PROVIDERS']['nowhere'] = {\"class\":" in message
+    assert "AppConfig.ready()" in message
+    assert 'see "Model providers" in the agentloop docs' in message
+
+
+def test_unknown_provider_error_lists_the_configured_providers_not_the_built_ins_used(
+    settings, monkeypatch
+):
+    monkeypatch.setattr(providers, "_registry", {})  # none of other tests' registrations
+    monkeypatch.setattr(providers, "_made", set())
+    settings.AGENTLOOP = {
+        "PROVIDERS": {
+            "anthropic": {"api_key": "sk-test"},  # a built-in given settings: configured
+            "offline": {"class": "agentloop.testing.OfflineProvider"},
+            "typo": {"api_key": "sk-test"},  # no class, not a built-in: makes no provider
+        }
+    }
+    providers.get("openai")  # a built-in made on first use, configured by nobody
+    providers.register("mine", ScriptedProvider())
+    with pytest.raises(UnknownProviderError) as error:
+        providers.get("gamma")
+
+    assert "(registered or configured there: anthropic, mine, offline)" in str(error.value)
+    providers.unregister("mine")
+    assert providers.available() == ["anthropic", "offline"]
+
+
+def test_unknown_provider_error_for_a_setting_without_a_class_says_so(settings):
+    settings.AGENTLOOP = {"PROVIDERS": {"typo": {"api_key": "sk-test"}}}
+    with pytest.raises(UnknownProviderError, match=r"\['typo'\] has no \"class\""):
+        providers.get("typo")
+
+
+def test_unknown_provider_error_with_nothing_registered_says_none(settings, monkeypatch):
+    settings.AGENTLOOP = {}
+    monkeypatch.setattr(providers, "_registry", {})
+    with pytest.raises(UnknownProviderError, match=r"registered or configured there: none\)"):
+        providers.get("offline")
+
+
+def test_this_process_names_the_command(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/venv/bin/celery", "-A", "mysite", "worker", "-l", "INFO"])
+    assert providers.this_process() == f"process {os.getpid()} (celery -A mysite worker)"
+
+
+# -- OfflineProvider --------------------------------------------------------------------------
+def test_offline_provider_echoes_by_default(settings):
+    settings.AGENTLOOP = {"PROVIDERS": {"offline": {"class": "agentloop.testing.OfflineProvider"}}}
+    provider = providers.get("offline")
+
+    assert isinstance(provider, OfflineProvider)
+    assert provider.request(request("Are you there?")).content == "You said: Are you there?"
+
+
+def test_offline_provider_answers_from_its_settings(settings):
+    settings.AGENTLOOP = {
+        "PROVIDERS": {
+            "offline": {
+                "class": "agentloop.testing.OfflineProvider",
+                "reply": "Heard {message} {not a field}",
+                "replies": {"Are you there?": "Installed."},
+            }
+        }
+    }
+    provider = providers.get("offline")
+
+    assert provider.request(request("  Are you there? ")).content == "Installed."
+    assert provider.request(request("hi")).content == "Heard hi {not a field}"
+
+
+def test_offline_provider_answers_the_latest_user_message_whatever_came_after():
+    provider = OfflineProvider(reply="Got {message}")
+    later = ModelRequest(
+        model="m",
+        messages=[
+            Message(role="user", content="first"),
+            Message(role="assistant", content="x"),
+            Message(role="user", content="second"),
+            Message(role="assistant", content="y"),
+        ],
+    )
+    assert provider.request(later).content == "Got second"
+
+
+def test_offline_provider_streams_word_by_word():
+    chunks = []
+    answer = OfflineProvider(reply="one two three").request(request(), on_chunk=chunks.append)
+
+    assert [chunk.text for chunk in chunks] == ["one ", "two ", "three"]
+    assert answer.content == "one two three"
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"reply": 3}, r"\['offline'\]\['reply'\] must be a string"),
+        ({"replies": ["a"]}, r"\['replies'\] must be a dict"),
+        ({"delay": -1}, r"\['delay'\] must be a number of seconds >= 0"),
+        ({"delay": "1"}, r"\['delay'\] must be"),
+    ],
+)
+def test_offline_provider_refuses_wrong_settings(settings, options, error):
+    settings.AGENTLOOP = {
+        "PROVIDERS": {"offline": {"class": "agentloop.testing.OfflineProvider", **options}}
+    }
+    with pytest.raises(ConfigurationError, match=error):
+        providers.get("offline")
 
 
 def test_unknown_provider_error_is_a_configuration_error():

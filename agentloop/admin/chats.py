@@ -29,11 +29,12 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import agentloop_settings
 from ..exceptions import ToolCallNotWaitingError
 from ..messages import ToolCallState
 from ..models import Chat
 from .actions import DEFAULT_DENY_REASON, approve_pending, cancel_chats, deny_pending, resume_chats
-from .filters import OwnerFilter, ProblemFilter, WaitingFilter
+from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
 from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
 
@@ -84,7 +85,7 @@ class ChatAdmin(admin.ModelAdmin):
     # shows its model under its title, the state what it waits for, the last activity the
     # number of messages; long text is cut (chat_list.css) with the whole of it in a title.
     list_display = ("chat", "owner_link", "state_badge", "last_activity", "cost")
-    list_filter = ("state", WaitingFilter, ProblemFilter, "model", OwnerFilter)
+    list_filter = ("state", WaitingFilter, ProblemFilter, ModelFilter, OwnerFilter)
     search_fields = ("title", "model", "owner__username")
     list_select_related = ("owner",)
     date_hierarchy = "created_at"
@@ -139,7 +140,13 @@ class ChatAdmin(admin.ModelAdmin):
     # -- list columns -----------------------------------------------------------------------
     @admin.display(description=_("chat"), ordering="title")
     def chat(self, obj: Any) -> str:
-        return format_html("{}{}", _cut(str(obj)), _cut(obj.model or "—", "agentloop-quiet"))
+        if obj.model:
+            return format_html("{}{}", _cut(str(obj)), _cut(obj.model, "agentloop-quiet"))
+        # No model stored: it runs on the default, which is what the list says (not "—").
+        default = agentloop_settings.DEFAULT_MODEL
+        return format_html(
+            "{}{}", _cut(str(obj)), _cut(default, "agentloop-quiet", f"{default} (default)")
+        )
 
     @admin.display(description=_("owner"), ordering="owner__username")
     def owner_link(self, obj: Any) -> str:

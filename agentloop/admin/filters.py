@@ -11,11 +11,12 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from ..conf import agentloop_settings
 from ..messages import MessageStatus, ToolCallState
 from ..models import ChatState
 from .relations import related_model
 
-__all__ = ["OwnerFilter", "ProblemFilter", "WaitingFilter", "holding"]
+__all__ = ["ModelFilter", "OwnerFilter", "ProblemFilter", "WaitingFilter", "holding"]
 
 
 def holding(queryset: QuerySet[Any], reason: str | None) -> QuerySet[Any]:
@@ -83,6 +84,36 @@ class ProblemFilter(admin.SimpleListFilter):
                 | Exists(tool_calls.filter(state=ToolCallState.CANCELLED))
             )
         return None
+
+
+class ModelFilter(admin.SimpleListFilter):
+    """The models chats run on, the default model included.
+
+    A chat on the default model stores no model (``""``): Django's own filter of the field
+    would offer an empty choice, or none, where the chat list shows the default model's name.
+    Here that name is a choice, and it selects the chats that name it and those that store
+    none.
+    """
+
+    title = _("model")
+    parameter_name = "model"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        default = agentloop_settings.DEFAULT_MODEL
+        stored = model_admin.get_queryset(request).order_by().values_list("model", flat=True)
+        names = set(stored.exclude(model="").distinct())
+        choices: list[tuple[str, Any]] = []
+        for name in sorted(names | {default}):
+            choices.append((name, _("%s (default)") % name if name == default else name))
+        return choices
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return None
+        if value == agentloop_settings.DEFAULT_MODEL:
+            return queryset.filter(model__in=[value, ""])
+        return queryset.filter(model=value)
 
 
 class OwnerFilter(admin.SimpleListFilter):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -82,7 +82,14 @@ class _Run:
     halted: HaltedRelease | None = None
 
 
-class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs):
+#: the message type a conversation's verbs return: ``agentloop.Message`` in memory, the
+#: message model (``agentloop.models.Message``) for a persisted chat.
+MessageT = TypeVar("MessageT")
+
+
+class Conversation(
+    Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs, Generic[MessageT]
+):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -192,15 +199,15 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             self.store.queue_message(Message(role="user", content=content, attachments=files))
         return self
 
-    def generate(self, stream: StreamCallback | None = None) -> Any:
+    def generate(self, stream: StreamCallback | None = None) -> MessageT:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
         return drive(self._generating(stream), self.store)
 
-    def run_tools(self) -> list[Any]:
+    def run_tools(self) -> list[MessageT]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
         return drive(self._running_tools(), self.store)
 
-    def step(self, stream: StreamCallback | None = None) -> Any:
+    def step(self, stream: StreamCallback | None = None) -> MessageT | None:
         """Do the next move: run pending tools, else call the model. None when settled or
         waiting. Returns the last message added."""
         return self.advance(stream).message
@@ -210,13 +217,13 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         background worker runs, one per job, without reading the transcript again."""
         return drive(self._advancing(stream), self.store)
 
-    def complete(self, stream: StreamCallback | None = None) -> Any:
+    def complete(self, stream: StreamCallback | None = None) -> MessageT:
         """Step until settled or waiting; returns the last message."""
         return drive(self._completing(stream), self.store)
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
+    ) -> MessageT:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
         return drive(self._completing(stream, (content, attachments)), self.store)
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from ..engine import Conversation, StreamCallback
+    from .messages import AbstractMessage
 
 __all__ = ["ConversationDelegations"]
 
@@ -28,7 +29,7 @@ class ConversationDelegations:
     if TYPE_CHECKING:
 
         @property
-        def conversation(self) -> Conversation: ...  # AbstractChat's, one per instance
+        def conversation(self) -> Conversation[AbstractMessage]: ...  # AbstractChat's, one per instance
 
     # configuration (each persists and returns the chat)
     def with_model(self, model: str, provider: str | None = None) -> Self:
@@ -159,23 +160,23 @@ class ConversationDelegations:
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
+    ) -> AbstractMessage:
         """``ask_later`` then ``complete``; returns the answer (a ``Message``)."""
         return self.conversation.ask(content, stream, attachments=attachments)
 
-    def generate(self, stream: StreamCallback | None = None) -> Any:
+    def generate(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """One model call; returns the saved assistant ``Message``."""
         return self.conversation.generate(stream)
 
-    def run_tools(self) -> list[Any]:
+    def run_tools(self) -> list[AbstractMessage]:
         """Run pending tool calls; returns the saved tool ``Message`` rows."""
         return self.conversation.run_tools()
 
-    def step(self, stream: StreamCallback | None = None) -> Any:
+    def step(self, stream: StreamCallback | None = None) -> AbstractMessage | None:
         """The next move, or None when complete or waiting."""
         return self.conversation.step(stream)
 
-    def complete(self, stream: StreamCallback | None = None) -> Any:
+    def complete(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """Step until complete or waiting; returns the last ``Message``."""
         return self.conversation.complete(stream)
 

@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from ..conf import agentloop_settings
@@ -19,12 +22,14 @@ __all__ = [
     "BUILTINS",
     "ChunkCallback",
     "Provider",
+    "available",
     "forget_configured",
     "get",
     "register",
     "registered",
     "resolve",
     "split_model",
+    "this_process",
     "unregister",
 ]
 
@@ -118,12 +123,55 @@ def get(name: str) -> Provider:
                 provider = _registry.setdefault(name, provider)
                 _made.add(name)
     if provider is None:
-        available = ", ".join(sorted(_registry)) or "none"
-        raise UnknownProviderError(
-            f"No provider is registered as {name!r} (registered: {available}). "
-            f"Register one with agentloop.providers.register({name!r}, provider)."
-        )
+        raise UnknownProviderError(_unknown_message(name))
     return provider
+
+
+def available() -> list[str]:
+    """The provider names this process was given: registered with :func:`register`, or
+    configured in ``AGENTLOOP["PROVIDERS"]`` (a built-in with settings, or a ``"class"``).
+
+    Built-ins nobody configured are left out, made on first use or not: listing them would
+    say a provider was set up when the process only knows its class."""
+    configured = {
+        name
+        for name, options in agentloop_settings.PROVIDERS.items()
+        if (options or {}).get("class") or name in BUILTINS
+    }
+    with _lock:
+        registered_here = {name for name in _registry if name not in _made}
+    return sorted(registered_here | configured)
+
+
+def this_process() -> str:
+    """This process, as an error names it: its pid and its command (``celery -A mysite
+    worker``), so an error read elsewhere (the admin, a shell) says where it happened."""
+    argv = sys.argv or [""]
+    words = [Path(argv[0]).name or "python", *argv[1:4]]
+    command = " ".join(words)
+    if len(command) > 60:
+        command = command[:57] + "..."
+    return f"process {os.getpid()} ({command})"
+
+
+def _unknown_message(name: str) -> str:
+    """One line: which process lacks ``name``, what it has, and how every process gets it."""
+    names = ", ".join(available()) or "none"
+    setting = f"AGENTLOOP['PROVIDERS'][{name!r}]"
+    if name in agentloop_settings.PROVIDERS:
+        fix = f'{setting} has no "class": name the provider class there'
+    else:
+        fix = (
+            f'set {setting} = {{"class": "<module>.<ProviderClass>"}} in settings, or call '
+            f"agentloop.providers.register({name!r}, provider) in an AppConfig.ready(), so "
+            "every process (web, shell, worker) has it; register() in a shell reaches that "
+            "shell only"
+        )
+    return (
+        f"No provider is registered as {name!r} in {this_process()} "
+        f"(registered or configured there: {names}): {fix} "
+        '(see "Model providers" in the agentloop docs).'
+    )
 
 
 def split_model(model: str, provider: str | None = None) -> tuple[str, str]:

@@ -133,7 +133,7 @@ class GoogleCredentials:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ConfigurationError(
                 f"No usable Google credentials for provider {self.provider!r} from {where}: "
-                f"{reason} (see docs/providers/vertex-ai.md)"
+                f'{reason} (see "Google Vertex AI" in the agentloop docs)'
             ) from exc
         self._project = project or getattr(credentials, "project_id", None) or None
         return credentials
