@@ -56,6 +56,13 @@ LOCAL_IMPORTS = {
 #: the deprecated aliases above climb back up on purpose until they go; no other import does.
 DEPRECATED = {edge for edge, why in LOCAL_IMPORTS.items() if why.startswith("deprecated")}
 
+#: Type-only imports that close a circle on purpose: the models' own relations, which Django
+#: resolves by name at run time (a Message row has a foreign key to its Chat; a chat's verbs
+#: return Message rows). Nothing is imported at run time.
+MODEL_RELATIONS = {
+    ("agentloop.models.delegations", "agentloop.models.messages"): "a chat's verbs' rows",
+}
+
 #: Function-local imports of other packages: optional extras, and Django read when used.
 OPTIONAL = {
     "azure": "the azure extra",
@@ -146,15 +153,12 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles_counting_every_import():
     """At import time, under TYPE_CHECKING and inside functions alike, every import points
     down the layers; a package importing its own submodules counts too."""
-    edges = {
-        name: {
-            target
-            for found in imports(name, path).values()
-            for target in found
-            if (name, target) not in DEPRECATED
-        }
-        for name, path in modules()
-    }
+    edges: dict[str, set[str]] = {}
+    for name, path in modules():
+        found = imports(name, path)
+        typing_only = {target for target in found["typing"] if (name, target) in MODEL_RELATIONS}
+        every = found["top"] | found["local"] | (found["typing"] - typing_only)
+        edges[name] = {target for target in every if (name, target) not in DEPRECATED}
     cycles = _cycles(edges)
     assert cycles == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 

@@ -29,7 +29,8 @@ class ConversationDelegations:
     if TYPE_CHECKING:
 
         @property
-        def conversation(self) -> Conversation[AbstractMessage]: ...  # AbstractChat's, one per instance
+        # AbstractChat's, one per instance.
+        def conversation(self) -> Conversation[AbstractMessage]: ...
 
     # configuration (each persists and returns the chat)
     def with_model(self, model: str, provider: str | None = None) -> Self:
