@@ -61,7 +61,14 @@ def test_another_process_reads_the_chats_message_and_chunk_events(background, us
 
     background.wait(lambda: settled(chat), "the chat to settle")
 
-    events = get_backend().read(chat_key(chat), after=None, timeout=0.1)
+    def answered() -> list[dict]:
+        # The worker publishes from a bounded queue of its own, not in the step: the answer's
+        # event may come a moment after the chat row settled.
+        events = get_backend().read(chat_key(chat), after=None, timeout=0.1)
+        return events if events and events[-1]["data"].get("role") == "assistant" else []
+
+    background.wait(answered, "the answer's event")
+    events = answered()
     assert [(e["type"], e["data"].get("role"), e["data"].get("text")) for e in events] == [
         ("message", "user", None),  # published here, by ask_later
         ("chunk", None, "w0 "),  # the rest by the worker
