@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Self
+from typing import Any, Generic, Self
 
 from .drivers import drive_async
 from .effects import Effects
-from .results import StepResult
+from .results import MessageT, StepResult
 from .store import ChatStore
 from .streaming import StreamCallback
 
 __all__ = ["AsyncVerbs"]
 
 
-class AsyncVerbs:
+class AsyncVerbs(Generic[MessageT]):
     """``agenerate``, ``arun_tools``, ``astep``, ``acomplete``, ``aask``, ``aask_later``,
     ``acancel`` and the async reads: what a Conversation offers to async code."""
 
@@ -34,16 +34,16 @@ class AsyncVerbs:
     is_complete: Callable[[], bool]
     is_waiting: Callable[[], bool]
 
-    async def agenerate(self, stream: StreamCallback | None = None) -> Any:
+    async def agenerate(self, stream: StreamCallback | None = None) -> MessageT:
         """``generate()`` for async code; ``stream`` may be sync or ``async def``."""
         return await drive_async(self._generating(stream), self.store)
 
-    async def arun_tools(self) -> list[Any]:
+    async def arun_tools(self) -> list[MessageT]:
         """``run_tools()`` for async code: ``async def`` tools are awaited on this loop,
         sync tools run on a thread."""
         return await drive_async(self._running_tools(), self.store)
 
-    async def astep(self, stream: StreamCallback | None = None) -> Any:
+    async def astep(self, stream: StreamCallback | None = None) -> MessageT | None:
         """``step()`` for async code."""
         return (await self.aadvance(stream)).message
 
@@ -51,13 +51,13 @@ class AsyncVerbs:
         """``advance()`` for async code."""
         return await drive_async(self._advancing(stream), self.store)
 
-    async def acomplete(self, stream: StreamCallback | None = None) -> Any:
+    async def acomplete(self, stream: StreamCallback | None = None) -> MessageT:
         """``complete()`` for async code."""
         return await drive_async(self._completing(stream), self.store)
 
     async def aask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
+    ) -> MessageT:
         """``ask()`` for async code; returns the answer."""
         return await drive_async(self._completing(stream, (content, attachments)), self.store)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -34,7 +34,7 @@ from .drivers import drive
 from .effects import Effects
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
-from .results import StepResult
+from .results import MessageT, StepResult
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
@@ -82,14 +82,7 @@ class _Run:
     halted: HaltedRelease | None = None
 
 
-#: the message type a conversation's verbs return: ``agentloop.Message`` in memory, the
-#: message model (``agentloop.models.Message``) for a persisted chat.
-MessageT = TypeVar("MessageT")
-
-
-class Conversation(
-    Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs, Generic[MessageT]
-):
+class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs[MessageT]):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the

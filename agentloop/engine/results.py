@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["StepResult"]
+__all__ = ["MessageT", "StepResult"]
+
+#: the message type a conversation's verbs return: ``agentloop.Message`` in memory, the
+#: message model (``agentloop.models.Message``) for a persisted chat.
+MessageT = TypeVar("MessageT")
 
 
 @dataclass(frozen=True)

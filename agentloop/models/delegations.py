@@ -198,23 +198,23 @@ class ConversationDelegations:
 
     async def aask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
-    ) -> Any:
+    ) -> AbstractMessage:
         """``ask`` for async code; ``stream`` may be sync or ``async def``."""
         return await self.conversation.aask(content, stream, attachments=attachments)
 
-    async def agenerate(self, stream: StreamCallback | None = None) -> Any:
+    async def agenerate(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """``generate`` for async code."""
         return await self.conversation.agenerate(stream)
 
-    async def arun_tools(self) -> list[Any]:
+    async def arun_tools(self) -> list[AbstractMessage]:
         """``run_tools`` for async code (``async def`` tools awaited, sync ones on a thread)."""
         return await self.conversation.arun_tools()
 
-    async def astep(self, stream: StreamCallback | None = None) -> Any:
+    async def astep(self, stream: StreamCallback | None = None) -> AbstractMessage | None:
         """``step`` for async code."""
         return await self.conversation.astep(stream)
 
-    async def acomplete(self, stream: StreamCallback | None = None) -> Any:
+    async def acomplete(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """``complete`` for async code."""
         return await self.conversation.acomplete(stream)
 

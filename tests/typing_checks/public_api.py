@@ -51,3 +51,18 @@ def persisted() -> None:
     assert_type(chat.ask("Hi").content, str)
     assert_type(chat.ask("Hi"), AbstractMessage)
     assert_type(chat.step(), AbstractMessage | None)
+
+
+async def in_memory_async() -> None:
+    chat = agentloop.chat("offline:any", tools=[add])
+    assert_type(await chat.aask("What is 2 + 3?"), Message)
+    assert_type(await chat.astep(), Message | None)
+    assert_type(await chat.arun_tools(), list[Message])
+    assert_type(await chat.acomplete(), Message)
+
+
+async def persisted_async() -> None:
+    chat = Chat(model="offline:any")
+    assert_type(await chat.aask("Hi"), AbstractMessage)
+    assert_type(await chat.astep(), AbstractMessage | None)
+    assert_type(await chat.acomplete(), AbstractMessage)
