@@ -104,11 +104,13 @@ def error_line(text: str) -> str:
 @dataclass
 class ChatRequest:
     """What a ``useChat`` request asks for: a new user message (``text``), or decisions on
-    waiting calls (``(call pk, approved, reason)``); ``problem`` when it asks for neither."""
+    waiting calls: approvals (``(call pk, approved, reason)``) and answers to questions
+    (``(toolCallId, text)``, from ``addToolOutput``); ``problem`` when it asks for none."""
 
     chat_pk: int | None = None
     text: str = ""
     decisions: list[tuple[int, bool, str]] = field(default_factory=list)
+    answers: list[tuple[str, str]] = field(default_factory=list)
     problem: str = ""
 
 
@@ -117,7 +119,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
 
     Only the last message counts: a user message's text parts (the history comes from
     the database, so an edited history changes nothing), or an assistant message's
-    approval responses (tool parts in state ``approval-responded``).
+    approval responses (tool parts in state ``approval-responded``) and tool outputs
+    (``output-available``: the answer to a call waiting for one; others are ignored).
     """
     if not isinstance(body, dict):
         return ChatRequest(problem="The request must be a JSON object.")
@@ -141,9 +144,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         text = "".join(texts).strip()
         return ChatRequest(chat_pk, text=text, problem="" if text else "The message has no text.")
     if last.get("role") == "assistant":  # type: ignore[union-attr]
-        decisions = _decisions(parts)
-        problem = "" if decisions else "The last message answers no approval request."
-        return ChatRequest(chat_pk, decisions=decisions, problem=problem)
+        decisions, answers = _decisions(parts), _answers(parts)
+        problem = "" if decisions or answers else "The last message decides nothing."
+        return ChatRequest(chat_pk, decisions=decisions, answers=answers, problem=problem)
     return ChatRequest(chat_pk, problem="The last message must be the user's, or approvals.")
 
 
@@ -163,6 +166,21 @@ def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
         reason = reason[:2000] if isinstance(reason, str) else ""
         decisions.setdefault(call_pk, (call_pk, approval["approved"], reason))
     return list(decisions.values())
+
+
+def _answers(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    answers: dict[str, tuple[str, str]] = {}
+    for part in parts:
+        kind = str(part.get("type") or "")
+        tool_call_id = part.get("toolCallId")
+        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
+            continue
+        if part.get("state") != "output-available" or not isinstance(tool_call_id, str):
+            continue
+        output = part.get("output")
+        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        answers.setdefault(tool_call_id, (tool_call_id, text))
+    return list(answers.values())
 
 
 @dataclass

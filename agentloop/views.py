@@ -194,6 +194,21 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
                     chat.deny(call_pk, reason=reason, by=request.user)
             except (ToolCallNotWaitingError, InvalidArgumentsError) as exc:
                 return _refused(str(exc), 409)
+        # Tool outputs from the page answer the calls waiting for an answer; the others
+        # are the results the page was sent, and are left alone.
+        asking = set(
+            chat.tool_calls.filter(state="waiting", wait_reason="question").values_list(
+                "call_id", flat=True
+            )
+        )
+        answers = [(call_id, text) for call_id, text in asked.answers if call_id in asking]
+        if not asked.decisions and not answers:
+            return _refused("Nothing in the last message is waiting for a decision.", 409)
+        for call_id, text in answers:
+            try:
+                chat.answer(call_id, text, by=request.user)
+            except ToolCallNotWaitingError as exc:
+                return _refused(str(exc), 409)
     floor = max([user_pk, *(row.pk for row in rows)])
     head = [encode(chunk) for chunk in translator.start(answer_message_id(user_pk))]
     return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))

@@ -24,6 +24,7 @@ from agentloop.exceptions import AuthenticationError
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream, tool_call
+from agentloop.tools import AskPerson
 from tests.tools import add, transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -312,6 +313,41 @@ def test_a_new_message_while_calls_wait_is_409(owner, chat, waiting):
 
     assert response.status_code == 409
     assert b"waiting tool calls" in response.content
+
+
+def test_a_question_is_a_data_part_and_a_tool_output_from_the_page_answers_it(
+    owner, user, chat, scripted
+):
+    chat.with_tools(AskPerson)
+    scripted.add(tool_call("ask_person", {"question": "Which city?"}, id="q1"), "Lisbon it is.")
+    asked = read_parts(post(owner, body(chat, user_says("Plan a trip"))))
+    call = ToolCall.objects.get(call_id="q1")
+    output = {  # what addToolOutput({toolCallId: "q1", output: "Lisbon"}) makes of the part
+        "id": asked[0]["messageId"],
+        "role": "assistant",
+        "parts": [
+            {"type": "step-start"},
+            {"type": "dynamic-tool", "toolName": "ask_person", "toolCallId": "q1",
+             "input": {"question": "Which city?"}, "state": "output-available", "output": "Lisbon"},
+        ],
+    }  # fmt: skip
+
+    resumed = read_parts(post(owner, body(chat, output)))
+    again = post(owner, body(chat, output))
+
+    assert asked[-2:] == [
+        {
+            "type": "data-agentloop-question",
+            "id": f"question-{call.pk}",
+            "data": {"callId": call.pk, "toolCallId": "q1", "question": "Which city?"},
+        },
+        {"type": "finish", "finishReason": "tool-calls"},
+    ]
+    assert resumed[1] == {"type": "tool-output-available", "toolCallId": "q1", "output": "Lisbon"}
+    assert text_of(resumed) == "Lisbon it is."
+    call.refresh_from_db()
+    assert (call.decision, call.decided_by_id) == ("answered", user.pk)
+    assert again.status_code == 409  # nothing waits any more
 
 
 # -- cancel ---------------------------------------------------------------------------------------
