@@ -148,9 +148,11 @@ def _refused(reason: str, status: int) -> HttpResponse:
     return HttpResponse(reason, status=status, content_type="text/plain")
 
 
+# The useChat views are sync: their setup is a few queries, and under ASGI the response
+# still streams through an async iterator (agentloop.ui_live), holding no thread.
 @require_POST
 @login_required
-async def usechat(request: HttpRequest) -> HttpResponseBase:
+def usechat(request: HttpRequest) -> HttpResponseBase:
     """``useChat``'s POST: the last message's text is added to the chat (or its approval
     responses decided, as the approve and deny views do) and the chat runs in the
     background; the answer is streamed as it is saved, to the end of the run."""
@@ -161,7 +163,7 @@ async def usechat(request: HttpRequest) -> HttpResponseBase:
     asked = parse_chat_request(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-    started = await sync_to_async(_start_run)(request, asked)
+    started = _start_run(request, asked)
     if isinstance(started, HttpResponse):
         return started
     return ui_stream_response(request, started)
@@ -216,10 +218,10 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
 
 @require_GET
 @login_required
-async def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
+def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-    follower = await sync_to_async(_resume_run)(request, pk)
+    follower = _resume_run(request, pk)
     if follower is None:
         return HttpResponse(status=204)
     return ui_stream_response(request, follower)
