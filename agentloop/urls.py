@@ -16,4 +16,8 @@ urlpatterns = [
     ),
     path("chats/<int:pk>/tool-calls/<int:call_pk>/deny/", views.deny_tool_call, name="deny"),
     path("chats/<int:pk>/tool-calls/<int:call_pk>/answer/", views.answer_tool_call, name="answer"),
+    # useChat (the AI SDK): no trailing slash, as its transport appends "/<id>/stream".
+    path("usechat", views.usechat, name="usechat"),
+    path("usechat/<int:pk>/stream", views.usechat_stream, name="usechat-stream"),
+    path("usechat/<int:pk>/messages", views.usechat_messages, name="usechat-messages"),
 ]

@@ -3,6 +3,10 @@
 Only the owner or permitted staff get through; anyone else gets 404 (not 403: a
 chat's existence is not disclosed). POST answers are 204 for ``fetch``/XHR callers
 and a redirect back for plain HTML forms.
+
+The ``usechat`` views speak the AI SDK's UI message stream protocol (``useChat``;
+docs/frontends.md): a message or approvals in, the run streamed out; the resume stream;
+the history as ``UIMessage`` objects.
 """
 
 from __future__ import annotations
@@ -12,15 +16,23 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from .conf import get_chat_model
-from .exceptions import InvalidArgumentsError, ToolCallNotWaitingError
+from .exceptions import (
+    ChatBusyError,
+    InvalidArgumentsError,
+    PendingToolCallsError,
+    ToolCallNotWaitingError,
+)
 from .permissions import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
-from .sse import stream_response
+from .sse import ReaderAccess, resume_point, stream_response
+from .ui_live import IN_FLIGHT, RunFollower, ui_stream_response
+from .ui_messages import row_payload, turn_rows, ui_messages
+from .ui_stream import UIStreamTranslator, answer_message_id, encode, error_line, parse_chat_request
 
 __all__ = [
     "answer_tool_call",
@@ -33,6 +45,9 @@ __all__ = [
     "get_chat_for_change",
     "get_chat_for_view",
     "get_chat_model",
+    "usechat",
+    "usechat_messages",
+    "usechat_stream",
 ]
 
 
@@ -126,3 +141,119 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     """
     chat = await sync_to_async(get_chat_for_view)(request, pk)
     return stream_response(request, chat)
+
+
+# -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
+def _refused(reason: str, status: int) -> HttpResponse:
+    return HttpResponse(reason, status=status, content_type="text/plain")
+
+
+# The useChat views are sync: their setup is a few queries, and under ASGI the response
+# still streams through an async iterator (agentloop.ui_live), holding no thread.
+@require_POST
+@login_required
+def usechat(request: HttpRequest) -> HttpResponseBase:
+    """``useChat``'s POST: the last message's text is added to the chat (or its approval
+    responses decided, as the approve and deny views do) and the chat runs in the
+    background; the answer is streamed as it is saved, to the end of the run."""
+    try:
+        body = json.loads(request.body or b"null")
+    except ValueError:
+        return _refused("The request must be JSON.", 400)
+    asked = parse_chat_request(body)
+    if asked.problem:
+        return _refused(asked.problem, 400)
+    started = _start_run(request, asked)
+    if isinstance(started, HttpResponse):
+        return started
+    return ui_stream_response(request, started)
+
+
+def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
+    chat = get_chat_for_change(request, asked.chat_pk)
+    # Read before anything is written: what is saved from now on is streamed.
+    position = resume_point(chat)
+    translator = UIStreamTranslator()
+    user_pk, rows = turn_rows(chat)
+    if asked.text:
+        try:
+            chat.ask_later(asked.text, if_busy="reject")
+        except ChatBusyError:
+            return _refused("The chat is answering already: wait, or cancel its run.", 409)
+        except PendingToolCallsError:
+            return _refused("Approve or deny the waiting tool calls first.", 409)
+        user_pk, rows = turn_rows(chat)
+        if chat.state not in IN_FLIGHT:
+            chat.complete_later()
+    else:
+        for row in rows:  # the page shows this turn already: its calls get results now
+            translator.know(row_payload(row))
+        for call_pk, approved, reason in asked.decisions:
+            try:
+                if approved:
+                    chat.approve(call_pk, by=request.user)
+                else:
+                    chat.deny(call_pk, reason=reason, by=request.user)
+            except (ToolCallNotWaitingError, InvalidArgumentsError) as exc:
+                return _refused(str(exc), 409)
+        # Tool outputs from the page answer the calls waiting for an answer; the others
+        # are the results the page was sent, and are left alone.
+        asking = set(
+            chat.tool_calls.filter(state="waiting", wait_reason="question").values_list(
+                "call_id", flat=True
+            )
+        )
+        answers = [(call_id, text) for call_id, text in asked.answers if call_id in asking]
+        if not asked.decisions and not answers:
+            return _refused("Nothing in the last message is waiting for a decision.", 409)
+        for call_id, text in answers:
+            try:
+                chat.answer(call_id, text, by=request.user)
+            except ToolCallNotWaitingError as exc:
+                return _refused(str(exc), 409)
+    floor = max([user_pk, *(row.pk for row in rows)])
+    head = [encode(chunk) for chunk in translator.start(answer_message_id(user_pk))]
+    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+
+
+@require_GET
+@login_required
+def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
+    else the turn so far (from the database) and then the rest of it, live."""
+    follower = _resume_run(request, pk)
+    if follower is None:
+        return HttpResponse(status=204)
+    return ui_stream_response(request, follower)
+
+
+def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:
+    chat = get_chat_for_view(request, pk)
+    if chat.state not in IN_FLIGHT:
+        return None
+    position = resume_point(chat)  # before the rows: a row saved in between comes twice
+    user_pk, rows = turn_rows(chat)
+    translator = UIStreamTranslator()
+    chunks = translator.start(answer_message_id(user_pk))
+    for row in rows:
+        chunks += translator.event({"type": "message", "data": row_payload(row)})
+    floor = max([user_pk, *(row.pk for row in rows)])
+    head = [encode(chunk) for chunk in chunks]
+    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+
+
+@require_GET
+@login_required
+def usechat_messages(request: HttpRequest, pk: int) -> JsonResponse:
+    """The chat as ``UIMessage`` objects (``useChat``'s initial ``messages``), its state,
+    and whether a run is in flight (then resume its stream)."""
+    chat = get_chat_for_view(request, pk)
+    return JsonResponse(
+        {
+            "id": str(chat.pk),
+            "state": chat.state,
+            "running": chat.state in IN_FLIGHT,
+            "error": error_line(chat.error) if chat.state == "failed" else "",
+            "messages": ui_messages(chat),
+        }
+    )

@@ -1,0 +1,437 @@
+"""A chat's live events as the AI SDK's UI message stream (what ``useChat`` reads): translation.
+
+Pure: no database, no request. :class:`UIStreamTranslator` takes the events of
+``agentloop.events`` (saved ``message`` rows, streamed ``chunk`` and
+``tool_call_delta`` pieces, ``partial`` answers of the database backend) and the chat's
+state, and returns the protocol's parts, as dicts; :func:`encode` writes one as an SSE
+``data:`` line. ``agentloop.ui_live`` reads the events and drives it; the views serve it.
+
+One assistant UI message per turn (everything that answers a user message, tool rounds
+included), id ``a<pk of that user message>``; each model answer is one step in it:
+
+- streamed text: ``text-start`` / ``text-delta`` / ``text-end``; streamed tool calls:
+  ``tool-input-start`` / ``tool-input-delta``;
+- the saved answer: ``tool-input-available`` per call (``dynamic``: the page knows no
+  tool types), then ``finish-step``. The saved row is the truth: when it differs from
+  what was streamed (a retried answer, thinking that is only saved, not streamed), the
+  step is sent again from it after a ``reset-step``;
+- a tool result: ``tool-output-available``, ``tool-output-error``, or
+  ``tool-output-denied`` for a call a person denied;
+- a call waiting for a person's approval: ``tool-approval-request`` (the approval id is
+  the ``ToolCall`` row's pk); a question: a ``data-agentloop-question`` part;
+- the end of the run: ``finish`` (``stop``; ``tool-calls`` when it waits for a person;
+  ``other`` when a limit stopped it, the reason in the message's metadata), ``abort``
+  after a cancel (metadata ``{"cancelled": true}``), or one ``error`` line when it failed.
+
+Texts from models and tools are passed on as data; the page must show them as text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "DONE",
+    "HEADERS",
+    "QUESTION_PART",
+    "ChatRequest",
+    "Chunk",
+    "UIStreamTranslator",
+    "answer_message_id",
+    "approval_id",
+    "encode",
+    "error_line",
+    "parse_approval_id",
+    "parse_chat_request",
+    "user_message_id",
+]
+
+#: one part of the stream: {"type": "text-delta", "id": ..., "delta": ...}.
+Chunk = dict[str, Any]
+
+#: the response headers the protocol names (version 1 of the UI message stream).
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # nginx: pass parts on as they come
+    "x-vercel-ai-ui-message-stream": "v1",
+}
+#: the last line of a stream.
+DONE = b"data: [DONE]\n\n"
+#: the type of the data part that shows a call's question to a person.
+QUESTION_PART = "data-agentloop-question"
+#: the longest error line sent (a chat's ``error`` is one line already; this bounds it).
+_ERROR_CHARACTERS = 500
+
+
+def encode(chunk: Chunk) -> bytes:
+    """One part as an SSE event: ``data: <JSON>`` and a blank line."""
+    body = json.dumps(chunk, ensure_ascii=False, separators=(",", ":"), default=str)
+    return b"data: " + body.encode() + b"\n\n"
+
+
+def user_message_id(pk: Any) -> str:
+    """The UI message id of a user message row."""
+    return f"u{pk}"
+
+
+def answer_message_id(user_pk: Any) -> str:
+    """The UI message id of the turn answering the user message ``user_pk`` (``a0``: the
+    rows before any user message)."""
+    return f"a{user_pk or 0}"
+
+
+def approval_id(call_pk: Any) -> str:
+    """The approval id of a waiting call: its ``ToolCall`` pk, as text."""
+    return str(call_pk)
+
+
+def parse_approval_id(value: Any) -> int | None:
+    """The ``ToolCall`` pk an approval id names, or None when it names none."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value)
+    return None
+
+
+def error_line(text: str) -> str:
+    """What a page is told of a failure: the first line, bounded (no traceback)."""
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    line = line or "The chat failed."
+    return line if len(line) <= _ERROR_CHARACTERS else line[: _ERROR_CHARACTERS - 1] + "…"
+
+
+@dataclass
+class ChatRequest:
+    """What a ``useChat`` request asks for: a new user message (``text``), or decisions on
+    waiting calls: approvals (``(call pk, approved, reason)``) and answers to questions
+    (``(toolCallId, text)``, from ``addToolOutput``); ``problem`` when it asks for none."""
+
+    chat_pk: int | None = None
+    text: str = ""
+    decisions: list[tuple[int, bool, str]] = field(default_factory=list)
+    answers: list[tuple[str, str]] = field(default_factory=list)
+    problem: str = ""
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Read the AI SDK's chat request (``{"id", "messages", "trigger", ...}``).
+
+    Only the last message counts: a user message's text parts (the history comes from
+    the database, so an edited history changes nothing), or an assistant message's
+    approval responses (tool parts in state ``approval-responded``) and tool outputs
+    (``output-available``: the answer to a call waiting for one; others are ignored).
+    """
+    if not isinstance(body, dict):
+        return ChatRequest(problem="The request must be a JSON object.")
+    chat_id = body.get("id")
+    chat_pk = parse_approval_id(str(chat_id)) if isinstance(chat_id, str | int) else None
+    if chat_pk is None or isinstance(chat_id, bool):
+        return ChatRequest(problem="id must be the chat's id.")
+    trigger = body.get("trigger", "submit-message")
+    if trigger != "submit-message":
+        return ChatRequest(chat_pk, problem="Only new messages and approvals are taken here.")
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    parts = last.get("parts") if isinstance(last, dict) else None
+    if not isinstance(parts, list):
+        return ChatRequest(chat_pk, problem="messages must end with a message with parts.")
+    parts = [part for part in parts if isinstance(part, dict)]
+    if last.get("role") == "user":  # type: ignore[union-attr]
+        texts = [
+            p["text"] for p in parts if p.get("type") == "text" and isinstance(p.get("text"), str)
+        ]
+        text = "".join(texts).strip()
+        return ChatRequest(chat_pk, text=text, problem="" if text else "The message has no text.")
+    if last.get("role") == "assistant":  # type: ignore[union-attr]
+        decisions, answers = _decisions(parts), _answers(parts)
+        problem = "" if decisions or answers else "The last message decides nothing."
+        return ChatRequest(chat_pk, decisions=decisions, answers=answers, problem=problem)
+    return ChatRequest(chat_pk, problem="The last message must be the user's, or approvals.")
+
+
+def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
+    decisions: dict[int, tuple[int, bool, str]] = {}
+    for part in parts:
+        kind = str(part.get("type") or "")
+        approval = part.get("approval")
+        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
+            continue
+        if part.get("state") != "approval-responded" or not isinstance(approval, dict):
+            continue
+        call_pk = parse_approval_id(approval.get("id"))
+        if call_pk is None or not isinstance(approval.get("approved"), bool):
+            continue
+        reason = approval.get("reason")
+        reason = reason[:2000] if isinstance(reason, str) else ""
+        decisions.setdefault(call_pk, (call_pk, approval["approved"], reason))
+    return list(decisions.values())
+
+
+def _answers(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    answers: dict[str, tuple[str, str]] = {}
+    for part in parts:
+        kind = str(part.get("type") or "")
+        tool_call_id = part.get("toolCallId")
+        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
+            continue
+        if part.get("state") != "output-available" or not isinstance(tool_call_id, str):
+            continue
+        output = part.get("output")
+        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        answers.setdefault(tool_call_id, (tool_call_id, text))
+    return list(answers.values())
+
+
+@dataclass
+class _Step:
+    """The answer streaming now: what the page was sent of it."""
+
+    text_id: str | None = None  # the open text part
+    text: str = ""
+    tools: dict[int, str] = field(default_factory=dict)  # delta index -> toolCallId
+
+
+class UIStreamTranslator:
+    """Turns one chat's events into UI message stream parts (one stream, one reader).
+
+    It remembers what it sent: the message rows (a row read twice is sent once), the
+    calls it showed (results and approvals refer to them), the approvals asked for.
+    """
+
+    def __init__(self) -> None:
+        #: pks of the message rows sent (or known to the page already).
+        self.sent_rows: set[int] = set()
+        #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
+        self.calls: dict[int, str] = {}
+        #: a saved answer of this stream was cancelled.
+        self.cancelled = False
+        self._requested: set[int] = set()
+        self._asked: set[int] = set()
+        self._step: _Step | None = None
+        self._count = 0
+
+    # -- what the page has already ------------------------------------------------------
+    def know(self, payload: dict[str, Any]) -> None:
+        """Note a message row (``events.message_payload``) the page shows already."""
+        self.sent_rows.add(payload["id"])
+        for call in payload.get("tool_calls") or []:
+            self.calls[call["id"]] = call["call_id"]
+
+    # -- the stream ---------------------------------------------------------------------
+    def start(self, message_id: str) -> list[Chunk]:
+        """The first part: the UI message the parts that follow belong to."""
+        return [{"type": "start", "messageId": message_id}]
+
+    def event(self, event: dict[str, Any]) -> list[Chunk]:
+        """The parts of one event (``{"type": ..., "data": {...}}``); [] for others."""
+        data = event.get("data") or {}
+        kind = event.get("type")
+        if kind == "chunk":
+            return self._text(str(data.get("text") or ""))
+        if kind == "partial":
+            return self._partial(str(data.get("content") or ""))
+        if kind == "tool_call_delta":
+            return self._tool_delta(data)
+        if kind == "message" and data.get("role") == "assistant":
+            return self._answer(data)
+        if kind == "message" and data.get("role") == "tool":
+            return self._result(data)
+        if kind == "message" and "id" in data:
+            self.sent_rows.add(data["id"])  # a user or summary row: not part of an answer
+        return []
+
+    def pending(self, calls: list[dict[str, Any]]) -> list[Chunk]:
+        """Parts for the calls waiting for a person (``{"id", "wait_reason", "question"}``
+        rows): an approval request, or a question, once each, for calls the page shows."""
+        out: list[Chunk] = []
+        for call in calls:
+            pk = call["id"]
+            tool_call_id = self.calls.get(pk)
+            if tool_call_id is None:
+                continue  # not a call of this answer (a subagent's, or never shown)
+            if call.get("wait_reason") == "approval" and pk not in self._requested:
+                self._requested.add(pk)
+                out.append(
+                    {
+                        "type": "tool-approval-request",
+                        "approvalId": approval_id(pk),
+                        "toolCallId": tool_call_id,
+                    }
+                )
+            elif call.get("wait_reason") == "question" and pk not in self._asked:
+                self._asked.add(pk)
+                out.append(
+                    {
+                        "type": QUESTION_PART,
+                        "id": f"question-{pk}",
+                        "data": {
+                            "callId": pk,
+                            "toolCallId": tool_call_id,
+                            "question": call.get("question") or "",
+                        },
+                    }
+                )
+        return out
+
+    def end(self, state: str, error: str = "", stop_reason: str = "") -> list[Chunk]:
+        """The last parts, for a run that is over in ``state`` (idle, waiting, stopped,
+        failed)."""
+        out = self._close_step()
+        if state == "failed":
+            return [*out, {"type": "error", "errorText": error_line(error)}]
+        if self.cancelled:
+            out.append({"type": "message-metadata", "messageMetadata": {"cancelled": True}})
+            return [*out, {"type": "abort", "reason": "cancelled"}]
+        if state == "waiting":
+            return [*out, {"type": "finish", "finishReason": "tool-calls"}]
+        if state == "stopped":
+            metadata = {"stopReason": error_line(stop_reason) if stop_reason else "stopped"}
+            return [*out, {"type": "finish", "finishReason": "other", "messageMetadata": metadata}]
+        return [*out, {"type": "finish", "finishReason": "stop"}]
+
+    # -- streaming pieces ---------------------------------------------------------------
+    def _new_id(self, kind: str) -> str:
+        self._count += 1
+        return f"{kind}-{self._count}"
+
+    def _open(self, out: list[Chunk]) -> _Step:
+        if self._step is None:
+            self._step = _Step()
+            out.append({"type": "start-step"})
+        return self._step
+
+    def _text(self, text: str) -> list[Chunk]:
+        if not text:
+            return []
+        out: list[Chunk] = []
+        step = self._open(out)
+        if step.text_id is None:
+            step.text_id = self._new_id("text")
+            out.append({"type": "text-start", "id": step.text_id})
+        out.append({"type": "text-delta", "id": step.text_id, "delta": text})
+        step.text += text
+        return out
+
+    def _partial(self, content: str) -> list[Chunk]:
+        """The database backend's answer so far: the part of it the page lacks."""
+        step = self._step
+        if step is not None and not content.startswith(step.text):
+            # Not a continuation (the answer was retried): the step starts over.
+            self._step = _Step()
+            return [{"type": "reset-step"}, *self._text(content)]
+        return self._text(content[len(step.text) :] if step is not None else content)
+
+    def _tool_delta(self, data: dict[str, Any]) -> list[Chunk]:
+        out: list[Chunk] = []
+        index = int(data.get("index") or 0)
+        step = self._open(out)
+        tool_call_id = step.tools.get(index)
+        if tool_call_id is None:
+            if not data.get("id") or not data.get("name"):
+                return out  # a piece before the call's id and name: nothing to show yet
+            tool_call_id = step.tools[index] = str(data["id"])
+            out.append(
+                {
+                    "type": "tool-input-start",
+                    "toolCallId": tool_call_id,
+                    "toolName": str(data["name"]),
+                    "dynamic": True,
+                }
+            )
+        if data.get("arguments"):
+            out.append(
+                {
+                    "type": "tool-input-delta",
+                    "toolCallId": tool_call_id,
+                    "inputTextDelta": str(data["arguments"]),
+                }
+            )
+        return out
+
+    def _close_step(self) -> list[Chunk]:
+        step, self._step = self._step, None
+        if step is None:
+            return []
+        out = [{"type": "text-end", "id": step.text_id}] if step.text_id else []
+        return [*out, {"type": "finish-step"}]
+
+    # -- saved rows ---------------------------------------------------------------------
+    def _answer(self, data: dict[str, Any]) -> list[Chunk]:
+        """A saved answer: it closes (or replaces) the step that streamed it."""
+        pk = data["id"]
+        step = self._step
+        if pk in self.sent_rows:
+            # Sent already (read from the database before its event came): whatever
+            # streamed since was this answer again.
+            self._step = None
+            return [{"type": "reset-step"}, {"type": "finish-step"}] if step else []
+        self.know(data)
+        if data.get("status") == "cancelled":
+            self.cancelled = True
+        content = str(data.get("content") or "")
+        thinking = str(data.get("thinking") or "")
+        calls = data.get("tool_calls") or []
+        if step is None and not (content or thinking or calls):
+            return []  # nothing to show (an answer cancelled before its first word)
+        out: list[Chunk] = []
+        streamed_as_saved = (
+            step is not None
+            and step.text == content
+            and not thinking
+            and set(step.tools.values()) <= {call["call_id"] for call in calls}
+        )
+        if step is None:
+            out.append({"type": "start-step"})
+        elif streamed_as_saved:
+            if step.text_id:
+                out.append({"type": "text-end", "id": step.text_id})
+        else:
+            out.append({"type": "reset-step"})
+        if not streamed_as_saved:
+            out += self._whole_answer(content, thinking)
+        for call in calls:
+            out.append(
+                {
+                    "type": "tool-input-available",
+                    "toolCallId": call["call_id"],
+                    "toolName": call["name"],
+                    "input": call["arguments"],
+                    "dynamic": True,
+                }
+            )
+        self._step = None
+        return [*out, {"type": "finish-step"}]
+
+    def _whole_answer(self, content: str, thinking: str) -> list[Chunk]:
+        out: list[Chunk] = []
+        if thinking:
+            reasoning = self._new_id("reasoning")
+            out += [
+                {"type": "reasoning-start", "id": reasoning},
+                {"type": "reasoning-delta", "id": reasoning, "delta": thinking},
+                {"type": "reasoning-end", "id": reasoning},
+            ]
+        if content:
+            text = self._new_id("text")
+            out += [
+                {"type": "text-start", "id": text},
+                {"type": "text-delta", "id": text, "delta": content},
+                {"type": "text-end", "id": text},
+            ]
+        return out
+
+    def _result(self, data: dict[str, Any]) -> list[Chunk]:
+        """A tool result (``decision`` added by the reader: "denied" for a denial)."""
+        if data["id"] in self.sent_rows:
+            return []
+        self.sent_rows.add(data["id"])
+        tool_call_id = self.calls.get(data.get("tool_call_id"))  # type: ignore[arg-type]
+        if tool_call_id is None:
+            return []  # the result of a call the page was never shown
+        if data.get("decision") == "denied":
+            return [{"type": "tool-output-denied", "toolCallId": tool_call_id}]
+        content = str(data.get("content") or "")
+        if data.get("is_error"):
+            return [{"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": content}]
+        return [{"type": "tool-output-available", "toolCallId": tool_call_id, "output": content}]

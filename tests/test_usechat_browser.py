@@ -1,0 +1,295 @@
+"""A React page using the AI SDK's ``useChat`` (frontends/usechat/, the ``ai`` and
+``@ai-sdk/react`` packages pinned there) against agentloop's ``usechat`` views, in Chromium.
+
+The page is built with node (``npm ci`` and ``npm run build``) when its build output is
+missing or older than its sources; the output stays in the tree (git-ignored). uvicorn
+serves it (ASGI) with the test settings plus the page (tests/usechat_site/); its chats
+run in the server's embedded background threads on the "usechat" model
+(tests/usechat_site/provider.py), and the page follows them through the UI message
+stream: streamed text, a tool call, an approval given in the page, cancel, and a reload
+in the middle of an answer.
+
+Skipped when node, npm, Chromium or the ``playwright`` package is missing, except under
+``CI=true``, where that fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from agentloop.models import Chat, ChatState, Message, ToolCall
+from tests.browsers import CHROMIUM, TIMEOUT_MS, Server, free_port
+from tests.processes import REPO_ROOT
+from tests.tools import add, transfer
+from tests.usechat_site.provider import STORY
+
+FRONTEND = REPO_ROOT / "frontends" / "usechat"
+BUILT = FRONTEND / "dist" / "usechat.js"
+IN_CI = os.environ.get("CI") == "true"
+SERVER_SETTINGS = {
+    "BACKGROUND": "embedded",
+    "PARTIAL_SAVE_INTERVAL": 0.1,
+    "EVENTS_POLL_INTERVAL": 0.1,
+}
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.subprocess,
+    # tests/conftest.py: the ORM between page actions (Chromium and node are checked below)
+    pytest.mark.usefixtures("orm_next_to_playwright"),
+]
+
+
+def _missing() -> str | None:
+    for program in ("node", "npm"):
+        if shutil.which(program) is None:
+            return f"{program} is not installed (apt-get install nodejs npm)"
+    if not Path(CHROMIUM).exists():
+        return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools_available() -> None:
+    reason = _missing()
+    if reason and IN_CI:
+        pytest.fail(f"{reason}; under CI=true the useChat browser tests must run")
+    if reason:
+        pytest.skip(reason)
+
+
+def _stale() -> bool:
+    """The build is missing, or older than a source, the lock file or the configuration."""
+    if not BUILT.exists():
+        return True
+    sources = [*FRONTEND.joinpath("src").rglob("*"), FRONTEND / "package-lock.json"]
+    sources.append(FRONTEND / "vite.config.js")
+    return max(path.stat().st_mtime for path in sources) > BUILT.stat().st_mtime
+
+
+def _npm(*args: str) -> None:
+    result = subprocess.run(  # noqa: S603 - npm with fixed arguments
+        ["npm", *args],  # noqa: S607 - found on PATH, like any developer's npm
+        cwd=FRONTEND,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"npm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def frontend(_tools_available) -> Path:
+    """The built page (npm ci from the lock file when node_modules is missing)."""
+    if _stale():
+        if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
+            _npm("ci", "--no-audit", "--no-fund")
+        _npm("run", "build")
+    return BUILT
+
+
+@pytest.fixture(scope="module")
+def site(frontend, django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Server]:
+    """uvicorn (ASGI) serving the test site with the React page."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "uvicorn", "tests.asgi:application", "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    environment = {"DJANGO_SETTINGS_MODULE": "tests.usechat_site.settings"}
+    with django_db_blocker.unblock():
+        server = Server(
+            command,
+            port,
+            tmp_path_factory.mktemp("usechat") / "server.log",
+            SERVER_SETTINGS,
+            environment,
+        )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def page(_tools_available, browser, site, person) -> Iterator[object]:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    log_in(tab, site, "ada", "lovelace")
+    yield tab
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind() -> Iterator[None]:
+    """A test ends with no chat running in the server, before its rows are flushed."""
+    yield
+    Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING]).update(
+        cancel_requested_at=timezone.now()
+    )
+    deadline = time.monotonic() + 30
+    busy = Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING])
+    while busy.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def person(django_user_model):
+    return django_user_model.objects.create_user(username="ada", password="lovelace")
+
+
+@pytest.fixture
+def chat(person) -> Chat:
+    chat = Chat.objects.create(owner=person, model="usechat:test")
+    return chat.with_tools(add, transfer)  # stored by import path: the server imports them
+
+
+def log_in(page, site: Server, username: str, password: str) -> None:
+    page.goto(f"{site.url}/accounts/login/?next=/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site.url}/")
+
+
+def open_chat(page, site: Server, chat: Chat) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{site.url}/usechat/{chat.pk}/")
+    expect(page.locator("#status")).to_have_text("ready")
+
+
+def send(page, text: str) -> None:
+    from playwright.sync_api import expect
+
+    page.fill("textarea[name=text]", text)
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("li.msg-user .text").last).to_have_text(text)
+
+
+def answer_text(page):
+    return page.locator("li.msg-assistant").last.locator(".text").last
+
+
+def lengths_as_it_grows(page, observations: int) -> list[int]:
+    """The last answer's text length each time it grew, ``observations`` times."""
+    lengths = [0]
+    for _ in range(observations):
+        page.wait_for_function(
+            "(seen) => {"
+            "  const texts = document.querySelectorAll('li.msg-assistant .text');"
+            "  const node = texts[texts.length - 1];"
+            "  return node !== undefined && node.textContent.length > seen;"
+            "}",
+            arg=lengths[-1],
+        )
+        lengths.append(len(answer_text(page).text_content()))
+    return lengths[1:]
+
+
+# -- the tests ----------------------------------------------------------------------------------
+def test_an_answer_streams_into_the_page_word_by_word(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "story")
+
+    lengths = lengths_as_it_grows(page, observations=3)
+    expect(answer_text(page)).to_have_text(STORY, timeout=60_000)
+    expect(page.locator("#status")).to_have_text("ready")
+
+    assert lengths == sorted(set(lengths)) and lengths[0] < len(STORY)
+    assert Message.objects.get(chat=chat, role="assistant").content == STORY
+
+
+def test_a_tool_call_shows_with_its_result_and_the_answer(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "add")
+
+    call = page.locator("li.msg-assistant .call.output-available")
+    expect(call.locator(".tool")).to_have_text("add")
+    expect(call.locator(".args")).to_have_text('{"a":2,"b":3}')
+    expect(call.locator(".result")).to_have_text("5")
+    expect(answer_text(page)).to_have_text("2 + 3 = 5.")
+
+
+def test_approving_in_the_page_runs_the_call_and_the_chat_goes_on(page, site, chat, person):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "pay")
+    waiting = page.locator(".call.approval-requested")
+    expect(waiting.locator(".tool")).to_have_text("transfer")
+    expect(page.locator("#status")).to_have_text("ready")
+
+    waiting.get_by_role("button", name="Approve").click()
+
+    expect(page.locator(".call.output-available .result")).to_have_text("sent 5 to bob")
+    expect(answer_text(page)).to_have_text("Done: sent 5 to bob.")
+    call = ToolCall.objects.get(chat=chat, name="transfer")
+    assert (call.decision, call.decided_by_id) == ("approved", person.pk)
+    page.reload()  # the history from the database shows the same
+    expect(page.locator(".call.output-available .result")).to_have_text("sent 5 to bob")
+    expect(answer_text(page)).to_have_text("Done: sent 5 to bob.")
+
+
+def test_cancel_stops_the_answer_and_the_page_shows_what_was_kept(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "story")
+    lengths_as_it_grows(page, observations=2)
+
+    page.click("#cancel")
+
+    expect(page.locator("li.msg-assistant.cancelled .marker")).to_have_text("cancelled")
+    expect(page.locator("#status")).to_have_text("ready")
+    kept = Message.objects.get(chat=chat, role="assistant", status="cancelled").content
+    expect(answer_text(page)).to_have_text(kept)
+    assert 0 < len(kept) < len(STORY) and STORY.startswith(kept)
+
+
+def test_a_reload_in_the_middle_shows_the_history_and_the_rest_of_the_answer(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "add")
+    expect(answer_text(page)).to_have_text("2 + 3 = 5.")
+    send(page, "story")
+    before = lengths_as_it_grows(page, observations=2)[-1]
+
+    page.reload()
+
+    # From the database: the first exchange, and the second question.
+    expect(page.locator("li.msg-user .text")).to_have_text(["add", "story"])
+    expect(page.locator(".call.output-available .result")).to_have_text("5")
+    expect(page.locator("li.msg-assistant").first.locator(".text")).to_have_text("2 + 3 = 5.")
+    # Then the answer in flight (only the resume stream has it), growing on to its end.
+    expect(page.locator("li.msg-assistant")).to_have_count(2)
+    expect(page.locator("#status")).to_have_text("streaming")
+    after = lengths_as_it_grows(page, observations=2)
+    expect(answer_text(page)).to_have_text(STORY, timeout=60_000)
+    expect(page.locator("li.msg-assistant")).to_have_count(2)
+    expect(page.locator("#status")).to_have_text("ready")
+    assert before < len(STORY) and after[0] < len(STORY)
