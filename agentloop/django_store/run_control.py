@@ -114,8 +114,8 @@ class RunControl:
                 return False  # a verb inside a verb: the outer one releases
             self._depth = 1
             return True
-        self.row.saved()
         row = self.row
+        row.saved()
         claimed = claim_row(
             row.chat_model, chat.pk, using=row.db, state=None, prefetch=row.prefetch()
         )
