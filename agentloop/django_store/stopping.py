@@ -1,10 +1,9 @@
 """The Django store's cancel flag and halts: requesting a stop from any process, and
-recording what a cancel cut short (part of ``DjangoStore``)."""
+recording what a cancel cut short (``Stopping``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -17,39 +16,30 @@ from ..agents.subagents import cancel_children
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import notify
+from .chat_row import ChatRow
 from .leases import UNREAD
 from .reconnect import retried
+from .run_control import RunControl
 
 __all__ = ["Stopping"]
 
 
 class Stopping:
-    """Cancels and halts."""
+    """Cancels and halts, asked for from any process and seen by ``control``'s run."""
 
-    chat: Any
-    chat_model: Any
-    message_model: Any
-    tool_call_model: Any
-    models: Any
-    cancel_notice: Any
-    send_next: Callable[[], None] | None
-    lease: Any
-    _flag_after_write: Any
-    # DjangoStore's own (one write transaction under the lease; rows; the saved chat).
-    _writing: Callable[..., AbstractContextManager[None]]
-    _message_row: Callable[..., Any]
-    _usage_row: Callable[..., Any]
-    _update_chat: Callable[..., None]
-    _saved_chat: Callable[[], Any]
-
-    @property
-    def _db(self) -> str:
-        return self.chat._state.db or "default"
+    def __init__(
+        self, row: ChatRow, control: RunControl, cancel_notice: threading.Event | None
+    ) -> None:
+        self.row = row
+        self.control = control
+        self.cancel_notice = cancel_notice
+        self.chat = row.chat
+        self.models = row.models
 
     def _read_cancel_flag(self) -> datetime | None:
         # A halt asked for by another process comes with the flag, in the same query.
-        select = self.models.cancel_flag(self._db)
-        rows = retried(self.lease, self._db, lambda: select.rows([self.chat.pk]))
+        select = self.models.cancel_flag(self.row.db)
+        rows = retried(self.control.lease, self.row.db, lambda: select.rows([self.chat.pk]))
         if not rows:
             return None
         row = rows[0]
@@ -64,7 +54,7 @@ class Stopping:
     def cancel_requested_at(self) -> datetime | None:
         if self.chat.pk is None:
             return None
-        flag, self._flag_after_write = self._flag_after_write, UNREAD
+        flag = self.control.take_flag()
         if flag is not UNREAD and not (self.cancel_notice and self.cancel_notice.is_set()):
             # The last write's lease renewal read the flag just now: no query needed.
             value: datetime | None = flag
@@ -75,7 +65,7 @@ class Stopping:
         # Keep the first request's time: clearing compares against it. Only a run that is in
         # progress, queued or held for a person can be cancelled; else nothing is set, so a
         # later message can't inherit it.
-        pk = self._saved_chat().pk
+        pk = self.row.saved().pk
         now = timezone.now()
         active = (
             # Judged by the database's clock, as every lease decision is.
@@ -85,12 +75,12 @@ class Stopping:
         )
         if self.models.has_batches:
             active |= Q(batch_items__status="pending", batch_items__cancelled_at__isnull=True)
-        flagged = self.chat_model.objects.filter(
-            pk__in=self.chat_model.objects.filter(active, pk=pk)
+        flagged = self.models.chat_model.objects.filter(
+            pk__in=self.models.chat_model.objects.filter(active, pk=pk)
         ).update(cancel_requested_at=Coalesce("cancel_requested_at", now))
         if not flagged:
             return False
-        cancel_children(self.chat_model, pk, now)  # running subagents stop too
+        cancel_children(self.models.chat_model, pk, now)  # running subagents stop too
 
         notify(self.chat)
         return True
@@ -104,29 +94,29 @@ class Stopping:
         usage: UsageRecord | None,
         unanswered: list[ToolCall],
     ) -> None:
-        with self._writing():
-            flag = self.chat_model.objects.filter(pk=self.chat.pk)
+        with self.control.writing():
+            flag = self.models.chat_model.objects.filter(pk=self.chat.pk)
             if requested_at is not None:
                 # A cancel requested after the one we saw stays for the next run.
                 flag = flag.filter(cancel_requested_at__lte=requested_at)
             flag.update(cancel_requested_at=None)
             message = None
             if partial is not None:
-                message = self._message_row(partial.model_copy(update={"status": "cancelled"}))
+                message = self.row.message_row(partial.model_copy(update={"status": "cancelled"}))
                 if partial_key is not None:
                     message.pk = partial_key
                     message.save(force_update=True)
                 else:
                     message.save()
             elif partial_key is not None:
-                self.message_model.objects.filter(pk=partial_key).update(status="cancelled")
+                self.models.message_model.objects.filter(pk=partial_key).update(status="cancelled")
             if usage is not None:
-                self._usage_row(usage, message).save()
+                self.row.usage_row(usage, message).save()
             if unanswered:
                 # A call still held for a person is decided too ("cancelled"): a decision that
                 # answered it first stands, one that comes later is refused.
                 held = Q(state=ToolCallState.WAITING)
-                self.tool_call_model.objects.filter(
+                self.models.tool_call_model.objects.filter(
                     pk__in=[call.key for call in unanswered]
                 ).exclude(state__in=[ToolCallState.SUCCEEDED, ToolCallState.FAILED]).update(
                     state=ToolCallState.CANCELLED,
@@ -137,16 +127,16 @@ class Stopping:
                     ),
                 )
         self.chat.cancel_requested_at = None
-        self._flag_after_write = UNREAD  # it was read before the flag was cleared
+        self.control.forget_flag()  # it was read before the flag was cleared
 
     def cancel_held(self, result: str) -> list[Any] | None:
-        chats = self.chat_model._default_manager.using(self._db)
-        calls = self.tool_call_model._default_manager.using(self._db)
-        pk, now = self._saved_chat().pk, timezone.now()
+        chats = self.models.chat_model._default_manager.using(self.row.db)
+        calls = self.models.tool_call_model._default_manager.using(self.row.db)
+        pk, now = self.row.saved().pk, timezone.now()
         # The held round: calls still waiting, or approved meanwhile and not started.
         held = calls.filter(chat_id=pk, state__in=[ToolCallState.WAITING, ToolCallState.PENDING])
         records = []
-        with transaction.atomic(using=self._db):
+        with transaction.atomic(using=self.row.db):
             # Only while no run holds the chat or is queued to (that run applies the cancel at
             # its next checkpoint). The UPDATE locks the chat row: a claim waits for this
             # transaction, then finds the cancel applied.
@@ -180,8 +170,8 @@ class Stopping:
                         role="tool", content=result, tool_call_id=call_id, tool_name=name,
                         is_error=True,
                     )  # fmt: skip
-                    record = self._message_row(answer, tool_call_id=key)
-                    self.models.message_insert.insert(record, self._db)
+                    record = self.row.message_row(answer, tool_call_id=key)
+                    self.models.message_insert.insert(record, self.row.db)
                     records.append(record)
         self.chat.cancel_requested_at = None
         if self.chat.state == "waiting":
@@ -189,21 +179,21 @@ class Stopping:
         return records
 
     def record_stop(self, reason: str) -> None:
-        with self._writing():
-            self._update_chat(stop_reason=reason[:300], state="stopped", halt_reason="")
-        if self.lease is not None:
-            self.lease.halt_reason = ""  # recorded: it stops this run, not the next one
+        with self.control.writing():
+            self.row.update(stop_reason=reason[:300], state="stopped", halt_reason="")
+        if self.control.lease is not None:
+            self.control.lease.halt_reason = ""  # recorded: it stops this run, not the next one
 
     def request_halt(self, reason: str) -> bool:
-        if self.lease is not None:
+        if self.control.lease is not None:
             # This process runs the chat (a tool, a callback): the run sees it in memory.
             self.chat.halt_reason = reason
             return True
         running = Q(lease_token__gt="", lease_expires_at__gt=Now()) | Q(
             state__in=["queued", "running"]
         )
-        pk = self._saved_chat().pk
-        if not self.chat_model.objects.filter(running, pk=pk).update(halt_reason=reason):
+        pk = self.row.saved().pk
+        if not self.models.chat_model.objects.filter(running, pk=pk).update(halt_reason=reason):
             return False
         self.chat.halt_reason = reason
         # The run's next checkpoint reads the row (and the halt) at once.
@@ -211,48 +201,12 @@ class Stopping:
         return True
 
     def halt_requested(self) -> str:
-        if self.lease is not None and self.lease.halt_reason and not self.chat.halt_reason:
+        if (
+            self.control.lease is not None
+            and self.control.lease.halt_reason
+            and not self.chat.halt_reason
+        ):
             # Asked for by another process and read by a renewal of the lease (a write's
             # guard or the heartbeat): no query of its own.
-            self.chat.halt_reason = self.lease.halt_reason
+            self.chat.halt_reason = self.control.lease.halt_reason
         return str(self.chat.halt_reason or "")
-
-    # -- messages sent while a run holds the chat -------------------------------------------
-    def queue_message(self, message: Message) -> None:
-        data = message.model_dump(mode="json", include={"role", "content", "attachments"})
-        rows = self.chat_model._default_manager.using(self._db).filter(pk=self._saved_chat().pk)
-        with transaction.atomic(using=self._db):
-            # Locked: two messages queued at once both stay, in the order they came.
-            current = rows.select_for_update().values_list("inbox", flat=True).first()
-            inbox = [*(current or []), data]
-            rows.update(inbox=inbox)
-        self.chat.inbox = inbox
-        # A run that ended just before would leave it unanswered: queue the chat if nothing
-        # holds it (the holder's release does it otherwise; exactly one of the two wins).
-        woken = (
-            rows.filter(lease_token="")
-            .exclude(state="queued")
-            .update(state="queued", updated_at=timezone.now())
-        )
-        if woken:
-            self.chat.state = "queued"
-            if self.send_next is not None:
-                self.send_next()
-
-    def run_in_progress(self) -> bool:
-        state = self.chat_model._default_manager.filter(pk=self.chat.pk).values_list(
-            "state", flat=True
-        )
-        return state.first() in ("queued", "running")
-
-    def has_queued(self) -> bool:
-        return bool(getattr(self.chat, "inbox", None))
-
-    def take_queued(self) -> list[Message]:
-        rows = self.chat_model._default_manager.using(self._db).filter(pk=self.chat.pk)
-        with self._writing():
-            current = rows.select_for_update().values_list("inbox", flat=True).first()
-            if current:
-                rows.update(inbox=[])
-        self.chat.inbox = []
-        return [Message.model_validate(item) for item in current or []]

@@ -1,10 +1,8 @@
 """The Django store's tool-call rows: the conditional claim before a call runs, its result,
-its wait for a person or a subagent, and a person's decision (part of ``DjangoStore``)."""
+its wait for a person or a subagent, and a person's decision (``ToolCalls``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -13,31 +11,25 @@ from django.utils import timezone
 
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
+from .chat_row import ChatRow
 from .reconnect import retried
+from .run_control import RunControl
+from .writes import GUARD, StepWrites, Values, inserted
 
-__all__ = ["ToolCallRows"]
+__all__ = ["ToolCalls"]
 
 
-class ToolCallRows:
-    """Writes of tool calls and their results."""
+class ToolCalls:
+    """Writes of tool calls and their results, under ``control``'s claim."""
 
-    chat: Any
-    lease: Any
-    models: Any
-    tool_call_model: Any
-    _held_calls: frozenset[Any] | set[Any]
-    # DjangoStore's own (one write transaction under the lease; a message row).
-    _writing: Callable[..., AbstractContextManager[None]]
-    _message_row: Callable[..., Any]
-    _step_writes: Callable[[], Any]
-    _save_result_at_once: Callable[..., Any]
-
-    @property
-    def _db(self) -> str:
-        return self.chat._state.db or "default"
+    def __init__(self, row: ChatRow, control: RunControl) -> None:
+        self.row = row
+        self.control = control
+        self.chat = row.chat
+        self.models = row.models
 
     def mark_tool_running(self, call: ToolCall) -> bool:
-        lease = self.lease
+        lease = self.control.lease
         if lease is None:  # pragma: no cover - every verb runs under the claim
             raise LeaseLostError("Tool calls run only under the chat's claim.")
         if lease.lost.is_set():
@@ -47,7 +39,7 @@ class ToolCallRows:
         def start() -> int:
             return int(
                 self.models.start_call.run(
-                    self._db,
+                    self.row.db,
                     [ToolCallState.RUNNING, started_at],
                     [call.key, call.state],
                     guard=(self.chat.pk, lease.token),
@@ -56,12 +48,12 @@ class ToolCallRows:
 
         def landed() -> int | None:
             # The claim committed before a dropped connection lost its answer: it is ours.
-            rows = self.tool_call_model._default_manager.using(self._db).filter(
+            rows = self.models.tool_call_model._default_manager.using(self.row.db).filter(
                 pk=call.key, state=ToolCallState.RUNNING, started_at=started_at
             )
             return 1 if rows.exists() else None
 
-        return bool(retried(lease, self._db, start, landed=landed))
+        return bool(retried(lease, self.row.db, start, landed=landed))
 
     def save_tool_result(
         self,
@@ -72,11 +64,11 @@ class ToolCallRows:
         *,
         release: str | None = None,
     ) -> Any:
-        writes = self._step_writes()
+        writes = self.control.step_writes()
         try:
             if writes is not None:
                 return self._save_result_at_once(writes, call, message, state, error, release)
-            with self._writing(release=release):
+            with self.control.writing(release=release):
                 record = self._tool_result(call, message, state, error)
         except IntegrityError as exc:
             raise ConcurrentWriteError(
@@ -88,17 +80,17 @@ class ToolCallRows:
     def _tool_result(
         self, call: ToolCall, message: Message, state: ToolCallState, error: str | None
     ) -> Any:
-        record = self._message_row(message, tool_call_id=call.key)
-        self.models.message_insert.insert(record, self._db)
-        self.models.finish_call.run(self._db, [state, error or "", timezone.now()], [call.key])
+        record = self.row.message_row(message, tool_call_id=call.key)
+        self.models.message_insert.insert(record, self.row.db)
+        self.models.finish_call.run(self.row.db, [state, error or "", timezone.now()], [call.key])
         message.key = record.pk
         return record
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
-        # A decision made before this verb releases the chat wakes it (see _wake_if_decided).
-        self._held_calls = {*self._held_calls, call.key}
-        with self._writing():
-            self.tool_call_model.objects.filter(pk=call.key).update(
+        # A decision made before this verb releases the chat wakes it (RunControl sees to it).
+        self.control.holds(call.key)
+        with self.control.writing():
+            self.models.tool_call_model.objects.filter(pk=call.key).update(
                 state=ToolCallState.WAITING,
                 wait_reason=reason,
                 question=question or "",
@@ -122,11 +114,11 @@ class ToolCallRows:
             fields.update(arguments=call.arguments, original_arguments=call.original_arguments)
         # Only while the call still waits (for this reason): of two racing decisions exactly
         # one changes the row; the other changes nothing and is told so.
-        waiting = self.tool_call_model.objects.filter(
+        waiting = self.models.tool_call_model.objects.filter(
             pk=call.key, state=ToolCallState.WAITING, wait_reason=call.wait_reason or ""
         )
         try:
-            with transaction.atomic(using=self._db):
+            with transaction.atomic(using=self.row.db):
                 if not waiting.update(**fields):
                     raise DecisionConflictError(
                         f"Tool call {call.id!r} ({call.name}) is no longer waiting: another "
@@ -142,7 +134,7 @@ class ToolCallRows:
             ) from exc
 
     def native_tool_call(self, call: ToolCall) -> Any:
-        return self.tool_call_model(
+        return self.models.tool_call_model(
             pk=call.key,
             chat_id=self.chat.pk,
             call_id=call.id,
@@ -153,3 +145,22 @@ class ToolCallRows:
             question=call.question or "",
             decision=call.decision or "",
         )
+
+    def _save_result_at_once(
+        self,
+        writes: StepWrites,
+        call: ToolCall,
+        message: Message,
+        state: ToolCallState,
+        error: str | None,
+        release: str | None,
+    ) -> Any:
+        record = self.row.message_row(message, tool_call_id=call.key)
+
+        def body(guard: str, values: Values) -> str:
+            return writes.result(guard, values, record, state, error or "", call.key)
+
+        rows = self.control.at_once(writes, release, body, record)
+        inserted(record, rows[0][GUARD], self.row.db)
+        message.key = record.pk
+        return record

@@ -4,28 +4,31 @@ A data-modifying CTE. The chat row's conditional UPDATE (renew the lease, or rel
 chat's next state) comes first and every INSERT selects from it, so a process that lost the
 lease writes nothing; one statement is one transaction (a savepoint inside an outer one), so
 the step's rows and the chat's next state commit together. One round trip where the
-transaction form takes BEGIN, the lease's UPDATE, two to four writes and COMMIT (part of
-``DjangoStore``; other databases, and the rarer writes, keep that form).
+transaction form takes BEGIN, the lease's UPDATE, two to four writes and COMMIT (other
+databases, and the rarer writes, keep that form). The statements are built here;
+``RunControl.at_once`` runs them behind the lease, for ``Transcript`` and ``ToolCalls``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 
-from ..engine import UsageRecord
-from ..exceptions import LeaseLostError
-from ..messages import Message, ToolCall, ToolCallState
-from .claims import Release
-from .leases import Lease, renewal
-from .reconnect import committed_message, retried
+from .chat_row import ChatRow
+from .reconnect import committed_message
 from .sql import bound_cursor
 
-__all__ = ["OneStatementWrites", "StepWrites"]
+__all__ = [
+    "GUARD",
+    "StepWrites",
+    "Values",
+    "inserted",
+    "landed_rows",
+    "run_statement",
+    "step_writes",
+]
 
 
 def _type(field: Any, connection: Any) -> str:
@@ -38,7 +41,7 @@ def _type(field: Any, connection: Any) -> str:
 _CONSTANTS = {type(None): "NULL", bool: None, str: "''"}
 
 
-class _Values:
+class Values:
     """Value expressions of one statement and their parameters, in order."""
 
     def __init__(self) -> None:
@@ -136,7 +139,7 @@ class StepWrites:
         return params
 
     # -- the statements ------------------------------------------------------------------------
-    def answer(self, guard: str, values: _Values, record: Any, calls: list[Any], usage: Any) -> str:
+    def answer(self, guard: str, values: Values, record: Any, calls: list[Any], usage: Any) -> str:
         """The answer, its tool calls and its usage row, guarded (``values`` collects the
         parameters after the guard's)."""
         m, c, u = self.message, self.calls, self.usage
@@ -161,7 +164,7 @@ class StepWrites:
         )
         return f"WITH {', '.join(parts)} {select}"
 
-    def lone_message(self, guard: str, values: _Values, record: Any) -> str:
+    def lone_message(self, guard: str, values: Values, record: Any) -> str:
         """A message alone (a user's), guarded."""
         m = self.message
         return (
@@ -172,7 +175,7 @@ class StepWrites:
         )
 
     def result(
-        self, guard: str, values: _Values, record: Any, state: Any, error: str, key: Any
+        self, guard: str, values: Values, record: Any, state: Any, error: str, key: Any
     ) -> str:
         """A tool's result and its call's final state, guarded."""
         m, c = self.message, self.calls
@@ -199,186 +202,42 @@ class StepWrites:
 _WRITES: dict[tuple[Any, str], StepWrites | None] = {}
 #: columns the guard returns ahead of the inserted rows' (the cancel flag or the state, and
 #: the halt reason).
-_GUARD = 2
+GUARD = 2
 
 
-class OneStatementWrites:
-    """``append_message``, ``save_answer`` and ``save_tool_result`` as one statement where the
-    database allows."""
+def step_writes(row: ChatRow) -> StepWrites | None:
+    """The chat model's one-statement writes on the chat's database; None if not PostgreSQL."""
+    key = (row.chat_model, row.db)
+    if key not in _WRITES:
+        vendor = connections[row.db].vendor
+        _WRITES[key] = StepWrites(row.models, row.db) if vendor == "postgresql" else None
+    return _WRITES[key]
 
-    chat: Any
-    lease: Lease | None
-    models: Any
-    _prefetched: Any
-    _flag_after_write: Any
-    _release_fields: Callable[..., tuple[dict[str, Any], Release]]
-    _released: Callable[[dict[str, Any], Release], None]
-    _message_row: Callable[..., Any]
-    _usage_row: Callable[..., Any]
 
-    @property
-    def _db(self) -> str:
-        return self.chat._state.db or "default"
+def run_statement(using: str, sql: str, params: list[Any]) -> list[Any]:
+    with bound_cursor(using) as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
-    def _step_writes(self) -> StepWrites | None:
-        """The one-statement writes, or None: no lease held, or not PostgreSQL."""
-        if self.lease is None:
-            return None
-        key = (self.models.chat_model, self._db)
-        if key not in _WRITES:
-            vendor = connections[self._db].vendor
-            _WRITES[key] = StepWrites(self.models, self._db) if vendor == "postgresql" else None
-        return _WRITES[key]
 
-    def _guarded(
-        self,
-        writes: StepWrites,
-        release: str | None,
-        body: Callable[[str, _Values], str],
-        record: Any,
-    ) -> list[Any]:
-        """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
-        the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
-        is no longer ours. On a dropped connection it runs again on a new one while the
-        lease is valid, unless it committed after all (``record``, its message, is there)."""
-        lease = self.lease
-        assert lease is not None  # noqa: S101 - _step_writes checked it
-        if lease.lost.is_set():
-            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-        self._prefetched = None  # a transcript read with the claim is stale after a write
-        released: tuple[dict[str, Any], Release] | None = None
-        if release is not None:
-            fields, outcome = self._release_fields(release, None)
-            columns = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
-            columns.update(fields)
-            names = tuple(sorted(name for name in columns if name != "state"))
-            guard = writes.release_sql(names)
-            params = [*writes.release_params(names, columns), lease.chat_pk, lease.token]
-            released = fields, outcome
-        else:
-            guard, params = renewal(lease)
-        values = _Values()
-        sql = body(guard, values)
-        connection = connections[self._db]
-        sent = [time.monotonic()]  # when the try that wrote was sent (the renewal's base)
-        if connection.in_atomic_block:
-            # Inside a caller's transaction: a failed write must not break it.
-            with transaction.atomic(using=self._db):
-                rows = self._run(connection, sql, params + values.params)
-        else:  # one statement: its own transaction
+def landed_rows(row: ChatRow, record: Any, releases: bool) -> list[Any] | None:
+    """The rows a step write that committed before its answer was lost would have
+    returned, read back (found by its message: chat, role and creation time); None when
+    it did not commit."""
+    using, chat_pk = row.db, row.chat.pk
+    key = committed_message(record, chat_pk, using)
+    if key is None:
+        return None
+    # The guard's columns: what a release set, or the flag a renewal read.
+    guard = ("state", "halt_reason") if releases else ("cancel_requested_at", "halt_reason")
+    chats = row.models.chat_model._default_manager.using(using).filter(pk=chat_pk)
+    head = chats.values_list(*guard).first() or (None,) * len(guard)
+    calls = row.models.tool_call_model._default_manager.using(using).filter(message_id=key)
+    return [(*head, key, *call) for call in calls.values_list("pk", "call_id")] or [(*head, key)]
 
-            def run() -> list[Any]:
-                # A renewal tried again pushes the expiry out from now, not from the first try.
-                guard_params = params if released is not None else renewal(lease)[1]
-                sent[0] = time.monotonic()
-                return self._run(connection, sql, guard_params + values.params)
 
-            rows = retried(
-                lease, self._db, run, landed=lambda: self._landed(record, release is not None)
-            )
-        if not rows:
-            lease.lost.set()
-            raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
-        if released is None:
-            lease.renewed_at = sent[0]
-            # The renewal read the cancel flag and a halt asked for elsewhere: free checkpoints.
-            self._flag_after_write = lease.observe(rows[0][0], rows[0][1])
-            return rows
-        lease.forget()
-        fields, outcome = released
-        if rows[0][0] == "queued" and fields["state"] != "queued":
-            # A message came in meanwhile: answer it next.
-            fields, outcome = {**fields, "state": "queued"}, Release("queued")
-        self._released(fields, outcome)
-        return rows
-
-    def _landed(self, record: Any, releases: bool) -> list[Any] | None:
-        """The rows a step write that committed before its answer was lost would have
-        returned, read back (found by its message: chat, role and creation time); None when
-        it did not commit."""
-        using = self._db
-        key = committed_message(record, self.chat.pk, using)
-        if key is None:
-            return None
-        # The guard's columns: what a release set, or the flag a renewal read.
-        guard = ("state", "halt_reason") if releases else ("cancel_requested_at", "halt_reason")
-        chats = self.models.chat_model._default_manager.using(using).filter(pk=self.chat.pk)
-        head = chats.values_list(*guard).first() or (None,) * len(guard)
-        calls = self.models.tool_call_model._default_manager.using(using).filter(message_id=key)
-        return [(*head, key, *call) for call in calls.values_list("pk", "call_id")] or [
-            (*head, key)
-        ]
-
-    def _run(self, connection: Any, sql: str, params: list[Any]) -> list[Any]:
-        with bound_cursor(self._db) as cursor:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
-
-    def _save_answer_at_once(
-        self, writes: StepWrites, message: Message, usage: UsageRecord, release: str | None
-    ) -> Any:
-        record = self._message_row(message)
-        calls = message.tool_calls
-        call_rows = [
-            self.models.tool_call_model(
-                chat_id=self.chat.pk,
-                call_id=call.id,
-                name=call.name,
-                arguments=call.arguments,
-                state=call.state,
-                provider_data=call.provider_data,
-            )
-            for call in calls
-        ]
-        usage_row = self._usage_row(usage)
-
-        def body(guard: str, values: _Values) -> str:
-            return writes.answer(guard, values, record, call_rows, usage_row)
-
-        rows = self._guarded(writes, release, body, record)
-        self._inserted(record, rows[0][_GUARD])
-        if calls:
-            keys = {row[_GUARD + 2]: row[_GUARD + 1] for row in rows}
-            for call, call_row in zip(calls, call_rows, strict=True):
-                call.key = call_row.pk = keys[call.id]
-                call_row.message_id = record.pk
-        # The rows just saved, for the live event (agentloop.events.message_payload): its
-        # calls need no statement of their own.
-        record._agentloop_tool_calls = call_rows
-        message.key = record.pk
-        return record
-
-    def _append_at_once(self, writes: StepWrites, message: Message) -> Any:
-        record = self._message_row(message)
-
-        def body(guard: str, values: _Values) -> str:
-            return writes.lone_message(guard, values, record)
-
-        rows = self._guarded(writes, None, body, record)
-        self._inserted(record, rows[0][_GUARD])
-        message.key = record.pk
-        return record
-
-    def _save_result_at_once(
-        self,
-        writes: StepWrites,
-        call: ToolCall,
-        message: Message,
-        state: ToolCallState,
-        error: str | None,
-        release: str | None,
-    ) -> Any:
-        record = self._message_row(message, tool_call_id=call.key)
-
-        def body(guard: str, values: _Values) -> str:
-            return writes.result(guard, values, record, state, error or "", call.key)
-
-        rows = self._guarded(writes, release, body, record)
-        self._inserted(record, rows[0][_GUARD])
-        message.key = record.pk
-        return record
-
-    def _inserted(self, record: Any, pk: Any) -> None:
-        record.pk = pk
-        record._state.adding = False
-        record._state.db = self._db
+def inserted(record: Any, pk: Any, using: str) -> None:
+    """``record`` as the one statement inserted it (key ``pk``)."""
+    record.pk = pk
+    record._state.adding = False
+    record._state.db = using
