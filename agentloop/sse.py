@@ -44,6 +44,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
 from .permissions import can_view_chat
+from .stream_drivers import SEND, Step, adrive, drive
 
 __all__ = [
     "CUT_MARK",
@@ -312,20 +313,17 @@ def _settings() -> tuple[float, float]:
     )
 
 
-# What the loop asks its driver to do (the answer is sent back into the generator).
-_SEND = "send"  # write these bytes to the reader
+# What the loop asks its driver to do besides SEND (the answer is sent back into the loop).
 _POLL = "poll"  # run reader.poll(); answer: its frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _SLEEP = "sleep"  # sleep this many seconds
 _ALLOWED = "allowed"  # run reader.still_allowed() before sending; answer: a bool
 
-Step = tuple[str, Any]
-
 
 def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
     """The stream's loop, once for both drivers: yields steps, receives their answers."""
     interval, keepalive = _settings()
-    yield _SEND, RETRY
+    yield SEND, RETRY
     quiet_since = time.monotonic()
     next_poll = 0.0
     while True:
@@ -344,18 +342,10 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
         if reader.access_due() and not (yield _ALLOWED, None):
             return
         if frames or time.monotonic() - quiet_since >= keepalive:
-            yield _SEND, b"".join(frames) if frames else KEEPALIVE
+            yield SEND, b"".join(frames) if frames else KEEPALIVE
             quiet_since = time.monotonic()
         if not reader.keeps_events:
             yield _SLEEP, max(0.0, next_poll - time.monotonic())
-
-
-def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
-    """The loop's next step, or None when the stream ends."""
-    try:
-        return steps.send(answer)
-    except StopIteration:
-        return None
 
 
 def event_stream(
@@ -369,14 +359,7 @@ def event_stream(
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
         _SLEEP: time.sleep,
     }
-    steps = _steps(reader)
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == _SEND:
-            yield step[1]
-            answer = None
-        else:
-            answer = run[step[0]](step[1])
+    yield from drive(_steps(reader), run)
 
 
 async def aevent_stream(
@@ -391,15 +374,9 @@ async def aevent_stream(
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
         _SLEEP: asyncio.sleep,
     }
-    steps = _steps(reader)
-    answer = None
     try:
-        while (step := _advance(steps, answer)) is not None:
-            if step[0] == _SEND:
-                yield step[1]
-                answer = None
-            else:
-                answer = await run[step[0]](step[1])
+        async for chunk in adrive(_steps(reader), run):
+            yield chunk
     finally:
         if connection is not None:
             await connection.aclose()

@@ -26,6 +26,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
 from .sse import KEEPALIVE, ReaderAccess
+from .stream_drivers import SEND, Step, adrive, drive
 from .ui_messages import row_payload
 from .ui_stream import DONE, HEADERS, UIStreamTranslator, encode
 
@@ -162,7 +163,6 @@ class RunFollower:
 
 
 # What the loop asks its driver to do (the answer is sent back into the generator).
-_SEND = "send"  # write these bytes
 _POLL = "poll"  # follower.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _TAKE = "take"  # follower.take(events); answer: frames
@@ -170,13 +170,11 @@ _FINISH = "finish"  # follower.finish(); answer: frames
 _SLEEP = "sleep"
 _ALLOWED = "allowed"  # follower.still_allowed(); answer: a bool
 
-Step = tuple[str, Any]
-
 
 def _steps(follower: RunFollower) -> Generator[Step, Any, None]:
     interval = max(0.01, agentloop_settings.EVENTS_POLL_INTERVAL)
     keepalive = max(0.01, agentloop_settings.EVENTS_KEEPALIVE)
-    yield _SEND, b"".join(follower.head)
+    yield SEND, b"".join(follower.head)
     quiet_since = time.monotonic()
     next_poll = 0.0
     while True:
@@ -199,20 +197,13 @@ def _steps(follower: RunFollower) -> Generator[Step, Any, None]:
             return
         if polled and follower.over:
             # Every row of the run was saved before the state said so (read above).
-            yield _SEND, b"".join(frames + (yield _FINISH, None))
+            yield SEND, b"".join(frames + (yield _FINISH, None))
             return
         if frames or time.monotonic() - quiet_since >= keepalive:
-            yield _SEND, b"".join(frames) if frames else KEEPALIVE
+            yield SEND, b"".join(frames) if frames else KEEPALIVE
             quiet_since = time.monotonic()
         if not follower.keeps_events:
             yield _SLEEP, max(0.0, next_poll - time.monotonic())
-
-
-def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
-    try:
-        return steps.send(answer)
-    except StopIteration:
-        return None
 
 
 def ui_stream(follower: RunFollower) -> Iterator[bytes]:
@@ -225,14 +216,7 @@ def ui_stream(follower: RunFollower) -> Iterator[bytes]:
         _SLEEP: time.sleep,
         _ALLOWED: lambda _: follower.still_allowed(),
     }
-    steps = _steps(follower)
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == _SEND:
-            yield step[1]
-            answer = None
-        else:
-            answer = run[step[0]](step[1])
+    yield from drive(_steps(follower), run)
 
 
 async def aui_stream(follower: RunFollower) -> AsyncIterator[bytes]:
@@ -246,15 +230,9 @@ async def aui_stream(follower: RunFollower) -> AsyncIterator[bytes]:
         _SLEEP: asyncio.sleep,
         _ALLOWED: lambda _: sync_to_async(follower.still_allowed)(),
     }
-    steps = _steps(follower)
-    answer = None
     try:
-        while (step := _advance(steps, answer)) is not None:
-            if step[0] == _SEND:
-                yield step[1]
-                answer = None
-            else:
-                answer = await run[step[0]](step[1])
+        async for chunk in adrive(_steps(follower), run):
+            yield chunk
     finally:
         if connection is not None:
             await connection.aclose()
