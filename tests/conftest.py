@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import types
 import uuid
 from collections.abc import Iterator
@@ -15,9 +16,11 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.test import override_settings
+from django.utils import timezone
 
 from agentloop import events, providers
 from agentloop.conf import agentloop_settings
+from agentloop.models import Chat, ChatState
 from agentloop.testing import ScriptedProvider, block_network
 from tests import browsers, doc_blocks, mcp_servers, sse_reading, workers
 from tests.agents import register_agents_provider
@@ -161,6 +164,17 @@ def browser_available() -> None:
         pytest.fail(f"{reason}; under CI=true the browser tests must run")
     if reason:
         pytest.skip(reason)
+
+
+@pytest.fixture
+def no_run_left_behind() -> Iterator[None]:
+    """A browser test ends with no chat running in its server, before its rows are flushed."""
+    yield
+    running = Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING])
+    running.update(cancel_requested_at=timezone.now())
+    deadline = time.monotonic() + 30
+    while running.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are

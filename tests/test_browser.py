@@ -16,13 +16,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
-from django.utils import timezone
 
-from agentloop.models import Chat, ChatState, Message
+from agentloop.models import Chat, Message
 from example_project.demo.provider import STORY
 from example_project.models import Note
 from tests.browsers import (
@@ -38,7 +36,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.subprocess,
     # tests/conftest.py: skip without Chromium/Playwright; the ORM between page actions
-    pytest.mark.usefixtures("browser_available", "orm_next_to_playwright"),
+    pytest.mark.usefixtures("browser_available", "orm_next_to_playwright", "no_run_left_behind"),
 ]
 
 
@@ -96,19 +94,6 @@ def unavailable(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason}; under CI=true the browser tests with Redis must run")
     pytest.skip(f"{reason} (start it with: bash scripts/services.sh start)")
-
-
-@pytest.fixture(autouse=True)
-def _no_run_left_behind() -> Iterator[None]:
-    """A test ends with no chat running in the server, before its rows are flushed."""
-    yield
-    Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING]).update(
-        cancel_requested_at=timezone.now()
-    )
-    deadline = time.monotonic() + 30
-    busy = Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING])
-    while busy.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 # -- the browser -------------------------------------------------------------------------------

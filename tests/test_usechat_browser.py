@@ -19,14 +19,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
-from agentloop.models import Chat, ChatState, Message, ToolCall
+from agentloop.models import Chat, Message, ToolCall
 from tests.browsers import CHROMIUM, TIMEOUT_MS, Server, free_port
 from tests.processes import REPO_ROOT
 from tests.tools import add, transfer
@@ -45,7 +43,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.subprocess,
     # tests/conftest.py: the ORM between page actions (Chromium and node are checked below)
-    pytest.mark.usefixtures("orm_next_to_playwright"),
+    pytest.mark.usefixtures("orm_next_to_playwright", "no_run_left_behind"),
 ]
 
 
@@ -137,19 +135,6 @@ def page(_tools_available, browser, site, person) -> Iterator[object]:
     yield tab
     context.close()
     assert errors == [], f"JavaScript errors on the page: {errors}"
-
-
-@pytest.fixture(autouse=True)
-def _no_run_left_behind() -> Iterator[None]:
-    """A test ends with no chat running in the server, before its rows are flushed."""
-    yield
-    Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING]).update(
-        cancel_requested_at=timezone.now()
-    )
-    deadline = time.monotonic() + 30
-    busy = Chat.objects.filter(state__in=[ChatState.QUEUED, ChatState.RUNNING])
-    while busy.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 @pytest.fixture
