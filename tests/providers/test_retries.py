@@ -7,6 +7,8 @@ A persisted chat talks to an OpenAI Chat Completions provider over httpx.MockTra
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,9 +67,21 @@ def server() -> Iterator[Recorder]:
 
 @pytest.fixture
 def sleeps(monkeypatch) -> list[float]:
-    """The delays the engine waited between attempts (nothing really sleeps)."""
+    """The delays the engine waited between attempts in this thread (nothing really sleeps).
+
+    ``time.sleep`` is one function for the whole process: a thread another test left running
+    (a server, a poller) still sleeps for real, and is not counted."""
     delays: list[float] = []
-    monkeypatch.setattr("agentloop.engine.model_calls.time.sleep", delays.append)
+    this_thread = threading.get_ident()
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == this_thread:
+            delays.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
     return delays
 
 
