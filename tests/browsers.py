@@ -10,7 +10,10 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.processes import REPO_ROOT, process_env
 
@@ -103,3 +106,29 @@ def screenshot(page, name: str, tmp_path: Path) -> Path:
     path = folder / name
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@contextmanager
+def open_tab(browser: Any) -> Iterator[Any]:
+    """A new page of ``browser`` (1000 x 900, the tests' timeouts); the test fails if the
+    page raised a JavaScript error meanwhile."""
+    from playwright.sync_api import expect  # local: Playwright is imported only by browser tests
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    context = browser.new_context(viewport={"width": 1000, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def log_in(page: Any, site: Server, username: str, password: str) -> None:
+    """Log in through the site's login form; back on its home page."""
+    page.goto(f"{site.url}/accounts/login/?next=/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{site.url}/")

@@ -26,9 +26,10 @@ from example_project.models import Note
 from tests.browsers import (
     IN_CI,
     SERVER_SETTINGS,
-    TIMEOUT_MS,
     Server,
     free_port,
+    log_in,
+    open_tab,
     screenshot,
 )
 
@@ -101,30 +102,13 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture
 def page(browser) -> Iterator[object]:
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    context = browser.new_context(viewport={"width": 1000, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    yield tab
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
+    with open_tab(browser) as tab:
+        yield tab
 
 
 @pytest.fixture
 def person(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-def log_in(page, site: Server, username: str, password: str) -> None:
-    page.goto(f"{site.url}/accounts/login/?next=/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{site.url}/")
 
 
 def start_chat(page, text: str) -> int:

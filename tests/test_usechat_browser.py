@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from agentloop.models import Chat, Message, ToolCall
-from tests.browsers import CHROMIUM, TIMEOUT_MS, Server, free_port
+from tests.browsers import CHROMIUM, Server, free_port, log_in, open_tab
 from tests.processes import REPO_ROOT
 from tests.tools import add, transfer
 from tests.usechat_site.provider import STORY
@@ -123,18 +123,9 @@ def site(frontend, django_db_setup, django_db_blocker, tmp_path_factory) -> Iter
 
 @pytest.fixture
 def page(_tools_available, browser, site, person) -> Iterator[object]:
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=TIMEOUT_MS)
-    context = browser.new_context(viewport={"width": 1000, "height": 900})
-    context.set_default_timeout(TIMEOUT_MS)
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda error: errors.append(str(error)))
-    log_in(tab, site, "ada", "lovelace")
-    yield tab
-    context.close()
-    assert errors == [], f"JavaScript errors on the page: {errors}"
+    with open_tab(browser) as tab:
+        log_in(tab, site, "ada", "lovelace")
+        yield tab
 
 
 @pytest.fixture
@@ -146,14 +137,6 @@ def person(django_user_model):
 def chat(person) -> Chat:
     chat = Chat.objects.create(owner=person, model="usechat:test")
     return chat.with_tools(add, transfer)  # stored by import path: the server imports them
-
-
-def log_in(page, site: Server, username: str, password: str) -> None:
-    page.goto(f"{site.url}/accounts/login/?next=/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{site.url}/")
 
 
 def open_chat(page, site: Server, chat: Chat) -> None:
