@@ -264,5 +264,10 @@ class Configuration:
             merged = Limits.model_validate({**current, **limits})
         except ValidationError as exc:
             raise ConfigurationError(f"Invalid limits: {exc}") from exc
+        if merged.max_cost is not None and not self.store.sums_costs:
+            raise ConfigurationError(
+                f"max_cost needs a store that sums a turn's costs; {type(self.store).__name__} "
+                "doesn't (sums_costs is False)."
+            )
         self.store.update_config(limits=merged)
         return self
