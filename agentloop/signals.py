@@ -8,6 +8,7 @@ from django.dispatch import Signal
 __all__ = [
     "chat_cancelled",
     "chat_halted",
+    "chat_handed_off",
     "chat_stopped",
     "message_added",
     "model_call_started",
@@ -33,3 +34,7 @@ chat_stopped = Signal()
 model_fallback = Signal()
 #: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
 chat_halted = Signal()
+#: a tool call handed the chat over to another agent (``Agent.as_handoff``,
+#: ``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
+#: a chat that had no agent), ``inputs``, ``tool_call`` (the call's row).
+chat_handed_off = Signal()

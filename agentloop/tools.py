@@ -21,7 +21,11 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints, overload
 
@@ -35,6 +39,7 @@ from .messages import ToolCall, ToolDefinition
 
 __all__ = [
     "AskPerson",
+    "Handoff",
     "NeedsInput",
     "Tool",
     "ToolContext",
@@ -42,6 +47,7 @@ __all__ = [
     "ToolOutcome",
     "arguments_problem",
     "arguments_schema",
+    "current_tool_context",
     "format_result",
     "snake_case",
     "tool",
@@ -57,6 +63,15 @@ def snake_case(name: str) -> str:
 
 class _NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A handoff a running tool asked for (``ToolContext.hand_off``): the chat goes to
+    ``agent`` (an ``agentloop.Agent`` class) with ``inputs`` once the call's result is saved."""
+
+    agent: Any
+    inputs: dict[str, Any] = dataclass_field(default_factory=dict)
 
 
 class ToolContext:
@@ -79,6 +94,8 @@ class ToolContext:
         #: True when a background worker (Celery or embedded) runs this step.
         self.background = background
         self._cancel_check = cancel_check
+        #: the handoff this call asked for (``hand_off``), made when its result is saved.
+        self.handoff: Handoff | None = None
 
     def cancel_requested(self) -> bool:
         """Whether cancel() was called for this chat: a long tool may stop early.
@@ -96,6 +113,35 @@ class ToolContext:
         if halt is None:
             raise RuntimeError("This tool runs outside a chat: there is nothing to halt.")
         return bool(halt(reason))
+
+    def hand_off(self, agent: Any, **inputs: Any) -> None:
+        """Hand the chat over to ``agent`` (an ``agentloop.Agent`` class) when this call's
+        result is saved: from the next model call on the chat is the agent's (instructions,
+        model, tools), in this run and in any later one. ``inputs`` fill the agent's
+        instructions, on top of the chat's stored inputs the agent declares."""
+        if not callable(getattr(agent, "take_over", None)):
+            raise ConfigurationError(f"{agent!r} is not an agent: pass an Agent subclass.")
+        self.handoff = Handoff(agent, dict(inputs))
+
+
+#: the context of the tool running in this thread or task (``current_tool_context``).
+_current_context: ContextVar[ToolContext | None] = ContextVar("agentloop_tool", default=None)
+
+
+def current_tool_context() -> ToolContext | None:
+    """The context of the tool running here (this thread, or this task of an async verb);
+    None outside a tool."""
+    return _current_context.get()
+
+
+@contextmanager
+def running(context: ToolContext) -> Iterator[None]:
+    """While a tool's ``execute`` runs: ``current_tool_context()`` is ``context``."""
+    token = _current_context.set(context)
+    try:
+        yield
+    finally:
+        _current_context.reset(token)
 
 
 class Tool:
@@ -389,7 +435,9 @@ class ToolOutcome:
     approval or answer, or for a subagent).
     """
 
-    __slots__ = ("after_wait", "content", "error", "is_error", "question", "wait_reason")
+    __slots__ = (
+        "after_wait", "content", "error", "handoff", "is_error", "question", "wait_reason",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -400,6 +448,7 @@ class ToolOutcome:
         wait_reason: str | None = None,
         question: str | None = None,
         after_wait: Callable[[], Any] | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.content = content
         self.is_error = is_error
@@ -408,6 +457,8 @@ class ToolOutcome:
         self.wait_reason = wait_reason
         self.question = question
         self.after_wait = after_wait
+        #: the handoff the call asked for, made with its result (``ToolContext.hand_off``).
+        self.handoff = handoff
 
 
 def describe_validation_error(tool_name: str, error: ValidationError) -> str:

@@ -65,6 +65,7 @@ MESSAGE_COLUMNS = (
     "tool_calls__question",
     "tool_calls__decision",
     "tool_calls__decision_digest",
+    "tool_calls__handoff",
 )
 
 
@@ -78,6 +79,7 @@ JSON_COLUMNS = frozenset(
         "attachments",
         "tool_calls__arguments",
         "tool_calls__provider_data",
+        "tool_calls__handoff",
     )
 )
 _MESSAGE_STATUS = {status.value: status for status in MessageStatus}
@@ -126,7 +128,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
          provider_data, attachments, answers_id, answers_name, call_key, call_id, call_name,
          call_arguments, call_state, call_provider_data, wait_reason, question, decision,
-         decision_digest) = row  # fmt: skip
+         decision_digest, handoff) = row  # fmt: skip
         if last is None or last.key != key:
             # Rows are our own: build without validation (see trusted).
             last = trusted(
@@ -166,6 +168,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         "decision_digest": decision_digest or None,
                         # Edited arguments are only written by a decision: none read back.
                         "original_arguments": None,
+                        "handoff": _json(handoff, None),
                         "key": call_key,
                     },
                 )

@@ -16,12 +16,13 @@ usage together; each tool result on its own).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connections, transaction
 
 from ..engine import ChatConfig, ChatStore, UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
@@ -171,6 +172,13 @@ class DjangoStore(ChatStore):
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        self.tool_calls.record_handoff(call, handoff)
+
+    def atomic(self) -> AbstractContextManager[None]:
+        # Each write inside keeps its lease guard (a savepoint): a lost lease undoes all.
+        return transaction.atomic(using=self.row.db)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

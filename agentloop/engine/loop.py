@@ -18,13 +18,20 @@ from . import tracing
 from .callbacks import Callbacks
 from .control import CANCELLED_TOOL_RESULT, Control
 from .effects import Effects
+from .handoffs import RoundHandoffs
 from .model_calls import ModelCalls
 from .results import StepResult
 from .runs import Run, Runs
 from .store import ChatStore
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
-from .transcript import counted_tool_results, finished, next_move, pending_round
+from .transcript import (
+    counted_tool_results,
+    finished,
+    handoffs_in_turn,
+    next_move,
+    pending_round,
+)
 
 __all__ = ["Loop", "checked_attachments"]
 
@@ -197,6 +204,12 @@ class Loop:
             chat=self._owner,
             release_last=run.single,
             tool_budget=budget,
+            handoffs=RoundHandoffs(
+                self.store,
+                self._callbacks.emit,
+                self._owner,
+                made_in_turn=handoffs_in_turn(transcript),
+            ),
         )
         try:
             results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
@@ -205,8 +218,13 @@ class Loop:
             left = [call for call in round_.unanswered if call.id not in runner.answered]
             self._runs.record_cancel(exc, unanswered=left)
             raise
-        # The transcript in memory follows what was written: the next step needs no read.
-        transcript.extend(runner.messages)
+        if runner.handoffs is not None and runner.handoffs.made is not None:
+            # Handed over: the new agent's instructions replaced the system message. Read
+            # again (one query, only after a handoff), so the next model call sends them.
+            transcript[:] = self.store.load_transcript()
+        else:
+            # The transcript in memory follows what was written: the next step needs no read.
+            transcript.extend(runner.messages)
         run.next_move = next_move(transcript)
         return results
 

@@ -52,6 +52,11 @@ class MemoryStore(ChatStore):
         self.trace_carrier: dict[str, str] = {}
         self.agent_name = ""
         self._trace_id = ""
+        #: the agent this chat follows (``Agent.chat()``, a handoff), the inputs it was given
+        #: and the digest of what was applied (see ``agentloop.agents.following``).
+        self.agent: Any = None
+        self.agent_inputs: dict[str, Any] = {}
+        self.agent_digest = ""
 
     def trace_names(self) -> tuple[str, str]:
         if not self._trace_id:  # made on first use: an untraced chat never pays for it
@@ -227,6 +232,9 @@ class MemoryStore(ChatStore):
         stored.state = ToolCallState.WAITING
         stored.wait_reason = reason
         stored.question = question
+
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        self._call(call).handoff = dict(handoff)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

@@ -26,11 +26,13 @@ from ..tools import (
     arguments_problem,
     describe_validation_error,
     format_result,
+    running,
 )
 from . import tracing
 from .checkpoints import Checkpoints
 from .config import ToolOptions
 from .effects import Effects, Launch, RunTool, WaitAny
+from .handoffs import RoundHandoffs
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
 
@@ -83,10 +85,10 @@ def execute_tool(
     instance, arguments = ready
 
     def run() -> str:
-        with tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span, running(instance.context):
             return span.result(format_result(_value_of(instance.execute(**arguments))))
 
-    return _outcome(call, run)
+    return _with_handoff(_outcome(call, run), instance)
 
 
 async def aexecute_tool(tool: RunTool) -> ToolOutcome:
@@ -97,7 +99,7 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         return ready
     instance, arguments = ready
     try:
-        with tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span, running(instance.context):
             content = span.result(format_result(await instance.execute(**arguments)))
     except Exception as exc:
         failure = exc
@@ -105,8 +107,17 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         def reraise() -> Any:
             raise failure
 
-        return _outcome(call, reraise)
-    return _outcome(call, lambda: content)
+        return _with_handoff(_outcome(call, reraise), instance)
+    return _with_handoff(_outcome(call, lambda: content), instance)
+
+
+def _with_handoff(outcome: ToolOutcome, instance: Tool) -> ToolOutcome:
+    """The outcome, carrying the handoff the tool asked for when it gave a result (a call
+    that failed or now waits hands nothing off)."""
+    handoff = instance.context.handoff
+    if handoff is not None and not outcome.is_error and outcome.wait_reason is None:
+        outcome.handoff = handoff
+    return outcome
 
 
 def _outcome(call: ToolCall, run: Callable[[], str]) -> ToolOutcome:
@@ -149,8 +160,11 @@ class ToolRunner:
         *,
         release_last: bool = False,
         tool_budget: int | None = None,
+        handoffs: RoundHandoffs | None = None,
     ) -> None:
         self.store = store
+        #: the round's handoffs (None: a handoff asked for is not made, the result says so).
+        self.handoffs = handoffs
         #: the round is the verb's last move: its last result's write also releases the claim.
         self.release_last = release_last
         self.unanswered: list[ToolCall] = []
@@ -219,6 +233,16 @@ class ToolRunner:
             if outcome.after_wait is not None:
                 outcome.after_wait()
             return
+        if outcome.handoff is not None and self.handoffs is not None:
+            tool_class = self.tools.get(call.name)
+            self.handoffs.save(call, outcome, tool_class, lambda done: self._write(call, done))
+            return
+        if outcome.handoff is not None:
+            outcome = ToolOutcome(f"{outcome.content}\n\n[Not handed off: no handoffs here.]")
+        self._write(call, outcome, release=release)
+
+    def _write(self, call: ToolCall, outcome: ToolOutcome, *, release: str | None = None) -> Any:
+        """The call's result and final state, written (with ``release``, the claim's release)."""
         message = Message(
             role="tool",
             content=outcome.content,
@@ -234,6 +258,7 @@ class ToolRunner:
         self.results.append(record)
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
+        return record
 
     def _execute(self, call: ToolCall) -> RunTool:
         return RunTool(
@@ -260,6 +285,10 @@ class ToolRunner:
         # Calls held by a person or a subagent are not ours to run.
         calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
         refusals = {call.id: self._refusal(call, round_calls) for call in calls}
+        if self.handoffs is not None:
+            # One handoff per answer, within the turn's limit: decided before anything runs.
+            would_run = [call for call in calls if refusals[call.id] is None]
+            refusals.update(self.handoffs.refusals(would_run, self.tools))
         runnable = [call for call in calls if refusals[call.id] is None]
         if self.tool_budget is not None and len(runnable) > self.tool_budget:
             # Past max_tool_calls a call is not run; the turn stops before the next model call.
@@ -296,7 +325,9 @@ class ToolRunner:
                 checked = True
             if self._start(call):
                 outcome = yield self._execute(call)
-                release = self._then(call) if last and outcome.wait_reason is None else None
+                # A handoff is released by the verb, after the transaction that makes it.
+                releases = outcome.wait_reason is None and outcome.handoff is None
+                release = self._then(call) if last and releases else None
                 self._save(call, outcome, release=release)
                 if release is not None:
                     # Released with the round's result: a cancel that came meanwhile stays

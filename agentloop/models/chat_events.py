@@ -59,3 +59,14 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     conversation.on(
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "handed_off",
+        lambda record, call: signals.chat_handed_off.send(
+            sender,
+            chat=chat,
+            from_agent=record["from"],
+            to_agent=record["to"],
+            inputs=record["inputs"],
+            tool_call=call,
+        ),
+    )

@@ -48,6 +48,11 @@ class ConversationDelegations:
         self.conversation.with_tools(*tools, replace=replace)
         return self
 
+    def with_handoffs(self, *agents: Any) -> Self:
+        """Offer handoffs to these agents (``transfer_to_<name>`` tools); docs/handoffs.md."""
+        self.conversation.with_handoffs(*agents)
+        return self
+
     def with_mcp(
         self,
         server: str,

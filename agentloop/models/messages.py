@@ -92,6 +92,9 @@ class AbstractToolCall(models.Model):
         related_name="+",
     )
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    #: the handoff this call made: {"from": <agent path or "">, "to": <agent path>,
+    #: "inputs": {...}} (``Agent.as_handoff``, ``ToolContext.hand_off``); null: none.
+    handoff = models.JSONField(_("handoff"), null=True, blank=True, editable=False)
     #: when the call began to wait (``APPROVAL_TIMEOUT`` counts from then).
     waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
