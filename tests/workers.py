@@ -80,6 +80,7 @@ def start_worker(
     netns: str | None = None,
     database_url: str | None = None,
     agentloop: dict[str, Any] | None = None,
+    pythonpath: Path | None = None,
 ) -> tuple[Worker, Path]:
     """A ``celery worker`` (prefork, one process) on ``queue``, logging to ``tmp/<name>.log``;
     returns it and the file it creates once ready (the caller waits for it).
@@ -87,7 +88,8 @@ def start_worker(
     ``agentloop`` settings go on top of the tests' own; tools log their runs to ``run_log``,
     the ``rules`` provider its requests to ``provider_log``; held tools wait for ``flag``;
     ``clock_offset`` moves the worker's clock (seconds, time-machine); ``netns`` runs it in
-    that network namespace; ``database_url`` points it at another database address.
+    that network namespace; ``database_url`` points it at another database address;
+    ``pythonpath`` is a folder it imports from too (code this process has, say).
     """
     ready = tmp / f"{name}.ready"
     log = tmp / f"{name}.log"
@@ -104,6 +106,8 @@ def start_worker(
     )
     if database_url:
         env["DATABASE_URL"] = database_url
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pythonpath}"
     command = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
         "--pool=prefork", "--concurrency=1", "--loglevel=INFO",
@@ -141,9 +145,12 @@ class Background:
     provider_log: Path
     workers: list[Worker] = field(default_factory=list)
 
-    def start_worker(self, name: str, *, flag: bool = False, **agentloop: Any) -> Worker:
+    def start_worker(
+        self, name: str, *, flag: bool = False, pythonpath: Path | None = None, **agentloop: Any
+    ) -> Worker:
         """A worker process on this test's queue; ``agentloop`` settings go on top of the
-        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed."""
+        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed;
+        ``pythonpath`` is a folder it imports from too."""
         worker, ready = start_worker(
             self.tmp,
             name,
@@ -153,6 +160,7 @@ class Background:
             provider_log=self.provider_log,
             flag=self.tmp / "never-created" if flag else None,
             agentloop=agentloop,
+            pythonpath=pythonpath,
         )
         self.workers.append(worker)
         self.wait(ready.exists, f"worker {name} to be ready")
