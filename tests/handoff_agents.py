@@ -76,6 +76,23 @@ class Unservable(Agent):
     instructions = "You are UNSERVABLE."
 
 
+def _unstorable_tool() -> object:
+    @tool
+    def scratch() -> str:
+        """A tool defined in a function: no import path a chat could store."""
+        return "scratch"
+
+    return scratch
+
+
+class Sloppy(Agent):
+    """An agent whose tool a persisted chat can't store (it fails halfway through)."""
+
+    model = f"{PROVIDER}:sloppy"
+    instructions = "You are SLOPPY."
+    tools = [_unstorable_tool()]
+
+
 class Escalate(Tool):
     """Escalates the case to billing (a tool that hands its chat over with ``find``)."""
 

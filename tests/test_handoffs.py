@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import agentloop
 from agentloop import ConfigurationError, signals
 from agentloop.agents import HandoffTool
-from agentloop.models import Chat, ChatState, ToolCall
+from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests.handoff_agents import Billing, Escalate, EscalateInMemory, Plain, Refunds, Triage
@@ -202,6 +204,40 @@ def test_a_handoff_to_an_agent_on_a_model_nobody_serves_changes_nothing(user, sc
     chat.refresh_from_db()
     assert (chat.agent_path, chat.model) == ("tests.handoff_agents.Triage", "scripted:triage")
     assert chat.messages.get(role="system").content == "You are TRIAGE for Ada."
+
+
+@pytest.mark.django_db
+def test_a_handoff_failing_halfway_is_undone_and_the_run_goes_on_as_it_was(triage, scripted):
+    triage.with_handoffs("tests.handoff_agents.Sloppy")
+    scripted.add(tool_call("transfer_to_sloppy", id="s1"), "Still triage.")
+
+    assert triage.ask("go").content == "Still triage."
+
+    result = triage.messages.get(tool_call__call_id="s1").content
+    assert result.startswith("Not handed off to Sloppy: The @tool function")
+    assert "can't be stored by import path" in result
+    assert made(scripted)[-1][:2] == ("triage", "You are TRIAGE for Ada.")  # not "sloppy"
+    triage.refresh_from_db()
+    assert (triage.agent_path, triage.model, triage.temperature) == (
+        "tests.handoff_agents.Triage",
+        "scripted:triage",
+        0.1,
+    )
+    assert triage.messages.get(role="system").content == "You are TRIAGE for Ada."
+
+
+def test_a_handoff_failing_halfway_in_memory_is_undone_too(scripted):
+    chat = Triage.chat(customer="Ada")
+    before = chat.store.get_config()
+
+    with pytest.raises(ConfigurationError, match="Invalid limits"):
+        with chat.store.atomic():
+            Billing.configure(chat, customer="Ada")
+            chat.with_limits(max_bananas=3)  # fails after the configuration was applied
+
+    assert chat.store.get_config() == before
+    assert [m.content for m in chat.messages if m.role == "system"] == ["You are TRIAGE for Ada."]
+    assert chat.store.agent is Triage
 
 
 @pytest.mark.django_db
@@ -412,6 +448,34 @@ def test_step_by_step_driving_hands_over_in_the_tools_step(triage, scripted):
     assert Chat.objects.get(pk=triage.pk).agent_path == "tests.handoff_agents.Billing"
     assert triage.step().content == "42 EUR."
     assert made(scripted)[-1][0] == "billing"
+
+
+def _handoff_round_statements(chat: Chat, scripted: Any) -> int:
+    scripted.add(tool_call("transfer_to_billing"))
+    chat.ask_later("bill me")
+    chat.generate()
+    with CaptureQueriesContext(connection) as queries:
+        chat.run_tools()
+    return len(queries.captured_queries)
+
+
+@pytest.mark.django_db
+def test_a_handoff_round_costs_the_same_statements_at_any_history_length(user, scripted):
+    short = Triage.create(owner=user, customer="Ada")
+    long = Triage.create(owner=user, customer="Bob")
+    Message.objects.bulk_create(
+        Message(chat=long, role=role, content=f"{role} {n}")
+        for n in range(100)
+        for role in ("user", "assistant")
+    )
+
+    statements = _handoff_round_statements(short, scripted)
+
+    assert _handoff_round_statements(long, scripted) == statements
+    # The claim, the transcript, the call's claim, the take-over (the configuration columns,
+    # the instructions, the agent), the record, the result, the transcript read again (the
+    # instructions changed) and the release; savepoints around each write in a transaction.
+    assert statements == (28 if connection.vendor == "postgresql" else 30)
 
 
 # -- in memory --------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -176,9 +176,22 @@ class DjangoStore(ChatStore):
     def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
         self.tool_calls.record_handoff(call, handoff)
 
-    def atomic(self) -> AbstractContextManager[None]:
-        # Each write inside keeps its lease guard (a savepoint): a lost lease undoes all.
-        return transaction.atomic(using=self.row.db)
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # Each write inside keeps its lease guard (a savepoint): a lost lease undoes all. Rolled
+        # back, the chat object takes its columns back too, so the run goes on as it was.
+        chat = self.chat
+        saved = {
+            field.attname: getattr(chat, field.attname) for field in chat._meta.concrete_fields
+        }
+        try:
+            with transaction.atomic(using=self.row.db):
+                yield
+        except BaseException:
+            for name, value in saved.items():
+                setattr(chat, name, value)
+            self.config.forget()
+            raise
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

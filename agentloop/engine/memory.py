@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -137,6 +139,21 @@ class MemoryStore(ChatStore):
         stored = self._add(message)
         message.key, message.created_at = stored.key, stored.created_at
         return stored
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # What a handoff changes (configuration, tools, instructions, agent) is put back
+        # when it fails halfway, as a database transaction would be.
+        saved = (
+            self.config, list(self.tools), [m.model_copy(deep=True) for m in self.messages],
+            self.agent, self.agent_inputs, self.agent_digest, self.agent_name,
+        )  # fmt: skip
+        try:
+            yield
+        except BaseException:
+            (self.config, self.tools, self.messages, self.agent, self.agent_inputs,
+             self.agent_digest, self.agent_name) = saved  # fmt: skip
+            raise
 
     def replace_instructions(self, text: str) -> None:
         first = next((m for m in self.messages if m.role == "system"), None)
