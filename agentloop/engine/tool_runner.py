@@ -234,15 +234,27 @@ class ToolRunner:
                 outcome.after_wait()
             return
         if outcome.handoff is not None and self.handoffs is not None:
-            tool_class = self.tools.get(call.name)
-            self.handoffs.save(call, outcome, tool_class, lambda done: self._write(call, done))
+
+            def write(done: ToolOutcome) -> Any:
+                return self._write(call, done, announce=False)
+
+            # Announced once the handoff's transaction has committed.
+            self._announce(self.handoffs.save(call, outcome, self.tools.get(call.name), write))
             return
         if outcome.handoff is not None:
             outcome = ToolOutcome(f"{outcome.content}\n\n[Not handed off: no handoffs here.]")
         self._write(call, outcome, release=release)
 
-    def _write(self, call: ToolCall, outcome: ToolOutcome, *, release: str | None = None) -> Any:
-        """The call's result and final state, written (with ``release``, the claim's release)."""
+    def _write(
+        self,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        *,
+        release: str | None = None,
+        announce: bool = True,
+    ) -> Any:
+        """The call's result and final state, written (with ``release``, the claim's release),
+        and announced to the callbacks unless ``announce`` is False."""
         message = Message(
             role="tool",
             content=outcome.content,
@@ -256,9 +268,13 @@ class ToolRunner:
         self.answered.add(call.id)
         self.messages.append(message)
         self.results.append(record)
+        if announce:
+            self._announce(record)
+        return record
+
+    def _announce(self, record: Any) -> None:
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
-        return record
 
     def _execute(self, call: ToolCall) -> RunTool:
         return RunTool(
