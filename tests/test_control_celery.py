@@ -74,7 +74,8 @@ def test_a_halt_from_here_while_a_worker_runs_tools_at_once_stops_the_chat(backg
 
     assert Chat.objects.get(pk=chat.pk).halt("operator stop") is True
     (background.tmp / "never-created").touch()  # the held tool may finish now
-    background.wait(lambda: Chat.objects.get(pk=chat.pk).state == ChatState.STOPPED, "the halt")
+    # The job reports "stopped" once its release has committed (the state comes just before).
+    background.wait(lambda: "stopped" in worker.outcomes(), "the job to report stopped")
 
     chat.refresh_from_db()
     assert (chat.stop_reason, chat.halt_reason, chat.lease_token) == (
@@ -86,5 +87,5 @@ def test_a_halt_from_here_while_a_worker_runs_tools_at_once_stops_the_chat(backg
         ("tool", "5", "call_1_0_1"),
         ("tool", "flag seen", "call_1_0_0"),
     ]
+    assert chat.state == ChatState.STOPPED
     assert len(background.model_calls()) == 1
-    background.wait(lambda: "stopped" in worker.outcomes(), "the job to report stopped")

@@ -87,6 +87,7 @@ def test_a_worker_hands_the_chat_over_and_its_next_job_asks_the_new_agent(backgr
         "to": "tests.handoff_agents.Billing",
         "inputs": {"customer": "Ada"},
     }
+    background.wait(lambda: len(worker.outcomes()) == 3, "the third job to report")
     assert worker.outcomes() == ["again", "again", "done"]  # model, the round, the new agent
 
 
