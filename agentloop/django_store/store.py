@@ -15,7 +15,8 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -171,6 +172,13 @@ class DjangoStore(ChatStore):
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    transactions = True
+
+    @contextmanager
+    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
+        with self.tool_calls.tool_transaction() as savepoint:
+            yield savepoint
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

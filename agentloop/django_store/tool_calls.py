@@ -1,17 +1,21 @@
 """The Django store's tool-call rows: the conditional claim before a call runs, its result,
-its wait for a person or a subagent, and a person's decision (``ToolCalls``)."""
+its wait for a person or a subagent, a person's decision, and the transaction a
+transactional tool runs in (``ToolCalls``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .chat_row import ChatRow
+from .leases import heartbeats
 from .reconnect import retried
 from .run_control import RunControl
 from .writes import GUARD, StepWrites, Values, inserted
@@ -54,6 +58,36 @@ class ToolCalls:
             return 1 if rows.exists() else None
 
         return bool(retried(lease, self.row.db, start, landed=landed))
+
+    @contextmanager
+    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
+        """The transaction of a transactional tool's run, on the chat's database (see
+        ``ChatStore.tool_transaction``). The result's write renews the lease first, inside
+        it: a step whose lease was lost rolls back everything, the tool's writes included;
+        one that still holds it locks the chat row until the commit, so no other process
+        takes the chat in between."""
+        lease = self.control.lease
+        if lease is None:  # pragma: no cover - every verb runs under the claim
+            raise LeaseLostError("Tool calls run only under the chat's claim.")
+        using = self.row.db
+        # SQLite has one writer for the whole file: the transaction takes that lock with the
+        # lease's renewal, now, and keeps every other writer out until it ends (no one can
+        # take the lease meanwhile). The heartbeat would only wait on that lock: it leaves
+        # this lease alone until then. Elsewhere a row lock taken this early would stop the
+        # heartbeat (its own connection) for as long as the tool runs: the lease is checked
+        # at the end only, with the result.
+        whole_file = connections[using].vendor == "sqlite"
+        try:
+            with transaction.atomic(using=using):
+                if whole_file:
+                    heartbeats.stop(lease)
+                    self.control.renew()
+                self.control.in_tool_transaction = True
+                yield lambda: transaction.atomic(using=using)
+        finally:
+            self.control.in_tool_transaction = False
+            if whole_file and self.control.lease is lease and not lease.lost.is_set():
+                heartbeats.start(lease)
 
     def save_tool_result(
         self,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -156,6 +157,20 @@ class ChatStore(ABC):
         """Atomically: the tool message answering ``call`` and the call's final state (and,
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
+
+    #: transactional tools (``Tool.transactional``) run inside :meth:`tool_transaction`, in
+    #: the verb's own database phase; False (no database to share): they run as other tools.
+    transactions: bool = False
+
+    @contextmanager
+    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
+        """One transactional tool's run: what the tool writes, then its result or its wait
+        (``save_tool_result``, ``mark_tool_waiting``: their claim check comes first) commit
+        together when the block ends, or nothing does (an error leaves the block: a lost
+        claim, a failed write, a crash). Yields ``savepoint``: a context for the tool's body
+        whose writes are rolled back when an exception leaves it (the tool failed: its
+        error result is still written). Here, with nothing to share, a plain block."""
+        yield nullcontext
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
