@@ -38,6 +38,7 @@ from tests.transactional_tools import (
     ledger_then_ask,
     ledger_then_crash,
     ledger_then_lose_the_chat,
+    ledger_for_a_missing_chat,
     ledger_then_refuse,
     lookup,
     notes_of,
@@ -108,6 +109,25 @@ def test_a_tool_that_fails_leaves_none_of_its_writes_and_its_error_result_commit
         True,
     )
     assert call.error  # what went wrong, for whoever debugs it
+
+
+def test_writes_the_database_refuses_at_the_commit_roll_back_and_the_model_hears_why(
+    chat, scripted
+):
+    chat.with_tools(ledger_for_a_missing_chat)
+    scripted.add(tool_call("ledger_for_a_missing_chat", {}, id="c1"), "It failed.")
+
+    assert chat.ask("Book it").content == "It failed."
+
+    assert ledger_rows(chat.pk) == [(chat.pk, "c1", False, True)]
+    call = chat.tool_calls.get()
+    assert call.state == ToolCallState.FAILED
+    assert call.result.content.startswith(
+        "Tool 'ledger_for_a_missing_chat' failed: the database refused its writes when they "
+        "were committed (IntegrityError: "
+    )
+    assert call.result.content.endswith("none of them were kept.")
+    assert Note.objects.count() == 0
 
 
 def test_an_ordinary_tool_that_fails_keeps_what_it_wrote(chat, scripted):

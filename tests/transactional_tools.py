@@ -79,6 +79,15 @@ def ledger_then_ask(context: ToolContext) -> str:
     raise NeedsInput("Which account?")
 
 
+@tool(transactional=True)
+def ledger_for_a_missing_chat(context: ToolContext) -> str:
+    """Writes its line, and one for a chat that doesn't exist: a foreign key Django checks
+    at the commit (deferred), so the commit fails; none of it may stay."""
+    _book("ledger_for_a_missing_chat", context)
+    Note.objects.create(chat_id=10**12, text=context.tool_call.id)
+    return "booked twice"
+
+
 @tool
 def plain_ledger_then_crash(context: ToolContext) -> str:
     """Not transactional: writes its line, then fails; the line stays (for contrast)."""

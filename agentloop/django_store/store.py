@@ -16,7 +16,7 @@ usage together; each tool result on its own).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
@@ -176,9 +176,9 @@ class DjangoStore(ChatStore):
     transactions = True
 
     @contextmanager
-    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
-        with self.tool_calls.tool_transaction() as savepoint:
-            yield savepoint
+    def tool_transaction(self) -> Iterator[ToolTransaction]:
+        with self.tool_calls.tool_transaction() as run:
+            yield run
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

@@ -4,14 +4,15 @@ transactional tool runs in (``ToolCalls``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..engine import ToolTransaction
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .chat_row import ChatRow
@@ -60,7 +61,7 @@ class ToolCalls:
         return bool(retried(lease, self.row.db, start, landed=landed))
 
     @contextmanager
-    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
+    def tool_transaction(self) -> Iterator[ToolTransaction]:
         """The transaction of a transactional tool's run, on the chat's database (see
         ``ChatStore.tool_transaction``). The result's write renews the lease first, inside
         it: a step whose lease was lost rolls back everything, the tool's writes included;
@@ -77,13 +78,23 @@ class ToolCalls:
         # heartbeat (its own connection) for as long as the tool runs: the lease is checked
         # at the end only, with the result.
         whole_file = connections[using].vendor == "sqlite"
+        run = ToolTransaction(savepoint=lambda: transaction.atomic(using=using))
+        committing = False
         try:
             with transaction.atomic(using=using):
                 if whole_file:
                     heartbeats.stop(lease)
                     self.control.renew()
                 self.control.in_tool_transaction = True
-                yield lambda: transaction.atomic(using=using)
+                yield run
+                self.control.in_tool_transaction = False
+                committing = True
+        except IntegrityError as exc:
+            # Constraints Django declares deferred (foreign keys) are checked at the commit: a
+            # tool's row that breaks one fails the commit, and everything rolled back with it.
+            if not committing:
+                raise
+            run.rolled_back = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
         finally:
             self.control.in_tool_transaction = False
             if whole_file and self.control.lease is lease and not lease.lost.is_set():

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["ChatStore", "UsageRecord"]
+__all__ = ["ChatStore", "ToolTransaction", "UsageRecord"]
 
 T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
@@ -38,6 +38,18 @@ class UsageRecord:
     cost: Decimal | None = None
     error: str = ""
     duration_ms: int | None = None
+
+
+@dataclass
+class ToolTransaction:
+    """The transaction a transactional tool runs in (``ChatStore.tool_transaction``)."""
+
+    #: a context around the tool's body: what it wrote is rolled back when an exception
+    #: leaves it (the tool failed; its error result is still written, in the transaction).
+    savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext
+    #: why the database refused the commit, once the block ended ("" when it committed):
+    #: nothing written in the block was kept.
+    rolled_back: str = ""
 
 
 class ChatStore(ABC):
@@ -163,14 +175,14 @@ class ChatStore(ABC):
     transactions: bool = False
 
     @contextmanager
-    def tool_transaction(self) -> Iterator[Callable[[], AbstractContextManager[Any]]]:
+    def tool_transaction(self) -> Iterator[ToolTransaction]:
         """One transactional tool's run: what the tool writes, then its result or its wait
         (``save_tool_result``, ``mark_tool_waiting``: their claim check comes first) commit
-        together when the block ends, or nothing does (an error leaves the block: a lost
-        claim, a failed write, a crash). Yields ``savepoint``: a context for the tool's body
-        whose writes are rolled back when an exception leaves it (the tool failed: its
-        error result is still written). Here, with nothing to share, a plain block."""
-        yield nullcontext
+        together when the block ends, or nothing does: an error leaving the block (a lost
+        claim, a failed write, a crash) rolls it all back and goes on up; a commit the
+        database refuses (a deferred constraint the tool's writes broke) rolls it back and
+        says so in ``rolled_back``. Here, with nothing to share, a plain block."""
+        yield ToolTransaction()
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:

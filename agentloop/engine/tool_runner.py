@@ -266,11 +266,20 @@ class ToolRunner:
         its call's state commit together. Callbacks hear of the result once it committed;
         the verb's release comes after, on its own (never from inside the transaction)."""
         tool = self._execute(call)
-        with self.store.tool_transaction() as savepoint:
+        with self.store.tool_transaction() as run:
             outcome = execute_tool(
-                tool.tool_class, call, tool.chat, tool.background, tool.cancel_check, savepoint
+                tool.tool_class, call, tool.chat, tool.background, tool.cancel_check, run.savepoint
             )
             written = self._write(call, outcome)
+        if run.rolled_back:
+            # The database refused the commit: nothing of the run stayed; the model hears why.
+            text = (
+                f"Tool {call.name!r} failed: the database refused its writes when they were "
+                f"committed ({run.rolled_back}); none of them were kept."
+            )
+            outcome = ToolOutcome(text, is_error=True, error=text)
+            self._save(call, outcome)
+            return outcome
         self._announce(call, outcome, written)
         return outcome
 

@@ -9,7 +9,7 @@ from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionCo
 from agentloop.messages import Message, ToolCall, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
 
-__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls"]
+__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls", "TestToolTransactions"]
 
 
 def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
@@ -269,3 +269,42 @@ class TestReleasingWrites:
             harness.store.release("generate")
         assert taken is True
         assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
+
+
+class TestToolTransactions:
+    """``tool_transaction``: a store with transactions (``transactions = True``) keeps what
+    was written in the block only if the block ends well, and its savepoint drops only what
+    was written inside it; a store without (the in-memory one) makes it a plain block, and
+    the engine runs transactional tools there as any other."""
+
+    def test_what_a_failed_block_wrote_is_kept_only_without_transactions(
+        self, harness: Harness
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+
+        with pytest.raises(RuntimeError), harness.store.tool_transaction():
+            harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+            raise RuntimeError("the process failed before the commit")
+        harness.store.release("tools")
+
+        kept = not harness.store.transactions
+        assert [m.tool_call_id for m in tool_messages(harness)] == (["c1"] if kept else [])
+        state = ToolCallState.SUCCEEDED if kept else ToolCallState.RUNNING
+        assert calls_read(harness)["c1"].state == state
+
+    def test_a_savepoint_drops_only_what_was_written_inside_it(self, harness: Harness) -> None:
+        c1, c2 = round_of(harness, call("c1"), call("c2"))
+        assert harness.store.claim() is True
+
+        with harness.store.tool_transaction() as run:
+            with pytest.raises(RuntimeError), run.savepoint():
+                harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+                raise RuntimeError("the tool failed")
+            harness.store.save_tool_result(c2, result_for(c2), ToolCallState.SUCCEEDED, None)
+        harness.store.release("generate")
+
+        kept = ["c1", "c2"] if not harness.store.transactions else ["c2"]
+        assert [m.tool_call_id for m in tool_messages(harness)] == kept
+        assert run.rolled_back == ""  # it committed
