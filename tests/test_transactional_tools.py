@@ -37,6 +37,7 @@ from tests.transactional_tools import (
     ledger_rows,
     ledger_then_ask,
     ledger_then_crash,
+    ledger_then_drop_connection,
     ledger_then_lose_the_chat,
     ledger_for_a_missing_chat,
     ledger_then_refuse,
@@ -251,6 +252,49 @@ def test_after_a_takeover_the_new_holder_runs_the_call_again_exactly_once(chat, 
 
     assert ledger_rows(chat.pk) == [(chat.pk, "c1", True, True)]
     assert notes_of(chat) == ["c1"]
+
+
+# -- connection faults: nothing committed, or the commit found ------------------------------
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_a_connection_dropped_mid_tool_rolls_the_run_back_and_it_runs_again_on_a_new_one(
+    chat, scripted
+):
+    chat.with_tools(ledger_then_drop_connection)
+    scripted.add(tool_call("ledger_then_drop_connection", {}, id="c1"), "Booked.")
+
+    assert chat.ask("Book it").content == "Booked."
+
+    assert len(THREADS) == 2  # the first run's write went with its connection
+    assert ledger_rows(chat.pk) == [(chat.pk, "c1", True, True)]
+    assert notes_of(chat) == ["c1"]
+    chat.refresh_from_db()
+    assert (chat.state, chat.error, chat.lease_token) == ("idle", "", "")
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'")
+def test_a_commit_whose_answer_is_lost_is_found_committed_and_the_tool_not_run_again(
+    chat, scripted, monkeypatch
+):
+    from agentloop.django_store.tool_calls import ToolCalls
+    from tests.db_faults import lose_next_reply, through_proxy
+
+    write = ToolCalls.save_tool_result
+
+    def then_lose_the_commits_answer(self, *args, **kwargs):
+        record = write(self, *args, **kwargs)
+        lose_next_reply()  # the next statement is the transaction's COMMIT
+        return record
+
+    monkeypatch.setattr(ToolCalls, "save_tool_result", then_lose_the_commits_answer)
+    scripted.add(tool_call("ledger", {}, id="c1"))
+    with through_proxy() as proxy:
+        chat.ask_later("Book it").generate()
+        (record,) = chat.run_tools()
+
+    assert proxy.cuts == 1
+    assert record.content == "booked c1"
+    assert len(THREADS) == 1  # once: its commit went through
+    assert ledger_rows(chat.pk) == [(chat.pk, "c1", True, True)]
 
 
 def test_a_call_cut_short_by_a_crash_is_run_again_and_writes_once(chat, scripted):

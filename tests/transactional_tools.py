@@ -121,6 +121,24 @@ def ledger_then_lose_the_chat(context: ToolContext) -> str:
     return "booked, but the chat was taken over"
 
 
+#: the calls whose first run dropped its connection (``ledger_then_drop_connection``).
+DROPPED: set[str] = set()
+
+
+@tool(transactional=True)
+def ledger_then_drop_connection(context: ToolContext) -> str:
+    """Writes its line, then, on its call's first run only, has PostgreSQL drop the step's
+    connection (a server restart, a network cut): the transaction is gone with it."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import backend_pid, terminate
+
+    _book("ledger_then_drop_connection", context)
+    if context.tool_call.id not in DROPPED:
+        DROPPED.add(context.tool_call.id)
+        terminate(backend_pid())
+    return f"booked {context.tool_call.id}"
+
+
 class Transfer(Tool):
     """Moves an amount: the class form of a transactional tool."""
 

@@ -15,8 +15,7 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -175,10 +174,10 @@ class DjangoStore(ChatStore):
 
     transactions = True
 
-    @contextmanager
-    def tool_transaction(self) -> Iterator[ToolTransaction]:
-        with self.tool_calls.tool_transaction() as run:
-            yield run
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        return self.tool_calls.run_in_transaction(call, work)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

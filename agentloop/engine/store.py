@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -42,14 +42,11 @@ class UsageRecord:
 
 @dataclass
 class ToolTransaction:
-    """The transaction a transactional tool runs in (``ChatStore.tool_transaction``)."""
+    """The transaction a transactional tool runs in (``ChatStore.run_in_transaction``)."""
 
     #: a context around the tool's body: what it wrote is rolled back when an exception
     #: leaves it (the tool failed; its error result is still written, in the transaction).
     savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext
-    #: why the database refused the commit, once the block ended ("" when it committed):
-    #: nothing written in the block was kept.
-    rolled_back: str = ""
 
 
 class ChatStore(ABC):
@@ -170,19 +167,22 @@ class ChatStore(ABC):
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
 
-    #: transactional tools (``Tool.transactional``) run inside :meth:`tool_transaction`, in
+    #: transactional tools (``Tool.transactional``) run with :meth:`run_in_transaction`, in
     #: the verb's own database phase; False (no database to share): they run as other tools.
     transactions: bool = False
 
-    @contextmanager
-    def tool_transaction(self) -> Iterator[ToolTransaction]:
-        """One transactional tool's run: what the tool writes, then its result or its wait
-        (``save_tool_result``, ``mark_tool_waiting``: their claim check comes first) commit
-        together when the block ends, or nothing does: an error leaving the block (a lost
-        claim, a failed write, a crash) rolls it all back and goes on up; a commit the
-        database refuses (a deferred constraint the tool's writes broke) rolls it back and
-        says so in ``rolled_back``. Here, with nothing to share, a plain block."""
-        yield ToolTransaction()
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        """Run ``work`` (a transactional tool's run for ``call``: the tool, then its result or
+        its wait, whose claim check comes first) in one transaction: all it writes commits,
+        or nothing does. An error ``work`` raises (a lost claim, a failed write) rolls it
+        back and goes on up; a connection lost before the commit (nothing committed) has it
+        run again on a new one while the claim holds. Returns ``work``'s result and "" once
+        it committed, or why the database refused the commit (a deferred constraint the
+        tool's writes broke): then nothing of it was kept. Here, with nothing to share, a
+        plain call."""
+        return work(ToolTransaction()), ""
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:

@@ -32,7 +32,7 @@ from . import tracing
 from .checkpoints import Checkpoints
 from .config import ToolOptions
 from .effects import Effects, Launch, RunTool, WaitAny
-from .store import ChatStore
+from .store import ChatStore, ToolTransaction
 from .transcript import TOOL_LIMIT_RESULT
 
 __all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
@@ -266,16 +266,19 @@ class ToolRunner:
         its call's state commit together. Callbacks hear of the result once it committed;
         the verb's release comes after, on its own (never from inside the transaction)."""
         tool = self._execute(call)
-        with self.store.tool_transaction() as run:
+
+        def work(run: ToolTransaction) -> tuple[ToolOutcome, tuple[Message, Any] | None]:
             outcome = execute_tool(
                 tool.tool_class, call, tool.chat, tool.background, tool.cancel_check, run.savepoint
             )
-            written = self._write(call, outcome)
-        if run.rolled_back:
+            return outcome, self._write(call, outcome)
+
+        (outcome, written), refused = self.store.run_in_transaction(call, work)
+        if refused:
             # The database refused the commit: nothing of the run stayed; the model hears why.
             text = (
                 f"Tool {call.name!r} failed: the database refused its writes when they were "
-                f"committed ({run.rolled_back}); none of them were kept."
+                f"committed ({refused}); none of them were kept."
             )
             outcome = ToolOutcome(text, is_error=True, error=text)
             self._save(call, outcome)

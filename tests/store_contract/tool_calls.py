@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentloop.engine import ToolTransaction
 from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from agentloop.messages import Message, ToolCall, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
@@ -272,21 +273,24 @@ class TestReleasingWrites:
 
 
 class TestToolTransactions:
-    """``tool_transaction``: a store with transactions (``transactions = True``) keeps what
-    was written in the block only if the block ends well, and its savepoint drops only what
-    was written inside it; a store without (the in-memory one) makes it a plain block, and
-    the engine runs transactional tools there as any other."""
+    """``run_in_transaction``: a store with transactions (``transactions = True``) keeps what
+    its work wrote only if the work ends well, and the savepoint drops only what was written
+    inside it; a store without (the in-memory one) makes it a plain call, and the engine
+    runs transactional tools there as any other."""
 
-    def test_what_a_failed_block_wrote_is_kept_only_without_transactions(
+    def test_what_a_failed_run_wrote_is_kept_only_without_transactions(
         self, harness: Harness
     ) -> None:
         (c1,) = round_of(harness, call("c1"))
         assert harness.store.claim() is True
         assert harness.store.mark_tool_running(c1) is True
 
-        with pytest.raises(RuntimeError), harness.store.tool_transaction():
+        def work(run: ToolTransaction) -> None:
             harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
             raise RuntimeError("the process failed before the commit")
+
+        with pytest.raises(RuntimeError):
+            harness.store.run_in_transaction(c1, work)
         harness.store.release("tools")
 
         kept = not harness.store.transactions
@@ -298,13 +302,15 @@ class TestToolTransactions:
         c1, c2 = round_of(harness, call("c1"), call("c2"))
         assert harness.store.claim() is True
 
-        with harness.store.tool_transaction() as run:
+        def work(run: ToolTransaction) -> str:
             with pytest.raises(RuntimeError), run.savepoint():
                 harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
                 raise RuntimeError("the tool failed")
             harness.store.save_tool_result(c2, result_for(c2), ToolCallState.SUCCEEDED, None)
+            return "done"
+
+        assert harness.store.run_in_transaction(c2, work) == ("done", "")  # it committed
         harness.store.release("generate")
 
         kept = ["c1", "c2"] if not harness.store.transactions else ["c2"]
         assert [m.tool_call_id for m in tool_messages(harness)] == kept
-        assert run.rolled_back == ""  # it committed
