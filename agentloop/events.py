@@ -9,6 +9,7 @@ what it can do with flags (``keeps_events``), not by its class.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -170,7 +171,9 @@ class RedisEvents(EventBackend):
         try:
             answer: Any = self.client.xread(**self._xread_args(key, after, timeout))
         except Exception as exc:
-            return self._erased(exc)
+            self._erased(exc)
+            time.sleep(timeout)  # as a read that found nothing (no tight loop on a tombstone)
+            return []
         return self.events_of(answer)
 
     def aconnect(self) -> Any:
@@ -183,16 +186,17 @@ class RedisEvents(EventBackend):
         try:
             answer: Any = await connection.xread(**self._xread_args(key, after, timeout))
         except Exception as exc:
-            return self._erased(exc)
+            self._erased(exc)
+            await asyncio.sleep(timeout)
+            return []
         return self.events_of(answer)
 
     @staticmethod
-    def _erased(exc: Exception) -> list[Event]:
-        """No events when the stream is an erased chat's tombstone (a reader still open then
-        ends at its next look at the chat row); any other error is raised."""
-        if "WRONGTYPE" in str(exc):
-            return []
-        raise exc
+    def _erased(exc: Exception) -> None:
+        """Raises ``exc`` unless the stream is an erased chat's tombstone: then there are no
+        events (a reader still open ends at its next look at the chat row)."""
+        if "WRONGTYPE" not in str(exc):
+            raise exc
 
     def _xread_args(self, key: str, after: str | None, timeout: float) -> dict[str, Any]:
         return {
