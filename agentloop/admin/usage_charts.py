@@ -32,7 +32,9 @@ __all__ = [
     "RangeForm",
     "charts_view",
     "daily_by_model",
+    "daily_by_model_query",
     "top_owners",
+    "top_owners_query",
 ]
 
 #: the longest range one page draws (a bar per day).
@@ -78,7 +80,12 @@ def in_range(usage: QuerySet[Any], start: date, end: date) -> QuerySet[Any]:
 
 def daily_by_model(usage: QuerySet[Any], start: date, end: date) -> list[dict[str, Any]]:
     """One grouped query: per day and provider/model, the cost, tokens and attempts."""
-    return list(
+    return list(daily_by_model_query(usage, start, end))
+
+
+def daily_by_model_query(usage: QuerySet[Any], start: date, end: date) -> QuerySet[Any]:
+    """The query of :func:`daily_by_model` (to explain it, or run it yourself)."""
+    return (
         in_range(usage, start, end)
         .annotate(day=TruncDay("created_at"))
         .values("day", "provider", "model")
@@ -95,7 +102,19 @@ def daily_by_model(usage: QuerySet[Any], start: date, end: date) -> list[dict[st
 def top_owners(usage: QuerySet[Any], start: date, end: date) -> list[dict[str, Any]]:
     """One grouped query: the owners with the highest cost (then tokens) in the range; their
     names come from one primary-key lookup of those few users."""
-    rows = list(
+    rows = list(top_owners_query(usage, start, end))
+    users = get_user_model()._default_manager.in_bulk(
+        [row["owner_id"] for row in rows if row["owner_id"] is not None]
+    )
+    for row in rows:
+        user = users.get(row["owner_id"])
+        row["owner"] = user.get_username() if user is not None else str(_("(no owner)"))
+    return rows
+
+
+def top_owners_query(usage: QuerySet[Any], start: date, end: date) -> QuerySet[Any]:
+    """The grouped query of :func:`top_owners` (owner primary keys, not names)."""
+    return (
         in_range(usage, start, end)
         .values("owner_id")
         .annotate(
@@ -105,13 +124,6 @@ def top_owners(usage: QuerySet[Any], start: date, end: date) -> list[dict[str, A
         )
         .order_by("-cost", "-tokens", "owner_id")[:TOP_OWNERS]
     )
-    users = get_user_model()._default_manager.in_bulk(
-        [row["owner_id"] for row in rows if row["owner_id"] is not None]
-    )
-    for row in rows:
-        user = users.get(row["owner_id"])
-        row["owner"] = user.get_username() if user is not None else str(_("(no owner)"))
-    return rows
 
 
 @dataclass
