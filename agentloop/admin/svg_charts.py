@@ -23,7 +23,9 @@ COLOURS = (
     "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000",
     "#999999",
 )  # fmt: skip
-WIDTH = 960
+WIDTH = 760
+#: characters of a label drawn (the whole label is in the bar's title, and the tables).
+LABEL = 30
 FONT = 'font-family="system-ui, sans-serif" font-size="11"'
 
 Number = int | float | Decimal
@@ -65,7 +67,7 @@ def stacked_bars(
 ) -> SafeString:
     """A bar per day, one stacked segment per series; a legend under it."""
     left, right, top, bottom = 78, 12, 26, 44
-    legend_rows = math.ceil(len(series) / 4)
+    legend_rows = math.ceil(len(series) / 3)
     total_height = height + legend_rows * 18 + 8
     plot_width, plot_height = WIDTH - left - right, height - top - bottom
     totals = [sum(float(s.values[i]) for s in series) for i in range(len(days))]
@@ -107,13 +109,13 @@ def stacked_bars(
         f'<line x1="{left}" x2="{WIDTH - right}" y1="{axis_y}" y2="{axis_y}" stroke="#666"/>'
     )
     for number, item in enumerate(series):
-        x = left + (number % 4) * (plot_width / 4)
-        y = height + (number // 4) * 18
+        x = left + (number % 3) * (plot_width / 3)
+        y = height + (number // 3) * 18
         colour = COLOURS[number % len(COLOURS)]
         parts.append(
             f'<rect class="legend" x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{colour}"/>'
         )
-        parts.append(_text(x + 14, y, _shorten(item.label, 38)))
+        parts.append(_text(x + 14, y, _shorten(item.label, LABEL)))
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text above went through escape()
 
@@ -123,7 +125,7 @@ def horizontal_bars(
 ) -> SafeString:
     """One bar per ``(label, value, detail)``, longest first as given; ``detail`` is shown
     after the value."""
-    left, right, top, row = 220, 150, 26, 24
+    left, right, top, row = 200, 150, 26, 24
     height = top + row * len(items) + 10
     plot_width = WIDTH - left - right
     largest = max((float(value) for _, value, _ in items), default=0.0) or 1.0
@@ -135,7 +137,7 @@ def horizontal_bars(
     for index, (label, value, detail) in enumerate(items):
         y = top + index * row
         size = max(1.0, float(value) / largest * plot_width)
-        parts.append(_text(left - 8, y + 15, _shorten(label, 34), "end"))
+        parts.append(_text(left - 8, y + 15, _shorten(label, LABEL), "end"))
         parts.append(
             f'<rect class="bar" x="{left}" y="{y + 3}" width="{size:.1f}" height="{row - 6}" '
             f'fill="{COLOURS[0]}"><title>{escape(f"{label}: {formatter(float(value))}")}'

@@ -230,7 +230,7 @@ def charts_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         "models": daily.models,
         "owners": owners,
         "total_cost": total_cost,
-        "total_tokens": total_tokens,
+        "total_tokens": f"{total_tokens:,}",
         "total_attempts": sum(m["attempts"] for m in daily.models),
         "cost_chart": stacked_bars(
             daily.days, daily.cost, title=f"Cost per day by model, {span}", formatter=money
