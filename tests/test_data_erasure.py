@@ -312,7 +312,9 @@ def test_the_export_command_writes_the_document_to_a_file_or_standard_output(use
 
 
 def test_the_commands_refuse_an_unknown_owner_in_one_line():
-    with pytest.raises(CommandError, match=r"^No user with the primary key or username 'nobody'\.$"):
+    with pytest.raises(
+        CommandError, match=r"^No user with the primary key or username 'nobody'\.$"
+    ):
         call_command("agentloop", "export", "--owner", "nobody")
     with pytest.raises(CommandError, match="No user"):
         call_command("agentloop", "erase", "--owner", "4242", "--yes")

@@ -161,9 +161,7 @@ def test_the_usage_list_links_to_the_charts(admin_client):
     assert URL in admin_client.get("/admin/agentloop/usage/").content.decode()
 
 
-def test_staff_without_the_view_permission_get_403_and_others_the_login(
-    client, django_user_model
-):
+def test_staff_without_the_view_permission_get_403_and_others_the_login(client, django_user_model):
     assert client.get(URL).status_code == 302  # to the admin's login
     staff = django_user_model.objects.create_user(username="clerk", password="pw", is_staff=True)
     client.force_login(staff)

@@ -52,8 +52,13 @@ def usage(django_user_model) -> None:
                 provider = "anthropic" if model.startswith("claude") else "openai"
                 rows.append(
                     Usage(
-                        owner=owner, provider=provider, model=model, status="succeeded",
-                        input_tokens=tokens, output_tokens=tokens // 8, cost=Decimal(cost),
+                        owner=owner,
+                        provider=provider,
+                        model=model,
+                        status="succeeded",
+                        input_tokens=tokens,
+                        output_tokens=tokens // 8,
+                        cost=Decimal(cost),
                         created_at=noon,
                     )  # fmt: skip
                 )

@@ -52,8 +52,7 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 
 def _text(x: float, y: float, text: str, anchor: str = "start", extra: str = "") -> str:
     return (
-        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {FONT}{extra}>'
-        f"{escape(text)}</text>"
+        f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {FONT}{extra}>{escape(text)}</text>'
     )
 
 

@@ -58,9 +58,7 @@ class RangeForm(forms.Form):
             if end < start:
                 raise forms.ValidationError(_("The last day comes before the first."))
             if (end - start).days + 1 > MAX_DAYS:
-                raise forms.ValidationError(
-                    _("Choose at most %(days)d days.") % {"days": MAX_DAYS}
-                )
+                raise forms.ValidationError(_("Choose at most %(days)d days.") % {"days": MAX_DAYS})
         return cleaned
 
 
@@ -242,13 +240,9 @@ def charts_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             formatter=count,
         ),
         "owners_chart": horizontal_bars(
-            [
-                (row["owner"], row["cost"], f"{count(row['tokens'])} tokens")
-                for row in owners
-            ],
+            [(row["owner"], row["cost"], f"{count(row['tokens'])} tokens") for row in owners],
             title=f"Top {len(owners)} owners by cost, {span}",
             formatter=money,
         ),
     }
     return TemplateResponse(request, "admin/agentloop/usage/charts.html", context)
-

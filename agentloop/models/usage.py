@@ -133,7 +133,12 @@ class Usage(AbstractUsage):
             models.Index(
                 fields=["created_at"],
                 include=[
-                    "provider", "model", "owner", "cost", "input_tokens", "output_tokens",
+                    "provider",
+                    "model",
+                    "owner",
+                    "cost",
+                    "input_tokens",
+                    "output_tokens",
                 ],
                 name="agentloop_usage_day_idx",
             ),  # fmt: skip
