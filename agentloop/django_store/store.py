@@ -28,10 +28,10 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
-from .claims import Release
 from .config import Config
 from .inbox import Inbox
 from .leases import Lease
+from .releases import Release
 from .run_control import RunControl
 from .stopping import Stopping
 from .tool_calls import ToolCalls
@@ -172,7 +172,7 @@ class DjangoStore(ChatStore):
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
 
-    transactions = True
+    runs_transactions = True
 
     def run_in_transaction(
         self, call: ToolCall, work: Callable[[ToolTransaction], T]

@@ -259,7 +259,7 @@ class ToolRunner:
     # -- transactional tools -------------------------------------------------------------
     def _transactional(self, call: ToolCall) -> bool:
         """``call``'s tool runs in the store's transaction (a store that has one)."""
-        return self.store.transactions and self.tools[call.name].transactional
+        return self.store.runs_transactions and self.tools[call.name].transactional
 
     def _run_in_transaction(self, call: ToolCall) -> ToolOutcome:
         """Run a transactional tool here, in this database phase: its writes, its result and

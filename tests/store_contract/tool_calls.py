@@ -273,7 +273,7 @@ class TestReleasingWrites:
 
 
 class TestToolTransactions:
-    """``run_in_transaction``: a store with transactions (``transactions = True``) keeps what
+    """``run_in_transaction``: a store with transactions (``runs_transactions = True``) keeps what
     its work wrote only if the work ends well, and the savepoint drops only what was written
     inside it; a store without (the in-memory one) makes it a plain call, and the engine
     runs transactional tools there as any other."""
@@ -293,7 +293,7 @@ class TestToolTransactions:
             harness.store.run_in_transaction(c1, work)
         harness.store.release("tools")
 
-        kept = not harness.store.transactions
+        kept = not harness.store.runs_transactions
         assert [m.tool_call_id for m in tool_messages(harness)] == (["c1"] if kept else [])
         state = ToolCallState.SUCCEEDED if kept else ToolCallState.RUNNING
         assert calls_read(harness)["c1"].state == state
@@ -312,5 +312,5 @@ class TestToolTransactions:
         assert harness.store.run_in_transaction(c2, work) == ("done", "")  # it committed
         harness.store.release("generate")
 
-        kept = ["c1", "c2"] if not harness.store.transactions else ["c2"]
+        kept = ["c1", "c2"] if not harness.store.runs_transactions else ["c2"]
         assert [m.tool_call_id for m in tool_messages(harness)] == kept
