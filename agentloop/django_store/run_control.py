@@ -73,7 +73,7 @@ class RunControl:
         #: keys of the calls this verb saw held for a person (read, or marked while it ran): a
         #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
         self._held_calls: frozenset[Any] | set[Any] = frozenset()
-        #: a transactional tool's transaction is open (``ToolCalls.tool_transaction``).
+        #: a transactional tool's transaction is open (``ToolCalls.run_in_transaction``).
         self.in_tool_transaction = False
 
     # -- what the claim read on the way ----------------------------------------------------
