@@ -47,6 +47,7 @@ LOCAL_IMPORTS = {
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
+    ("agentloop.tasks", "agentloop.data"): "app loading: Celery imports tasks before apps",
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),

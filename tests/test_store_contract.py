@@ -25,6 +25,7 @@ from tests.store_contract.tool_calls import (
     TestHandoffs,
     TestReleasingWrites,
     TestToolCalls,
+    TestToolTransactions,
 )
 from tests.store_contract.transcript import TestAnswers, TestPartials, TestTranscript
 
@@ -42,6 +43,7 @@ __all__ = [
     "TestPartials",
     "TestReleasingWrites",
     "TestToolCalls",
+    "TestToolTransactions",
     "TestTracing",
     "TestTranscript",
     "TestUsage",

@@ -82,6 +82,8 @@ def start_worker(
     database_url: str | None = None,
     agentloop: dict[str, Any] | None = None,
     pythonpath: Path | None = None,
+    concurrency: int = 1,
+    kill_points: Path | None = None,
 ) -> tuple[Worker, Path]:
     """A ``celery worker`` (prefork, one process) on ``queue``, logging to ``tmp/<name>.log``;
     returns it and the file it creates once ready (the caller waits for it).
@@ -90,7 +92,9 @@ def start_worker(
     the ``rules`` provider its requests to ``provider_log``; held tools wait for ``flag``;
     ``clock_offset`` moves the worker's clock (seconds, time-machine); ``netns`` runs it in
     that network namespace; ``database_url`` points it at another database address;
-    ``pythonpath`` is a folder it imports from too (code this process has, say).
+    ``pythonpath`` is a folder it imports from too (code this process has, say);
+    ``concurrency`` sizes its pool; its processes stop at the ``kill_points`` a test arms in
+    that folder (tests/kill_points.py).
     """
     ready = tmp / f"{name}.ready"
     log = tmp / f"{name}.log"
@@ -104,6 +108,7 @@ def start_worker(
         AGENTLOOP_TEST_PROVIDER_LOG=provider_log,
         AGENTLOOP_TEST_FLAG=flag,
         AGENTLOOP_TEST_CLOCK_OFFSET=clock_offset or None,
+        AGENTLOOP_TEST_KILL_POINTS=kill_points,
     )
     if database_url:
         env["DATABASE_URL"] = database_url
@@ -111,7 +116,7 @@ def start_worker(
         env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pythonpath}"
     command = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-        "--pool=prefork", "--concurrency=1", "--loglevel=INFO",
+        "--pool=prefork", f"--concurrency={concurrency}", "--loglevel=INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-Q", queue,
     ]  # fmt: skip
@@ -147,11 +152,18 @@ class Background:
     workers: list[Worker] = field(default_factory=list)
 
     def start_worker(
-        self, name: str, *, flag: bool = False, pythonpath: Path | None = None, **agentloop: Any
+        self,
+        name: str,
+        *,
+        flag: bool = False,
+        concurrency: int = 1,
+        kill_points: Path | None = None,
+        pythonpath: Path | None = None,
+        **agentloop: Any,
     ) -> Worker:
         """A worker process on this test's queue; ``agentloop`` settings go on top of the
         tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed;
-        ``pythonpath`` is a folder it imports from too."""
+        ``concurrency``, ``kill_points`` and ``pythonpath`` as for :func:`start_worker`."""
         worker, ready = start_worker(
             self.tmp,
             name,
@@ -161,6 +173,8 @@ class Background:
             provider_log=self.provider_log,
             flag=self.tmp / "never-created" if flag else None,
             agentloop=agentloop,
+            concurrency=concurrency,
+            kill_points=kill_points,
             pythonpath=pythonpath,
         )
         self.workers.append(worker)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
-from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
@@ -192,6 +192,13 @@ class DjangoStore(ChatStore):
                 setattr(chat, name, value)
             self.config.forget()
             raise
+
+    runs_transactions = True
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        return self.tool_calls.run_in_transaction(call, work)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

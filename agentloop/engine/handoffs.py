@@ -47,6 +47,8 @@ class RoundHandoffs:
         self.made_in_turn = made_in_turn
         #: the handoff this round made: (the call's id, its record).
         self.made: tuple[str, dict[str, Any]] | None = None
+        #: the call whose handoff is made and not yet announced ("handed_off").
+        self._unannounced: ToolCall | None = None
 
     def refusal(self) -> str | None:
         """Why a handoff can't be made now; None when it can."""
@@ -93,10 +95,11 @@ class RoundHandoffs:
         outcome: ToolOutcome,
         tool_class: Any,
         write: Callable[[ToolOutcome], Any],
-    ) -> Any:
+    ) -> tuple[ToolOutcome, Any]:
         """Write ``call``'s result (``write``), its outcome asking for a handoff: the handoff
         made in the same transaction (the new agent's configuration applied, the chat's agent
-        recorded, the call marked); when it can't be made, the result says why."""
+        recorded, the call marked); when it can't be made, the result says why. Returns the
+        outcome written and what ``write`` returned; :meth:`announce` once committed."""
         request = outcome.handoff
         assert request is not None  # noqa: S101 - the runner routes only handoffs here
         reason = self.refusal()
@@ -115,10 +118,18 @@ class RoundHandoffs:
             else:
                 self.made = (call.id, record)
                 self.made_in_turn += 1
-                # After the commit: what listens sees the chat under its new agent.
-                self.emit("handed_off", record, self.store.native_tool_call(call))
-                return result
+                self._unannounced = call
+                return outcome, result
         if hands_off(tool_class):
-            return write(ToolOutcome(reason, is_error=True, error=reason))
-        # Any other tool ran and has its own result: kept, with why no handoff was made.
-        return write(ToolOutcome(f"{outcome.content}\n\n[{reason}]"))
+            refused = ToolOutcome(reason, is_error=True, error=reason)
+        else:
+            # Any other tool ran and has its own result: kept, with why no handoff was made.
+            refused = ToolOutcome(f"{outcome.content}\n\n[{reason}]")
+        return refused, write(refused)
+
+    def announce(self) -> None:
+        """Once the handoff's transaction committed: "handed_off" for it (once), so what
+        listens sees the chat under its new agent."""
+        call, self._unannounced = self._unannounced, None
+        if call is not None and call.handoff is not None:
+            self.emit("handed_off", call.handoff, self.store.native_tool_call(call))
