@@ -112,3 +112,17 @@ class EscalateInMemory(Tool):
     def execute(self) -> str:
         self.context.hand_off(Billing)
         return "escalated"
+
+
+class EscalateAndNote(Tool):
+    """Notes the escalation in the database and hands the chat to billing, in one
+    transaction with its result (a transactional tool)."""
+
+    transactional = True
+
+    def execute(self) -> str:
+        from example_project.models import Note  # a model: imported once apps are loaded
+
+        Note.objects.create(chat_id=self.context.chat.pk, text="escalated to billing")
+        self.context.hand_off(Billing, customer="Ada")
+        return "noted"

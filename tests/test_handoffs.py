@@ -358,6 +358,21 @@ def test_a_tool_calling_find_on_its_chat_hands_the_running_ask_over_at_once(
     assert chat.messages.get(tool_call__call_id="e1").content == "escalated for Ada"
 
 
+@pytest.mark.django_db
+def test_a_transactional_tool_hands_off_in_its_own_transaction(user, scripted):
+    from example_project.models import Note
+    from tests.handoff_agents import EscalateAndNote
+
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(EscalateAndNote)
+    scripted.add(tool_call("escalate_and_note"), "42 EUR.")
+
+    assert chat.ask("bill me").content == "42 EUR."
+
+    assert made(scripted)[-1][:2] == ("billing", "You are BILLING for Ada.")
+    assert Note.objects.filter(chat=chat).count() == 1
+    assert handoffs_of(chat)[0][1]["to"] == "tests.handoff_agents.Billing"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_tool_calling_find_hands_an_aask_over_at_once(user, scripted):
     chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(Escalate)
