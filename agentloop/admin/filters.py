@@ -61,7 +61,7 @@ class ProblemFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [
             ("failed", _("failed (provider error)")),
-            ("stopped", _("stopped by a limit")),
+            ("stopped", _("stopped")),
             ("tool_failed", _("a tool failed")),
             ("cancelled", _("cancelled")),
         ]

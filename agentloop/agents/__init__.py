@@ -66,6 +66,8 @@ class Agent:
     limits: ClassVar[Mapping[str, Any]] = {}
     #: "provider:model" names tried in order when the model fails for a step (``with_fallbacks``).
     fallbacks: ClassVar[Sequence[str]] = ()
+    #: guardrails its chats run (``with_guardrails``; agentloop.guardrails).
+    guardrails: ClassVar[Sequence[Any]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,6 +117,9 @@ class Agent:
             chat.with_limits(**cls.limits)
         if cls.fallbacks:
             chat.with_fallbacks(*cls.fallbacks)
+        if cls.guardrails or store.get_guardrails():
+            # The agent's guardrails are the chat's: one removed from the class goes too.
+            chat.with_guardrails(*cls.guardrails, replace=True)
         return chat
 
     @classmethod
@@ -176,6 +181,8 @@ class Agent:
             "schema": None if cls.schema is None else _stable_name(cls.schema),
             "limits": dict(cls.limits),
         }
+        if cls.guardrails:  # only then: the digests of agents without any stay as they were
+            applied["guardrails"] = [_stable_name(guardrail) for guardrail in cls.guardrails]
         text = json.dumps(applied, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 

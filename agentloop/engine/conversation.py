@@ -32,6 +32,7 @@ from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
 from .effects import Effects
+from .guarding import Guards
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
 from .results import MessageT, StepResult
@@ -67,6 +68,7 @@ _EVENTS = (
     "halted",
     "claimed",
     "subagents_waiting",
+    "guardrail_blocked",
 )
 
 
@@ -101,7 +103,8 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Conversation:
-        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
+        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted",
+        "guardrail_blocked")."""
         if event not in _EVENTS:
             raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(_EVENTS)}")
         self._callbacks[event].append(callback)
@@ -458,6 +461,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             )
         limit = self.store.get_config().limits.max_tool_calls
         budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
+        guards = Guards(self.store, self._emit, self.owner)
         runner = ToolRunner(
             self.store,
             self._tool_map(),
@@ -467,6 +471,9 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
             chat=self.owner,
             release_last=run.single,
             tool_budget=budget,
+            guards=guards if guards.tool else None,
+            transcript=transcript,
+            asking=round_.message,
         )
         try:
             results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
@@ -478,4 +485,7 @@ class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVer
         # The transcript in memory follows what was written: the next step needs no read.
         transcript.extend(runner.messages)
         run.next_move = next_move(transcript)
+        if runner.stopped is not None:
+            # A tool guardrail's block stops the chat, now that the round's results are saved.
+            guards.fail_or_stop(runner.stopped, announce=False)
         return results

@@ -9,6 +9,7 @@ thread, or awaited on the event loop for an ``async def`` tool of an async verb.
 from __future__ import annotations
 
 import inspect
+import json
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from pydantic import ValidationError
 
-from ..exceptions import CancelledError, ToolError, ToolWaiting
+from ..exceptions import CancelledError, GuardrailError, ToolError, ToolWaiting
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import (
@@ -30,7 +31,8 @@ from ..tools import (
 from . import tracing
 from .checkpoints import Checkpoints
 from .config import ToolOptions
-from .effects import Effects, Launch, RunTool, WaitAny
+from .effects import Effects, Judge, Launch, RunTool, WaitAny
+from .guarding import Case, Guards, Verdict, stop_reason
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
 
@@ -38,6 +40,10 @@ __all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
 
 #: what the model is told about a call a person denied.
 DENIED_RESULT = "The user denied this tool call; it was not run."
+#: what the model is told about a call a tool guardrail blocked ("guardrail <name>: <why>").
+BLOCKED_RESULT = "Blocked by {reason}; the tool was not run."
+#: ... and about the round's calls left when a tool guardrail stopped the chat.
+STOPPED_RESULT = "Not run: {reason} stopped the chat."
 
 Emit = Callable[..., None]
 
@@ -149,8 +155,19 @@ class ToolRunner:
         *,
         release_last: bool = False,
         tool_budget: int | None = None,
+        guards: Guards | None = None,
+        transcript: list[Message] | None = None,
+        asking: Message | None = None,
     ) -> None:
         self.store = store
+        #: the chat's guardrails (tool guardrails judge each call before it runs), and the
+        #: transcript their contexts show.
+        self.guards = guards
+        self.transcript = transcript or []
+        #: the block of a tool guardrail that stops the chat (once the round is saved).
+        self.stopped: Verdict | None = None
+        #: the answer that asked for the round's calls (the guardrails' ``message``).
+        self.asking = asking
         #: the round is the verb's last move: its last result's write also releases the claim.
         self.release_last = release_last
         self.unanswered: list[ToolCall] = []
@@ -253,6 +270,65 @@ class ToolRunner:
         self.emit("before_tool_call", self.store.native_tool_call(call))
         return True
 
+    # -- tool guardrails ----------------------------------------------------------------
+    def _judge(self, call: ToolCall) -> Effects[Verdict | None]:
+        """What the tool guardrails decide about ``call`` (None: none judge it), kept on
+        the call; arguments one replaced are the call's from now on."""
+        guardrails = self.guards.tool_guardrails(call) if self.guards is not None else []
+        if not guardrails or self.guards is None:
+            return None
+        text = json.dumps(call.arguments, ensure_ascii=False, default=str)
+        case = Case("tool", text, message=self.asking, tool_call=call)
+        panels = self.guards.panels(guardrails, [case], self.transcript)
+        (verdict,) = yield Judge(panels, self.store.wrap_thread)
+        if verdict.passed and verdict.arguments is not None:
+            problem = arguments_problem(self.tools[call.name], verdict.arguments)
+            if problem is not None:
+                replaced = verdict.outcomes[-1]
+                verdict.error = GuardrailError(
+                    f"guardrail {replaced.guardrail!r} replaced the arguments of "
+                    f"{call.name!r} with ones its tool refuses: {problem}"
+                )
+                replaced.decision, replaced.reason = "error", str(verdict.error)
+        call.guardrails = list(verdict.outcomes)
+        if verdict.passed and verdict.arguments is not None:
+            call.arguments = verdict.arguments
+        return verdict
+
+    def _judged(self, call: ToolCall, verdict: Verdict | None, release: str | None = None) -> bool:
+        """Act on a verdict that did not pass ``call``: a failure raises its
+        ``GuardrailError`` (fails closed: the call is not run, the chat fails); a block
+        gives the model an error result (and, stopping, ends the round). True when the call
+        was dealt with here (it must not run)."""
+        if verdict is None or verdict.passed:
+            return False
+        self.store.save_tool_guardrails(call)
+        if verdict.error is not None:
+            raise verdict.error
+        blocked = verdict.blocked
+        assert blocked is not None  # noqa: S101 - not passed: blocked or failed
+        self.emit("guardrail_blocked", blocked)
+        if verdict.stop:
+            self.stopped = verdict
+        text = BLOCKED_RESULT.format(reason=stop_reason(blocked))
+        self._save(call, ToolOutcome(text, is_error=True), release=release)
+        return True
+
+    def _stopped_result(self) -> ToolOutcome | None:
+        """A call's result once a guardrail stopped the chat: not run."""
+        if self.stopped is None or self.stopped.blocked is None:
+            return None
+        text = STOPPED_RESULT.format(reason=stop_reason(self.stopped.blocked))
+        return ToolOutcome(text, is_error=True)
+
+    def _refuse(self, call: ToolCall, refusal: ToolOutcome, last: bool) -> Effects[None]:
+        """Save a refusal; a deferred call (run outside) is judged before it is held."""
+        if refusal.wait_reason == "deferred":
+            verdict = yield from self._judge(call)
+            if self._judged(call, verdict, release=self._then(call) if last else None):
+                return
+        self._save(call, refusal, release=self._then(call) if last else None)
+
     # -- the round ---------------------------------------------------------------------
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Effects[list[Any]]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
@@ -273,7 +349,7 @@ class ToolRunner:
             for call in calls:
                 refusal = refusals[call.id]
                 if refusal is not None:
-                    self._save(call, refusal)
+                    yield from self._refuse(call, refusal, last=False)
             size = len(runnable) if concurrency == "threads" else int(concurrency)
             yield from self._run_at_once(runnable, size)
         return self.results
@@ -285,15 +361,18 @@ class ToolRunner:
         checked = False
         for index, call in enumerate(calls):
             last = self.release_last and index == len(calls) - 1
-            refusal = refusals[call.id]
+            refusal = self._stopped_result() or refusals[call.id]
             if refusal is not None:
-                self._save(call, refusal, release=self._then(call) if last else None)
+                yield from self._refuse(call, refusal, last)
                 continue
             if not checked:
                 # The verb's own start check usually just ran (throttled then); later tools
                 # are covered by the previous tool's after-check.
                 self.checkpoints.check(force=False)
                 checked = True
+            verdict = yield from self._judge(call)
+            if self._judged(call, verdict, release=self._then(call) if last else None):
+                continue
             if self._start(call):
                 outcome = yield self._execute(call)
                 release = self._then(call) if last and outcome.wait_reason is None else None
@@ -315,8 +394,9 @@ class ToolRunner:
     def _then(self, call: ToolCall) -> str | None:
         """The move after ``call``, the round's last, gets its result: the model is called
         again unless another call of the round still waits. None (release later, not with
-        this write) when a halt was asked for: the verb applies it after the round."""
-        if self.store.halt_requested():
+        this write) when a halt was asked for, or a guardrail stops the chat: the verb
+        applies it after the round."""
+        if self.stopped is not None or self.store.halt_requested():
             return None
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
@@ -334,7 +414,11 @@ class ToolRunner:
                     cancelled = exc
                     break
                 call = queue.pop(0)
-                if not self._start(call):
+                stopped = self._stopped_result()
+                if stopped is not None:
+                    self._save(call, stopped)
+                    continue
+                if self._judged(call, (yield from self._judge(call))) or not self._start(call):
                     continue
                 running[(yield Launch(self._execute(call), size))] = call
             if not running:

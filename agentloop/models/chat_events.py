@@ -59,3 +59,7 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     conversation.on(
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "guardrail_blocked",
+        lambda outcome: signals.guardrail_blocked.send(sender, chat=chat, outcome=outcome),
+    )
