@@ -51,8 +51,9 @@ class StreamServer(ThreadingHTTPServer):
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
     body = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
-            "model": "test", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+            "model": "test", "choices": [choice]}  # fmt: skip
     return f"data: {json.dumps(body)}\n\n".encode()
 
 

@@ -15,9 +15,9 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 import agentloop
+from agentloop import providers
 from agentloop.exceptions import GuardrailBlockedError, GuardrailError
 from agentloop.models import Chat, ChatState, Usage
-from agentloop import providers
 from agentloop.testing import FunctionProvider, ScriptedProvider, stream
 from tests import guardrail_checks as checks
 from tests.helpers import transcript, wait_until
