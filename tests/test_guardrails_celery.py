@@ -68,7 +68,7 @@ def test_a_tool_guardrail_in_a_worker_blocks_and_rewrites_calls(background, user
     background.wait(lambda: settled(chat), "the chat to settle")
 
     assert background.runs() == []  # charge_card, which logs each run, never ran
-    results = dict((row.tool_call.name, row.content) for row in chat.messages.filter(role="tool"))
+    results = {row.tool_call.name: row.content for row in chat.messages.filter(role="tool")}
     assert results == {
         "charge_card": "Blocked by guardrail cap_charges: charges over 40 need a person; "
         "the tool was not run.",
