@@ -586,3 +586,40 @@ def test_an_agent_declares_guardrails_its_chats_run(user, scripted):
     memory = GuardedAgent.chat()
     with pytest.raises(GuardrailBlockedError, match="no_secrets"):
         memory.ask("a secret")
+
+
+# -- what guardrails cost, in statements -------------------------------------------------------
+def count(action) -> list[str]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        action()
+    return [query["sql"] for query in captured.captured_queries]
+
+
+def test_judging_a_message_costs_one_write_and_an_answer_or_a_tool_call_none(
+    user, scripted, settings
+):
+    from tests.step_queries import GENERATE_TEXT_QUERIES, ONE_STATEMENT_WRITES, RUN_TOOLS_QUERIES
+
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "CANCEL_POLL_INTERVAL": 60}
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(add)
+    chat.with_guardrails(checks.no_secrets, checks.no_leaks, checks.tenfold)
+    chat = Chat.objects.get(pk=chat.pk)
+    chat.ask_later("Hi")
+    scripted.add("Hello")
+
+    # The message's outcomes: one statement on PostgreSQL (the lease's guard first) inside
+    # the test's savepoint; SQLite's transaction of the lease's UPDATE and the message's.
+    judged = 3 if ONE_STATEMENT_WRITES else 4
+    assert len(count(chat.generate)) == GENERATE_TEXT_QUERIES + judged
+
+    chat.ask_later("add twice")
+    scripted.add([tool_call("add", {"a": 1, "b": 2}), tool_call("add", {"a": 3, "b": 4})])
+    chat.generate()
+    # Tool outcomes ride on each call's claim, the answer's on its row: nothing more.
+    assert len(count(chat.run_tools)) == RUN_TOOLS_QUERIES
+    scripted.add("done")
+    assert len(count(chat.generate)) == GENERATE_TEXT_QUERIES  # the message is judged once
+    assert [c.arguments["a"] for c in ToolCall.objects.filter(chat=chat)] == [10, 30]

@@ -77,9 +77,17 @@ class Transcript:
         return record
 
     def save_guardrails(self, message: Message) -> None:
-        rows = self.models.message_model.objects.filter(pk=message.key)
         judged = {"guardrails": outcomes_json(message.guardrails), "content": message.content,
                   "status": message.status}  # fmt: skip
+        writes = self.control.step_writes()
+        if writes is not None:  # one statement, the lease's guard first
+
+            def body(guard: str, values: Values) -> str:
+                return writes.judged(guard, values, judged, message.key)
+
+            self.control.at_once(writes, None, body, None)
+            return
+        rows = self.models.message_model.objects.filter(pk=message.key)
 
         def update() -> None:  # the same twice: tried again as a whole on a dropped connection
             with self.control.writing():

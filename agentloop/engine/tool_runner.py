@@ -36,12 +36,22 @@ from .guarding import Case, Guards, Verdict, stop_reason
 from .store import ChatStore
 from .transcript import TOOL_LIMIT_RESULT
 
-__all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
+__all__ = [
+    "BLOCKED_PREFIX",
+    "BLOCKED_RESULT",
+    "DENIED_RESULT",
+    "STOPPED_RESULT",
+    "ToolRunner",
+    "aexecute_tool",
+    "execute_tool",
+]
 
 #: what the model is told about a call a person denied.
 DENIED_RESULT = "The user denied this tool call; it was not run."
 #: what the model is told about a call a tool guardrail blocked ("guardrail <name>: <why>").
 BLOCKED_RESULT = "Blocked by {reason}; the tool was not run."
+#: how every such result begins (the admin's "blocked by a guardrail" filter looks for it).
+BLOCKED_PREFIX = "Blocked by guardrail "
 #: ... and about the round's calls left when a tool guardrail stopped the chat.
 STOPPED_RESULT = "Not run: {reason} stopped the chat."
 
