@@ -623,3 +623,13 @@ def test_judging_a_message_costs_one_write_and_an_answer_or_a_tool_call_none(
     scripted.add("done")
     assert len(count(chat.generate)) == GENERATE_TEXT_QUERIES  # the message is judged once
     assert [c.arguments["a"] for c in ToolCall.objects.filter(chat=chat)] == [10, 30]
+
+
+def test_a_chat_with_guardrails_is_refused_by_a_batch(chat):
+    from agentloop.exceptions import BatchError
+
+    chat.with_guardrails(checks.no_secrets).ask_later("Hi")
+
+    with pytest.raises(BatchError, match="has guardrails, which a batch does not run"):
+        agentloop.batch([chat])
+    assert chat.messages.get().guardrails == []  # nothing judged, nothing sent
