@@ -30,7 +30,7 @@ chat_cancelled = Signal()
 #: a limit or a guardrail's block stopped the turn: ``reason``.
 chat_stopped = Signal()
 #: a guardrail blocked a user message, an answer or a tool call: ``outcome`` (its
-#: ``GuardrailOutcome``: guardrail, stage, reason), whether or not the chat stops for it.
+#: ``GuardrailOutcome``: guardrail, stage, reason) and ``stops`` (the chat stops for it).
 guardrail_blocked = Signal()
 #: a model call failed in a way retrying can't fix and the step tries the next model
 #: (``with_fallbacks``); args: chat, from_model, to_model, error.

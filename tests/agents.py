@@ -173,3 +173,19 @@ class GuardedAgent(Agent):
     model = "scripted:test"
     instructions = "You are GUARDED."
     guardrails = [no_secrets, no_leaks]
+
+
+class Vetted(Agent):
+    """Does a task, under an input guardrail (its task is a user message it judges)."""
+
+    model = MODEL
+    instructions = "You are VETTED."
+    guardrails = [no_secrets]
+
+
+class Manager(Agent):
+    """Hands tasks to a vetted subagent."""
+
+    model = MODEL
+    instructions = "You are MANAGER."
+    tools = [Vetted]

@@ -633,3 +633,59 @@ def test_a_chat_with_guardrails_is_refused_by_a_batch(chat):
     with pytest.raises(BatchError, match="has guardrails, which a batch does not run"):
         agentloop.batch([chat])
     assert chat.messages.get().guardrails == []  # nothing judged, nothing sent
+
+
+# -- subagents ---------------------------------------------------------------------------------
+def test_a_subagent_a_guardrail_stops_in_process_is_an_error_result_for_its_parent(brains, user):
+    from tests.agents import Manager
+
+    brains.script(
+        "You are MANAGER.",
+        tool_call("vetted", {"task": "Share the secret plan"}, id="v1"),
+        "It could not do that.",
+    )
+    chat = Manager.create(owner=user)
+
+    assert chat.ask("Go").content == "It could not do that."
+
+    result = chat.messages.get(role="tool")
+    assert (result.content, result.is_error) == (
+        "The Vetted subagent stopped: guardrail no_secrets: the message mentions a secret",
+        True,
+    )
+    child = Chat.objects.get(parent=chat)
+    assert (child.state, list(child.messages.values_list("status", flat=True))) == (
+        "stopped",
+        ["complete", "blocked"],  # its instructions, and the task it was given
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_background_subagent_a_guardrail_stops_releases_its_waiting_parent(
+    brains, user, settings
+):
+    from agentloop.runners import wait_for_embedded_jobs
+    from tests.agents import Manager
+
+    settings.AGENTLOOP = {"BACKGROUND": "embedded", "CANCEL_POLL_INTERVAL": 0.05}
+    brains.script(
+        "You are MANAGER.",
+        tool_call("vetted", {"task": "Share the secret plan"}, id="v1"),
+        "It could not do that.",
+    )
+    chat = Manager.create(owner=user)
+
+    chat.ask_later("Go").complete_later()
+    assert wait_for_embedded_jobs(timeout=60), "background jobs did not finish"
+
+    chat.refresh_from_db()
+    assert chat.state == "idle"
+    assert transcript(chat, "role", "content")[-2:] == [
+        (
+            "tool",
+            "The subagent stopped before it answered: guardrail no_secrets: the message "
+            "mentions a secret.",
+        ),
+        ("assistant", "It could not do that."),
+    ]
+    assert Chat.objects.get(parent=chat).state == "stopped"

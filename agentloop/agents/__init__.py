@@ -30,7 +30,13 @@ from pydantic import Field, create_model
 
 from ..conf import agentloop_settings, get_chat_model
 from ..engine.transcript import finished, next_move
-from ..exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
+from ..exceptions import (
+    CancelledError,
+    ChatStoppedError,
+    ConfigurationError,
+    ToolError,
+    ToolWaiting,
+)
 from ..importing import import_path_of
 from ..in_memory import chat as new_chat
 from ..tools import Tool, snake_case
@@ -273,6 +279,8 @@ class AgentTool(Tool):
             child.complete()
         except CancelledError as exc:
             raise ToolError(f"The {agent.__name__} subagent's run was cancelled.") from exc
+        except ChatStoppedError as exc:  # a limit, a guardrail's block: the model is told
+            raise ToolError(f"The {agent.__name__} subagent stopped: {exc.reason}") from exc
         if child.conversation.is_complete():
             return last_answer(child)
         raise ToolWaiting("subagent")  # the child waits for a person; so do we

@@ -398,7 +398,7 @@ class Guards:
         blocked = verdict.blocked
         assert blocked is not None  # noqa: S101 - not passed: blocked or failed
         if announce:
-            self.emit("guardrail_blocked", blocked)
+            self.emit("guardrail_blocked", blocked, True)
         reason = stop_reason(blocked)
         self.store.record_stop(reason)
         self.emit("stopped", reason)

@@ -317,7 +317,7 @@ class ToolRunner:
             raise verdict.error
         blocked = verdict.blocked
         assert blocked is not None  # noqa: S101 - not passed: blocked or failed
-        self.emit("guardrail_blocked", blocked)
+        self.emit("guardrail_blocked", blocked, verdict.stop)
         if verdict.stop:
             self.stopped = verdict
         text = BLOCKED_RESULT.format(reason=stop_reason(blocked))

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from .. import signals
 from ..agents import following, subagents
+from ..engine.guarding import stop_reason
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -61,5 +62,17 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     )
     conversation.on(
         "guardrail_blocked",
-        lambda outcome: signals.guardrail_blocked.send(sender, chat=chat, outcome=outcome),
+        lambda outcome, stops: signals.guardrail_blocked.send(
+            sender, chat=chat, outcome=outcome, stops=stops
+        ),
+    )
+    # A subagent a guardrail stopped will not answer: its parent's call gets an error result.
+    conversation.on(
+        "guardrail_blocked",
+        lambda outcome, stops: (
+            stops
+            and subagents.release_parent(
+                chat, subagents.SUBAGENT_STOPPED_RESULT.format(reason=stop_reason(outcome))
+            )
+        ),
     )
