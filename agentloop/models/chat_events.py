@@ -66,13 +66,11 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
             sender, chat=chat, outcome=outcome, stops=stops
         ),
     )
-    # A subagent a guardrail stopped will not answer: its parent's call gets an error result.
-    conversation.on(
-        "guardrail_blocked",
-        lambda outcome, stops: (
-            stops
-            and subagents.release_parent(
-                chat, subagents.SUBAGENT_STOPPED_RESULT.format(reason=stop_reason(outcome))
-            )
-        ),
-    )
+
+    def release_parent(outcome: Any, stops: bool) -> None:
+        # A subagent a guardrail stopped will not answer: its parent's call gets an error.
+        if stops:
+            result = subagents.SUBAGENT_STOPPED_RESULT.format(reason=stop_reason(outcome))
+            subagents.release_parent(chat, result)
+
+    conversation.on("guardrail_blocked", release_parent)
