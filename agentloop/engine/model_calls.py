@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,6 +28,7 @@ from ..messages import (
 )
 from ..providers.base import Provider
 from . import tracing
+from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .compaction import window
 from .config import ChatConfig
@@ -39,6 +40,9 @@ from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
 from .summaries import Summaries, failed_usage
 from .transcript import counted_tool_results, next_move, turn_start
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 __all__ = ["ModelCalls", "PreparedCall"]
 
@@ -83,14 +87,28 @@ def falls_back(error: BaseException) -> bool:
     )
 
 
-class ModelCalls(Summaries):
-    """Preparing, sending and accepting model calls (a part of ``Conversation``)."""
+class ModelCalls:
+    """Preparing, sending and accepting one chat's model calls.
 
-    store: ChatStore
-    owner: Any
-    _emit: Callable[..., None]
-    _record_cancel: Callable[..., None]
-    _schema_model: type[BaseModel] | None
+    ``record_cancel`` records a cancel seen mid-call (the run's); ``schema_model`` gives the
+    pydantic model of a ``with_schema`` chat in this process, if any; ``owner`` is what
+    guardrails see as ``context.chat``."""
+
+    def __init__(
+        self,
+        store: ChatStore,
+        callbacks: Callbacks,
+        *,
+        record_cancel: Callable[..., None],
+        schema_model: Callable[[], type[BaseModel] | None],
+        owner: Any = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self._emit = callbacks.emit
+        self._record_cancel = record_cancel
+        self._schema_model = schema_model
+        self.summaries = Summaries(store, callbacks.emit)
 
     def _check_limits(self, transcript: list[Message], config: ChatConfig) -> None:
         limits = config.limits
@@ -168,8 +186,8 @@ class ModelCalls(Summaries):
         if check_limits:
             self._check_limits(transcript, config)
         prepared = self._prepare_for(transcript, config, None, stream)
-        if check_limits and self.compaction_due(transcript, config, prepared.model_id):
-            self.compact(transcript, config)
+        if check_limits and self.summaries.compaction_due(transcript, config, prepared.model_id):
+            self.summaries.compact(transcript, config)
             prepared.request = self._request(transcript, config, prepared.model_id, stream)
         return prepared
 
@@ -229,9 +247,12 @@ class ModelCalls(Summaries):
         self._emit("after_message", record)
         return record
 
-    def _generate(
-        self, transcript: list[Message], stream: StreamCallback | None, run: Any
+    def generate(
+        self, transcript: list[Message], stream: StreamCallback | None, run: Run
     ) -> Effects[Any]:
+        """One model call of ``run`` (fallbacks, one compaction on a context-length error);
+        the answer is saved and added to ``transcript``. The chat's input guardrails judge
+        the user's message first (or meanwhile), its output guardrails a final answer."""
         guards = Guards(self.store, self._emit, self.owner)
         panels = guards.input_panels(transcript, guards.input)
         if panels:  # the user's message is judged before anything is sent
@@ -242,21 +263,19 @@ class ModelCalls(Summaries):
         if judging is not None:  # ... or while the model call is in flight
             yield StartJudging(Judge(panels, self.store.wrap_thread), judging)
         try:
-            return (
-                yield from self._generate_with(prepared, transcript, stream, run, guards, judging)
-            )
+            return (yield from self._generate(prepared, transcript, stream, run, guards, judging))
         except ProviderError:
             if judging is not None and not judging.applied:
                 # The call failed for good while they judged: a block still stops the chat.
                 guards.settle_input(judging.panels, (yield AwaitJudging(judging)))
             raise
 
-    def _generate_with(
+    def _generate(
         self,
         prepared: PreparedCall,
         transcript: list[Message],
         stream: StreamCallback | None,
-        run: Any,
+        run: Run,
         guards: Guards,
         judging: Judging | None,
     ) -> Effects[Any]:
@@ -281,7 +300,7 @@ class ModelCalls(Summaries):
                 prepared = self._prepare_for(transcript, config, chain[index], streams)
                 continue
             except ContextLengthError as exc:
-                if not compacted and self.compact(transcript, config) is not None:
+                if not compacted and self.summaries.compact(transcript, config) is not None:
                     # One compaction and one retry of the same model.
                     compacted = True
                     prepared = self._prepare_for(transcript, config, chain[index], streams)
@@ -314,10 +333,9 @@ class ModelCalls(Summaries):
         if guards.output and not response.tool_calls:  # a final answer: judged before kept
             answer = Message(role="assistant", content=response.content,
                              model=response.model or prepared.model_id)  # fmt: skip
-            panels = guards.panels(
-                guards.output, [Case("output", answer.content, answer)], transcript
-            )
-            (verdict,) = yield Judge(panels, self.store.wrap_thread)
+            case = Case("output", answer.content, answer)
+            (verdict,) = yield Judge(guards.panels(guards.output, [case], transcript),
+                                     self.store.wrap_thread)  # fmt: skip
             if verdict.passed and verdict.text is not None:
                 response = response.model_copy(update={"content": verdict.text, "parsed": None})
         stands = verdict is None or verdict.passed
@@ -340,7 +358,7 @@ class ModelCalls(Summaries):
         self,
         prepared: PreparedCall,
         stream: StreamCallback | None,
-        run: Any,
+        run: Run,
         judging: Judging | None = None,
     ) -> Effects[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
@@ -433,7 +451,7 @@ class ModelCalls(Summaries):
         )
 
     def _parse(self, content: str) -> Any:
-        model = self._schema_model
+        model = self._schema_model()
         path = self.store.get_config().schema_path
         if model is None and path:
             loaded = load_by_path(path)
