@@ -190,3 +190,13 @@ def seen() -> list[str]:
 def forget() -> None:
     with _lock:
         SEEN.clear()
+
+
+@tool_guardrail(tools=["transfer", "ask_accounting"])
+def no_offshore(context: GuardrailContext) -> Decision:
+    """Blocks transfers to "offshore" and accounting questions about invoice INV-0."""
+    assert context.tool_call is not None
+    arguments = context.tool_call.arguments
+    if arguments.get("to") == "offshore" or arguments.get("invoice") == "INV-0":
+        return Block("not to that account")
+    return PASS

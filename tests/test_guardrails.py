@@ -689,3 +689,66 @@ def test_a_background_subagent_a_guardrail_stops_releases_its_waiting_parent(
         ("assistant", "It could not do that."),
     ]
     assert Chat.objects.get(parent=chat).state == "stopped"
+
+
+# -- tool guardrails with people in the loop, deferred tools, async verbs -----------------------
+def test_a_tool_guardrail_judges_an_approved_call_when_it_is_about_to_run(chat, scripted, run_log):
+    from tests.tools import transfer
+
+    chat.with_guardrails(checks.no_offshore).with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "offshore"}, id="t1"))
+    chat.ask("Send 5 offshore")
+    assert chat.is_waiting()  # held for approval first: the guardrail has not judged yet
+    assert ToolCall.objects.get(chat=chat).guardrails == []
+
+    chat.approve("t1")
+    scripted.add("It was blocked.")
+    assert chat.complete().content == "It was blocked."
+
+    assert runs(run_log) == []
+    call = ToolCall.objects.get(chat=chat)
+    assert (call.decision, call.state, outcomes(call)) == (
+        "approved",
+        "failed",
+        [("no_offshore", "tool", "blocked")],
+    )
+
+
+def test_a_deferred_call_is_judged_before_it_is_handed_out(chat, scripted):
+    from tests.control_tools import ask_accounting
+
+    chat.with_guardrails(checks.no_offshore).with_tools(ask_accounting)
+    scripted.add(
+        [
+            tool_call("ask_accounting", {"invoice": "INV-0"}, id="d0"),
+            tool_call("ask_accounting", {"invoice": "INV-7"}, id="d7"),
+        ]
+    )
+
+    chat.ask("Ask about both invoices")
+
+    calls = {call.call_id: call for call in ToolCall.objects.filter(chat=chat)}
+    assert (calls["d0"].state, outcomes(calls["d0"])) == (
+        "failed",
+        [("no_offshore", "tool", "blocked")],
+    )
+    assert (calls["d7"].state, calls["d7"].wait_reason, outcomes(calls["d7"])) == (
+        "waiting",
+        "deferred",
+        [("no_offshore", "tool", "passed")],
+    )
+
+
+def test_async_verbs_run_tool_guardrails_too(chat, scripted, run_log):
+    chat.with_guardrails(checks.cap_charges, checks.tenfold).with_tools(charge_card, add)
+    scripted.add(
+        [tool_call("charge_card", {"amount": 90}), tool_call("add", {"a": 2, "b": 3})], "ok"
+    )
+
+    async_to_sync(chat.aask)("charge and add")
+
+    assert runs(run_log) == []
+    assert [m.content for m in chat.messages.filter(role="tool").order_by("id")] == [
+        "Blocked by guardrail cap_charges: charges over 40 need a person; the tool was not run.",
+        "23",
+    ]
