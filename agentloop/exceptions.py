@@ -8,7 +8,7 @@
     ├── ChatStoppedError            the turn stopped: the chat is ``stopped``, with the reason
     │   ├── LimitReachedError       a per-turn limit stopped the turn before a model call
     │   └── GuardrailBlockedError   a guardrail blocked the user's message, an answer or a tool call
-    ├── GuardrailError              a guardrail raised, decided nothing, or can't be loaded
+    ├── GuardrailError              a guardrail raised, or returned no decision (fails closed)
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
@@ -129,8 +129,9 @@ class GuardrailBlockedError(ChatStoppedError):
 
 
 class GuardrailError(AgentloopError):
-    """A guardrail raised, returned something that is not a decision, or can't be loaded:
-    it fails closed (what it judged is not sent on; the chat is marked failed)."""
+    """A guardrail raised, or returned something that is not a decision: it fails closed
+    (what it judged is not sent on; the chat is marked failed). A guardrail that can't be
+    loaded is a ``ConfigurationError``."""
 
 
 class PendingToolCallsError(AgentloopError):

@@ -140,11 +140,11 @@ class Panel:
             outcome.decision = "replaced"
             if stage == "tool":
                 call = self.case.tool_call
-                current = verdict.arguments if verdict.arguments is not None else None
-                if current is None and call is not None:
-                    current = call.arguments
+                current = verdict.arguments
+                if current is None:  # the first replacement: the model's own arguments
+                    current = call.arguments if call is not None else {}
                 if decision.keep_original:
-                    outcome.original = dict(current or {})
+                    outcome.original = dict(current)
                 verdict.arguments = dict(decision.arguments or {})
             else:
                 if decision.keep_original:
