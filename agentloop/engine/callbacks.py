@@ -23,6 +23,7 @@ EVENTS = (
     "handed_off",
     "claimed",
     "subagents_waiting",
+    "guardrail_blocked",
 )
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..exceptions import ConfigurationError
+from ..guardrails import Guardrail, as_guardrail
 from ..importing import import_path_of, load_by_path
 from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
@@ -146,6 +147,20 @@ class Configuration:
         names it yourself) whose call switches the chat to that agent from its next model
         call on (docs/handoffs.md)."""
         return self.with_tools(*(_as_handoff_tool(agent) for agent in agents))
+
+    def with_guardrails(self, *guardrails: Any, replace: bool = False) -> Self:
+        """Run these guardrails (``agentloop.guardrails``: functions decorated with
+        ``@input_guardrail``, ``@output_guardrail`` or ``@tool_guardrail``, or Guardrail
+        subclasses) on the chat's user messages, answers and tool calls, each stage's in the
+        order given. One named like an earlier one takes its place; ``replace=True`` drops the
+        earlier ones (``with_guardrails(replace=True)``: none). A persisted chat keeps their
+        import paths."""
+        current = [] if replace else list(self.store.get_guardrails())
+        by_name: dict[str, Guardrail] = {}
+        for guardrail in [*current, *(as_guardrail(item) for item in guardrails)]:
+            by_name[guardrail.name] = guardrail
+        self.store.set_guardrails(list(by_name.values()))
+        return self
 
     def with_mcp(
         self,
