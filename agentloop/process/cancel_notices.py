@@ -22,13 +22,14 @@ from contextlib import suppress
 from typing import Any
 
 from . import redis_client
-from .redis_client import chat_key
+from .redis_client import chat_key, chat_name
 
 __all__ = [
     "RedisCancelListener",
     "Subscriber",
     "listen_locally",
     "notify",
+    "notify_many",
     "stop_subscribers",
     "subscriber",
 ]
@@ -94,6 +95,28 @@ def notify(chat: Any, *, halt: bool = False) -> None:
             redis_client.client().publish(_channel(key), "halt" if halt else "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
+
+
+def notify_many(chat_model: Any, pks: list[Any], *, halt: bool = False) -> None:
+    """``notify`` for many chats of ``chat_model`` at once: with Redis configured, one round
+    trip (a pipeline of one message per chat) however many there are."""
+    keys = [chat_name(chat_model, pk) for pk in pks]
+    if not keys:
+        return
+    with _lock:
+        notices = [notice for key in keys for notice in _local.get(key, ())]
+    _wake(notices, cancel=not halt)
+    if redis_client.redis_url():
+        data = "halt" if halt else "cancel"
+        try:
+            pipeline = redis_client.client().pipeline(transaction=False)
+            for key in keys:
+                pipeline.publish(_channel(key), data)
+            pipeline.execute()
+        except Exception:  # the flags are written; workers will still see them when they poll
+            logger.warning(
+                "Could not publish the cancel notices of %d chats", len(keys), exc_info=True
+            )
 
 
 class RedisCancelListener:
