@@ -158,6 +158,33 @@ def test_cancel_flags_the_running_subagents_of_the_chats_it_cancels():
     assert child.cancel_requested_at is not None
 
 
+def test_cancel_reaches_the_subagent_a_waiting_chat_waits_for(user):
+    parent = Chat.objects.create(model="scripted:test", owner=user, state=ChatState.WAITING)
+    asked = Message.objects.create(chat=parent, role="assistant")
+    research = ToolCall.objects.create(
+        chat=parent, message=asked, call_id="r1", name="research", state="waiting",
+        wait_reason="subagent",
+    )  # fmt: skip
+    child = Chat.objects.create(
+        model="scripted:test", owner=user, parent=parent, parent_tool_call=research,
+        state=ChatState.WAITING, tools=["tests.tools.transfer"],
+    )  # fmt: skip
+    paying = Message.objects.create(chat=child, role="assistant")
+    payment = ToolCall.objects.create(
+        chat=child, message=paying, call_id="t1", name="transfer", state="waiting",
+        wait_reason="approval", arguments={"amount": 5, "to": "bob"},
+    )  # fmt: skip
+
+    assert Chat.objects.filter(pk=parent.pk).cancel().changed == 1
+
+    payment.refresh_from_db()
+    research.refresh_from_db()
+    assert (payment.state, payment.decision) == ("cancelled", "cancelled")
+    assert research.state != "waiting"  # the cancelled subagent released its parent's call
+    assert research.result.is_error
+    assert Chat.objects.get(pk=child.pk).state == ChatState.IDLE
+
+
 # -- complete_later, resume -----------------------------------------------------------------------
 def test_complete_later_queues_and_runs_every_chat_no_run_holds(scripted):
     chats = make(3)

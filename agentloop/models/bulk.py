@@ -188,15 +188,15 @@ def cancel(
             woken = pks + [row[0] for row in children]
         _after_commit(queryset, lambda: notify_many(model, woken))
         # No run will come back to a chat that waits for a person while none holds it: its
-        # held calls are cancelled now, chat by chat (each gets its result rows, its events,
-        # and releases its parent), as chat.cancel() does.
+        # held calls are cancelled now, chat by chat (each gets its result rows and its
+        # events; its "cancelled" event releases its parent and cancels the subagents it
+        # waits for), as chat.cancel() does.
         unheld = [
             pk for pk, state, token in rows if state not in ("queued", "running") and not token
         ]
         for chat in manager.filter(pk__in=unheld).order_by("pk") if unheld else ():
             if chat.conversation.cancel_waiting():
                 details["cancelled_waiting"] += 1
-            subagents.cancel_waiting_children(chat)
 
     values = {"cancel_requested_at": Coalesce("cancel_requested_at", Value(now))}
     return _run(
