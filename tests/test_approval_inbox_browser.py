@@ -11,9 +11,11 @@ written to ``docs/images/``.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from tests.browsers import open_tab, screenshot
@@ -39,7 +41,8 @@ def held_call(owner, title: str, name: str, arguments: dict, **fields) -> ToolCa
     message = Message.objects.create(chat=chat, role="assistant", content="")
     return ToolCall.objects.create(
         chat=chat, message=message, call_id=f"call_{name}_{chat.pk}", name=name,
-        arguments=arguments, state="waiting", **fields,
+        arguments=arguments, state="waiting", waiting_since=timezone.now() - timedelta(hours=2),
+        **fields,
     )  # fmt: skip
 
 

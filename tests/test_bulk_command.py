@@ -111,8 +111,8 @@ def test_cancel_resume_and_complete_later(scripted):
     scripted.add("Back.")
 
     assert chats("--state", "running", "cancel") == (
-        "cancel: 1 matched, 1 changed, 0 skipped (no run to cancel); 0 subagents; "
-        "0 cancelled waiting.\n"
+        "cancel: 1 matched, 1 changed, 0 skipped (no run to cancel); 0 subagents flagged; "
+        "0 waiting chats cancelled.\n"
     )
     assert Chat.objects.get(pk=running.pk).cancel_requested_at is not None
     assert chats("resume") == (

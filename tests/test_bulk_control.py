@@ -132,7 +132,7 @@ def test_cancel_answers_the_held_calls_of_chats_waiting_for_a_person(scripted, u
 
     result = Chat.objects.all().cancel()
 
-    assert (result.changed, result.details["cancelled_waiting"]) == (1, 1)
+    assert (result.changed, result.details["waiting_chats_cancelled"]) == (1, 1)
     chat.refresh_from_db()
     assert (chat.state, chat.cancel_requested_at) == ("idle", None)
     call = ToolCall.objects.get(chat=chat)
@@ -153,7 +153,7 @@ def test_cancel_flags_the_running_subagents_of_the_chats_it_cancels():
 
     result = Chat.objects.filter(pk=parent.pk).cancel()
 
-    assert (result.changed, result.details["subagents"]) == (1, 1)
+    assert (result.changed, result.details["subagents_flagged"]) == (1, 1)
     child.refresh_from_db()
     assert child.cancel_requested_at is not None
 

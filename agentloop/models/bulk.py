@@ -57,7 +57,8 @@ class BulkResult:
     """What a set-based verb did: of the ``matched`` chats the queryset selected, ``changed``
     were acted on (with ``dry_run``: would be) and ``skipped`` were not (nothing to cancel or
     halt, running, not stopped...); ``details`` counts what came with it (a cancel's
-    subagents, the waiting chats whose held calls it cancelled at once)."""
+    ``subagents_flagged``, and ``waiting_chats_cancelled``: the chats waiting for a person
+    whose held calls it cancelled at once)."""
 
     verb: str
     matched: int
@@ -172,7 +173,7 @@ def cancel(
         pending = batch_items.filter(chat=OuterRef("pk"), status="pending", cancelled_at=None)
         active |= Q(Exists(pending))
     now = timezone.now()
-    details = {"subagents": 0, "cancelled_waiting": 0}
+    details = {"subagents_flagged": 0, "waiting_chats_cancelled": 0}
     manager = model._default_manager.db_manager(database(queryset))
 
     def after(rows: list[tuple[Any, ...]]) -> None:
@@ -184,7 +185,7 @@ def cancel(
                 manager.filter(running, parent_id__in=pks),
                 {"cancel_requested_at": Coalesce("cancel_requested_at", Value(now))},
             )
-            details["subagents"] += len(children)
+            details["subagents_flagged"] += len(children)
             woken = pks + [row[0] for row in children]
         _after_commit(queryset, lambda: notify_many(model, woken))
         # No run will come back to a chat that waits for a person while none holds it: its
@@ -196,7 +197,7 @@ def cancel(
         ]
         for chat in manager.filter(pk__in=unheld).order_by("pk") if unheld else ():
             if chat.conversation.cancel_waiting():
-                details["cancelled_waiting"] += 1
+                details["waiting_chats_cancelled"] += 1
 
     values = {"cancel_requested_at": Coalesce("cancel_requested_at", Value(now))}
     return _run(
