@@ -28,10 +28,10 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
-from .claims import Release
 from .config import Config
 from .inbox import Inbox
 from .leases import Lease
+from .releases import Release
 from .run_control import RunControl
 from .stopping import Stopping
 from .tool_calls import ToolCalls

@@ -17,10 +17,23 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
+from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["ChatStore", "UsageRecord"]
+__all__ = ["OPTIONAL_PARTS", "ChatStore", "UsageRecord"]
+
+#: each optional part of a store: its flag, and the methods it needs when the flag is on.
+OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
+    "queues_messages": ("queue_message", "has_queued", "take_queued"),
+    "sums_costs": ("turn_cost",),
+    "keeps_trace_context": ("trace_context", "set_trace_context"),
+}
+
+
+def _missing(store: Any, flag: str, instead: str) -> str:
+    return f"{type(store).__name__} leaves out an optional part ({flag} is False): {instead}."
+
 
 T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
@@ -49,6 +62,30 @@ class ChatStore(ABC):
     #: True while a background worker runs the chat (tools may act differently, e.g.
     #: a subagent is enqueued as its own jobs instead of run to completion inline).
     background: bool = False
+
+    # -- optional parts: a store leaves one out by setting its flag False, and then need not
+    #    write its methods; the engine does without it, or refuses clearly what needs it. ---
+    #: keeps messages sent while another run holds the chat (``queue_message``,
+    #: ``has_queued``, ``take_queued``): ``if_busy="queue"`` and ``"interrupt"``.
+    queues_messages: bool = True
+    #: sums the cost of a turn's usage rows (``turn_cost``): the ``max_cost`` limit.
+    sums_costs: bool = True
+    #: keeps a turn's trace context across its jobs (``trace_context``,
+    #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
+    keeps_trace_context: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A part whose flag is on must be written: checked when the class is defined."""
+        super().__init_subclass__(**kwargs)
+        for flag, methods in OPTIONAL_PARTS.items():
+            if not getattr(cls, flag):
+                continue
+            missing = [name for name in methods if getattr(cls, name) is getattr(ChatStore, name)]
+            if missing:
+                raise TypeError(
+                    f"{cls.__name__} has {flag} = True but doesn't define {', '.join(missing)}; "
+                    f"define them, or set {flag} = False to leave that part out."
+                )
 
     # -- configuration -------------------------------------------------------------
     @abstractmethod
@@ -234,36 +271,39 @@ class ChatStore(ABC):
         """A background run of this chat is on (as last read), even between two of its jobs."""
         return False
 
-    @abstractmethod
+    # An optional part (``queues_messages``): without it ``if_busy`` can only be "reject".
     def queue_message(self, message: Message) -> None:
         """Keep a user message sent while another run holds the chat; the run that holds it
         (or the next) adds it once the chat can take it. Makes sure a run will."""
+        raise ConfigurationError(_missing(self, "queues_messages", 'if_busy="reject" only'))
 
-    @abstractmethod
     def has_queued(self) -> bool:
         """Messages wait to be added (as of the claim's read of the chat)."""
+        return False
 
-    @abstractmethod
     def take_queued(self) -> list[Message]:
         """The waiting messages, oldest first, removed (under the verb's claim)."""
+        return []
 
-    @abstractmethod
+    # An optional part (``sums_costs``): without it a chat can't have a ``max_cost`` limit.
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
+        raise ConfigurationError(_missing(self, "sums_costs", "no max_cost limit"))
 
     # -- tracing (AGENTLOOP["TRACING"], agentloop.engine.tracing) ---------------------------
     def trace_names(self) -> tuple[str, str]:
         """The chat's id and its agent's name ("" when it has none), as spans show them."""
         return "", ""
 
-    @abstractmethod
+    # An optional part (``keeps_trace_context``): without it each job starts its own trace.
     def trace_context(self) -> dict[str, str]:
         """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
+        return {}
 
-    @abstractmethod
     def set_trace_context(self, carrier: dict[str, str]) -> None:
         """Keep the trace context of the turn that starts (it replaces the last turn's), so
         every later job of the turn joins its trace."""
+        return None
 
     # -- waiting -------------------------------------------------------------------
     def before_wait(self) -> None:

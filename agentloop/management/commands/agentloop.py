@@ -6,6 +6,9 @@
     manage.py agentloop resume [--dry-run]
     manage.py agentloop unlock CHAT_ID [--yes]
     manage.py agentloop batches [--no-poll]
+    manage.py agentloop export --owner USER [--output FILE] [--attachments include|reference]
+    manage.py agentloop erase --owner USER [--delete-usage] [--wait SECONDS] [--yes]
+    manage.py agentloop retention [--days N] [--dry-run]
     manage.py agentloop chats [--model GLOB] [--state S] [--owner U] [--older-than D] ...
                               [--dry-run] cancel | halt REASON | resume | complete-later
                               | with-model MODEL | list
@@ -45,6 +48,7 @@ from ...runners import runner_name, wait_for_embedded_jobs
 from ...runners.sweeper import free_chat, resume_stalled, stalled_chats
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 from ..chats import add_chats_parser, handle_chats
+from ..data import add_data_subcommands, data_handlers
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -53,7 +57,8 @@ class Command(BaseCommand):
     help = (
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
-        "(poll open batches), 'chats' (control many chats at once)."
+        "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
+        "idle chats), 'chats' (control many chats at once)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -166,6 +171,7 @@ class Command(BaseCommand):
         batches.add_argument(
             "--no-poll", action="store_true", help="List the open batches; ask no provider."
         )
+        add_data_subcommands(subcommands)  # export, erase, retention (agentloop.management.data)
         add_chats_parser(subcommands)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
@@ -175,6 +181,7 @@ class Command(BaseCommand):
             "resume": self.handle_resume,
             "unlock": self.handle_unlock,
             "batches": self.handle_batches,
+            **data_handlers(self),
             "chats": lambda **options: handle_chats(self, options),
         }
         handlers[subcommand](**options)
