@@ -5,7 +5,7 @@
                                  [--json out.json]
 
 PostgreSQL (a database of its own, emptied at the start) and Redis (the cancel notices, one
-pipeline per batch; the Celery broker the jobs of ``complete_later`` and ``resume`` go to, on
+message per batch; the Celery broker the jobs of ``complete_later`` and ``resume`` go to, on
 a queue of their own that no worker consumes and that is deleted afterwards). The chats: 70%
 idle, 15% queued, 10% running (leased by a run of another process), 5% stopped by a halt;
 half on ``anthropic:claude-sonnet-4``, half on ``openai:gpt-4.1``; plus ``--waiting`` more

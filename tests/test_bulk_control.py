@@ -5,6 +5,9 @@ the counts. (Real workers: tests/test_bulk_control_celery.py.)"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 
 import pytest
@@ -15,9 +18,11 @@ from agentloop.engine.control import CANCELLED_TOOL_RESULT
 from agentloop.exceptions import UnknownProviderError
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.models.bulk import BulkResult
-from agentloop.process import cancel_notices
+from agentloop.process import cancel_notices, redis_client
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
+from tests.helpers import wait_until
+from tests.redis_server import RedisServer, private_redis
 from tests.tools import transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,6 +86,16 @@ def test_bulk_verbs_run_one_statement_per_batch(django_assert_num_queries):
     assert Chat.objects.filter(halt_reason="outage").count() == 25
 
 
+def test_thousands_of_chats_are_changed_a_thousand_per_statement(django_assert_num_queries):
+    Chat.objects.bulk_create([Chat(model="scripted:test", state="queued") for _ in range(2500)])
+    Chat.objects.bulk_create([Chat(model="scripted:test") for _ in range(500)])
+    # A count, three UPDATEs (1000, 1000, 500 changed), the check that nothing is left.
+    with django_assert_num_queries(5):
+        result = Chat.objects.all().halt("outage")
+    assert (result.matched, result.changed, result.skipped) == (3000, 2500, 500)
+    assert Chat.objects.filter(halt_reason="outage").count() == 2500
+
+
 def test_a_halt_notifies_each_chat_in_one_call(monkeypatch):
     chats = make(3, state=ChatState.QUEUED)
     calls = []
@@ -98,6 +113,55 @@ def test_a_local_run_is_woken_by_a_bulk_halt():
     Chat.objects.filter(pk=chat.pk).halt("outage")
     assert notice.is_set()
     assert notice.cancelling is False  # a halt lets a model call in flight finish
+
+
+@pytest.fixture
+def on_private_redis(tmp_path, settings) -> Iterator[RedisServer]:
+    """Cancel notices through a ``redis-server`` of this test's own."""
+    with private_redis(tmp_path) as server:
+        settings.AGENTLOOP = {
+            **settings.AGENTLOOP, "REDIS_URL": server.url(), "REDIS_PREFIX": "bulk",
+        }  # fmt: skip
+        yield server
+        cancel_notices.stop_subscribers()
+
+
+def test_a_batch_s_notices_are_one_redis_message_naming_every_chat(on_private_redis):
+    chats = make(3, state=ChatState.QUEUED)
+    with on_private_redis.client() as client:
+        listening = client.pubsub(ignore_subscribe_messages=True)
+        listening.subscribe(redis_client.key("cancel", cancel_notices.MANY))
+
+        Chat.objects.all().halt("outage", batch_size=2)
+
+        received = [listening.get_message(timeout=5) for _ in range(3)]
+        listening.close()
+    payloads = [json.loads(message["data"]) for message in received if message]
+    assert payloads == [
+        {"halt": True, "chats": [f"agentloop.chat:{chat.pk}" for chat in chats[:2]]},
+        {"halt": True, "chats": [f"agentloop.chat:{chats[2].pk}"]},
+    ]
+
+
+def test_a_message_for_many_chats_wakes_their_runs_in_another_process(on_private_redis):
+    running, halted = Chat(pk=4301), Chat(pk=4302)  # a chat key is all a notice needs
+    notices = [cancel_notices.listen_locally(chat) for chat in (running, halted)]
+    channel = redis_client.key("cancel", cancel_notices.MANY)
+
+    def heard(notice, halt: bool, chat: Chat) -> bool:
+        # As another process's notify_many does; again until the subscriber is listening.
+        with on_private_redis.client() as client:
+            client.publish(
+                channel, json.dumps({"halt": halt, "chats": [f"agentloop.chat:{chat.pk}"]})
+            )
+        return notice.wait(0.2)
+
+    with ExitStack() as listening:
+        for chat, notice in zip((running, halted), notices, strict=True):
+            listening.enter_context(cancel_notices.RedisCancelListener(chat, notice))
+        wait_until(lambda: heard(notices[0], False, running), "the cancel of many chats")
+        wait_until(lambda: heard(notices[1], True, halted), "the halt of many chats")
+    assert (notices[0].cancelling, notices[1].cancelling) == (True, False)
 
 
 # -- cancel ---------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Set-based control on real ``celery worker`` processes: a bulk halt stops every chat in flight
 before its next model call and ``resume()`` sends them on; a bulk cancel reaches a streaming
-step at once through the cancel notices (one Redis pipeline per batch); ``complete_later()``
+step at once through the cancel notices (one Redis message per batch); ``complete_later()``
 sends one job per chat in batches and the workers run them all; ``with_model`` skips a chat a
 worker is running.
 

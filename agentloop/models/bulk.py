@@ -4,7 +4,7 @@
 Each verb is the per-chat verb's conditional UPDATE applied to a batch of chats at a time
 (``agentloop.django_store.bulk_updates``: one statement per ``batch_size`` chats, RETURNING
 the chats it changed), then what the per-chat verb does next for those chats: a cancel or a
-halt wakes their runs (one Redis pipeline per batch), ``complete_later`` and ``resume`` send a
+halt wakes their runs (one Redis message per batch), ``complete_later`` and ``resume`` send a
 job each (one broker connection per batch). A running step is never written over: a cancel
 or a halt only leaves a request that the run applies at its next checkpoint, and the verbs
 that change what a run reads (``with_model``, ``complete_later``, ``resume``) skip chats a
