@@ -106,6 +106,11 @@ def test_the_owner_filter_takes_a_user(admin_client, calls, bob):
     assert f'<option value="{bob.pk}" selected>bob</option>' in response.content.decode()
 
 
+def test_each_owner_links_to_their_calls_only(admin_client, calls, bob):
+    page = admin_client.get(f"{INBOX}?kind=approval").content.decode()
+    assert f'href="?kind=approval&amp;owner={bob.pk}"' in page
+
+
 def test_an_owner_that_is_no_key_is_a_bad_request(admin_client, calls):
     assert admin_client.get(f"{INBOX}?owner=abc").status_code == 400
 

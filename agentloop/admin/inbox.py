@@ -252,6 +252,10 @@ class ApprovalInbox:
             "call": call,
             "chat": call.chat,
             "chat_url": self._chat_url(call.chat_id) + f"#call-{call.pk}",
+            "owner_url": (
+                "?" + filters.query(owner=str(call.chat.owner_id), page="1")
+                if call.chat.owner_id is not None else ""
+            ),  # fmt: skip
             "arguments": arguments,
             "original_arguments": (
                 json.dumps(original, indent=2, ensure_ascii=False, default=str)
