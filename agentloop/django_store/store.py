@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
@@ -101,6 +101,12 @@ class DjangoStore(ChatStore):
     def get_tools(self) -> list[type[Tool]]:
         return self.config.get_tools()
 
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        self.config.set_guardrails(guardrails)
+
+    def get_guardrails(self) -> list[Any]:
+        return self.config.get_guardrails()
+
     # -- the claim -----------------------------------------------------------------------
     def claim(self) -> bool:
         return self.control.claim()
@@ -122,6 +128,9 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         return self.transcript.append_message(message)
+
+    def save_guardrails(self, message: Message) -> None:
+        self.transcript.save_guardrails(message)
 
     def replace_instructions(self, text: str) -> None:
         self.transcript.replace_instructions(text)
@@ -169,8 +178,18 @@ class DjangoStore(ChatStore):
     ) -> Any:
         return self.tool_calls.save_tool_result(call, message, state, error, release=release)
 
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        self.tool_calls.save_tool_guardrails(call)
+
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    runs_transactions = True
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        return self.tool_calls.run_in_transaction(call, work)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
