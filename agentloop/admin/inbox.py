@@ -254,7 +254,8 @@ class ApprovalInbox:
             "chat_url": self._chat_url(call.chat_id) + f"#call-{call.pk}",
             "owner_url": (
                 "?" + filters.query(owner=str(call.chat.owner_id), page="1")
-                if call.chat.owner_id is not None else ""
+                if call.chat.owner_id is not None
+                else ""
             ),  # fmt: skip
             "arguments": arguments,
             "original_arguments": (
