@@ -52,9 +52,7 @@ def collector() -> Any:
     folder = Path(tempfile.mkdtemp(prefix="agentloop-cpu-"))
     source, library = folder / "collect.c", folder / "collect.so"
     source.write_text(_HELPER)
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True
-    )
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(source)], check=True)
     return ctypes.CDLL(str(library)).agentloop_collect
 
 
