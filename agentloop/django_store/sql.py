@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .field_values import Saving
+from .field_values import Saving, quick_json_converters
 
 __all__ = [
     "PreparedInsert",
@@ -299,7 +299,9 @@ class PreparedSelect:
         # converts them itself (faster where it knows the values' shape).
         self.converters = {
             index: converter
-            for index, converter in self.compiler.get_converters(fields).items()
+            for index, converter in quick_json_converters(
+                self.compiler.get_converters(fields)
+            ).items()
             if index not in raw_columns
         }
 
