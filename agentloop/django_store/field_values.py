@@ -114,7 +114,7 @@ def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[
     (no decoder of its own) decoding ``[]`` and ``{}`` at once; the others as they were."""
     quick: dict[int, Any] = {}
     for index, (functions, expression) in converters.items():
-        field = getattr(expression, "target", None)
+        field: Any = getattr(expression, "target", None)
         plain = (
             type(field) is models.JSONField
             and field.decoder is None
