@@ -23,7 +23,14 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import Col
 
-__all__ = ["Saving", "quick_json_converters", "save_value"]
+__all__ = [
+    "EMPTY_ARRAY",
+    "EMPTY_OBJECT",
+    "EmptyJson",
+    "Saving",
+    "quick_json_converters",
+    "save_value",
+]
 
 # What a field of exactly one of these classes does with a value of the usual type.
 _TEXT, _BOOL, _FLOAT, _INT, _DATETIME, _JSON, _RELATED, _OTHER = range(8)
@@ -85,6 +92,20 @@ def save_value(field: Any, value: Any, connection: Any) -> Any:
     return _prepared(field, _kind(field), field.get_internal_type(), value, connection)
 
 
+class EmptyJson:
+    """An empty JSON object or array of a plain ``JSONField`` (no encoder of its own), in place
+    of its prepared value: a statement may write it as a constant (``literal``)."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+    def __repr__(self) -> str:
+        return f"<EmptyJson {self.literal}>"
+
+
+EMPTY_OBJECT, EMPTY_ARRAY = EmptyJson("'{}'"), EmptyJson("'[]'")
+
+
 class Saving:
     """The columns of ``fields``, prepared for saving (worked out once per field list)."""
 
@@ -100,6 +121,22 @@ class Saving:
             _prepared(field, kind, internal, getattr(instance, attname), connection)
             for field, attname, kind, internal in self._specs
         ]
+
+    def of_marking_empty_json(self, instance: Any, connection: Any) -> list[Any]:
+        """:meth:`of`, with :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY` for a plain JSON
+        column holding ``{}`` or ``[]`` (most of a step's JSON values)."""
+        values = []
+        for field, attname, kind, internal in self._specs:
+            value = getattr(instance, attname)
+            if kind == _JSON and not value and field.encoder is None:
+                if type(value) is dict:
+                    values.append(EMPTY_OBJECT)
+                    continue
+                if type(value) is list:
+                    values.append(EMPTY_ARRAY)
+                    continue
+            values.append(_prepared(field, kind, internal, value, connection))
+        return values
 
     def values(self, values: Sequence[Any], connection: Any) -> list[Any]:
         """``values`` (one per field, in order), prepared."""

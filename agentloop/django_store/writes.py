@@ -17,7 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .chat_row import ChatRow
-from .field_values import Saving, save_value
+from .field_values import EmptyJson, Saving, save_value
 from .reconnect import committed_message
 from .sql import bound_cursor
 
@@ -53,12 +53,14 @@ class Values:
         if kind in _CONSTANTS and (kind is not str or value == ""):
             literal = _CONSTANTS[kind] or ("true" if value else "false")
             return f"CAST({literal} AS {sql_type})"
+        if kind is EmptyJson:  # {} or []: a constant too (no JSON encoding per write)
+            return f"CAST({value.literal} AS {sql_type})"
         self.params.append(value)
         return f"CAST(%s AS {sql_type})"
 
     def row(self, rows: _Rows, instance: Any) -> str:
         add = self.add
-        prepared = rows.saving.of(instance, rows.connection)
+        prepared = rows.saving.of_marking_empty_json(instance, rows.connection)
         pairs = zip(prepared, rows.types, strict=True)
         return ", ".join([add(value, kind) for value, kind in pairs])
 
