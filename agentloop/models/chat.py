@@ -286,7 +286,7 @@ def _queue_unless_running(chat_model: Any, pk: Any, queued: dict[str, Any]) -> i
     if update is None:
         # ``state`` is never NULL: ``<>`` is what ``exclude(state=...)`` compiles to.
         update = _QUEUE_UNLESS_RUNNING[chat_model] = PreparedUpdate(
-            chat_model, tuple(queued), (("id", "="), ("state", "<>"))
+            chat_model, tuple(queued), ((chat_model._meta.pk.name, "="), ("state", "<>"))
         )
     using = router.db_for_write(chat_model)
     with transaction.mark_for_rollback_on_error(using):  # as QuerySet.update()
