@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from ..attachments import Attachment, attachments_adapter
-from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+from ..messages import GuardrailOutcome, Message, MessageStatus, ToolCall, ToolCallState
 
 __all__ = [
     "JSON_COLUMNS",
@@ -53,6 +53,7 @@ MESSAGE_COLUMNS = (
     "thinking",
     "provider_data",
     "attachments",
+    "guardrails",
     "tool_call__call_id",
     "tool_call__name",
     "tool_calls__id",
@@ -65,6 +66,7 @@ MESSAGE_COLUMNS = (
     "tool_calls__question",
     "tool_calls__decision",
     "tool_calls__decision_digest",
+    "tool_calls__handoff",
 )
 
 
@@ -76,8 +78,10 @@ JSON_COLUMNS = frozenset(
         "parsed",
         "provider_data",
         "attachments",
+        "guardrails",
         "tool_calls__arguments",
         "tool_calls__provider_data",
+        "tool_calls__handoff",
     )
 )
 _MESSAGE_STATUS = {status.value: status for status in MessageStatus}
@@ -106,6 +110,18 @@ def _attachments(value: Any) -> list[Attachment]:
     return attachments_adapter.validate_python(value)
 
 
+_outcomes = TypeAdapter(list[GuardrailOutcome])
+
+
+def _guardrails(value: Any) -> list[GuardrailOutcome]:
+    """The guardrails column: nearly always empty; else validated back into outcomes."""
+    if not value or value == "[]":
+        return []
+    if isinstance(value, str):
+        return _outcomes.validate_json(value)
+    return _outcomes.validate_python(value)
+
+
 def transcript_query(message_model: Any, chat_pk: Any) -> Any:
     """The transcript's query: ``MESSAGE_COLUMNS`` of the chat's messages with their tool calls.
 
@@ -131,9 +147,9 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
     last_key: Any = None
     for row in rows:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
-         provider_data, attachments, answers_id, answers_name, call_key, call_id, call_name,
-         call_arguments, call_state, call_provider_data, wait_reason, question, decision,
-         decision_digest) = row  # fmt: skip
+         provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
+         call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
+         decision, decision_digest, handoff) = row  # fmt: skip
         if last is None or last_key != key:
             # Rows are our own: built without validation, as ``trusted`` builds them.
             values = {
@@ -150,6 +166,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                 "finish_reason": finish_reason or None,
                 "thinking": thinking,
                 "provider_data": {} if provider_data == "{}" else _json(provider_data, {}),
+                "guardrails": [] if guardrails == "[]" else _guardrails(guardrails),
                 "created_at": None,  # read on demand: turn_started_at()
                 "key": key,
             }
@@ -174,8 +191,11 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         "question": question or None,
                         "decision": decision or None,
                         "decision_digest": decision_digest or None,
-                        # Edited arguments are only written by a decision: none read back.
+                        # Edited arguments are only written by a decision, and a call's
+                        # guardrail outcomes before it runs: neither is read back.
                         "original_arguments": None,
+                        "guardrails": [],
+                        "handoff": _json(handoff, None),
                         "key": call_key,
                     },
                 )

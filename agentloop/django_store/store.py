@@ -15,13 +15,14 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connections, transaction
 
 from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
@@ -101,6 +102,12 @@ class DjangoStore(ChatStore):
     def get_tools(self) -> list[type[Tool]]:
         return self.config.get_tools()
 
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        self.config.set_guardrails(guardrails)
+
+    def get_guardrails(self) -> list[Any]:
+        return self.config.get_guardrails()
+
     # -- the claim -----------------------------------------------------------------------
     def claim(self) -> bool:
         return self.control.claim()
@@ -122,6 +129,9 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         return self.transcript.append_message(message)
+
+    def save_guardrails(self, message: Message) -> None:
+        self.transcript.save_guardrails(message)
 
     def replace_instructions(self, text: str) -> None:
         self.transcript.replace_instructions(text)
@@ -169,8 +179,31 @@ class DjangoStore(ChatStore):
     ) -> Any:
         return self.tool_calls.save_tool_result(call, message, state, error, release=release)
 
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        self.tool_calls.save_tool_guardrails(call)
+
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        self.tool_calls.record_handoff(call, handoff)
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # Each write inside keeps its lease guard (a savepoint): a lost lease undoes all. Rolled
+        # back, the chat object takes its columns back too, so the run goes on as it was.
+        chat = self.chat
+        saved = {
+            field.attname: getattr(chat, field.attname) for field in chat._meta.concrete_fields
+        }
+        try:
+            with transaction.atomic(using=self.row.db):
+                yield
+        except BaseException:
+            for name, value in saved.items():
+                setattr(chat, name, value)
+            self.config.forget()
+            raise
 
     runs_transactions = True
 

@@ -20,8 +20,10 @@ EVENTS = (
     "stopped",
     "model_fallback",
     "halted",
+    "handed_off",
     "claimed",
     "subagents_waiting",
+    "guardrail_blocked",
 )
 
 

@@ -29,6 +29,7 @@ OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
     "queues_messages": ("queue_message", "has_queued", "take_queued"),
     "sums_costs": ("turn_cost",),
     "keeps_trace_context": ("trace_context", "set_trace_context"),
+    "records_handoffs": ("record_handoff",),
     "runs_transactions": ("run_in_transaction",),
 }
 
@@ -84,6 +85,9 @@ class ChatStore(ABC):
     #: keeps a turn's trace context across its jobs (``trace_context``,
     #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
     keeps_trace_context: bool = True
+    #: keeps on a tool call the handoff it made (``record_handoff``), read back with the
+    #: transcript (the turn's handoffs are bounded): handoffs; with it off none is made.
+    records_handoffs: bool = True
     #: runs a transactional tool (``Tool.transactional``), its result and its call's state in
     #: one transaction (``run_in_transaction``), in the verb's own database phase. Off by
     #: default (the in-memory store has no database to share): such tools run as others.
@@ -119,6 +123,15 @@ class ChatStore(ABC):
     def get_tools(self) -> list[Any]:
         """The chat's Tool classes."""
 
+    @abstractmethod
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        """Keep the chat's guardrails (``Guardrail`` objects); persisted stores keep import
+        paths."""
+
+    @abstractmethod
+    def get_guardrails(self) -> list[Any]:
+        """The chat's guardrails (``Guardrail`` objects), in the order they were given."""
+
     # -- the claim: one writer at a time --------------------------------------------
     @abstractmethod
     def claim(self) -> bool:
@@ -153,6 +166,12 @@ class ChatStore(ABC):
     @abstractmethod
     def append_message(self, message: Message) -> Any:
         """Add a system or user message. A user message starts a new turn."""
+
+    @abstractmethod
+    def save_guardrails(self, message: Message) -> None:
+        """Persist what guardrails decided about a stored message (``message.guardrails``),
+        with its content and status, which they may have changed (a replaced text, a
+        blocked message): one write."""
 
     @abstractmethod
     def replace_instructions(self, text: str) -> None:
@@ -192,8 +211,15 @@ class ChatStore(ABC):
     @abstractmethod
     def mark_tool_running(self, call: ToolCall) -> bool:
         """Claim the call for running: one conditional write moving it from the state it was
-        read in (pending, approved, or running after a crash) to running. False when the
-        call changed meanwhile: it must not run."""
+        read in (pending, approved, or running after a crash) to running, with what tool
+        guardrails decided (``call.guardrails``; arguments one replaced, the model's kept in
+        ``call.original_arguments``). False when the call changed meanwhile: it must not
+        run."""
+
+    @abstractmethod
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        """Persist ``call.guardrails`` for a call that will not run now (a guardrail blocked
+        it, or failed): one write."""
 
     @abstractmethod
     def save_tool_result(
@@ -208,6 +234,18 @@ class ChatStore(ABC):
         """Atomically: the tool message answering ``call`` and the call's final state (and,
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
+
+    # An optional part (``records_handoffs``): without it no handoff is made.
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        """Keep on ``call`` (with a key, read back in the transcript as ``call.handoff``) the
+        handoff it made: ``{"from": <agent path or "">, "to": <agent path>, "inputs": {...}}``.
+        Written inside :meth:`atomic`, with the configuration it switched and the result."""
+        raise ConfigurationError(_missing(self, "records_handoffs", "no handoffs"))
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """The writes made inside commit together or not at all (the Django store: one
+        transaction); a store whose writes can't fail halfway keeps this default."""
+        return nullcontext()
 
     def run_in_transaction(
         self, call: ToolCall, work: Callable[[ToolTransaction], T]
@@ -224,7 +262,8 @@ class ChatStore(ABC):
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
-        """Hold the call for a person ("approval", "question") or a subagent."""
+        """Hold the call for a person ("approval", "question"), a subagent or an outside
+        result ("deferred"; with what tool guardrails decided, ``call.guardrails``)."""
 
     @abstractmethod
     def record_decision(
