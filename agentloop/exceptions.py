@@ -6,6 +6,8 @@
     │   └── AttachmentError         an attachment can't be sent (its type, size or source)
     ├── CancelledError              the run stopped because cancel() was requested
     ├── LimitReachedError           a per-turn limit stopped the turn before a model call
+    │   └── BudgetExceededError     a budget or quota of the chat's subject stopped it
+    ├── RateLimitWaiting            a background step waits for a fleet rate limit (sent again)
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
@@ -45,6 +47,7 @@ __all__ = [
     "BadRequestError",
     "BatchError",
     "BatchItemNotRunError",
+    "BudgetExceededError",
     "CancelledError",
     "ChatBusyError",
     "ConcurrentWriteError",
@@ -61,6 +64,7 @@ __all__ = [
     "ProviderError",
     "ProviderTimeout",
     "RateLimitError",
+    "RateLimitWaiting",
     "ResponseTooLargeError",
     "ServerError",
     "StreamInterruptedError",
@@ -103,6 +107,32 @@ class LimitReachedError(AgentloopError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
+        self.reason = reason
+
+
+class BudgetExceededError(LimitReachedError):
+    """A budget or quota of the chat's subject (its owner, or what ``BUDGET_SUBJECT``
+    chooses) has no room for the next model call; no call was made. ``reason`` is the line
+    the chat shows, e.g. "budget: $20.00/day reached for owner 42"."""
+
+    def __init__(self, reason: str, *, subject: str = "", limit: str = "") -> None:
+        super().__init__(reason)
+        #: the subject, as shown ("owner 42", "team 7").
+        self.subject = subject
+        #: which limit: "cost_per_day", "cost_per_month", "tokens_per_day",
+        #: "tokens_per_month" or "chats_in_flight".
+        self.limit = limit
+
+
+class RateLimitWaiting(AgentloopError):  # noqa: N818 - a wait, not a failure
+    """A background step must wait longer than ``RATE_LIMIT_WAIT`` for a fleet rate limit:
+    it ends before its model call (nothing is sent or charged) and its job is sent again in
+    ``seconds``. The chat stays queued; ``chat.waiting_for`` says why."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(f"{reason} (about {seconds:.1f} s)")
+        self.seconds = seconds
+        #: what the chat waits for, e.g. "rate limit: openai requests per minute".
         self.reason = reason
 
 

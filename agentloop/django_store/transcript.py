@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from ..budgets.enforcement import ChatBudgets
 from ..engine import UsageRecord
 from ..messages import Message, MessageStatus
 from .chat_row import ChatRow
@@ -24,9 +25,11 @@ __all__ = ["Transcript"]
 class Transcript:
     """The chat's messages and usage rows, written under ``control``'s claim."""
 
-    def __init__(self, row: ChatRow, control: RunControl) -> None:
+    def __init__(self, row: ChatRow, control: RunControl, budgets: ChatBudgets) -> None:
         self.row = row
         self.control = control
+        #: each usage row's write charges its subjects' budgets (docs/budgets.md).
+        self.budgets = budgets
         self.chat = row.chat
         self.models = row.models
 
@@ -129,7 +132,8 @@ class Transcript:
         release: str | None = None,
     ) -> Any:
         writes = self.control.step_writes()
-        if writes is not None and partial_key is None and not self.chat.stop_reason:
+        at_once = partial_key is None and not self.chat.stop_reason
+        if writes is not None and at_once and not self.budgets.charges(usage):
             return self._save_answer_at_once(writes, message, usage, release)
         with self.control.writing(release=release):
             record = self.row.message_row(message)
@@ -161,6 +165,7 @@ class Transcript:
             else:
                 record._agentloop_tool_calls = []
             self.models.usage_insert.insert(self.row.usage_row(usage, record), self.row.db)
+            self.budgets.charge(usage)
             if self.chat.stop_reason:
                 # The turn goes on (limits were raised): it is no longer stopped.
                 self.row.update(
@@ -175,6 +180,7 @@ class Transcript:
         def insert() -> bool:
             with self.control.writing():
                 self.models.usage_insert.insert(row, self.row.db)
+                self.budgets.charge(usage)
             return True
 
         def landed() -> bool | None:

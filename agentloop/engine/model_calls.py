@@ -27,6 +27,7 @@ from ..messages import (
 )
 from ..providers.base import Provider
 from . import tracing
+from .admission import Admission
 from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .compaction import window
@@ -59,6 +60,17 @@ class PreparedCall:
     transcript: list[Message]
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """A model's answer: its response, its streamed partial row's key, when the answering
+    attempt started (monotonic), and its budget reservation."""
+
+    response: ModelResponse
+    partial_key: Any
+    started: float
+    reservation: Any
+
+
 def falls_back(error: BaseException) -> bool:
     """A failure the next model may not have: transient errors left after the step's retries,
     and context length; auth and bad requests would fail the same way on any model."""
@@ -85,7 +97,8 @@ class ModelCalls:
         self._emit = callbacks.emit
         self._record_cancel = record_cancel
         self._schema_model = schema_model
-        self.summaries = Summaries(store, callbacks.emit)
+        self.admission = Admission(store, callbacks.emit)
+        self.summaries = Summaries(store, callbacks.emit, self.admission)
 
     def _check_limits(self, transcript: list[Message], config: ChatConfig) -> None:
         limits = config.limits
@@ -192,13 +205,15 @@ class ModelCalls:
         duration_ms: int | None = None,
         partial_key: Any = None,
         release_after: tuple[str, ...] = (),
+        reservation: Any = None,
     ) -> Any:
         """Append the answer to a prepared call, with its usage row, as ``generate()`` does;
         the answer (with its keys) is added to ``prepared.transcript``.
 
         ``cost`` overrides the provider's price (e.g. a batch discount). When the answer
         leads to one of the moves in ``release_after``, the same transaction releases the
-        claim (the verb ends with this write).
+        claim (the verb ends with this write). ``reservation``: the call's budget
+        reservation, settled by the same write.
         """
         message = self._answer(response, prepared.transcript, prepared.model_id)
         if cost is None:
@@ -210,6 +225,7 @@ class ModelCalls:
             usage=response.usage,
             cost=cost,
             duration_ms=duration_ms,
+            reservation=reservation,
         )
         then = "tools" if message.tool_calls else "done"
         release = then if then in release_after else None
@@ -232,7 +248,7 @@ class ModelCalls:
         index = 0
         while True:
             try:
-                response, partial_key, started = yield from self._send(prepared, stream, run)
+                sent = yield from self._send(prepared, stream, run)
                 break
             except ContextLengthError as exc:
                 if not compacted and self.summaries.compact(transcript, config) is not None:
@@ -264,20 +280,23 @@ class ModelCalls:
         # step always, a loop when the answer settles the turn.
         record = self.accept_response(
             prepared,
-            response,
-            duration_ms=int((time.monotonic() - started) * 1000),
-            partial_key=partial_key,
+            sent.response,
+            duration_ms=int((time.monotonic() - sent.started) * 1000),
+            partial_key=sent.partial_key,
             release_after=("tools", "done") if run.single else ("done",),
+            reservation=sent.reservation,
         )
         run.next_move = next_move(transcript)
         return record
 
     def _send(
         self, prepared: PreparedCall, stream: StreamCallback | None, run: Run
-    ) -> Effects[tuple[ModelResponse, Any, float]]:
+    ) -> Effects[_Sent]:
         """One model's answer, with the step's retries: the response, the key of its streamed
-        partial row, and when the answering attempt started. A usage row per failure.
-        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O."""
+        partial row, when the answering attempt started and its budget reservation. Each
+        attempt is admitted first (rate limits, budgets: :mod:`.admission`); a usage row per
+        failure. The request and the backoff are effects (:mod:`.effects`): the driver does
+        the I/O."""
         checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
@@ -285,6 +304,14 @@ class ModelCalls:
         partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
+            try:
+                reservation = yield from self.admission.admit(
+                    provider, provider_name, request, checkpoints
+                )
+            except BaseException:
+                if partial_key is not None:  # a failed attempt's partial that nothing finishes
+                    self.store.fail_partial(partial_key)
+                raise
             state = StreamState(self.store, checkpoints, stream, model_id)
             state.partial_key = partial_key
             started = time.monotonic()
@@ -306,13 +333,16 @@ class ModelCalls:
                     model=model_id,
                     status="cancelled",
                     duration_ms=int((time.monotonic() - started) * 1000),
+                    reservation=reservation,
                 )
                 self._record_cancel(
                     exc, partial=partial, partial_key=state.partial_key, usage=usage
                 )
                 raise
             except Exception as exc:
-                self.store.record_usage(failed_usage(provider_name, model_id, exc, started))
+                failed = failed_usage(provider_name, model_id, exc, started)
+                failed.reservation = reservation
+                self.store.record_usage(failed)
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is not None:
                     partial_key = state.partial_key
@@ -323,7 +353,7 @@ class ModelCalls:
                     # Nothing will finish this answer: it must not look like it still streams.
                     self.store.fail_partial(state.partial_key)
                 raise
-            return response, state.partial_key, started
+            return _Sent(response, state.partial_key, started, reservation)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:

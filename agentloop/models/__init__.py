@@ -9,7 +9,9 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
   ``chat_events``: signals and the subagent hooks its conversation's events fire;
 - ``messages``: ``Message`` and ``ToolCall``;
 - ``usage``: ``Usage``, one row per provider attempt;
-- ``batches``: ``Batch`` and ``BatchItem``.
+- ``batches``: ``Batch`` and ``BatchItem``;
+- ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
+- ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets).
 """
 
 from .batches import (
@@ -20,6 +22,7 @@ from .batches import (
     BatchQuerySet,
     BatchStatus,
 )
+from .budgets import Budget, BudgetReservation, BudgetSlot
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .messages import (
     AbstractMessage,
@@ -29,6 +32,7 @@ from .messages import (
     Role,
     ToolCall,
 )
+from .rate_limits import RateLimitBucket
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 
 __all__ = [
@@ -42,11 +46,15 @@ __all__ = [
     "BatchItemStatus",
     "BatchQuerySet",
     "BatchStatus",
+    "Budget",
+    "BudgetReservation",
+    "BudgetSlot",
     "Chat",
     "ChatQuerySet",
     "ChatState",
     "Message",
     "MessageQuerySet",
+    "RateLimitBucket",
     "Role",
     "ToolCall",
     "Usage",

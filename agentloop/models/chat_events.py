@@ -59,3 +59,9 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     conversation.on(
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "budget_exceeded",
+        lambda error: signals.budget_exceeded.send(
+            sender, chat=chat, reason=error.reason, subject=error.subject, limit=error.limit
+        ),
+    )
