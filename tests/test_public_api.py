@@ -75,6 +75,7 @@ EXPECTED_MODELS = {
 #: what ``agentloop.admin`` promises: the model admins and actions a project's own admin reuses.
 EXPECTED_ADMIN = {
     "BatchAdmin",
+    "BudgetAdmin",
     "ChatAdmin",
     "MessageAdmin",
     "Timeline",

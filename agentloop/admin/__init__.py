@@ -1,13 +1,15 @@
 """Admin: a chat's change page is a timeline of its transcript; the list scales to many chats.
 
 Importing this package registers ``Chat`` (``chats``), ``ToolCall``, ``Usage`` and
-``Message`` (``rows``) and ``Batch`` (``batches``) with the default admin site. The chat
+``Message`` (``rows``), ``Batch`` (``batches``) and ``Budget`` (``budgets``: spend against
+budget per subject) with the default admin site. The chat
 list's filters and actions live in ``filters`` and ``actions``; the timeline its change
 page renders is ``build_timeline`` (``timeline``).
 """
 
 from .actions import approve_pending, cancel_chats, deny_pending, resume_chats
 from .batches import BatchAdmin
+from .budgets import BudgetAdmin
 from .chats import ChatAdmin
 from .rows import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
@@ -16,6 +18,7 @@ from .timeline import Timeline, build_timeline
 # docs/custom-models.md); the labels, filters and entry types stay in their modules.
 __all__ = [
     "BatchAdmin",
+    "BudgetAdmin",
     "ChatAdmin",
     "MessageAdmin",
     "Timeline",
