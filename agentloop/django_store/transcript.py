@@ -167,10 +167,13 @@ class Transcript:
             self.models.usage_insert.insert(self.row.usage_row(usage, record), self.row.db)
             self.budgets.charge(usage)
             if self.chat.stop_reason:
-                # The turn goes on (limits were raised): it is no longer stopped.
-                self.row.update(
-                    stop_reason="", state="running" if self.control.background else "idle"
-                )
+                # The turn goes on (limits were raised): it is no longer stopped. A write
+                # that released the chat set its next state already: that one stands.
+                if release is None:
+                    state = "running" if self.control.background else "idle"
+                    self.row.update(stop_reason="", state=state)
+                else:
+                    self.row.update(stop_reason="")
         message.key = record.pk
         return record
 
