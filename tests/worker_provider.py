@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import os
-from decimal import Decimal
 import threading
 import time
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
