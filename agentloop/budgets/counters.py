@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
@@ -94,6 +94,7 @@ def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: s
     expires_at = timezone.now() + timedelta(seconds=agentloop_settings.BUDGET_RESERVATION_SECONDS)
     budgets = Budget._default_manager.using(using)
     with transaction.atomic(using=using):
+        _quick_commit(using)
         rows = _rows(subjects, using)
         for subject in subjects:  # in key order
             limits = limits_of(rows[subject.key])
@@ -134,6 +135,18 @@ def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: s
         )
         reservation.rows = [(row.pk, str(row.budget_id)) for row in made]
     return reservation
+
+
+def _quick_commit(using: str) -> None:
+    """On PostgreSQL, outside a caller's transaction, the reservation's commit doesn't wait
+    for the WAL flush (for its own transaction only). A server crash can lose only a
+    reservation whose call's usage row was not written yet: the row's counters and its
+    reservation rows are lost together, and a usage row written later (synchronously,
+    flushing the WAL up to it) finds no reservation to give back."""
+    connection = connections[using]
+    if connection.vendor == "postgresql" and not connection.savepoint_ids:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('synchronous_commit', 'off', true)")
 
 
 def _rows(subjects: list[Subject], using: str) -> dict[str, dict[str, Any]]:

@@ -4,11 +4,13 @@ model call; the charge in each usage row's transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from ..conf import agentloop_settings
 from ..engine import UsageRecord
 from ..engine.estimates import CallEstimate
-from . import counters
+from . import counters, statements
 from .limits import budgets_on
 from .money import units
 from .subjects import Subject, subjects_of
@@ -41,6 +43,15 @@ class ChatBudgets:
         subjects = self.subjects()
         if not subjects:
             return None
+        if (
+            len(subjects) == 1
+            and statements.one_statement(self.using)
+            and getattr(agentloop_settings.BUDGETS, "chats_in_flight", None) is None
+        ):
+            # The common case in one round trip; the transaction form decides the others.
+            quick = statements.reserve_at_once(subjects[0], estimate, self.chat, self.using)
+            if quick is not None:
+                return quick
         return counters.reserve(subjects, estimate, self.chat, self.using)
 
     def charges(self, usage: UsageRecord) -> bool:
@@ -63,3 +74,18 @@ class ChatBudgets:
             subjects = [known.get(key, Subject(key)) for key in reservation.subjects]
         tokens = usage.usage.input_tokens + usage.usage.output_tokens
         counters.charge(subjects, units(usage.cost), tokens, reservation, self.using)
+
+    def charge_at_once(self, usage: UsageRecord) -> Callable[[Any], list[str]] | None:
+        """The charge of ``usage`` as parts of the step's one-statement write (PostgreSQL):
+        for an attempt with a reservation, whose rows are known to exist; None otherwise
+        (nothing to charge, or the transaction form must: ``charge``)."""
+        reservation = usage.reservation
+        if reservation is None or not reservation.rows:
+            return None
+        tokens = usage.usage.input_tokens + usage.usage.output_tokens
+        cost = units(usage.cost)
+
+        def parts(values: Any) -> list[str]:
+            return statements.charge_parts(values.add, reservation, cost, tokens, self.using)
+
+        return parts

@@ -3,6 +3,7 @@ a stream's partial answer, an answer with its tool calls and usage, and the usag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from functools import partial
@@ -133,8 +134,9 @@ class Transcript:
     ) -> Any:
         writes = self.control.step_writes()
         at_once = partial_key is None and not self.chat.stop_reason
-        if writes is not None and at_once and not self.budgets.charges(usage):
-            return self._save_answer_at_once(writes, message, usage, release)
+        charge = self.budgets.charge_at_once(usage) if writes is not None else None
+        if writes is not None and at_once and (charge or not self.budgets.charges(usage)):
+            return self._save_answer_at_once(writes, message, usage, release, charge)
         with self.control.writing(release=release):
             record = self.row.message_row(message)
             if partial_key is not None:
@@ -219,7 +221,12 @@ class Transcript:
 
     # -- the one-statement writes (PostgreSQL, under a lease) -----------------------
     def _save_answer_at_once(
-        self, writes: StepWrites, message: Message, usage: UsageRecord, release: str | None
+        self,
+        writes: StepWrites,
+        message: Message,
+        usage: UsageRecord,
+        release: str | None,
+        charge: Callable[[Values], list[str]] | None = None,
     ) -> Any:
         record = self.row.message_row(message)
         calls = message.tool_calls
@@ -237,7 +244,7 @@ class Transcript:
         usage_row = self.row.usage_row(usage)
 
         def body(guard: str, values: Values) -> str:
-            return writes.answer(guard, values, record, call_rows, usage_row)
+            return writes.answer(guard, values, record, call_rows, usage_row, charge)
 
         rows = self.control.at_once(writes, release, body, record)
         inserted(record, rows[0][GUARD], self.row.db)
