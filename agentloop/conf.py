@@ -227,6 +227,9 @@ class Settings(BaseModel):
     #: pool is configured (OPTIONS["pool"]: a check-in), True always (without a pool: a new
     #: connection after every wait), False never. Never inside a caller's atomic block.
     RELEASE_CONNECTIONS: Literal["auto"] | _Flag = "auto"
+    #: days a chat may stay idle (no message, no run) before ``agentloop.delete_idle_chats``
+    #: (run daily by beat, or ``manage.py agentloop retention``) deletes it; None: kept.
+    RETENTION_DAYS: _PositiveInt | None = None
     #: budgets and quotas per subject (docs/budgets.md): {"cost_per_day": "20.00",
     #: "cost_per_month": ..., "tokens_per_day": ..., "tokens_per_month": ...,
     #: "chats_in_flight": 3}; each subject's ``Budget`` row may set its own. None: no budgets

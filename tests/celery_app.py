@@ -3,14 +3,16 @@
 Configured like a project's ``celery.py`` (settings from ``CELERY_*`` Django settings),
 then pointed at the test run's broker and queue from the environment:
 
-* ``AGENTLOOP_TEST_BROKER_URL``: default ``redis://127.0.0.1:6379/15``;
+* ``AGENTLOOP_TEST_BROKER_URL``: default database 15 of the suite's Redis (tests/redis_urls.py);
 * ``AGENTLOOP_TEST_QUEUE``: the queue the test publishes to and the worker consumes, unique
   per test, so messages left by another test or run never reach this worker;
 * ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes;
 * ``AGENTLOOP_TEST_SPANS``: a file each worker process appends its finished OpenTelemetry
   spans to, as JSON lines (tests/span_files.py; the tracing tests read it);
 * ``AGENTLOOP_TEST_CLOCK_OFFSET``: seconds this worker's wall clock runs ahead (negative:
-  behind), with time-machine, for the fault suite's skewed-clock scenarios.
+  behind), with time-machine, for the fault suite's skewed-clock scenarios;
+* ``AGENTLOOP_TEST_KILL_POINTS``: a folder of kill points a test arms (tests/kill_points.py):
+  the worker's processes stop there, to be killed.
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
@@ -26,6 +28,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
+from tests.redis_urls import redis_url
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 if os.environ.get("AGENTLOOP_TEST_CLOCK_OFFSET"):
@@ -39,7 +43,7 @@ if os.environ.get("AGENTLOOP_TEST_CLOCK_OFFSET"):
         time.time() + float(os.environ["AGENTLOOP_TEST_CLOCK_OFFSET"]), tick=True
     ).start()
 
-DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/15"
+DEFAULT_BROKER_URL = redis_url(15)
 VISIBILITY_TIMEOUT = 5
 
 app = Celery("agentloop_tests")
@@ -67,6 +71,15 @@ def _announce_ready(**kwargs: Any) -> None:
     path = os.environ.get("AGENTLOOP_TEST_WORKER_READY")
     if path:
         Path(path).touch()
+
+
+@worker_process_init.connect
+def _stop_at_kill_points(**kwargs: Any) -> None:
+    if os.environ.get("AGENTLOOP_TEST_KILL_POINTS"):
+        # Function-local: it patches agentloop's code, once Django is set up.
+        from tests.kill_points import install
+
+        install()
 
 
 @worker_process_init.connect

@@ -1,4 +1,4 @@
-"""System checks of budgets and rate limits (agentloop.E011 to E013): each fails on a bad
+"""System checks of budgets and rate limits (agentloop.E012 to E014): each fails on a bad
 value, with one line per wrong entry, and passes on good ones; ``manage.py check`` fails."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def messages(errors):
     return [(error.id, error.msg) for error in errors]
 
 
-# -- E011: BUDGETS ----------------------------------------------------------------------------
+# -- E012: BUDGETS ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("budgets", "problem"),
     [
@@ -49,7 +49,7 @@ def test_e011_a_budget_with_a_bad_value_fails(budgets, problem):
     errors = run(BUDGETS=budgets)
 
     assert len(errors) == 1
-    assert errors[0].id == "agentloop.E011"
+    assert errors[0].id == "agentloop.E012"
     assert errors[0].msg.startswith("AGENTLOOP['BUDGETS']")
     assert problem in errors[0].msg
     assert "Budgets and quotas" in errors[0].hint
@@ -58,12 +58,12 @@ def test_e011_a_budget_with_a_bad_value_fails(budgets, problem):
 def test_e011_each_bad_budget_is_its_own_error():
     errors = run(BUDGETS={"cost_per_day": "x", "tokens_per_day": -1, "chats_in_flight": 3})
 
-    assert [error.id for error in errors] == ["agentloop.E011", "agentloop.E011"]
+    assert [error.id for error in errors] == ["agentloop.E012", "agentloop.E012"]
 
 
 def test_e011_budgets_that_are_not_a_dict_fail():
     assert messages(run(BUDGETS=[20])) == [
-        ("agentloop.E011", "AGENTLOOP['BUDGETS'] must be a dict, not [20].")
+        ("agentloop.E012", "AGENTLOOP['BUDGETS'] must be a dict, not [20].")
     ]
 
 
@@ -76,7 +76,7 @@ def test_e011_good_budgets_pass(budgets):
     assert run(BUDGETS=budgets) == []
 
 
-# -- E012: BUDGET_SUBJECT ---------------------------------------------------------------------
+# -- E013: BUDGET_SUBJECT ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("path", "problem"),
     [
@@ -88,7 +88,7 @@ def test_e011_good_budgets_pass(budgets):
 def test_e012_a_subject_hook_that_cannot_be_called_fails(path, problem):
     errors = run(BUDGET_SUBJECT=path)
 
-    assert [error.id for error in errors] == ["agentloop.E012"]
+    assert [error.id for error in errors] == ["agentloop.E013"]
     assert problem in errors[0].msg
     assert errors[0].hint
 
@@ -97,7 +97,7 @@ def test_e012_a_subject_hook_passes():
     assert run(BUDGET_SUBJECT="tests.budget_helpers.owner_and_team") == []
 
 
-# -- E013: RATE_LIMITS ------------------------------------------------------------------------
+# -- E014: RATE_LIMITS ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("limits", "problem"),
     [
@@ -115,7 +115,7 @@ def test_e012_a_subject_hook_passes():
 def test_e013_a_rate_limit_with_a_bad_value_fails(limits, problem):
     errors = run(RATE_LIMITS=limits)
 
-    assert [error.id for error in errors] == ["agentloop.E013"]
+    assert [error.id for error in errors] == ["agentloop.E014"]
     assert problem in errors[0].msg
     assert "Rate limits" in errors[0].hint
 
@@ -139,5 +139,5 @@ def test_manage_py_check_fails_on_a_bad_budget():
     )
 
     assert result.returncode != 0
-    assert "agentloop.E011" in result.stderr
+    assert "agentloop.E012" in result.stderr
     assert "AGENTLOOP['BUDGETS']['cost_per_day'] must be an amount of US dollars" in result.stderr

@@ -20,7 +20,12 @@ from tests.store_contract.config_claims import TestClaim, TestConfig
 from tests.store_contract.harness import DjangoHarness, Harness, MemoryHarness
 from tests.store_contract.inbox_usage_tracing import TestHooks, TestInbox, TestTracing, TestUsage
 from tests.store_contract.stopping import TestCancel, TestCancelHeld, TestHalt
-from tests.store_contract.tool_calls import TestDecisions, TestReleasingWrites, TestToolCalls
+from tests.store_contract.tool_calls import (
+    TestDecisions,
+    TestReleasingWrites,
+    TestToolCalls,
+    TestToolTransactions,
+)
 from tests.store_contract.transcript import TestAnswers, TestPartials, TestTranscript
 
 __all__ = [
@@ -36,6 +41,7 @@ __all__ = [
     "TestPartials",
     "TestReleasingWrites",
     "TestToolCalls",
+    "TestToolTransactions",
     "TestTracing",
     "TestTranscript",
     "TestUsage",

@@ -1,5 +1,5 @@
-"""System checks of budgets and rate limits: ``BUDGETS`` (agentloop.E011), ``BUDGET_SUBJECT``
-(agentloop.E012) and ``RATE_LIMITS`` (agentloop.E013), one error per wrong entry."""
+"""System checks of budgets and rate limits: ``BUDGETS`` (agentloop.E012), ``BUDGET_SUBJECT``
+(agentloop.E013) and ``RATE_LIMITS`` (agentloop.E014), one error per wrong entry."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..importing import load_by_path
 
 __all__ = ["check_budgets", "check_rate_limits"]
 
-#: what each budget may hold (check agentloop.E011).
+#: what each budget may hold (check agentloop.E012).
 _BUDGET_RULES = {
     "cost_per_day": "an amount of US dollars of at least 0 (a Decimal, a string like "
     "'20.00' or a number)",
@@ -45,8 +45,8 @@ def _entry_problems(
 
 @register(Tags.compatibility)
 def check_budgets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """BUDGETS must hold limits agentloop can enforce (agentloop.E011); BUDGET_SUBJECT must
-    name a function (agentloop.E012)."""
+    """BUDGETS must hold limits agentloop can enforce (agentloop.E012); BUDGET_SUBJECT must
+    name a function (agentloop.E013)."""
     chosen = getattr(settings, "AGENTLOOP", None)
     if not isinstance(chosen, dict):
         return []
@@ -57,7 +57,7 @@ def check_budgets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             Error(
                 problem,
                 hint='See "Budgets and quotas" in the agentloop docs.',
-                id="agentloop.E011",
+                id="agentloop.E012",
             )  # fmt: skip
             for problem in _entry_problems(
                 BudgetLimits, budgets, "AGENTLOOP['BUDGETS']", _BUDGET_RULES
@@ -82,7 +82,7 @@ def check_budgets(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
                     f"AGENTLOOP['BUDGET_SUBJECT'] {problem}.",
                     hint="Name a function subject(chat) returning a model instance, a string, "
                     "an agentloop.budgets.Subject, a list of them, or None.",
-                    id="agentloop.E012",
+                    id="agentloop.E013",
                 )
             )
     return errors
@@ -96,7 +96,7 @@ _RATE_RULES = {
 
 @register(Tags.compatibility)
 def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """RATE_LIMITS must map providers and models to paces (agentloop.E013)."""
+    """RATE_LIMITS must map providers and models to paces (agentloop.E014)."""
     chosen = getattr(settings, "AGENTLOOP", None)
     if not isinstance(chosen, dict) or "RATE_LIMITS" not in chosen:
         return []
@@ -104,7 +104,7 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
     hint = 'See "Rate limits" in the agentloop docs.'
     if not isinstance(limits, dict):
         return [Error(f"AGENTLOOP['RATE_LIMITS'] must be a dict, not {limits!r}.", hint=hint,
-                      id="agentloop.E013")]  # fmt: skip
+                      id="agentloop.E014")]  # fmt: skip
     problems = []
     for key, entry in limits.items():
         provider, colon, model = str(key).partition(":")
@@ -116,4 +116,4 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
         problems.extend(
             _entry_problems(RateLimit, entry, f"AGENTLOOP['RATE_LIMITS'][{key!r}]", _RATE_RULES)
         )
-    return [Error(problem, hint=hint, id="agentloop.E013") for problem in problems]
+    return [Error(problem, hint=hint, id="agentloop.E014") for problem in problems]

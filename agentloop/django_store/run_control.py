@@ -2,7 +2,7 @@
 
 A verb takes the chat's lease with one conditional UPDATE (``.leases``) unless a
 worker's job already took it while loading the chat; it gives it up with one UPDATE that
-also records how the verb ended (``.claims``). Every write under the lease renews it in its
+also records how the verb ended (``.releases``). Every write under the lease renews it in its
 first statement (``RunControl.writing``, or ``RunControl.at_once`` for a step's one-statement
 write on PostgreSQL), or releases it there with the chat's next state.
 """
@@ -24,10 +24,10 @@ from django.utils import timezone
 from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
 from .chat_row import ChatRow
-from .claims import Release, release_fields
 from .config import Config
 from .leases import UNREAD, Lease, attnames, claim_row, heartbeats, renewal
 from .reconnect import retried
+from .releases import Release, release_fields
 from .writes import StepWrites, Values, landed_rows, run_statement, step_writes
 
 __all__ = ["RunControl"]
@@ -73,6 +73,8 @@ class RunControl:
         #: keys of the calls this verb saw held for a person (read, or marked while it ran): a
         #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
         self._held_calls: frozenset[Any] | set[Any] = frozenset()
+        #: a transactional tool's transaction is open (``ToolCalls.run_in_transaction``).
+        self.in_tool_transaction = False
 
     # -- what the claim read on the way ----------------------------------------------------
     def take_prefetched(self) -> list[Any] | None:
@@ -176,7 +178,9 @@ class RunControl:
     ) -> tuple[dict[str, Any], Release] | None:
         """Open the write transaction (kept open on ``stack``) and renew or release the lease
         in its first statement; the release's columns and outcome when it released."""
-        atomic = transaction.atomic(using=self.row.db)
+        # Inside a transactional tool's transaction a failed write fails all of it: no
+        # savepoint of its own.
+        atomic = transaction.atomic(using=self.row.db, savepoint=not self.in_tool_transaction)
         atomic.__enter__()
         try:
             released = self._lease_statement(release)
@@ -204,6 +208,12 @@ class RunControl:
             fields, outcome = {**fields, "state": "queued"}, Release("queued")
         return fields, outcome
 
+    def renew(self) -> None:
+        """Renew the lease in the transaction open now (which its row lock then guards);
+        ``LeaseLostError`` when it is no longer ours."""
+        self._lease_for_write()
+        self._lease_statement(None)
+
     def step_writes(self) -> StepWrites | None:
         """The one-statement writes, or None: no lease held, or not PostgreSQL."""
         return None if self.lease is None else step_writes(self.row)
@@ -218,7 +228,8 @@ class RunControl:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
         is no longer ours. On a dropped connection it runs again on a new one while the
-        lease is valid, unless it committed after all (``record``, its message, is there)."""
+        lease is valid, unless it committed after all (``record``, its message, is there;
+        None: the statement is the same twice, as an UPDATE is)."""
         lease = self._lease_for_write()
         assert lease is not None  # noqa: S101 - step_writes checked it
         using = self.row.db
@@ -236,7 +247,10 @@ class RunControl:
         values = Values()
         sql = body(guard, values)
         sent = [time.monotonic()]  # when the try that wrote was sent (the renewal's base)
-        if connections[using].in_atomic_block:
+        if self.in_tool_transaction:
+            # A transactional tool's: a failed write fails all of it (it rolls back).
+            rows = run_statement(using, sql, params + values.params)
+        elif connections[using].in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=using):
                 rows = run_statement(using, sql, params + values.params)
@@ -249,6 +263,8 @@ class RunControl:
                 return run_statement(using, sql, guard_params + values.params)
 
             def landed() -> list[Any] | None:
+                if record is None:
+                    return None  # run again: it changes nothing more the second time
                 return landed_rows(self.row, record, release is not None)
 
             rows = retried(lease, using, run, landed=landed)

@@ -25,7 +25,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from ..budgets.enforcement import ChatBudgets
-from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..engine.estimates import CallEstimate
 from ..engine.rate_limiting import RateLimiter
 from ..messages import Message, ToolCall, ToolCallState
@@ -33,10 +33,10 @@ from ..process.cancel_notices import listen_locally
 from ..rate_limits import fleet_limiter
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
-from .claims import Release
 from .config import Config
 from .inbox import Inbox
 from .leases import Lease
+from .releases import Release
 from .run_control import RunControl
 from .stopping import Stopping
 from .tool_calls import ToolCalls
@@ -107,6 +107,12 @@ class DjangoStore(ChatStore):
     def get_tools(self) -> list[type[Tool]]:
         return self.config.get_tools()
 
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        self.config.set_guardrails(guardrails)
+
+    def get_guardrails(self) -> list[Any]:
+        return self.config.get_guardrails()
+
     # -- the claim -----------------------------------------------------------------------
     def claim(self) -> bool:
         return self.control.claim()
@@ -128,6 +134,9 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         return self.transcript.append_message(message)
+
+    def save_guardrails(self, message: Message) -> None:
+        self.transcript.save_guardrails(message)
 
     def replace_instructions(self, text: str) -> None:
         self.transcript.replace_instructions(text)
@@ -186,8 +195,18 @@ class DjangoStore(ChatStore):
     ) -> Any:
         return self.tool_calls.save_tool_result(call, message, state, error, release=release)
 
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        self.tool_calls.save_tool_guardrails(call)
+
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    runs_transactions = True
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        return self.tool_calls.run_in_transaction(call, work)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

@@ -23,6 +23,7 @@ EVENTS = (
     "halted",
     "claimed",
     "subagents_waiting",
+    "guardrail_blocked",
 )
 
 

@@ -61,6 +61,7 @@ class Conversation(Configuration, Generic[MessageT]):
             self._callbacks,
             record_cancel=self._runs.record_cancel,
             schema_model=self._given_schema_model,
+            owner=self.owner,
         )
         self._control = Control(store, self._callbacks)
         self._people = PeopleInTheLoop(store, self._callbacks)
@@ -73,7 +74,8 @@ class Conversation(Configuration, Generic[MessageT]):
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Self:
-        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
+        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted",
+        "guardrail_blocked")."""
         self._callbacks.add(event, callback)
         return self
 
@@ -141,12 +143,20 @@ class Conversation(Configuration, Generic[MessageT]):
         ``if_busy`` (default ``AGENTLOOP["IF_BUSY"]``), for a chat another run holds:
         "reject" raises ``ChatBusyError``; "queue" keeps the message and it is added and
         answered, in order, after the current run; "interrupt" cancels the current run at its
-        next checkpoint, then answers the message."""
+        next checkpoint, then answers the message. Over a store that keeps no queue
+        (``queues_messages`` False) only "reject" applies."""
         mode = if_busy or agentloop_settings.IF_BUSY
         if mode not in ("reject", "queue", "interrupt"):
             raise ConfigurationError(
                 f"if_busy must be 'reject', 'queue' or 'interrupt', not {mode!r}."
             )
+        if not self.store.queues_messages:
+            if if_busy not in (None, "reject"):
+                raise ConfigurationError(
+                    f"if_busy={if_busy!r} needs a store that queues messages; "
+                    f"{type(self.store).__name__} doesn't (queues_messages is False)."
+                )
+            mode = "reject"  # the project's default can't apply to this store
         files = checked_attachments(attachments)
         try:
             with self._runs.scope(single=True) as run:

@@ -12,18 +12,33 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
+from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 from .estimates import CallEstimate
 from .rate_limiting import RateLimiter, memory_limiter
 
-__all__ = ["ChatStore", "UsageRecord"]
+__all__ = ["OPTIONAL_PARTS", "ChatStore", "ToolTransaction", "UsageRecord"]
+
+#: each optional part of a store: its flag, and the methods it needs when the flag is on.
+OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
+    "queues_messages": ("queue_message", "has_queued", "take_queued"),
+    "sums_costs": ("turn_cost",),
+    "keeps_trace_context": ("trace_context", "set_trace_context"),
+    "runs_transactions": ("run_in_transaction",),
+}
+
+
+def _missing(store: Any, flag: str, instead: str) -> str:
+    return f"{type(store).__name__} leaves out an optional part ({flag} is False): {instead}."
+
 
 T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
@@ -44,6 +59,15 @@ class UsageRecord:
     reservation: Any = None
 
 
+@dataclass
+class ToolTransaction:
+    """The transaction a transactional tool runs in (``ChatStore.run_in_transaction``)."""
+
+    #: a context around the tool's body: what it wrote is rolled back when an exception
+    #: leaves it (the tool failed; its error result is still written, in the transaction).
+    savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext
+
+
 class ChatStore(ABC):
     """Where one chat lives. Methods returning ``Any`` return the store's own records
     (Django model instances for the Django store), which is what users get back."""
@@ -54,6 +78,34 @@ class ChatStore(ABC):
     #: True while a background worker runs the chat (tools may act differently, e.g.
     #: a subagent is enqueued as its own jobs instead of run to completion inline).
     background: bool = False
+
+    # -- optional parts: a store leaves one out by setting its flag False, and then need not
+    #    write its methods; the engine does without it, or refuses clearly what needs it. ---
+    #: keeps messages sent while another run holds the chat (``queue_message``,
+    #: ``has_queued``, ``take_queued``): ``if_busy="queue"`` and ``"interrupt"``.
+    queues_messages: bool = True
+    #: sums the cost of a turn's usage rows (``turn_cost``): the ``max_cost`` limit.
+    sums_costs: bool = True
+    #: keeps a turn's trace context across its jobs (``trace_context``,
+    #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
+    keeps_trace_context: bool = True
+    #: runs a transactional tool (``Tool.transactional``), its result and its call's state in
+    #: one transaction (``run_in_transaction``), in the verb's own database phase. Off by
+    #: default (the in-memory store has no database to share): such tools run as others.
+    runs_transactions: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A part whose flag is on must be written: checked when the class is defined."""
+        super().__init_subclass__(**kwargs)
+        for flag, methods in OPTIONAL_PARTS.items():
+            if not getattr(cls, flag):
+                continue
+            missing = [name for name in methods if getattr(cls, name) is getattr(ChatStore, name)]
+            if missing:
+                raise TypeError(
+                    f"{cls.__name__} has {flag} = True but doesn't define {', '.join(missing)}; "
+                    f"define them, or set {flag} = False to leave that part out."
+                )
 
     # -- configuration -------------------------------------------------------------
     @abstractmethod
@@ -71,6 +123,15 @@ class ChatStore(ABC):
     @abstractmethod
     def get_tools(self) -> list[Any]:
         """The chat's Tool classes."""
+
+    @abstractmethod
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        """Keep the chat's guardrails (``Guardrail`` objects); persisted stores keep import
+        paths."""
+
+    @abstractmethod
+    def get_guardrails(self) -> list[Any]:
+        """The chat's guardrails (``Guardrail`` objects), in the order they were given."""
 
     # -- the claim: one writer at a time --------------------------------------------
     @abstractmethod
@@ -106,6 +167,12 @@ class ChatStore(ABC):
     @abstractmethod
     def append_message(self, message: Message) -> Any:
         """Add a system or user message. A user message starts a new turn."""
+
+    @abstractmethod
+    def save_guardrails(self, message: Message) -> None:
+        """Persist what guardrails decided about a stored message (``message.guardrails``),
+        with its content and status, which they may have changed (a replaced text, a
+        blocked message): one write."""
 
     @abstractmethod
     def replace_instructions(self, text: str) -> None:
@@ -145,8 +212,15 @@ class ChatStore(ABC):
     @abstractmethod
     def mark_tool_running(self, call: ToolCall) -> bool:
         """Claim the call for running: one conditional write moving it from the state it was
-        read in (pending, approved, or running after a crash) to running. False when the
-        call changed meanwhile: it must not run."""
+        read in (pending, approved, or running after a crash) to running, with what tool
+        guardrails decided (``call.guardrails``; arguments one replaced, the model's kept in
+        ``call.original_arguments``). False when the call changed meanwhile: it must not
+        run."""
+
+    @abstractmethod
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        """Persist ``call.guardrails`` for a call that will not run now (a guardrail blocked
+        it, or failed): one write."""
 
     @abstractmethod
     def save_tool_result(
@@ -162,9 +236,23 @@ class ChatStore(ABC):
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
 
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        """Run ``work`` (a transactional tool's run for ``call``: the tool, then its result or
+        its wait, whose claim check comes first) in one transaction: all it writes commits,
+        or nothing does. An error ``work`` raises (a lost claim, a failed write) rolls it
+        back and goes on up; a connection lost before the commit (nothing committed) has it
+        run again on a new one while the claim holds. Returns ``work``'s result and "" once
+        it committed, or why the database refused the commit (a deferred constraint the
+        tool's writes broke): then nothing of it was kept. Here (``runs_transactions``
+        off), a plain call."""
+        return work(ToolTransaction()), ""
+
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
-        """Hold the call for a person ("approval", "question") or a subagent."""
+        """Hold the call for a person ("approval", "question"), a subagent or an outside
+        result ("deferred"; with what tool guardrails decided, ``call.guardrails``)."""
 
     @abstractmethod
     def record_decision(
@@ -239,22 +327,24 @@ class ChatStore(ABC):
         """A background run of this chat is on (as last read), even between two of its jobs."""
         return False
 
-    @abstractmethod
+    # An optional part (``queues_messages``): without it ``if_busy`` can only be "reject".
     def queue_message(self, message: Message) -> None:
         """Keep a user message sent while another run holds the chat; the run that holds it
         (or the next) adds it once the chat can take it. Makes sure a run will."""
+        raise ConfigurationError(_missing(self, "queues_messages", 'if_busy="reject" only'))
 
-    @abstractmethod
     def has_queued(self) -> bool:
         """Messages wait to be added (as of the claim's read of the chat)."""
+        return False
 
-    @abstractmethod
     def take_queued(self) -> list[Message]:
         """The waiting messages, oldest first, removed (under the verb's claim)."""
+        return []
 
-    @abstractmethod
+    # An optional part (``sums_costs``): without it a chat can't have a ``max_cost`` limit.
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
+        raise ConfigurationError(_missing(self, "sums_costs", "no max_cost limit"))
 
     # -- budgets and rate limits (docs/budgets.md) --------------------------------------------
     def reserve(self, estimate: CallEstimate) -> Any:
@@ -278,14 +368,15 @@ class ChatStore(ABC):
         """The chat's id and its agent's name ("" when it has none), as spans show them."""
         return "", ""
 
-    @abstractmethod
+    # An optional part (``keeps_trace_context``): without it each job starts its own trace.
     def trace_context(self) -> dict[str, str]:
         """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
+        return {}
 
-    @abstractmethod
     def set_trace_context(self, carrier: dict[str, str]) -> None:
         """Keep the trace context of the turn that starts (it replaces the last turn's), so
         every later job of the turn joins its trace."""
+        return None
 
     # -- waiting -------------------------------------------------------------------
     def before_wait(self) -> None:

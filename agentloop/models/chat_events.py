@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from .. import signals
 from ..agents import following, subagents
+from ..engine.guarding import stop_reason
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -63,5 +64,27 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
         "budget_exceeded",
         lambda error: signals.budget_exceeded.send(
             sender, chat=chat, reason=error.reason, subject=error.subject, limit=error.limit
+        ),
+    )
+    conversation.on(
+        "guardrail_blocked",
+        lambda outcome, stops: signals.guardrail_blocked.send(
+            sender, chat=chat, outcome=outcome, stops=stops
+        ),
+    )
+
+    def release_parent(outcome: Any, stops: bool) -> None:
+        # A subagent a guardrail stopped will not answer: its parent's call gets an error.
+        if stops:
+            result = subagents.SUBAGENT_STOPPED_RESULT.format(reason=stop_reason(outcome))
+            subagents.release_parent(chat, result)
+
+    conversation.on("guardrail_blocked", release_parent)
+    # ... and so does a subagent its budget stopped (its parent, of the same owner, then
+    # stops at its own next model call, and goes on with the rest once under quota again).
+    conversation.on(
+        "budget_exceeded",
+        lambda error: subagents.release_parent(
+            chat, subagents.SUBAGENT_STOPPED_RESULT.format(reason=error.reason)
         ),
     )

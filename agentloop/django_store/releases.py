@@ -15,8 +15,8 @@ from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
     CancelledError,
+    ChatStoppedError,
     ConcurrentWriteError,
-    LimitReachedError,
     PendingToolCallsError,
     ProviderError,
     RateLimitWaiting,
@@ -93,7 +93,7 @@ def _release_fields(
         # (Ctrl-C): the chat did not fail; it is only let go.
         state = "idle" if chat.state == "running" else chat.state
         return {"state": state}, Release(state)
-    if isinstance(failure, LimitReachedError):
+    if isinstance(failure, ChatStoppedError):  # a limit, a guardrail's block
         reason = failure.reason[:300]
         return {"state": "stopped", "stop_reason": reason, "attempts": 0}, Release("stopped")
     error = one_line(failure)

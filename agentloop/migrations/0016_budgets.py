@@ -10,7 +10,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentloop', '0013_chat_lease_holder'),
+        ('agentloop', '0015_guardrails'),
     ]
 
     operations = [
