@@ -14,6 +14,7 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from asgiref.sync import async_to_sync
 from django.db import connection, connections
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
@@ -97,6 +98,19 @@ def test_a_chat_past_its_owners_daily_budget_stops_before_the_call_with_the_reas
         "day_cost": Decimal("0.022"), "day_tokens": 22, "month_cost": Decimal("0.022"),
         "reserved_cost": 0, "reserved_tokens": 0,
     }  # fmt: skip
+
+
+def test_the_async_verbs_are_held_to_the_same_budgets(priced, budgets, user):
+    budgets(cost_per_day="0.015")
+    priced.add("ok")
+    chat = new_chat(user)
+    async_to_sync(chat.aask)("Hi")
+
+    with pytest.raises(BudgetExceededError) as raised:
+        async_to_sync(chat.aask)("Hi again")
+
+    assert raised.value.reason == f"budget: $0.015/day reached for owner {user.pk}"
+    assert counters(owner_key(user))["day_cost"] == ledger(user)["cost"] == Decimal("0.011")
 
 
 def test_a_raised_limit_lets_the_stopped_chat_continue_its_turn(priced, budgets, user):

@@ -53,6 +53,7 @@ def reached(limit: str, value: Any, label: str) -> str:
         what = f"{value} chat{'s' if value != 1 else ''} in flight"
     else:
         kind, _, period = limit.partition("_per_")
-        amount = shown(Decimal(value)) if kind == "cost" else f"{int(value):,} tokens"
+        tokens = f"{int(value):,} token{'s' if int(value) != 1 else ''}"
+        amount = shown(Decimal(value)) if kind == "cost" else tokens
         what = f"{amount}/{period}"
     return f"budget: {what} reached for {label}"
