@@ -9,6 +9,7 @@ __all__ = [
     "budget_exceeded",
     "chat_cancelled",
     "chat_halted",
+    "chat_handed_off",
     "chat_stopped",
     "guardrail_blocked",
     "message_added",
@@ -38,6 +39,10 @@ guardrail_blocked = Signal()
 model_fallback = Signal()
 #: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
 chat_halted = Signal()
+#: a tool call handed the chat over to another agent (``Agent.as_handoff``,
+#: ``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
+#: a chat that had no agent), ``inputs``, ``tool_call`` (the call's row).
+chat_handed_off = Signal()
 #: a budget or quota of the chat's subject had no room for its next model call; the chat is
 #: stopped (``chat_stopped`` is sent too): ``reason`` (the chat's ``stop_reason``),
 #: ``subject`` (as shown, "owner 42") and ``limit`` ("cost_per_day", "chats_in_flight"...).

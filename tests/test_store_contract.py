@@ -22,6 +22,7 @@ from tests.store_contract.inbox_usage_tracing import TestHooks, TestInbox, TestT
 from tests.store_contract.stopping import TestCancel, TestCancelHeld, TestHalt
 from tests.store_contract.tool_calls import (
     TestDecisions,
+    TestHandoffs,
     TestReleasingWrites,
     TestToolCalls,
     TestToolTransactions,
@@ -35,6 +36,7 @@ __all__ = [
     "TestClaim",
     "TestConfig",
     "TestDecisions",
+    "TestHandoffs",
     "TestHalt",
     "TestHooks",
     "TestInbox",

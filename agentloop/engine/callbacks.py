@@ -21,6 +21,7 @@ EVENTS = (
     "budget_exceeded",
     "model_fallback",
     "halted",
+    "handed_off",
     "claimed",
     "subagents_waiting",
     "guardrail_blocked",
