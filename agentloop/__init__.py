@@ -16,6 +16,7 @@ from .engine import Conversation
 from .exceptions import (
     AgentloopError,
     BatchError,
+    BudgetExceededError,
     CancelledError,
     ChatBusyError,
     ChatStoppedError,
@@ -40,6 +41,7 @@ __all__ = [
     "AgentloopError",
     "Attachment",
     "BatchError",
+    "BudgetExceededError",
     "CancelledError",
     "ChatBusyError",
     "ChatStoppedError",

@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import providers
+from .budgets.checks import check_budgets, check_rate_limits
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .engine import tracing
 from .exceptions import ConfigurationError
@@ -63,6 +64,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     # The typed settings (agentloop.conf.Settings) say what each key may hold.
     problems = settings_errors({k: v for k, v in value.items() if k in DEFAULTS})
     for key, problem in sorted(problems.items()):
+        if key in _CHECKED_APART:
+            continue
         given = value.get(key)
         if key in _NON_NEGATIVE_NUMBERS:
             rule = _SECONDS_RULES.get(key, "a finite, non-negative number")
@@ -101,6 +104,12 @@ _SECONDS_RULES = {
     "APPROVAL_TIMEOUT": "None or a number of seconds greater than 0 (0 would deny every "
     "approval at once)",
 }
+
+
+#: keys with checks of their own, each problem of their entries said apart (agentloop.E012 to
+#: E014: ``agentloop.budgets.checks``, registered with these).
+_CHECKED_APART = frozenset({"BUDGETS", "BUDGET_SUBJECT", "RATE_LIMITS"})
+BUDGET_CHECKS = (check_budgets, check_rate_limits)
 
 
 @register(Tags.compatibility)

@@ -9,6 +9,7 @@ so the in-memory chat works in a plain script. The cache is dropped on Django's
 from __future__ import annotations
 
 import threading
+from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -16,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 __all__ = [
     "DEFAULTS",
     "AgentloopSettings",
+    "BudgetLimits",
+    "RateLimit",
     "Settings",
     "agentloop_settings",
     "get_chat_model",
@@ -60,6 +63,66 @@ def _concurrency_keys(value: dict[str, Any]) -> dict[str, Any]:
 
 #: model-call limits: {"default" | "<provider>" | "<provider>:<model>": a size, or None}.
 _Concurrency = Annotated[dict[str, _PositiveInt | None], AfterValidator(_concurrency_keys)]
+
+
+def _an_amount(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise ValueError("must be an amount of US dollars (a Decimal, a string or a number)")
+    try:
+        # A float goes through its shortest repr: 0.1 is 0.1, not 0.1000000000000000055...
+        amount = Decimal(str(value).strip())
+    except ArithmeticError:
+        raise ValueError(f"must be an amount of US dollars, not {value!r}") from None
+    if not amount.is_finite():
+        raise ValueError("must be a finite amount")
+    return amount
+
+
+#: an amount of US dollars: Decimal("20.00"), "20.00" or 20 (priced to 1e-8, as usage rows).
+_Dollars = Annotated[
+    Decimal, BeforeValidator(_an_amount), Field(ge=0, max_digits=14, decimal_places=8)
+]
+
+
+class BudgetLimits(BaseModel):
+    """``AGENTLOOP["BUDGETS"]``: what each budget subject (an owner, by default) may use;
+    a key left out (or None) sets no limit. Days and months are those of ``TIME_ZONE``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: US dollars of known cost per day.
+    cost_per_day: _Dollars | None = None
+    #: US dollars of known cost per calendar month.
+    cost_per_month: _Dollars | None = None
+    #: tokens (input + output) per day.
+    tokens_per_day: _Count | None = None
+    #: tokens (input + output) per calendar month.
+    tokens_per_month: _Count | None = None
+    #: chats of the subject running at once (queued, running, or in a verb in process).
+    chats_in_flight: _PositiveInt | None = None
+
+
+class RateLimit(BaseModel):
+    """One ``AGENTLOOP["RATE_LIMITS"]`` entry: the fleet's pace for a provider or a model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: model calls per minute, across every process.
+    requests_per_minute: _PositiveInt | None = None
+    #: tokens per minute (each call counts its estimate: input + max output tokens).
+    tokens_per_minute: _PositiveInt | None = None
+
+
+def _rate_limit_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        provider, colon, model = key.partition(":")
+        if not provider or (colon and not model) or key == "default":
+            raise ValueError(f"{key!r} is not a provider name or 'provider:model'")
+    return value
+
+
+#: {"<provider>" | "<provider>:<model>": RateLimit}.
+_RateLimits = Annotated[dict[str, RateLimit], AfterValidator(_rate_limit_keys)]
 
 
 class Settings(BaseModel):
@@ -171,6 +234,27 @@ class Settings(BaseModel):
     #: days a chat may stay idle (no message, no run) before ``agentloop.delete_idle_chats``
     #: (run daily by beat, or ``manage.py agentloop retention``) deletes it; None: kept.
     RETENTION_DAYS: _PositiveInt | None = None
+    #: budgets and quotas per subject (docs/budgets.md): {"cost_per_day": "20.00",
+    #: "cost_per_month": ..., "tokens_per_day": ..., "tokens_per_month": ...,
+    #: "chats_in_flight": 3}; each subject's ``Budget`` row may set its own. None: no budgets
+    #: (nothing counted); {} counts spend with no default limit.
+    BUDGETS: BudgetLimits | None = None
+    #: import path of ``subject(chat)``: whom a chat's spend counts against (a model instance,
+    #: a string, an ``agentloop.budgets.Subject``, a list of them, or None); None: its owner.
+    BUDGET_SUBJECT: str | None = None
+    #: seconds a budget reservation of a model call lasts: a process that died mid-call
+    #: leaves one, which stops counting after this.
+    BUDGET_RESERVATION_SECONDS: _Interval = 900.0
+    #: output tokens a call is counted for before it answers when the chat sets no
+    #: ``max_output_tokens`` (budget reservations, tokens-per-minute limits).
+    ESTIMATED_OUTPUT_TOKENS: _PositiveInt = 4096
+    #: model calls and tokens per minute across the fleet, per provider or model:
+    #: {"openai": {"requests_per_minute": 500, "tokens_per_minute": 200_000}}. Redis buckets
+    #: when REDIS_URL is set, else rows in the database.
+    RATE_LIMITS: _RateLimits = Field(default_factory=dict)
+    #: seconds a background step waits in place for a rate limit; a longer wait ends the step
+    #: and its job is sent again when the limit has room (no worker slot is held).
+    RATE_LIMIT_WAIT: _Seconds = 5.0
 
 
 #: every key and its default value.

@@ -7,8 +7,10 @@
     ├── CancelledError              the run stopped because cancel() was requested
     ├── ChatStoppedError            the turn stopped: the chat is ``stopped``, with the reason
     │   ├── LimitReachedError       a per-turn limit stopped the turn before a model call
+    │   │   └── BudgetExceededError a budget or quota of the chat's subject stopped it
     │   └── GuardrailBlockedError   a guardrail blocked the user's message, an answer or a tool call
     ├── GuardrailError              a guardrail raised, or returned no decision (fails closed)
+    ├── RateLimitWaiting            a background step waits for a fleet rate limit (sent again)
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
@@ -48,6 +50,7 @@ __all__ = [
     "BadRequestError",
     "BatchError",
     "BatchItemNotRunError",
+    "BudgetExceededError",
     "CancelledError",
     "ChatBusyError",
     "ChatStoppedError",
@@ -67,6 +70,7 @@ __all__ = [
     "ProviderError",
     "ProviderTimeout",
     "RateLimitError",
+    "RateLimitWaiting",
     "ResponseTooLargeError",
     "ServerError",
     "StreamInterruptedError",
@@ -132,6 +136,32 @@ class GuardrailError(AgentloopError):
     """A guardrail raised, or returned something that is not a decision: it fails closed
     (what it judged is not sent on; the chat is marked failed). A guardrail that can't be
     loaded is a ``ConfigurationError``."""
+
+
+class BudgetExceededError(LimitReachedError):
+    """A budget or quota of the chat's subject (its owner, or what ``BUDGET_SUBJECT``
+    chooses) has no room for the next model call; no call was made. ``reason`` is the line
+    the chat shows, e.g. "budget: $20.00/day reached for owner 42"."""
+
+    def __init__(self, reason: str, *, subject: str = "", limit: str = "") -> None:
+        super().__init__(reason)
+        #: the subject, as shown ("owner 42", "team 7").
+        self.subject = subject
+        #: which limit: "cost_per_day", "cost_per_month", "tokens_per_day",
+        #: "tokens_per_month" or "chats_in_flight".
+        self.limit = limit
+
+
+class RateLimitWaiting(AgentloopError):  # noqa: N818 - a wait, not a failure
+    """A background step must wait longer than ``RATE_LIMIT_WAIT`` for a fleet rate limit:
+    it ends before its model call (nothing is sent or charged) and its job is sent again in
+    ``seconds``. The chat stays queued; ``chat.waiting_for`` says why."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(f"{reason} (about {seconds:.1f} s)")
+        self.seconds = seconds
+        #: what the chat waits for, e.g. "rate limit: openai requests per minute".
+        self.reason = reason
 
 
 class PendingToolCallsError(AgentloopError):

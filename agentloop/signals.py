@@ -6,6 +6,7 @@ Each is sent with ``sender`` = the chat model class and ``chat`` = the instance.
 from django.dispatch import Signal
 
 __all__ = [
+    "budget_exceeded",
     "chat_cancelled",
     "chat_halted",
     "chat_handed_off",
@@ -42,3 +43,7 @@ chat_halted = Signal()
 #: ``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
 #: a chat that had no agent), ``inputs``, ``tool_call`` (the call's row).
 chat_handed_off = Signal()
+#: a budget or quota of the chat's subject had no room for its next model call; the chat is
+#: stopped (``chat_stopped`` is sent too): ``reason`` (the chat's ``stop_reason``),
+#: ``subject`` (as shown, "owner 42") and ``limit`` ("cost_per_day", "chats_in_flight"...).
+budget_exceeded = Signal()

@@ -272,6 +272,7 @@ class ChatEventReader:
                 "state",
                 "error",
                 "stop_reason",
+                "waiting_for",
                 "cancel_requested_at",
                 "has_waiting",
                 "updated_at",
@@ -293,6 +294,8 @@ class ChatEventReader:
             "cancel_requested": row["cancel_requested_at"] is not None,
             "error": row["error"][-_ERROR_SHOWN:],
             "stop_reason": row["stop_reason"],
+            # A background step waiting for a rate limit ("" otherwise).
+            "waiting_for": row["waiting_for"] if row["state"] == "queued" else "",
             "pending": pending,
             # Every run takes and releases the chat, which bumps this: a whole run that
             # starts and ends between two polls (idle -> ... -> idle) still shows as a change.

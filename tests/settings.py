@@ -115,6 +115,8 @@ AGENTLOOP: dict[str, Any] = {
     "CANCEL_POLL_INTERVAL": 0.05,
     "PROVIDERS": {
         "rules": {"class": "tests.worker_provider.RuleProvider"},
+        # The same answers, each token (input or output) at $0.001: the budget tests' model.
+        "priced": {"class": "tests.worker_provider.RuleProvider", "price_per_token": "0.001"},
         # docs/install.md's "Check it" model, as that page sets it (tests/test_install.py
         # asserts the two are the same), so the page's shell example runs in the docs test.
         "offline": {"class": "agentloop.testing.OfflineProvider", "reply": "Heard: {message}"},

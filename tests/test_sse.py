@@ -178,6 +178,7 @@ def test_the_first_state_event_follows_the_messages_and_has_no_id(chat, open_str
         "cancel_requested": False,
         "error": "",
         "stop_reason": "",
+        "waiting_for": "",
         "pending": [],
         "changed_at": chat.updated_at.isoformat(),
     }

@@ -34,9 +34,11 @@ import os
 import threading
 import time
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from agentloop.conf import agentloop_settings
 from agentloop.exceptions import AuthenticationError, RateLimitError, ServerError
 from agentloop.messages import ModelRequest, ModelResponse, TextDelta, TokenUsage, ToolCall
 from agentloop.providers import ChunkCallback, Provider
@@ -79,10 +81,19 @@ def _position(request: ModelRequest) -> tuple[str, int, int, list[Any]]:
 
 
 class RuleProvider(Provider):
-    """Answers by the rule in the latest user message (see the module docstring)."""
+    """Answers by the rule in the latest user message (see the module docstring). With
+    ``"price_per_token"`` in its ``AGENTLOOP["PROVIDERS"]`` entry every token (input or
+    output) costs that many dollars (the budget tests' "priced" model)."""
 
     def __init__(self, name: str = "rules") -> None:
         self.name = name
+        price = (agentloop_settings.PROVIDERS.get(name) or {}).get("price_per_token")
+        self.price = None if price is None else Decimal(str(price))
+
+    def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
+        if self.price is None:
+            return None
+        return (usage.input_tokens + usage.output_tokens) * self.price
 
     def _record(self, rule: str, turn: int, round_: int, request: ModelRequest) -> int:
         """Log this request; returns how many requests of this rule and turn came before."""

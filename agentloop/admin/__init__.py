@@ -1,7 +1,8 @@
 """Admin: a chat's change page is a timeline of its transcript; the list scales to many chats.
 
 Importing this package registers ``Chat`` (``chats``), ``ToolCall``, ``Usage`` and
-``Message`` (``rows``) and ``Batch`` (``batches``) with the default admin site. The chat
+``Message`` (``rows``), ``Batch`` (``batches``) and ``Budget`` (``budgets``: spend against
+budget per subject) with the default admin site. The chat
 list's filters and actions live in ``filters`` and ``actions``; the timeline its change
 page renders is ``build_timeline`` (``timeline``); the approval inbox across chats is
 ``ApprovalInbox`` (``inbox``), served by ``ChatAdmin``.
@@ -16,6 +17,7 @@ from .actions import (
     switch_model,
 )
 from .batches import BatchAdmin
+from .budgets import BudgetAdmin
 from .chats import ChatAdmin
 from .inbox import ApprovalInbox
 from .rows import MessageAdmin, ToolCallAdmin, UsageAdmin
@@ -26,6 +28,7 @@ from .timeline import Timeline, build_timeline
 __all__ = [
     "ApprovalInbox",
     "BatchAdmin",
+    "BudgetAdmin",
     "ChatAdmin",
     "MessageAdmin",
     "Timeline",

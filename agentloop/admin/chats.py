@@ -107,7 +107,7 @@ class ChatAdmin(admin.ModelAdmin):
     readonly_fields = (
         "state", "subagent_of", "cancel_requested_at", "lease_expires_at", "lease_holder",
         "created_at",
-        "error", "error_detail", "attempts",
+        "error", "error_detail", "attempts", "waiting_for", "retry_at",
     )  # fmt: skip
 
     class Media:
@@ -178,6 +178,9 @@ class ChatAdmin(admin.ModelAdmin):
             obj.state,
             obj.get_state_display(),
         )
+        if getattr(obj, "waiting_for", "") and obj.state == "queued":
+            # A background step that waits for a rate limit, until its retry.
+            return format_html("{}{}", badge, _cut(obj.waiting_for, "agentloop-quiet"))
         reason = getattr(obj, "waiting_reason", None)
         if not reason:
             return badge
@@ -223,6 +226,8 @@ class ChatAdmin(admin.ModelAdmin):
         summary: list[Any] = ["title", "owner"]
         if obj is not None:
             summary.append("state")
+            if getattr(obj, "waiting_for", ""):
+                summary += ["waiting_for", "retry_at"]
             if getattr(obj, "parent_id", None):
                 summary.append("subagent_of")
         failure: list[Any] = []

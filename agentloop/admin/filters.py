@@ -41,6 +41,7 @@ class WaitingFilter(admin.SimpleListFilter):
             ("approval", _("an approval")),
             ("question", _("an answer")),
             ("subagent", _("a subagent")),
+            ("rate_limit", _("a rate limit")),
             ("any", _("anything")),
         ]
 
@@ -48,6 +49,8 @@ class WaitingFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return None
+        if value == "rate_limit":  # a background step re-sent for when the limit has room
+            return queryset.filter(state=ChatState.QUEUED).exclude(waiting_for="")
         # By the tool calls, not the chat's state: a chat driven in-process that stopped at
         # an approval keeps its state ("idle") while its call waits.
         return holding(queryset, None if value == "any" else value)

@@ -19,6 +19,7 @@ from ..exceptions import (
     ConcurrentWriteError,
     PendingToolCallsError,
     ProviderError,
+    RateLimitWaiting,
     ToolCallNotWaitingError,
 )
 from .reconnect import is_connection_fault
@@ -50,6 +51,24 @@ def release_fields(
 ) -> tuple[dict[str, Any], Release]:
     """The chat's columns after a verb (``background``: run by a worker's job), and what the
     worker should do next."""
+    fields, release = _release_fields(chat, background, next_move, failure)
+    if getattr(chat, "waiting_for", "") and "waiting_for" not in fields:
+        fields["waiting_for"] = ""  # what it waited for came (or the run ended)
+    return fields, release
+
+
+def _release_fields(
+    chat: Any, background: bool, next_move: str | None, failure: BaseException | None
+) -> tuple[dict[str, Any], Release]:
+    if isinstance(failure, RateLimitWaiting) and background:
+        # Not a failure: the step comes back once the limit has room (no attempt counted).
+        waiting: dict[str, Any] = {
+            "state": "queued",
+            "retry_at": timezone.now() + timedelta(seconds=failure.seconds),
+            "waiting_for": failure.reason[:200],
+            "error": "",
+        }
+        return waiting, Release("queued", retry_in=failure.seconds)
     if failure is None:
         # A verb called in-process on a chat queued for the background (its job found it
         # busy and left) hands the rest back to the background.

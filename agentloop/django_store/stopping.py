@@ -13,6 +13,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from ..agents.subagents import cancel_children
+from ..budgets.enforcement import ChatBudgets
 from ..engine import UsageRecord
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import notify
@@ -28,11 +29,17 @@ class Stopping:
     """Cancels and halts, asked for from any process and seen by ``control``'s run."""
 
     def __init__(
-        self, row: ChatRow, control: RunControl, cancel_notice: threading.Event | None
+        self,
+        row: ChatRow,
+        control: RunControl,
+        cancel_notice: threading.Event | None,
+        budgets: ChatBudgets,
     ) -> None:
         self.row = row
         self.control = control
         self.cancel_notice = cancel_notice
+        #: a cut-short attempt's usage row charges its budgets (and settles its reservation).
+        self.budgets = budgets
         self.chat = row.chat
         self.models = row.models
 
@@ -112,6 +119,7 @@ class Stopping:
                 self.models.message_model.objects.filter(pk=partial_key).update(status="cancelled")
             if usage is not None:
                 self.row.usage_row(usage, message).save()
+                self.budgets.charge(usage)
             if unanswered:
                 # A call still held for a person is decided too ("cancelled"): a decision that
                 # answered it first stands, one that comes later is refused.

@@ -4,7 +4,8 @@
 state and are handed their collaborators: ``ChatRow`` (the chat, its models and database),
 ``Config`` (configuration and tools), ``RunControl`` (the claim and every write under it),
 ``Transcript`` (messages and usage), ``ToolCalls`` (tool-call rows), ``Stopping`` (cancel,
-halt) and ``Inbox`` (messages queued while a run holds the chat). Each verb is answered by
+halt), ``Inbox`` (messages queued while a run holds the chat) and ``ChatBudgets`` (the
+budgets its model calls count against, :mod:`agentloop.budgets`). Each verb is answered by
 its part.
 
 Queries per verb don't grow with the history: the transcript is one SELECT
@@ -24,9 +25,13 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
+from ..budgets.enforcement import ChatBudgets
 from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
+from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import RateLimiter
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
+from ..rate_limits import fleet_limiter
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
 from .config import Config
@@ -57,9 +62,10 @@ class DjangoStore(ChatStore):
         self.row = ChatRow(chat)
         self.config = Config(self.row)
         self.control = RunControl(self.row, self.config, self.cancel_notice, send_next)
-        self.transcript = Transcript(self.row, self.control)
+        self.budgets = ChatBudgets(chat)
+        self.transcript = Transcript(self.row, self.control, self.budgets)
         self.tool_calls = ToolCalls(self.row, self.control)
-        self.stopping = Stopping(self.row, self.control, self.cancel_notice)
+        self.stopping = Stopping(self.row, self.control, self.cancel_notice, self.budgets)
         self.inbox = Inbox(self.row, self.control)
 
     # -- what callers read of the claim (workers, batches) --------------------------------
@@ -163,6 +169,17 @@ class DjangoStore(ChatStore):
 
     def turn_cost(self, since: datetime) -> Decimal:
         return self.transcript.turn_cost(since)
+
+    # -- budgets and rate limits ---------------------------------------------------------
+    def reserve(self, estimate: CallEstimate) -> Any:
+        return self.budgets.reserve(estimate)
+
+    def rate_limiter(self) -> RateLimiter | None:
+        return fleet_limiter()
+
+    def note_waiting(self, reason: str) -> None:
+        with self.control.writing():
+            self.row.update(waiting_for=reason[:200])
 
     # -- tool calls ----------------------------------------------------------------------
     def mark_tool_running(self, call: ToolCall) -> bool:

@@ -3,6 +3,7 @@ a stream's partial answer, an answer with its tool calls and usage, and the usag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from functools import partial
@@ -10,6 +11,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from ..budgets.enforcement import ChatBudgets
 from ..engine import UsageRecord
 from ..messages import Message, MessageStatus
 from .chat_row import ChatRow, outcomes_json
@@ -24,9 +26,11 @@ __all__ = ["Transcript"]
 class Transcript:
     """The chat's messages and usage rows, written under ``control``'s claim."""
 
-    def __init__(self, row: ChatRow, control: RunControl) -> None:
+    def __init__(self, row: ChatRow, control: RunControl, budgets: ChatBudgets) -> None:
         self.row = row
         self.control = control
+        #: each usage row's write charges its subjects' budgets (docs/budgets.md).
+        self.budgets = budgets
         self.chat = row.chat
         self.models = row.models
 
@@ -148,8 +152,10 @@ class Transcript:
         release: str | None = None,
     ) -> Any:
         writes = self.control.step_writes()
-        if writes is not None and partial_key is None and not self.chat.stop_reason:
-            return self._save_answer_at_once(writes, message, usage, release)
+        at_once = partial_key is None and not self.chat.stop_reason
+        charge = self.budgets.charge_at_once(usage) if writes is not None else None
+        if writes is not None and at_once and (charge or not self.budgets.charges(usage)):
+            return self._save_answer_at_once(writes, message, usage, release, charge)
         with self.control.writing(release=release):
             record = self.row.message_row(message)
             if partial_key is not None:
@@ -180,16 +186,15 @@ class Transcript:
             else:
                 record._agentloop_tool_calls = []
             self.models.usage_insert.insert(self.row.usage_row(usage, record), self.row.db)
+            self.budgets.charge(usage)
             if self.chat.stop_reason:
-                # The turn goes on (limits were raised, a halted chat resumed): it is no
-                # longer stopped. A write that released the chat has set its next state
-                # already: only the reason goes (else the chat would stay "running", free).
-                if release is not None:
-                    self.row.update(stop_reason="")
+                # The turn goes on (limits were raised): it is no longer stopped. A write
+                # that released the chat set its next state already: that one stands.
+                if release is None:
+                    state = "running" if self.control.background else "idle"
+                    self.row.update(stop_reason="", state=state)
                 else:
-                    self.row.update(
-                        stop_reason="", state="running" if self.control.background else "idle"
-                    )
+                    self.row.update(stop_reason="")
         message.key = record.pk
         return record
 
@@ -199,6 +204,7 @@ class Transcript:
         def insert() -> bool:
             with self.control.writing():
                 self.models.usage_insert.insert(row, self.row.db)
+                self.budgets.charge(usage)
             return True
 
         def landed() -> bool | None:
@@ -234,7 +240,12 @@ class Transcript:
 
     # -- the one-statement writes (PostgreSQL, under a lease) -----------------------
     def _save_answer_at_once(
-        self, writes: StepWrites, message: Message, usage: UsageRecord, release: str | None
+        self,
+        writes: StepWrites,
+        message: Message,
+        usage: UsageRecord,
+        release: str | None,
+        charge: Callable[[Values], list[str]] | None = None,
     ) -> Any:
         record = self.row.message_row(message)
         calls = message.tool_calls
@@ -252,7 +263,7 @@ class Transcript:
         usage_row = self.row.usage_row(usage)
 
         def body(guard: str, values: Values) -> str:
-            return writes.answer(guard, values, record, call_rows, usage_row)
+            return writes.answer(guard, values, record, call_rows, usage_row, charge)
 
         rows = self.control.at_once(writes, release, body, record)
         inserted(record, rows[0][GUARD], self.row.db)

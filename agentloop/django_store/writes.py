@@ -11,6 +11,7 @@ databases, and the rarer writes, keep that form). The statements are built here;
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -145,9 +146,18 @@ class StepWrites:
         return params
 
     # -- the statements ------------------------------------------------------------------------
-    def answer(self, guard: str, values: Values, record: Any, calls: list[Any], usage: Any) -> str:
+    def answer(
+        self,
+        guard: str,
+        values: Values,
+        record: Any,
+        calls: list[Any],
+        usage: Any,
+        extra: Callable[[Values], list[str]] | None = None,
+    ) -> str:
         """The answer, its tool calls and its usage row, guarded (``values`` collects the
-        parameters after the guard's)."""
+        parameters after the guard's); ``extra`` adds parts of its own after them (the
+        usage row's budget charge), each guarded by ``g`` too."""
         m, c, u = self.message, self.calls, self.usage
         parts = [
             f"g AS ({guard})",
@@ -168,6 +178,8 @@ class StepWrites:
             f"u AS (INSERT INTO {u.table} ({u.columns}, {self.usage_message}) "  # noqa: S608
             f"SELECT {values.row(u, usage)}, m.{m.pk} FROM m)"
         )
+        if extra is not None:
+            parts.extend(extra(values))
         return f"WITH {', '.join(parts)} {select}"
 
     def lone_message(self, guard: str, values: Values, record: Any) -> str:

@@ -18,6 +18,7 @@ EVENTS = (
     "after_tool_result",
     "cancelled",
     "stopped",
+    "budget_exceeded",
     "model_fallback",
     "halted",
     "handed_off",

@@ -28,6 +28,7 @@ from ..messages import (
 )
 from ..providers.base import Provider
 from . import tracing
+from .admission import Admission
 from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .compaction import window
@@ -63,10 +64,14 @@ class PreparedCall:
 
 
 def _abandoned(
-    prepared: PreparedCall, started: float, response: ModelResponse | None = None
+    prepared: PreparedCall,
+    started: float,
+    response: ModelResponse | None = None,
+    *,
+    reservation: Any = None,
 ) -> UsageRecord:
     """The usage of a call the input guardrails did not let stand (what the provider
-    reported, when it answered first)."""
+    reported, when it answered first); it settles the call's budget ``reservation``."""
     usage = response.usage if response is not None else None
     return UsageRecord(
         provider=prepared.provider_name,
@@ -76,6 +81,7 @@ def _abandoned(
         cost=prepared.provider.cost(prepared.model_id, usage) if usage is not None else None,
         error="abandoned: the input guardrails did not pass the message",
         duration_ms=int((time.monotonic() - started) * 1000),
+        reservation=reservation,
     )
 
 
@@ -108,7 +114,8 @@ class ModelCalls:
         self._emit = callbacks.emit
         self._record_cancel = record_cancel
         self._schema_model = schema_model
-        self.summaries = Summaries(store, callbacks.emit)
+        self.admission = Admission(store, callbacks.emit)
+        self.summaries = Summaries(store, callbacks.emit, self.admission)
 
     def _check_limits(self, transcript: list[Message], config: ChatConfig) -> None:
         limits = config.limits
@@ -216,6 +223,7 @@ class ModelCalls:
         partial_key: Any = None,
         release_after: tuple[str, ...] = (),
         verdict: Verdict | None = None,
+        reservation: Any = None,
     ) -> Any:
         """Append the answer to a prepared call, with its usage row, as ``generate()`` does;
         the answer (with its keys) is added to ``prepared.transcript``.
@@ -224,6 +232,7 @@ class ModelCalls:
         leads to one of the moves in ``release_after``, the same transaction releases the
         claim (the verb ends with this write). ``verdict``: what the output guardrails
         decided (kept on the answer; one that did not pass marks it blocked).
+        ``reservation``: the call's budget reservation, settled by the same write.
         """
         message = self._answer(response, prepared.transcript, prepared.model_id)
         if verdict is not None:
@@ -239,6 +248,7 @@ class ModelCalls:
             usage=response.usage,
             cost=cost,
             duration_ms=duration_ms,
+            reservation=reservation,
         )
         then = "tools" if message.tool_calls else "done"
         release = then if then in release_after else None
@@ -287,7 +297,7 @@ class ModelCalls:
         index = 0
         while True:
             try:
-                response, partial_key, started = yield from self._send(
+                response, partial_key, started, reservation = yield from self._send(
                     prepared, stream, run, judging
                 )
                 break
@@ -348,6 +358,7 @@ class ModelCalls:
             partial_key=partial_key,
             release_after=(("tools", "done") if run.single else ("done",)) if stands else (),
             verdict=verdict,
+            reservation=reservation,
         )
         run.next_move = next_move(transcript)
         if verdict is not None and not stands:
@@ -360,10 +371,12 @@ class ModelCalls:
         stream: StreamCallback | None,
         run: Run,
         judging: Judging | None = None,
-    ) -> Effects[tuple[ModelResponse, Any, float]]:
+    ) -> Effects[tuple[ModelResponse, Any, float, Any]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
-        partial row, and when the answering attempt started. A usage row per failure.
-        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O.
+        partial row, when the answering attempt started, and its budget reservation. Each
+        attempt is admitted first (rate limits, budgets: :mod:`.admission`); a usage row per
+        failure. The request and the backoff are effects (:mod:`.effects`): the driver does
+        the I/O.
         With ``judging`` (input guardrails judging meanwhile) the call is abandoned when
         they don't pass it, and ``Judged`` raised with their verdicts."""
         checkpoints: Checkpoints = run.checkpoints
@@ -373,6 +386,14 @@ class ModelCalls:
         partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
+            try:
+                reservation = yield from self.admission.admit(
+                    provider, provider_name, request, checkpoints
+                )
+            except BaseException:
+                if partial_key is not None:  # a failed attempt's partial that nothing finishes
+                    self.store.fail_partial(partial_key)
+                raise
             state = StreamState(self.store, checkpoints, stream, model_id, judging)
             state.partial_key = partial_key
             started = time.monotonic()
@@ -394,6 +415,7 @@ class ModelCalls:
                     model=model_id,
                     status="cancelled",
                     duration_ms=int((time.monotonic() - started) * 1000),
+                    reservation=reservation,
                 )
                 self._record_cancel(
                     exc, partial=partial, partial_key=state.partial_key, usage=usage
@@ -401,10 +423,12 @@ class ModelCalls:
                 raise
             except CallAbandoned:
                 assert judging is not None  # noqa: S101 - only a judged call is abandoned
-                self.store.record_usage(_abandoned(prepared, started))
+                self.store.record_usage(_abandoned(prepared, started, reservation=reservation))
                 raise Judged((yield AwaitJudging(judging))) from None
             except Exception as exc:
-                self.store.record_usage(failed_usage(provider_name, model_id, exc, started))
+                failed = failed_usage(provider_name, model_id, exc, started)
+                failed.reservation = reservation
+                self.store.record_usage(failed)
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is not None:
                     partial_key = state.partial_key
@@ -419,9 +443,11 @@ class ModelCalls:
                 verdicts = yield AwaitJudging(judging, state)  # passed: the held chunks go out
                 if not judging.passed:
                     # The answer came first; the verdict drops it (its usage is kept).
-                    self.store.record_usage(_abandoned(prepared, started, response))
+                    self.store.record_usage(
+                        _abandoned(prepared, started, response, reservation=reservation)
+                    )
                     raise Judged(verdicts)
-            return response, state.partial_key, started
+            return response, state.partial_key, started, reservation
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:

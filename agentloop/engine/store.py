@@ -18,9 +18,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
+from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
+from .estimates import CallEstimate
+from .rate_limiting import RateLimiter, memory_limiter
 
 __all__ = ["OPTIONAL_PARTS", "ChatStore", "ToolTransaction", "UsageRecord"]
 
@@ -53,6 +56,8 @@ class UsageRecord:
     cost: Decimal | None = None
     error: str = ""
     duration_ms: int | None = None
+    #: what ``ChatStore.reserve`` returned for this attempt: the write of this row settles it.
+    reservation: Any = None
 
 
 @dataclass
@@ -356,6 +361,23 @@ class ChatStore(ABC):
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
         raise ConfigurationError(_missing(self, "sums_costs", "no max_cost limit"))
+
+    # -- budgets and rate limits (docs/budgets.md) --------------------------------------------
+    def reserve(self, estimate: CallEstimate) -> Any:
+        """Before a model call: reserve ``estimate`` against the budgets of the chat's
+        subjects, race-free across processes, or raise ``BudgetExceededError`` (nothing
+        reserved). The reservation goes on the attempt's usage row (``UsageRecord``), whose
+        write settles it to the exact cost; None: no budget counts this chat (here: none)."""
+        return None
+
+    def rate_limiter(self) -> RateLimiter | None:
+        """Where the rate-limit buckets of this chat's calls live; None: no limits. Here
+        this process's own (the Django store's are shared by every process)."""
+        return memory_limiter() if agentloop_settings.RATE_LIMITS else None
+
+    def note_waiting(self, reason: str) -> None:
+        """A verb waits in place for ``reason`` (a rate limit), or no longer ("")."""
+        return None
 
     # -- tracing (AGENTLOOP["TRACING"], agentloop.engine.tracing) ---------------------------
     def trace_names(self) -> tuple[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .. import providers
 from ..conf import agentloop_settings
@@ -12,7 +13,9 @@ from ..messages import Message, ModelRequest, ModelResponse
 from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
+from .admission import Admission
 from .config import ChatConfig
+from .drivers import drive
 from .effects import Send
 from .retries import retry_delay
 from .sending import send
@@ -37,9 +40,13 @@ def failed_usage(
 class Summaries:
     """Compaction before a model call, and after a provider's context-length error."""
 
-    def __init__(self, store: ChatStore, emit: Callable[..., None]) -> None:
+    def __init__(
+        self, store: ChatStore, emit: Callable[..., None], admission: Admission | None = None
+    ) -> None:
         self.store = store
         self._emit = emit
+        #: paces the summary calls and holds them to the chat's budgets, as the others.
+        self.admission = admission or Admission(store, emit)
 
     def _context_window(self, config: ChatConfig, model_id: str) -> int | None:
         if config.context_window is not None:
@@ -83,7 +90,7 @@ class Summaries:
             headers=config.headers,
         )
         started = time.monotonic()
-        response = self._summary_response(provider, provider_name, request)
+        response, reservation = self._summary_response(provider, provider_name, request)
         summary = Message(
             role="summary",
             content=response.content,
@@ -97,6 +104,7 @@ class Summaries:
             usage=response.usage,
             cost=provider.cost(model_id, response.usage),
             duration_ms=int((time.monotonic() - started) * 1000),
+            reservation=reservation,
         )
         record = self.store.save_answer(summary, usage)
         transcript.append(summary)
@@ -105,16 +113,21 @@ class Summaries:
 
     def _summary_response(
         self, provider: Provider, provider_name: str, request: ModelRequest
-    ) -> ModelResponse:
-        """The summary call, retried like any model call; a usage row for each failure."""
+    ) -> tuple[ModelResponse, Any]:
+        """The summary call, retried like any model call, each attempt admitted first; a
+        usage row for each failure. The response and its budget reservation."""
         retries = int(agentloop_settings.MODEL_RETRIES)
         for attempt in range(retries + 1):
+            reservation = drive(self.admission.admit(provider, provider_name, request, None))
             started = time.monotonic()
             try:
                 # Bounded like the chat's own calls: a slot, the deadline.
-                return send(Send(provider, request, None, provider_name=provider_name))
+                sent = send(Send(provider, request, None, provider_name=provider_name))
+                return sent, reservation
             except Exception as exc:
-                self.store.record_usage(failed_usage(provider_name, request.model, exc, started))
+                failed = failed_usage(provider_name, request.model, exc, started)
+                failed.reservation = reservation
+                self.store.record_usage(failed)
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is None:
                     raise

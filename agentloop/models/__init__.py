@@ -10,6 +10,8 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``messages``: ``Message`` and ``ToolCall``;
 - ``usage``: ``Usage``, one row per provider attempt;
 - ``batches``: ``Batch`` and ``BatchItem``;
+- ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
+- ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
 - ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
   and what they return, ``BulkResult``.
 """
@@ -22,6 +24,7 @@ from .batches import (
     BatchQuerySet,
     BatchStatus,
 )
+from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .messages import (
@@ -32,6 +35,7 @@ from .messages import (
     Role,
     ToolCall,
 )
+from .rate_limits import RateLimitBucket
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 
 __all__ = [
@@ -45,12 +49,16 @@ __all__ = [
     "BatchItemStatus",
     "BatchQuerySet",
     "BatchStatus",
+    "Budget",
+    "BudgetReservation",
+    "BudgetSlot",
     "BulkResult",
     "Chat",
     "ChatQuerySet",
     "ChatState",
     "Message",
     "MessageQuerySet",
+    "RateLimitBucket",
     "Role",
     "ToolCall",
     "Usage",

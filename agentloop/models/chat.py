@@ -179,6 +179,12 @@ class AbstractChat(ConversationDelegations, models.Model):
     attempts = models.PositiveIntegerField(_("attempts of the current step"), default=0)
     #: the next attempt is due then (the sweeper leaves a queued chat alone until it is).
     retry_at = models.DateTimeField(_("retry at"), null=True, blank=True)
+    #: what the chat's next step waits for ("rate limit: openai requests per minute"), until
+    #: ``retry_at`` in the background; "" when it waits for nothing. A database default too,
+    #: so code deployed before this column (a rolling deploy) still creates chats.
+    waiting_for = models.CharField(
+        _("waiting for"), max_length=200, blank=True, default="", db_default="", editable=False
+    )
     #: user messages sent while a run held the chat (``ask_later(if_busy="queue")``): each
     #: is added and answered, in order, once the run is over.
     inbox = models.JSONField(_("queued messages"), default=list, blank=True, editable=False)

@@ -61,6 +61,12 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
     conversation.on(
+        "budget_exceeded",
+        lambda error: signals.budget_exceeded.send(
+            sender, chat=chat, reason=error.reason, subject=error.subject, limit=error.limit
+        ),
+    )
+    conversation.on(
         "handed_off",
         lambda record, call: signals.chat_handed_off.send(
             sender,
@@ -85,3 +91,11 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
             subagents.release_parent(chat, result)
 
     conversation.on("guardrail_blocked", release_parent)
+    # ... and so does a subagent its budget stopped (its parent, of the same owner, then
+    # stops at its own next model call, and goes on with the rest once under quota again).
+    conversation.on(
+        "budget_exceeded",
+        lambda error: subagents.release_parent(
+            chat, subagents.SUBAGENT_STOPPED_RESULT.format(reason=error.reason)
+        ),
+    )

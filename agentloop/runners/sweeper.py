@@ -9,6 +9,7 @@ from django.apps import apps
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from ..budgets.counters import release_expired
 from ..conf import agentloop_settings
 from .approval_timeouts import deny_timed_out_approvals
 from .sending import enqueue
@@ -36,9 +37,11 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
 
 
 def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
-    """Deny approvals past ``APPROVAL_TIMEOUT`` (their background chats go on), then
-    enqueue a step for each stalled chat; returns the stalled chats' primary keys."""
+    """Deny approvals past ``APPROVAL_TIMEOUT`` (their background chats go on), give back
+    the budget reservations of model calls whose processes died, then enqueue a step for
+    each stalled chat; returns the stalled chats' primary keys."""
     deny_timed_out_approvals(model_label)
+    release_expired()
     ids = list(stalled_chats(model_label).values_list("pk", flat=True))
     for chat_id in ids:
         enqueue(chat_id, model_label)

@@ -157,7 +157,9 @@
   function showState(state) {
     stateShown += 1;
     const busy = state.state === "queued" || state.state === "running";
-    stateBadge.textContent = state.cancel_requested && busy ? "cancelling…" : state.state;
+    stateBadge.textContent = state.cancel_requested && busy
+      ? "cancelling…"
+      : state.waiting_for ? "waiting for " + state.waiting_for : state.state;
     stateBadge.className = "state state-" + state.state;
     // A chat that waits for a person can be cancelled too: its held calls are answered as
     // cancelled (their results arrive as messages) and it goes back to idle.
