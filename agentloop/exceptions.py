@@ -7,6 +7,7 @@
     ├── CancelledError              the run stopped because cancel() was requested
     ├── LimitReachedError           a per-turn limit stopped the turn before a model call
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
+    ├── EditError                   edit(), regenerate() or fork() named a message they can't act on
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
     │   └── ChatBusyError           another process (or thread) runs a verb of this chat now
@@ -51,6 +52,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthError",
     "DecisionConflictError",
+    "EditError",
     "InvalidArgumentsError",
     "InvalidResponseError",
     "LeaseLostError",
@@ -108,6 +110,12 @@ class LimitReachedError(AgentloopError):
 
 class PendingToolCallsError(AgentloopError):
     """A user message cannot be added while tool calls are unanswered."""
+
+
+class EditError(AgentloopError, ValueError):
+    """``edit()``, ``regenerate()`` or ``fork()`` named a message they can't act on (not in
+    the chat, superseded already, not a user message for ``edit``), or gave no text; the
+    message says which. Nothing was written."""
 
 
 class ConcurrentWriteError(AgentloopError):

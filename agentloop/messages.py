@@ -124,11 +124,15 @@ class Message(BaseModel):
     provider_data: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
     key: Any = None
+    #: replaced by an edit or a regenerated answer: kept for the record, never sent again
+    #: (stores leave such messages out of the transcript; see docs/editing.md).
+    superseded: bool = False
 
     @property
     def is_finished(self) -> bool:
-        """A complete message; partial and cancelled answers don't count."""
-        return self.status == MessageStatus.COMPLETE
+        """A complete message that is not superseded; partial and cancelled answers, and
+        messages an edit or a regenerated answer replaced, don't count."""
+        return self.status == MessageStatus.COMPLETE and not self.superseded
 
 
 class TextDelta(BaseModel):

@@ -7,9 +7,11 @@ from django.dispatch import Signal
 
 __all__ = [
     "chat_cancelled",
+    "chat_forked",
     "chat_halted",
     "chat_stopped",
     "message_added",
+    "messages_superseded",
     "model_call_started",
     "model_fallback",
     "tool_call_finished",
@@ -33,3 +35,10 @@ chat_stopped = Signal()
 model_fallback = Signal()
 #: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
 chat_halted = Signal()
+#: an edit or a regenerated answer superseded messages (kept, never sent again):
+#: ``message_ids`` (in order) and ``tool_call_ids`` (the provider ids of the calls among them
+#: that had no result: they never run). The replacement comes next, as ``message_added``.
+messages_superseded = Signal()
+#: ``chat.fork(at=...)`` made a new chat: ``fork`` (the new chat) and ``message`` (the
+#: message of ``chat`` it was forked at).
+chat_forked = Signal()

@@ -27,6 +27,7 @@ EXPECTED_ALL = {
     "ConfigurationError",
     "Conversation",
     "DecisionConflictError",
+    "EditError",
     "InvalidArgumentsError",
     "LimitReachedError",
     "Message",

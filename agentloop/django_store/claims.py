@@ -16,6 +16,7 @@ from ..engine.retries import backoff
 from ..exceptions import (
     CancelledError,
     ConcurrentWriteError,
+    EditError,
     LimitReachedError,
     PendingToolCallsError,
     ProviderError,
@@ -68,7 +69,8 @@ def release_fields(
     if isinstance(failure, CancelledError):
         return {"state": "idle", "attempts": 0}, Release("idle")
     if not isinstance(failure, Exception) or isinstance(
-        failure, PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError
+        failure,
+        PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError | EditError,
     ):
         # A refusal before anything was written, or the process being interrupted
         # (Ctrl-C): the chat did not fail; it is only let go.

@@ -4,7 +4,8 @@
 state and are handed their collaborators: ``ChatRow`` (the chat, its models and database),
 ``Config`` (configuration and tools), ``RunControl`` (the claim and every write under it),
 ``Transcript`` (messages and usage), ``ToolCalls`` (tool-call rows), ``Stopping`` (cancel,
-halt) and ``Inbox`` (messages queued while a run holds the chat). Each verb is answered by
+halt), ``Inbox`` (messages queued while a run holds the chat) and ``Edits`` (superseded rows,
+forks). Each verb is answered by
 its part.
 
 Queries per verb don't grow with the history: the transcript is one SELECT
@@ -24,12 +25,14 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine.store import Superseded
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
 from .claims import Release
 from .config import Config
+from .edits import Edits
 from .inbox import Inbox
 from .leases import Lease
 from .run_control import RunControl
@@ -60,6 +63,7 @@ class DjangoStore(ChatStore):
         self.tool_calls = ToolCalls(self.row, self.control)
         self.stopping = Stopping(self.row, self.control, self.cancel_notice)
         self.inbox = Inbox(self.row, self.control)
+        self.edits = Edits(self.row, self.control)
 
     # -- what callers read of the claim (workers, batches) --------------------------------
     @property
@@ -179,6 +183,22 @@ class DjangoStore(ChatStore):
 
     def native_tool_call(self, call: ToolCall) -> Any:
         return self.tool_calls.native_tool_call(call)
+
+    # -- edits and forks -----------------------------------------------------------------
+    def load_history(self) -> list[Message]:
+        return self.edits.load_history()
+
+    def supersede(self, first: Message) -> Superseded:
+        return self.edits.supersede(first)
+
+    def superseded_calls(self) -> list[ToolCall]:
+        return self.edits.superseded_calls()
+
+    def pending_run(self) -> str:
+        return self.edits.pending_run()
+
+    def fork(self, at: Message, open_call_result: str) -> Any:
+        return self.edits.fork(at, open_call_result)
 
     # -- cancels and halts ---------------------------------------------------------------
     def cancel_requested_at(self) -> datetime | None:

@@ -31,6 +31,7 @@ from .checkpoints import Checkpoints
 from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
 from .drivers import drive
+from .editing import Editing
 from .effects import Effects
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
@@ -67,6 +68,8 @@ _EVENTS = (
     "halted",
     "claimed",
     "subagents_waiting",
+    "superseded",
+    "forked",
 )
 
 
@@ -82,7 +85,9 @@ class _Run:
     halted: HaltedRelease | None = None
 
 
-class Conversation(Configuration, PeopleInTheLoop, Control, ModelCalls, AsyncVerbs[MessageT]):
+class Conversation(
+    Configuration, PeopleInTheLoop, Control, ModelCalls, Editing, AsyncVerbs[MessageT]
+):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the

@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["ChatStore", "UsageRecord"]
+__all__ = ["ChatStore", "Superseded", "UsageRecord"]
 
 T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
@@ -37,6 +37,15 @@ class UsageRecord:
     cost: Decimal | None = None
     error: str = ""
     duration_ms: int | None = None
+
+
+@dataclass
+class Superseded:
+    """What :meth:`ChatStore.supersede` marked: the messages' keys, in order, and the calls
+    among them that had no result (now "cancelled"; they never run)."""
+
+    keys: list[Any] = field(default_factory=list)
+    open_calls: list[ToolCall] = field(default_factory=list)
 
 
 class ChatStore(ABC):
@@ -87,7 +96,14 @@ class ChatStore(ABC):
     # -- transcript ----------------------------------------------------------------
     @abstractmethod
     def load_transcript(self) -> list[Message]:
-        """All messages in order, with tool calls; a constant number of queries."""
+        """All messages in order, with tool calls, but those superseded by an edit or a
+        regenerated answer (the engine never sees them again); a constant number of
+        queries."""
+
+    @abstractmethod
+    def load_history(self) -> list[Message]:
+        """Every message in order, superseded ones included (``superseded`` set): for
+        pages and tests that show what was replaced; never sent to a model."""
 
     def read_for_step(self) -> tuple[list[Message], datetime | None]:
         """The transcript and the cancel flag, read together at the start of a move
@@ -177,6 +193,38 @@ class ChatStore(ABC):
     @abstractmethod
     def native_tool_call(self, call: ToolCall) -> Any:
         """The store's record for a tool call (no query needed)."""
+
+    # -- editing: superseded rows and forks (docs/editing.md) ------------------------
+    @abstractmethod
+    def supersede(self, first: Message) -> Superseded:
+        """Atomically, under the verb's claim: mark ``first`` and every message after it
+        superseded, system messages excepted (the instructions are configuration). They
+        stay, for the record and the ledger (their usage rows are kept), but are never read
+        into the transcript again. Their calls without a result become "cancelled" (one held
+        for a person or a subagent also gets the decision "superseded"), so no run, decision
+        or sweeper ever acts on them."""
+
+    @abstractmethod
+    def superseded_calls(self) -> list[ToolCall]:
+        """The calls of superseded messages (id, name and key at least): their ids are never
+        given to a new call (a tool's idempotency key must not repeat), and a decision on
+        one is told it was superseded. Cheap when nothing was ever superseded."""
+
+    def pending_run(self) -> str:
+        """Why a run other than the caller's will still write to this chat (a background run
+        queued or running, an answer awaited from a provider batch), or "" when none will:
+        an edit must not race it."""
+        return ""
+
+    @abstractmethod
+    def fork(self, at: Message, open_call_result: str) -> Any:
+        """A new chat: this chat's configuration, tools and owner, and copies of the
+        transcript's messages up to and including ``at`` (partial answers left out; no usage
+        rows), linked to this chat and to ``at`` where the store can. A copied call without a
+        copied result gets the error result ``open_call_result`` (state "cancelled"), so a
+        fork never runs a call its origin may have run; a summary covers the same copied
+        rows. Returns the store's record of the new chat (the new chat row), or the new
+        store itself when the store has no record of its own (the engine wraps it)."""
 
     # -- cancellation and stopping -------------------------------------------------
     @abstractmethod

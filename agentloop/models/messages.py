@@ -33,6 +33,15 @@ class MessageQuerySet(models.QuerySet["AbstractMessage"]):
         """Answers cut short (a crash mid-stream, or a cancel)."""
         return self.exclude(status=MessageStatus.COMPLETE)
 
+    def current(self) -> MessageQuerySet:
+        """Messages of the conversation as it stands: none an edit or a regenerated answer
+        superseded (docs/editing.md)."""
+        return self.filter(superseded_at__isnull=True)
+
+    def superseded(self) -> MessageQuerySet:
+        """Messages an edit or a regenerated answer replaced: kept, never sent again."""
+        return self.filter(superseded_at__isnull=False)
+
 
 class AbstractMessage(models.Model):
     """One message of a transcript."""
@@ -52,6 +61,9 @@ class AbstractMessage(models.Model):
     #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
     attachments = models.JSONField(_("attachments"), default=list, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+    #: when an edit or a regenerated answer replaced this message (null: it is current). A
+    #: superseded message stays, with its usage rows, and is never sent to a model again.
+    superseded_at = models.DateTimeField(_("superseded at"), null=True, blank=True)
 
     objects = MessageQuerySet.as_manager()
 
