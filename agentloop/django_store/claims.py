@@ -73,8 +73,9 @@ def release_fields(
         PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError | EditError,
     ):
         # A refusal before anything was written, or the process being interrupted
-        # (Ctrl-C): the chat did not fail; it is only let go.
-        state = "idle" if chat.state == "running" else chat.state
+        # (Ctrl-C): the chat did not fail; it is only let go. A job's claim made it running;
+        # an in-process verb's claim left the state as it was (a background run's included).
+        state = "idle" if background and chat.state == "running" else chat.state
         return {"state": state}, Release(state)
     if isinstance(failure, LimitReachedError):
         reason = failure.reason[:300]
