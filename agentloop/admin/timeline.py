@@ -36,6 +36,7 @@ DECISION_LABELS = {
     "denied": _("denied"),
     "answered": _("answered"),
     "submitted": _("result submitted"),
+    "superseded": _("superseded by an edit or a regenerated answer: never run"),
 }
 
 
