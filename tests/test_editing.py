@@ -519,3 +519,21 @@ def test_an_edit_costs_the_same_statements_whatever_the_history(user, scripted):
         return len(queries)
 
     assert statements(2) == statements(40)
+
+
+@pytest.mark.django_db
+def test_live_pages_hear_which_messages_were_superseded(chat, scripted, redis_events):
+    from agentloop import events
+
+    scripted.add("Old.", "New.")
+    chat.ask("Hi")
+    replaced = list(chat.messages.order_by("id").values_list("pk", flat=True))
+
+    chat.regenerate()
+    assert events.flush()
+
+    kept = events.get_backend().read(events.chat_key(chat), None, 1.0)
+    types = [event["type"] for event in kept]
+    assert ("superseded", {"ids": replaced}) in [(e["type"], e["data"]) for e in kept]
+    # Announced before the replacement and its answer, so a page drops the old rows first.
+    assert types[types.index("superseded") :].count("message") == 2

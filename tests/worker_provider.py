@@ -48,6 +48,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "slow": {"seconds": 0.2},
     "guard": {"amount": 500},
     "ask_accounting": {"invoice": "INV-7"},
+    # the Clerk subagent (tests/editing_agents.py) is handed a task that makes it wait
+    "clerk": {"task": "tools:ask_accounting"},
 }
 
 _LOG_ENV = "AGENTLOOP_TEST_PROVIDER_LOG"
