@@ -118,7 +118,7 @@
     box.value = bubble.querySelector(".text").textContent; // text, never markup
     const save = element("button", "button primary", "Save and answer");
     save.type = "submit";
-    const cancel = element("button", "button", "Cancel");
+    const cancel = element("button", "button", "Discard");
     cancel.type = "button";
     const row = element("div", "row");
     row.append(cancel, save);
