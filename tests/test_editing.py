@@ -537,3 +537,21 @@ def test_live_pages_hear_which_messages_were_superseded(chat, scripted, redis_ev
     assert ("superseded", {"ids": replaced}) in [(e["type"], e["data"]) for e in kept]
     # Announced before the replacement and its answer, so a page drops the old rows first.
     assert types[types.index("superseded") :].count("message") == 2
+
+
+@pytest.mark.django_db
+def test_a_chat_model_of_your_own_is_edited_and_forked_too(scripted):
+    from example_project.models import SupportConversation, Ticket
+
+    ticket = Ticket.objects.create(subject="Refund for order 42")
+    chat = SupportConversation.objects.create(model="scripted:test", ticket=ticket)
+    scripted.add("Old.", "New.", "Forked.")
+    chat.ask("Refund?")
+
+    assert chat.regenerate().content == "New."
+    forked = chat.fork()
+
+    assert isinstance(forked, SupportConversation) and forked.ticket == ticket
+    assert forked.ask("And now?").content == "Forked."
+    assert [m.content for m in chat.messages.current()] == ["Refund?", "New."]
+    assert chat.messages.superseded().count() == 2
