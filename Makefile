@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PG_URL := postgres://postgres@127.0.0.1:5432/agentloop
+PG_URL ?= postgres://postgres@127.0.0.1:5432/agentloop
 PORT ?= 8000
 
 .PHONY: venv demo lint test bench clean

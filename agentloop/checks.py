@@ -69,6 +69,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             message, check_id = f"must be {rule}, not {given!r}", "E003"
         elif key == "MODEL_RETRIES":
             message, check_id = f"must be a non-negative integer, not {given!r}", "E004"
+        elif key == "RETENTION_DAYS":
+            message = f"must be None or a whole number of days of at least 1, not {given!r}"
+            check_id = "E011"
         elif key == "TOOL_CONCURRENCY":
             message = f"must be None, 'threads' or a positive integer, not {given!r}"
             check_id = "E005"
@@ -270,6 +273,34 @@ def check_celery_app_loaded(app_configs: Any = None, **kwargs: Any) -> list[Chec
             '"from .celery import app as celery_app" (see "Installing agentloop in a Django '
             'project" in the agentloop docs).',
             id="agentloop.W003",
+        )
+    ]
+
+
+#: the periodic task that applies ``RETENTION_DAYS`` (agentloop.tasks).
+RETENTION_TASK = "agentloop.delete_idle_chats"
+
+
+@register(Tags.compatibility)
+def check_retention_scheduled(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """RETENTION_DAYS with Celery, but beat's schedule (in the settings) never runs it."""
+    if agentloop_settings.RETENTION_DAYS is None or runner_name() != "celery":
+        return []
+    from celery import current_app  # local: Celery is an optional dependency
+
+    if current_app.conf.beat_scheduler != "celery.beat:PersistentScheduler":
+        return []  # a schedule kept elsewhere (a database scheduler): not ours to read
+    schedule = current_app.conf.beat_schedule or {}
+    if any(entry.get("task") == RETENTION_TASK for entry in schedule.values()):
+        return []
+    return [
+        Warning(
+            "AGENTLOOP['RETENTION_DAYS'] is set, but Celery beat's schedule has no "
+            f"{RETENTION_TASK!r} entry: idle chats are never deleted.",
+            hint=f'Add {{"task": "{RETENTION_TASK}", "schedule": 86400.0}} to '
+            'CELERY_BEAT_SCHEDULE, or run "manage.py agentloop retention" daily (see "Data '
+            'retention and erasure" in the agentloop docs).',
+            id="agentloop.W006",
         )
     ]
 

@@ -164,6 +164,9 @@ class Settings(BaseModel):
     #: pool is configured (OPTIONS["pool"]: a check-in), True always (without a pool: a new
     #: connection after every wait), False never. Never inside a caller's atomic block.
     RELEASE_CONNECTIONS: Literal["auto"] | _Flag = "auto"
+    #: days a chat may stay idle (no message, no run) before ``agentloop.delete_idle_chats``
+    #: (run daily by beat, or ``manage.py agentloop retention``) deletes it; None: kept.
+    RETENTION_DAYS: _PositiveInt | None = None
 
 
 #: every key and its default value.

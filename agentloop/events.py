@@ -9,6 +9,7 @@ what it can do with flags (``keeps_events``), not by its class.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -34,6 +35,7 @@ __all__ = [
     "chat_key",
     "database_events",
     "delete_events",
+    "erase_events",
     "flush",
     "get_backend",
     "message_payload",
@@ -101,6 +103,13 @@ class EventBackend(ABC):
         """Forget the events of the chat named ``key`` (it was deleted)."""
         return None
 
+    def erase(self, keys: list[str], ttl: int) -> None:
+        """Forget the events of the erased chats ``keys`` for good: nothing published for
+        them in the next ``ttl`` seconds (a step that had not stopped yet) is kept either.
+        Default: :meth:`delete` each."""
+        for key in keys:
+            self.delete(key)
+
     def aconnect(self) -> Any:
         """A connection for :meth:`aread` in the running event loop (None: none needed).
 
@@ -160,7 +169,12 @@ class RedisEvents(EventBackend):
         pipeline.execute()
 
     def read(self, key: str, after: str | None, timeout: float) -> list[Event]:
-        answer: Any = self.client.xread(**self._xread_args(key, after, timeout))
+        try:
+            answer: Any = self.client.xread(**self._xread_args(key, after, timeout))
+        except Exception as exc:
+            self._erased(exc)
+            time.sleep(timeout)  # as a read that found nothing (no tight loop on a tombstone)
+            return []
         return self.events_of(answer)
 
     def aconnect(self) -> Any:
@@ -170,8 +184,20 @@ class RedisEvents(EventBackend):
         self, key: str, after: str | None, timeout: float, connection: Any = None
     ) -> list[Event]:
         """XREAD BLOCK on ``connection`` (from :meth:`aconnect`), awaited: blocks no thread."""
-        answer: Any = await connection.xread(**self._xread_args(key, after, timeout))
+        try:
+            answer: Any = await connection.xread(**self._xread_args(key, after, timeout))
+        except Exception as exc:
+            self._erased(exc)
+            await asyncio.sleep(timeout)
+            return []
         return self.events_of(answer)
+
+    @staticmethod
+    def _erased(exc: Exception) -> None:
+        """Raises ``exc`` unless the stream is an erased chat's tombstone: then there are no
+        events (a reader still open ends at its next look at the chat row)."""
+        if "WRONGTYPE" not in str(exc):
+            raise exc
 
     def _xread_args(self, key: str, after: str | None, timeout: float) -> dict[str, Any]:
         return {
@@ -182,6 +208,19 @@ class RedisEvents(EventBackend):
 
     def delete(self, key: str) -> None:
         self.client.delete(self.stream(key))
+
+    #: what an erased chat's stream key holds until it expires (not a stream: XADD fails).
+    TOMBSTONE = "erased"
+
+    def erase(self, keys: list[str], ttl: int) -> None:
+        """Put a tombstone (a plain string, expiring after ``ttl`` seconds) where each
+        stream was, in one pipeline per 1,000 keys: a worker's XADD to it fails (its
+        publisher drops the event), so no erased chat's stream comes back."""
+        for start in range(0, len(keys), 1000):
+            pipeline = self.client.pipeline(transaction=False)
+            for key in keys[start : start + 1000]:
+                pipeline.set(self.stream(key), self.TOMBSTONE, ex=max(1, ttl))
+            pipeline.execute()
 
     def latest_id(self, key: str, type_: str) -> str:
         """The id of the latest kept event of ``type_`` ("0-0" when there is none)."""
@@ -304,6 +343,15 @@ def publish_chunk(chat: Any, chunk: Any) -> None:
         _publish(backend, chat, "chunk", {"text": chunk.text})
     elif isinstance(chunk, ToolCallDelta):
         _publish(backend, chat, "tool_call_delta", chunk.model_dump())
+
+
+def erase_events(chat_keys: list[str], ttl: int) -> None:
+    """Forget the events of erased chats (named by ``chat_key``) for good
+    (:meth:`EventBackend.erase`), this process's queued ones included."""
+    backend = get_backend()
+    for key in chat_keys:
+        publisher().discard(backend, backend.destination(key))
+    backend.erase(chat_keys, ttl)
 
 
 def delete_events(chat: Any) -> None:

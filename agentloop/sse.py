@@ -28,7 +28,6 @@ per open stream) and :func:`aevent_stream` (async, for ASGI: it waits with
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -44,7 +43,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
 from .permissions import can_view_chat
-from .stream_drivers import SEND, Step, adrive, drive
+from .stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive
 
 __all__ = [
     "CUT_MARK",
@@ -61,7 +60,6 @@ __all__ = [
 ]
 
 #: a comment line: readers ignore it; it keeps the connection (and its proxies) open.
-KEEPALIVE = b": keep-alive\n\n"
 #: sent first: how long a browser waits before reconnecting (milliseconds).
 RETRY = b"retry: 2000\n\n"
 _POSITION = re.compile(r"^\d{1,20}(-\d{1,20})?$")
@@ -316,7 +314,6 @@ def _settings() -> tuple[float, float]:
 # What the loop asks its driver to do besides SEND (the answer is sent back into the loop).
 _POLL = "poll"  # run reader.poll(); answer: its frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
-_SLEEP = "sleep"  # sleep this many seconds
 _ALLOWED = "allowed"  # run reader.still_allowed() before sending; answer: a bool
 
 
@@ -324,7 +321,7 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
     """The stream's loop, once for both drivers: yields steps, receives their answers."""
     interval, keepalive = _settings()
     yield SEND, RETRY
-    quiet_since = time.monotonic()
+    pace = Pace(keepalive)
     next_poll = 0.0
     while True:
         frames: list[bytes] = []
@@ -341,11 +338,7 @@ def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
         # when due: the async driver pays a thread hop for the check.)
         if reader.access_due() and not (yield _ALLOWED, None):
             return
-        if frames or time.monotonic() - quiet_since >= keepalive:
-            yield SEND, b"".join(frames) if frames else KEEPALIVE
-            quiet_since = time.monotonic()
-        if not reader.keeps_events:
-            yield _SLEEP, max(0.0, next_poll - time.monotonic())
+        yield from pace.send(frames, next_poll, reader.keeps_events)
 
 
 def event_stream(
@@ -357,7 +350,6 @@ def event_stream(
         _POLL: lambda _: reader.poll(),
         _ALLOWED: lambda _: reader.still_allowed(),
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
-        _SLEEP: time.sleep,
     }
     yield from drive(_steps(reader), run)
 
@@ -372,7 +364,6 @@ async def aevent_stream(
         _POLL: lambda _: sync_to_async(reader.poll)(),
         _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
-        _SLEEP: asyncio.sleep,
     }
     try:
         async for chunk in adrive(_steps(reader), run):

@@ -2,21 +2,47 @@
 
 A live stream (the event stream of :mod:`agentloop.sse`, the useChat stream of
 :mod:`agentloop.ui_live`) is written once, as a generator that yields ``(kind, value)`` steps
-and is sent each step's answer. A :data:`SEND` step carries bytes for the client; any other
-kind is done by the driver's handler of that name: in place by :func:`drive` (a WSGI
-response holds its thread), awaited by :func:`adrive` (an ASGI response holds none).
+and is sent each step's answer. A :data:`SEND` step carries bytes for the client and a
+:data:`SLEEP` step waits; any other kind is done by the driver's handler of that name: in
+place by :func:`drive` (a WSGI response holds its thread), awaited by :func:`adrive` (an
+ASGI response holds none).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from typing import Any
 
-__all__ = ["SEND", "Step", "adrive", "drive"]
+__all__ = ["KEEPALIVE", "SEND", "SLEEP", "Pace", "Step", "adrive", "drive"]
 
 #: the step that writes its bytes to the client.
 SEND = "send"
+#: the step that waits this many seconds.
+SLEEP = "sleep"
+#: an SSE comment sent after a quiet spell, which keeps proxies from closing the stream.
+KEEPALIVE = b": keep-alive\n\n"
 Step = tuple[str, Any]
+
+
+class Pace:
+    """A stream's sends: what was read, else a keep-alive once it has been quiet for
+    ``keepalive`` seconds; then, for a source that keeps no events, a sleep to the next poll."""
+
+    def __init__(self, keepalive: float) -> None:
+        self.keepalive = keepalive
+        self.quiet_since = time.monotonic()
+
+    def send(
+        self, frames: list[bytes], next_poll: float, keeps_events: bool
+    ) -> Generator[Step, Any, None]:
+        """The steps that send ``frames`` (or a keep-alive) and wait for the next poll."""
+        if frames or time.monotonic() - self.quiet_since >= self.keepalive:
+            yield SEND, b"".join(frames) if frames else KEEPALIVE
+            self.quiet_since = time.monotonic()
+        if not keeps_events:
+            yield SLEEP, max(0.0, next_poll - time.monotonic())
 
 
 def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
@@ -36,6 +62,9 @@ def drive(
         if step[0] == SEND:
             yield step[1]
             answer = None
+        elif step[0] == SLEEP:
+            time.sleep(step[1])
+            answer = None
         else:
             answer = handlers[step[0]](step[1])
 
@@ -48,6 +77,9 @@ async def adrive(
     while (step := _advance(steps, answer)) is not None:
         if step[0] == SEND:
             yield step[1]
+            answer = None
+        elif step[0] == SLEEP:
+            await asyncio.sleep(step[1])
             answer = None
         else:
             answer = await handlers[step[0]](step[1])

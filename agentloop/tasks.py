@@ -20,7 +20,13 @@ from .runners import Job, run_job
 from .runners.celery import STEP_TASK
 from .runners.sweeper import resend_queued, resume_stalled
 
-__all__ = ["ResendAfterReconnect", "poll_batches", "resume_stalled_chats", "step_chat"]
+__all__ = [
+    "ResendAfterReconnect",
+    "delete_idle_chats",
+    "poll_batches",
+    "resume_stalled_chats",
+    "step_chat",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,19 @@ def poll_batches() -> int:
     from .batches import poll
 
     return len(poll())
+
+
+@shared_task(name="agentloop.delete_idle_chats", ignore_result=True)
+def delete_idle_chats(days: int | None = None) -> int:
+    """Delete chats idle for more than ``days`` (default ``AGENTLOOP["RETENTION_DAYS"]``;
+    unset: nothing); run it daily with celery beat. Returns how many chats went."""
+    # Function-local: the data functions import the models; Celery may load tasks before apps.
+    from .data import delete_idle_chats as delete
+
+    report = delete(days)
+    if report.deleted.chats:
+        logger.info("%s", report)
+    return report.deleted.chats
 
 
 class ResendAfterReconnect(bootsteps.StartStopStep):

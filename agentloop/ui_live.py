@@ -14,7 +14,6 @@ driver (WSGI) and an async one (ASGI: it waits with ``asyncio.sleep`` or
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
@@ -25,8 +24,8 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
-from .sse import KEEPALIVE, ReaderAccess
-from .stream_drivers import SEND, Step, adrive, drive
+from .sse import ReaderAccess
+from .stream_drivers import SEND, Pace, Step, adrive, drive
 from .ui_messages import row_payload
 from .ui_stream import DONE, HEADERS, UIStreamTranslator, encode
 
@@ -169,7 +168,6 @@ _POLL = "poll"  # follower.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _TAKE = "take"  # follower.take(events); answer: frames
 _FINISH = "finish"  # follower.finish(); answer: frames
-_SLEEP = "sleep"
 _ALLOWED = "allowed"  # follower.still_allowed(); answer: a bool
 
 
@@ -177,7 +175,7 @@ def _steps(follower: RunFollower) -> Generator[Step, Any, None]:
     interval = max(0.01, agentloop_settings.EVENTS_POLL_INTERVAL)
     keepalive = max(0.01, agentloop_settings.EVENTS_KEEPALIVE)
     yield SEND, b"".join(follower.head)
-    quiet_since = time.monotonic()
+    pace = Pace(keepalive)
     next_poll = 0.0
     while True:
         frames: list[bytes] = []
@@ -201,11 +199,7 @@ def _steps(follower: RunFollower) -> Generator[Step, Any, None]:
             # Every row of the run was saved before the state said so (read above).
             yield SEND, b"".join(frames + (yield _FINISH, None))
             return
-        if frames or time.monotonic() - quiet_since >= keepalive:
-            yield SEND, b"".join(frames) if frames else KEEPALIVE
-            quiet_since = time.monotonic()
-        if not follower.keeps_events:
-            yield _SLEEP, max(0.0, next_poll - time.monotonic())
+        yield from pace.send(frames, next_poll, follower.keeps_events)
 
 
 def ui_stream(follower: RunFollower) -> Iterator[bytes]:
@@ -215,7 +209,6 @@ def ui_stream(follower: RunFollower) -> Iterator[bytes]:
         _READ: lambda wait: follower.backend.read(follower.key, follower.after, wait),
         _TAKE: follower.take,
         _FINISH: lambda _: follower.finish(),
-        _SLEEP: time.sleep,
         _ALLOWED: lambda _: follower.still_allowed(),
     }
     yield from drive(_steps(follower), run)
@@ -229,7 +222,6 @@ async def aui_stream(follower: RunFollower) -> AsyncIterator[bytes]:
         _READ: lambda wait: follower.backend.aread(follower.key, follower.after, wait, connection),
         _TAKE: lambda events: sync_to_async(follower.take)(events),
         _FINISH: lambda _: sync_to_async(follower.finish)(),
-        _SLEEP: asyncio.sleep,
         _ALLOWED: lambda _: sync_to_async(follower.still_allowed)(),
     }
     try:

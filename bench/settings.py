@@ -29,6 +29,8 @@ def database_from_url(url: str) -> dict[str, Any]:
 SECRET_KEY = "agentloop-bench"
 DEBUG = False
 INSTALLED_APPS = ["django.contrib.auth", "django.contrib.contenttypes", "agentloop"]
+if os.environ.get("BENCH_ADMIN"):  # bench/usage_charts.py: the admin's chart code imports it
+    INSTALLED_APPS += ["django.contrib.admin", "django.contrib.sessions", "django.contrib.messages"]
 DATABASES = {
     "default": database_from_url(os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL))
 }

@@ -3,7 +3,7 @@
 Configured like a project's ``celery.py`` (settings from ``CELERY_*`` Django settings),
 then pointed at the test run's broker and queue from the environment:
 
-* ``AGENTLOOP_TEST_BROKER_URL``: default ``redis://127.0.0.1:6379/15``;
+* ``AGENTLOOP_TEST_BROKER_URL``: default database 15 of the suite's Redis (tests/redis_urls.py);
 * ``AGENTLOOP_TEST_QUEUE``: the queue the test publishes to and the worker consumes, unique
   per test, so messages left by another test or run never reach this worker;
 * ``AGENTLOOP_TEST_WORKER_READY``: a file the worker creates once it consumes;
@@ -26,6 +26,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
+from tests.redis_urls import redis_url
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 if os.environ.get("AGENTLOOP_TEST_CLOCK_OFFSET"):
@@ -39,7 +41,7 @@ if os.environ.get("AGENTLOOP_TEST_CLOCK_OFFSET"):
         time.time() + float(os.environ["AGENTLOOP_TEST_CLOCK_OFFSET"]), tick=True
     ).start()
 
-DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/15"
+DEFAULT_BROKER_URL = redis_url(15)
 VISIBILITY_TIMEOUT = 5
 
 app = Celery("agentloop_tests")

@@ -23,12 +23,11 @@ from django.urls import reverse
 
 from agentloop.models import Message
 from tests.processes import REPO_ROOT, process_env
+from tests.redis_urls import redis_url
 
 # Streams are named by chat pk, which restarts at 1 in every test database: a Redis database
 # per test process (1-14; the Celery tests use 15) keeps runs side by side apart.
-REDIS_URL = os.environ.get(
-    "AGENTLOOP_TEST_SSE_REDIS_URL", f"redis://127.0.0.1:6379/{1 + os.getpid() % 14}"
-)
+REDIS_URL = os.environ.get("AGENTLOOP_TEST_SSE_REDIS_URL", redis_url(1 + os.getpid() % 14))
 IN_CI = os.environ.get("CI") == "true"
 DEADLINE = 30.0
 

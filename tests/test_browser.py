@@ -32,6 +32,7 @@ from tests.browsers import (
     open_tab,
     screenshot,
 )
+from tests.redis_urls import redis_url
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -59,7 +60,7 @@ def asgi_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[
 
 # Streams are named by chat pk, which restarts at 1 in every test database: a Redis database
 # per test process keeps runs side by side apart (the Celery tests use 15).
-REDIS_URL = f"redis://127.0.0.1:6379/{1 + os.getpid() % 14}"
+REDIS_URL = redis_url(1 + os.getpid() % 14)
 
 
 @pytest.fixture(scope="module")

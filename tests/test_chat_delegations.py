@@ -30,8 +30,6 @@ ENGINE_ONLY = {
     "on": "the engine's event hook (claimed, subagents_waiting...: models/chat_events.py)",
     "cancel_waiting": "part of cancel(): the held calls of a chat no run holds",
     "settle_subagent": "a subagent's answer given to its parent's call (agents.subagents)",
-    "compaction_due": "the model-call path's check (engine.summaries)",
-    "compact": "the model-call path's summary (engine.summaries)",
     # one step and what it did, for the job body (runners.job); people use step()
     "advance": "StepResult of one step",
     "aadvance": "advance for async code",

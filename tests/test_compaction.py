@@ -11,6 +11,7 @@ from django.urls import reverse
 import agentloop
 from agentloop import providers
 from agentloop.engine.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
+from agentloop.engine.summaries import Summaries
 from agentloop.exceptions import ConfigurationError, ContextLengthError
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Chat, Message, ToolCall, Usage
@@ -214,7 +215,9 @@ def test_the_catalog_context_window_applies_without_with_context_window():
     memory = agentloop.chat(model="anthropic:claude-haiku-4-5").with_compaction()
     config = memory.store.get_config()
 
-    assert not memory.compaction_due([], config, "claude-haiku-4-5")
+    summaries = Summaries(memory.store, emit=lambda *args: None)
+
+    assert not summaries.compaction_due([], config, "claude-haiku-4-5")
 
 
 def test_a_memory_chat_compacts_too(model):

@@ -35,9 +35,10 @@ from agentloop.providers import ChunkCallback, Provider
 from bench.fake_openai import FakeOpenAI
 from tests.helpers import transcript
 from tests.processes import REPO_ROOT, SUMMARY_PREFIX, process_env, run_script
+from tests.redis_urls import redis_url
 from tests.tools import lookup
 
-REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", redis_url(15))
 IN_CI = os.environ.get("CI") == "true"
 DEADLINE = 90.0
 ON_POSTGRES = connection.vendor == "postgresql"

@@ -34,10 +34,11 @@ import dj_database_url
 import pytest
 
 from tests.doc_blocks import INSTALL_PAGE, blocks_of, site_files
+from tests.redis_urls import redis_url
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE_CODE = Path(__file__).resolve().parent / "install_site" / "offline.py"
-REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", redis_url(15))
 IN_CI = os.environ.get("CI") == "true"
 DEADLINE = 120.0  # seconds the worker may take to answer
 #: what a fresh user's environment must not carry over from the test run.

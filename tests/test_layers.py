@@ -47,6 +47,7 @@ LOCAL_IMPORTS = {
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
+    ("agentloop.tasks", "agentloop.data"): "app loading: Celery imports tasks before apps",
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),
@@ -213,3 +214,22 @@ def test_every_function_local_import_says_why(module, path):
 def test_modules_stay_under_500_lines(module, path):
     count = len(path.read_text().splitlines())
     assert count < MAX_LINES, f"{module} has {count} lines: split it"
+
+
+def _module_map() -> str:
+    """The module map of docs/design.md: the first fenced block under "The layers"."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    start = text.index("```\nagentloop/")
+    return text[start : text.index("\n```", start + 4)]
+
+
+def test_the_design_pages_module_map_names_every_module():
+    named = _module_map()
+    missing = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "migrations" not in path.parts
+        and not (path.name == "__init__.py" and path.parent != PACKAGE)
+        and path.name not in named
+    ]
+    assert missing == [], "docs/design.md's module map doesn't name: " + ", ".join(missing)

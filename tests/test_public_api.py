@@ -84,9 +84,28 @@ EXPECTED_ADMIN = {
 }
 
 
+#: what ``agentloop.data`` promises: export, erasure and retention (docs/data-retention.md).
+EXPECTED_DATA = {
+    "FORMAT",
+    "VERSION",
+    "Deleted",
+    "ErasureReport",
+    "RetentionReport",
+    "delete_idle_chats",
+    "erase_owner",
+    "export_owner",
+    "idle_chats",
+    "write_export",
+}
+
+
 @pytest.mark.parametrize(
     ("module", "expected"),
-    [("agentloop.models", EXPECTED_MODELS), ("agentloop.admin", EXPECTED_ADMIN)],
+    [
+        ("agentloop.models", EXPECTED_MODELS),
+        ("agentloop.admin", EXPECTED_ADMIN),
+        ("agentloop.data", EXPECTED_DATA),
+    ],
 )
 def test_the_models_and_admin_surfaces_are_the_expected_ones(module, expected):
     imported = importlib.import_module(module)

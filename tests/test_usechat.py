@@ -25,6 +25,7 @@ from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream, tool_call
 from agentloop.tools import AskPerson
+from tests.redis_urls import redis_url
 from tests.tools import add, transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DEADLINE = 30.0
 FAST = {"EVENTS_POLL_INTERVAL": 0.02, "EVENTS_KEEPALIVE": 0.5, "PARTIAL_SAVE_INTERVAL": 0.0}
 IN_CI = os.environ.get("CI") == "true"
-REDIS_URL = f"redis://127.0.0.1:6379/{1 + os.getpid() % 14}"
+REDIS_URL = redis_url(1 + os.getpid() % 14)
 
 
 @pytest.fixture(autouse=True)

@@ -23,10 +23,11 @@ from typing import Any
 from agentloop.models import Chat, ChatState
 from tests.helpers import wait_until
 from tests.processes import REPO_ROOT, process_env
+from tests.redis_urls import redis_url
 from tests.worker_provider import logged_requests
 
 #: the Celery tests' broker (and REDIS_URL); database 15, the SSE tests take 1-14.
-REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("AGENTLOOP_TEST_REDIS_URL", redis_url(15))
 IN_CI = os.environ.get("CI") == "true"
 DEADLINE = 60.0  # seconds any one wait may take before the test fails
 POLL = 0.05

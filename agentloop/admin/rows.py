@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
 
 from ..models import Message, ToolCall, Usage
+from .usage_charts import charts_view
 
 __all__ = ["MessageAdmin", "ToolCallAdmin", "UsageAdmin"]
 
@@ -31,6 +34,21 @@ class UsageAdmin(admin.ModelAdmin):
     raw_id_fields = ("chat", "message", "owner")
     date_hierarchy = "created_at"
     show_full_result_count = False
+    change_list_template = "admin/agentloop/usage/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        """The list's URLs and ``charts/`` (cost and tokens per day, top owners)."""
+        opts = self.opts
+        charts = path(
+            "charts/",
+            self.admin_site.admin_view(self.charts_view),
+            name=f"{opts.app_label}_{opts.model_name}_charts",
+        )
+        return [charts, *super().get_urls()]
+
+    def charts_view(self, request: HttpRequest) -> HttpResponse:
+        """The usage charts page (``agentloop.admin.usage_charts``)."""
+        return charts_view(self, request)
 
 
 @admin.register(Message)

@@ -10,8 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import providers
-from ..django_store.claims import one_line
 from ..django_store.leases import claim
+from ..django_store.releases import one_line
 from ..engine.store import UsageRecord
 from ..engine.transcript import next_move
 from ..exceptions import (

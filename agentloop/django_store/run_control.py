@@ -2,7 +2,7 @@
 
 A verb takes the chat's lease with one conditional UPDATE (``.leases``) unless a
 worker's job already took it while loading the chat; it gives it up with one UPDATE that
-also records how the verb ended (``.claims``). Every write under the lease renews it in its
+also records how the verb ended (``.releases``). Every write under the lease renews it in its
 first statement (``RunControl.writing``, or ``RunControl.at_once`` for a step's one-statement
 write on PostgreSQL), or releases it there with the chat's next state.
 """
@@ -24,10 +24,10 @@ from django.utils import timezone
 from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
 from .chat_row import ChatRow
-from .claims import Release, release_fields
 from .config import Config
 from .leases import UNREAD, Lease, attnames, claim_row, heartbeats, renewal
 from .reconnect import retried
+from .releases import Release, release_fields
 from .writes import StepWrites, Values, landed_rows, run_statement, step_writes
 
 __all__ = ["RunControl"]

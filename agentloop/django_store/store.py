@@ -30,11 +30,11 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
-from .claims import Release
 from .config import Config
 from .edits import Edits
 from .inbox import Inbox
 from .leases import Lease
+from .releases import Release
 from .run_control import RunControl
 from .stopping import Stopping
 from .tool_calls import ToolCalls
@@ -48,6 +48,9 @@ T = TypeVar("T")
 
 class DjangoStore(ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
+
+    supersedes_messages = True
+    forks_chats = True
 
     def __init__(self, chat: Any, *, send_next: Callable[[], None] | None = None) -> None:
         """``chat``: a row of a model built on ``AbstractChat``. ``send_next`` sends the

@@ -75,10 +75,18 @@ def _agent_names(tool_classes: list[Any]) -> list[Any]:
 
 
 class Configuration:
-    """Chainable configuration; each method persists through the store and returns the chat."""
+    """Chainable configuration; each method persists through the store and returns the chat.
 
-    store: ChatStore
-    _schema_model: type[BaseModel] | None
+    The base of ``Conversation``: it owns the chat's store and the pydantic model of a
+    ``with_schema`` chat in this process."""
+
+    def __init__(self, store: ChatStore) -> None:
+        self.store = store
+        self._schema_model: type[BaseModel] | None = None
+
+    def _given_schema_model(self) -> type[BaseModel] | None:
+        """The pydantic model given to ``with_schema`` in this process, if any."""
+        return self._schema_model
 
     def with_model(self, model: str, provider: str | None = None) -> Self:
         """Use ``model`` (``"provider:model"`` or a known model id) from now on."""
@@ -256,5 +264,10 @@ class Configuration:
             merged = Limits.model_validate({**current, **limits})
         except ValidationError as exc:
             raise ConfigurationError(f"Invalid limits: {exc}") from exc
+        if merged.max_cost is not None and not self.store.sums_costs:
+            raise ConfigurationError(
+                f"max_cost needs a store that sums a turn's costs; {type(self.store).__name__} "
+                "doesn't (sums_costs is False)."
+            )
         self.store.update_config(limits=merged)
         return self

@@ -1,17 +1,15 @@
 """Control beyond cancel: halting a run before its next model call, driving subagents a
-person unblocked, and cancelling calls no run will come back to (part of ``Conversation``)."""
+person unblocked, and cancelling calls no run will come back to."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-from ..exceptions import LimitReachedError
 from ..messages import ToolCallState
+from .callbacks import Callbacks
+from .runs import HaltedRelease, Run
 from .store import ChatStore
 from .transcript import next_move, pending_round
 
-__all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control", "HaltedRelease"]
+__all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control"]
 
 #: how a halted chat's ``stop_reason`` begins.
 HALTED_PREFIX = "halted: "
@@ -19,17 +17,12 @@ HALTED_PREFIX = "halted: "
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
 
 
-class HaltedRelease(LimitReachedError):  # noqa: N818 - a release record, never raised
-    """How a halted run is released: like a limit (the chat is ``stopped``, a job reports
-    "stopped"); never raised, since a halt is asked for, not an error."""
-
-
 class Control:
-    """Halts, subagents driven in process, held calls cancelled (a part of ``Conversation``)."""
+    """Halts, subagents driven in process, held calls cancelled, for one chat's store."""
 
-    store: ChatStore
-    _emit: Callable[..., None]
-    _callbacks: dict[str, list[Callable[..., Any]]]
+    def __init__(self, store: ChatStore, callbacks: Callbacks) -> None:
+        self.store = store
+        self._callbacks = callbacks
 
     def halt(self, reason: str) -> bool:
         """Stop the run after its current tool round, before its next model call; works
@@ -41,7 +34,7 @@ class Control:
         text = " ".join(str(reason).split()) or "no reason given"
         return self.store.request_halt(text[:240])
 
-    def _halt_if_requested(self, run: Any) -> bool:
+    def halt_if_requested(self, run: Run) -> bool:
         """Before a model call: a pending halt stops the run (recorded, "halted" sent; the
         verb's release marks the chat stopped)."""
         reason = self.store.halt_requested()
@@ -50,13 +43,13 @@ class Control:
         stop_reason = HALTED_PREFIX + reason
         self.store.record_stop(stop_reason)
         run.next_move, run.halted = "done", HaltedRelease(stop_reason)
-        self._emit("halted", reason)
+        self._callbacks.emit("halted", reason)
         return True
 
-    def _drive_subagents(self, run: Any) -> bool:
+    def drive_subagents(self, run: Run) -> bool:
         """In process, held by subagents: "subagents_waiting" lets the chats they run go on
         where a person unblocked them. True when a call was settled and the run can go on."""
-        if self.store.background or not self._callbacks.get("subagents_waiting"):
+        if self.store.background or not self._callbacks.listens("subagents_waiting"):
             return False
         held = [
             call
@@ -65,7 +58,7 @@ class Control:
         ]
         if not held:
             return False
-        self._emit("subagents_waiting", held)
+        self._callbacks.emit("subagents_waiting", held)
         run.transcript = self.store.load_transcript()
         run.next_move = next_move(run.transcript)
         return run.next_move != "wait"
@@ -83,7 +76,7 @@ class Control:
         if records is None:
             return False
         for record in records:
-            self._emit("after_tool_result", record)
-            self._emit("after_message", record)
-        self._emit("cancelled")
+            self._callbacks.emit("after_tool_result", record)
+            self._callbacks.emit("after_message", record)
+        self._callbacks.emit("cancelled")
         return True

@@ -1,52 +1,39 @@
 """The loop's verbs, written once over a :class:`~.store.ChatStore`.
 
-Every verb reads the transcript and decides from it alone, so a chat can be
-driven from any process: ``step()`` here, ``step()`` in a Celery worker later.
+Every verb reads the transcript and decides from it alone, so a chat can be driven from any
+process: ``step()`` here, ``step()`` in a Celery worker later.
+
+A ``Conversation`` is a facade over collaborating parts, each over the same store:
+:class:`~.runs.Runs` (claims, reads, cancels), :class:`~.model_calls.ModelCalls`,
+:class:`~.control.Control` (halts, subagents), :class:`~.people.PeopleInTheLoop`,
+:class:`~.loop.Loop` (the verbs' bodies) and :class:`~.editing.Editing` (edits, forks).
+It is its own :class:`~.configuring.Configuration`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable
+from decimal import Decimal
+from functools import partial
+from typing import Any, Generic, Self
 
-from pydantic import BaseModel
-
-from ..attachments import attachments_from
 from ..conf import agentloop_settings
-from ..exceptions import (
-    CancelledError,
-    ChatBusyError,
-    ConfigurationError,
-    PendingToolCallsError,
-)
-from ..messages import Message, ToolCall, ToolCallState
+from ..exceptions import CancelledError, ChatBusyError, ConfigurationError, PendingToolCallsError
+from ..messages import Message, ModelResponse, ToolCall
 from ..tools import Tool
-from . import tracing
-from .async_verbs import AsyncVerbs
-from .checkpoints import Checkpoints
+from .callbacks import Callbacks
 from .configuring import Configuration
-from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, HaltedRelease
-from .drivers import drive
-from .editing import Editing
-from .effects import Effects
+from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control
+from .drivers import drive, drive_async
+from .editing import KEEP, Editing
+from .loop import Loop, checked_attachments
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
 from .results import MessageT, StepResult
+from .runs import Runs
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback
-from .tool_runner import ToolRunner
-from .transcript import (
-    counted_tool_results,
-    finished,
-    is_complete,
-    is_waiting,
-    next_move,
-    pending_round,
-)
+from .transcript import is_complete, is_waiting
 
 __all__ = [
     "CANCELLED_TOOL_RESULT",
@@ -57,37 +44,8 @@ __all__ = [
     "StreamCallback",
 ]
 
-_EVENTS = (
-    "before_message",
-    "after_message",
-    "before_tool_call",
-    "after_tool_result",
-    "cancelled",
-    "stopped",
-    "model_fallback",
-    "halted",
-    "claimed",
-    "subagents_waiting",
-    "superseded",
-    "forked",
-)
 
-
-@dataclass
-class _Run:
-    """One verb's state: its checkpoints, and the transcript read once and kept up to date."""
-
-    checkpoints: Checkpoints
-    single: bool
-    transcript: list[Message] | None = None
-    next_move: str | None = None
-    #: set when a halt stopped the run: the release records it as the chat's stop.
-    halted: HaltedRelease | None = None
-
-
-class Conversation(
-    Configuration, PeopleInTheLoop, Control, ModelCalls, Editing, AsyncVerbs[MessageT]
-):
+class Conversation(Configuration, Generic[MessageT]):
     """A chat's verbs and configuration over a store.
 
     ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
@@ -95,42 +53,52 @@ class Conversation(
     """
 
     def __init__(self, store: ChatStore, *, owner: Any = None) -> None:
-        self.store = store
+        super().__init__(store)
         #: what tools see as ``self.context.chat``: the persisted chat, or this object.
         self.owner = owner if owner is not None else self
-        self._callbacks: dict[str, list[Callable[..., Any]]] = defaultdict(list)
-        self._schema_model: type[BaseModel] | None = None
+        self._callbacks = Callbacks()
+        self._runs = Runs(store, self._callbacks)
+        self._calls = ModelCalls(
+            store,
+            self._callbacks,
+            record_cancel=self._runs.record_cancel,
+            schema_model=self._given_schema_model,
+        )
+        self._control = Control(store, self._callbacks)
+        self._people = PeopleInTheLoop(store, self._callbacks)
+        self._loop = Loop(
+            store, self._callbacks, self._runs, self._calls, self._control, owner=self.owner
+        )
+        self._editing = Editing(store, self._callbacks, self._runs, self._loop)
 
     def __repr__(self) -> str:
         return f"<Conversation model={self.store.get_config().model!r}>"
 
     # -- callbacks ----------------------------------------------------------------------
-    def on(self, event: str, callback: Callable[..., Any]) -> Conversation:
+    def on(self, event: str, callback: Callable[..., Any]) -> Self:
         """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
-        if event not in _EVENTS:
-            raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(_EVENTS)}")
-        self._callbacks[event].append(callback)
+        self._callbacks.add(event, callback)
         return self
 
-    def before_message(self, callback: Callable[[], Any]) -> Conversation:
+    def before_message(self, callback: Callable[[], Any]) -> Self:
         """Call ``callback()`` before each model call."""
         return self.on("before_message", callback)
 
-    def after_message(self, callback: Callable[[Any], Any]) -> Conversation:
+    def after_message(self, callback: Callable[[Any], Any]) -> Self:
         """Call ``callback(message)`` after each message is added (user, assistant, tool)."""
         return self.on("after_message", callback)
 
-    def before_tool_call(self, callback: Callable[[Any], Any]) -> Conversation:
+    def before_tool_call(self, callback: Callable[[Any], Any]) -> Self:
         """Call ``callback(tool_call)`` before each tool runs."""
         return self.on("before_tool_call", callback)
 
-    def after_tool_result(self, callback: Callable[[Any], Any]) -> Conversation:
+    def after_tool_result(self, callback: Callable[[Any], Any]) -> Self:
         """Call ``callback(result_message)`` after each tool result is saved."""
         return self.on("after_tool_result", callback)
 
-    def _emit(self, event: str, *args: Any) -> None:
-        for callback in self._callbacks.get(event, ()):
-            callback(*args)
+    def emit(self, event: str, *args: Any) -> None:
+        """Send a conversation event to its callbacks (for workers acting for the chat)."""
+        self._callbacks.emit(event, *args)
 
     # -- reading --------------------------------------------------------------------------
     @property
@@ -165,7 +133,7 @@ class Conversation(
 
     def ask_later(
         self, content: str, attachments: Any = None, *, if_busy: str | None = None
-    ) -> Conversation:
+    ) -> Self:
         """Add a user message; no model call. Refuses while tool calls wait for results,
         except calls left by a cancel, which are answered as cancelled first.
 
@@ -176,16 +144,24 @@ class Conversation(
         ``if_busy`` (default ``AGENTLOOP["IF_BUSY"]``), for a chat another run holds:
         "reject" raises ``ChatBusyError``; "queue" keeps the message and it is added and
         answered, in order, after the current run; "interrupt" cancels the current run at its
-        next checkpoint, then answers the message."""
+        next checkpoint, then answers the message. Over a store that keeps no queue
+        (``queues_messages`` False) only "reject" applies."""
         mode = if_busy or agentloop_settings.IF_BUSY
         if mode not in ("reject", "queue", "interrupt"):
             raise ConfigurationError(
                 f"if_busy must be 'reject', 'queue' or 'interrupt', not {mode!r}."
             )
-        files = self._attachments(attachments)
+        if not self.store.queues_messages:
+            if if_busy not in (None, "reject"):
+                raise ConfigurationError(
+                    f"if_busy={if_busy!r} needs a store that queues messages; "
+                    f"{type(self.store).__name__} doesn't (queues_messages is False)."
+                )
+            mode = "reject"  # the project's default can't apply to this store
+        files = checked_attachments(attachments)
         try:
-            with self._run(single=True) as run:
-                self._ask_later(run, content, files)
+            with self._runs.scope(single=True) as run:
+                self._loop.ask_later(run, content, files)
         except (ChatBusyError, PendingToolCallsError) as exc:
             # Between two jobs of a background run no one holds the chat, but the run is on:
             # its pending calls are not a reason to refuse a message that can wait its turn.
@@ -199,11 +175,11 @@ class Conversation(
 
     def generate(self, stream: StreamCallback | None = None) -> MessageT:
         """Exactly one model call (with retries of that call); appends and returns the answer."""
-        return drive(self._generating(stream), self.store)
+        return drive(self._loop.generating(stream), self.store)
 
     def run_tools(self) -> list[MessageT]:
         """Run the pending tool calls and append a result for each; skips answered ones."""
-        return drive(self._running_tools(), self.store)
+        return drive(self._loop.running_tools(), self.store)
 
     def step(self, stream: StreamCallback | None = None) -> MessageT | None:
         """Do the next move: run pending tools, else call the model. None when settled or
@@ -213,98 +189,235 @@ class Conversation(
     def advance(self, stream: StreamCallback | None = None) -> StepResult:
         """``step()``, returning what happened and what comes next (``StepResult``): what a
         background worker runs, one per job, without reading the transcript again."""
-        return drive(self._advancing(stream), self.store)
+        return drive(self._loop.advancing(stream), self.store)
 
     def complete(self, stream: StreamCallback | None = None) -> MessageT:
         """Step until settled or waiting; returns the last message."""
-        return drive(self._completing(stream), self.store)
+        return drive(self._loop.completing(stream), self.store)
 
     def ask(
         self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
     ) -> MessageT:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
-        return drive(self._completing(stream, (content, attachments)), self.store)
+        return drive(self._loop.completing(stream, (content, attachments)), self.store)
 
-    # -- the verbs' effects: driven by ``drive`` here, by ``drive_async`` in the async twins ------
-    def _generating(self, stream: StreamCallback | None) -> Effects[Any]:
-        with self._run(single=True) as run:
-            return (yield from self._generate(self._read(run), stream, run))
+    # -- the async twins: the same effects, driven by ``drive_async`` -----------------------
+    # The decisions and database phases are the sync verb's own, run with
+    # ``ChatStore.run_phase``; the model request, backoffs and ``async def`` tools are awaited.
+    async def agenerate(self, stream: StreamCallback | None = None) -> MessageT:
+        """``generate()`` for async code; ``stream`` may be sync or ``async def``."""
+        return await drive_async(self._loop.generating(stream), self.store)
 
-    def _running_tools(self) -> Effects[list[Any]]:
-        with self._run(single=True) as run:
-            return (yield from self._run_tools(self._read(run), run))
+    async def arun_tools(self) -> list[MessageT]:
+        """``run_tools()`` for async code: ``async def`` tools are awaited on this loop,
+        sync tools run on a thread."""
+        return await drive_async(self._loop.running_tools(), self.store)
 
-    def _advancing(self, stream: StreamCallback | None) -> Effects[StepResult]:
-        with self._run(single=True) as run:
-            added = yield from self._step(stream, run)
-        return StepResult(message=added, next_move=run.next_move or "done")
+    async def astep(self, stream: StreamCallback | None = None) -> MessageT | None:
+        """``step()`` for async code."""
+        return (await self.aadvance(stream)).message
 
-    def _completing(
-        self, stream: StreamCallback | None, asked: tuple[str, Any] | None = None
-    ) -> Effects[Any]:
-        """``complete()``; with ``asked`` (content, attachments) ``ask()``."""
-        files = None if asked is None else self._attachments(asked[1])
-        with self._run(single=False) as run:
-            if asked is not None and files is not None:
-                self._ask_later(run, asked[0], files)
-            return (yield from self._complete(run, stream))
+    async def aadvance(self, stream: StreamCallback | None = None) -> StepResult:
+        """``advance()`` for async code."""
+        return await drive_async(self._loop.advancing(stream), self.store)
 
-    # -- internals ---------------------------------------------------------------------------
-    @staticmethod
-    def _attachments(attachments: Any) -> list[Any]:
-        limit = agentloop_settings.MAX_ATTACHMENT_BYTES
-        return attachments_from(attachments, max_bytes=None if limit is None else int(limit))
+    async def acomplete(self, stream: StreamCallback | None = None) -> MessageT:
+        """``complete()`` for async code."""
+        return await drive_async(self._loop.completing(stream), self.store)
 
-    @contextmanager
-    def _run(self, *, single: bool) -> Iterator[_Run]:
-        """A verb under the chat's claim: taken first (``ChatBusyError`` when another process
-        holds the chat), released by the verb's last write or at its end, with how it ended.
-        A CancelledError is recorded on the way out."""
-        owns = self.store.claim()
-        if owns:
-            try:
-                # A verb took the chat: configuration that follows code (agents) applies now.
-                self._emit("claimed")
-            except BaseException as exc:
-                self.store.release(None, failure=exc)
-                raise
-        run = _Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
-        try:
-            with tracing.verb(self.store, single):
-                yield run
-        except BaseException as exc:
-            if isinstance(exc, CancelledError) and not exc.recorded:
-                self._record_cancel(exc)
-            if owns:
-                # How it ended goes on the chat: cancelled, stopped by a limit, or failed
-                # (one line; a lost lease writes nothing).
-                self.store.release(None, failure=exc)
-            raise
-        if owns:
-            if run.halted is not None:
-                self.store.release(None, failure=run.halted)
-            else:
-                self.store.release(run.next_move)
+    async def aask(
+        self, content: str, stream: StreamCallback | None = None, *, attachments: Any = None
+    ) -> MessageT:
+        """``ask()`` for async code; returns the answer."""
+        return await drive_async(self._loop.completing(stream, (content, attachments)), self.store)
 
-    def _record_cancel(
+    async def aask_later(
+        self, content: str, attachments: Any = None, *, if_busy: str | None = None
+    ) -> Self:
+        """``ask_later()`` for async code (one write, run as a database phase)."""
+        await self.store.run_phase(partial(self.ask_later, content, attachments, if_busy=if_busy))
+        return self
+
+    async def acancel(self) -> bool:
+        """``cancel()`` for async code: True when a run was in progress, queued or waiting."""
+        return await self.store.run_phase(self.cancel)
+
+    async def ais_complete(self) -> bool:
+        """``is_complete()`` for async code."""
+        return await self.store.run_phase(self.is_complete)
+
+    async def ais_waiting(self) -> bool:
+        """``is_waiting()`` for async code."""
+        return await self.store.run_phase(self.is_waiting)
+
+    # -- editing (:mod:`.editing`; docs/editing.md) ------------------------------------------
+    def regenerate(self, stream: StreamCallback | None = None) -> MessageT:
+        """A new answer to the last user message, run here: that message is asked again (a
+        copy of it starts a new turn, with fresh limits) and it and every row after it are
+        marked superseded: kept, with their usage rows, never sent again. Calls among them
+        that had no result are cancelled and never run (a subagent they wait for is
+        stopped). Returns the new answer. ``ChatBusyError`` while a run holds the chat or is
+        queued for it (cancel it first); ``EditError`` when there is no user message."""
+        return drive(self._editing.replacing(None, None, None, stream), self.store)
+
+    def regenerate_later(self) -> Self:
+        """``regenerate()`` without the model call: the last user message is asked again
+        and the replaced rows superseded; ``complete_later()`` (or ``complete()``) answers it."""
+        self._editing.replace_later(None, None, None)
+        return self
+
+    def edit(
         self,
-        exc: CancelledError,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
         *,
-        partial: Message | None = None,
-        partial_key: Any = None,
-        usage: UsageRecord | None = None,
-        unanswered: list[ToolCall] | None = None,
+        attachments: Any = KEEP,
+    ) -> MessageT:
+        """Replace a user message (a record, a Message or its key) with ``text`` and run
+        from there: it and every row after it are superseded (kept, never sent again), the
+        edited message is added as a new turn and answered here. ``attachments`` default to
+        the original's (None or [] for none). Returns the answer. The same refusals as
+        ``regenerate()``, and ``EditError`` for a message that isn't a current user message."""
+        files = self._editing.checked(text, attachments)
+        return drive(self._editing.replacing(message, text, files, stream), self.store)
+
+    def edit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit()`` without the model call; ``complete_later()`` answers it."""
+        self._editing.replace_later(message, text, self._editing.checked(text, attachments))
+        return self
+
+    def fork(self, at: Any = None) -> Any:
+        """A new chat with this one's configuration, tools and owner and copies of its
+        messages up to and including ``at`` (a message, its record or key; None: the
+        latest), linked to this chat and that message. Usage rows stay with this chat.
+
+        A call whose result comes after ``at`` is copied with the error result "Not run: the
+        conversation was forked before this call had a result." (so the fork never repeats
+        a tool its origin may have run). Writes nothing here, so a chat that is running can
+        be forked. Returns the new chat: a ``Chat`` for a persisted chat, a
+        ``Conversation`` in memory (callbacks are not copied)."""
+        return self._editing.fork(at, type(self))
+
+    async def aregenerate(self, stream: StreamCallback | None = None) -> MessageT:
+        """``regenerate()`` for async code."""
+        return await drive_async(self._editing.replacing(None, None, None, stream), self.store)
+
+    async def aregenerate_later(self) -> Self:
+        """``regenerate_later()`` for async code."""
+        await self.store.run_phase(self.regenerate_later)
+        return self
+
+    async def aedit(
+        self,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
+        *,
+        attachments: Any = KEEP,
+    ) -> MessageT:
+        """``edit()`` for async code."""
+        files = self._editing.checked(text, attachments)
+        return await drive_async(self._editing.replacing(message, text, files, stream), self.store)
+
+    async def aedit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit_later()`` for async code."""
+        await self.store.run_phase(partial(self.edit_later, message, text, attachments=attachments))
+        return self
+
+    async def afork(self, at: Any = None) -> Any:
+        """``fork()`` for async code."""
+        return await self.store.run_phase(partial(self.fork, at))
+
+    # -- people in the loop (:mod:`.people`) ------------------------------------------------
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls waiting for a person to approve or deny them."""
+        return self._people.pending_approvals()
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
+        return self._people.pending_questions()
+
+    def pending_results(self) -> list[Any]:
+        """Calls of deferred tools waiting for their result from outside (``submit_result``)."""
+        return self._people.pending_results()
+
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
     ) -> None:
-        requested_at = exc.requested_at if isinstance(exc.requested_at, datetime) else None
-        self.store.record_cancellation(
-            requested_at,
-            partial=partial,
+        """Let a call that needs approval run (at the next step), for exactly its arguments,
+        or for ``arguments`` edited by the approver: validated by the tool's ``Params`` first
+        (``InvalidArgumentsError``, nothing written); the model's are kept."""
+        self._people.approve(tool_call_id, by=by, arguments=arguments)
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Refuse a call: the model gets an error result saying the user denied it."""
+        return self._people.deny(tool_call_id, reason=reason, by=by)
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a call's question: the answer becomes the call's result."""
+        return self._people.answer(tool_call_id, text, by=by)
+
+    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
+        """Give a deferred tool's call its result (``error=True``: the model sees an error
+        result). A conditional decision: a second submit gets ``DecisionConflictError``."""
+        return self._people.submit_result(tool_call_id, content, error=error)
+
+    def settle_subagent(self, tool_call_id: Any, text: str, is_error: bool = False) -> bool:
+        """Give a call waiting on a subagent its result (an error result when the subagent's
+        run was cancelled); False if it wasn't waiting."""
+        return self._people.settle_subagent(tool_call_id, text, is_error=is_error)
+
+    # -- control (:mod:`.control`) -----------------------------------------------------------
+    def halt(self, reason: str) -> bool:
+        """Stop the run after its current tool round, before its next model call; works
+        from a tool, a callback, another thread or another process.
+
+        The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
+        (nothing is cancelled; the next message goes on normally). True when a run was in
+        progress or queued; False, and nothing set, when none was."""
+        return self._control.halt(reason)
+
+    def cancel_waiting(self) -> bool:
+        """Apply a cancel now to a chat that waits and that no run holds or is queued to run:
+        its held calls are answered as cancelled (see :meth:`.control.Control.cancel_waiting`).
+        False, with nothing done, when no call waits or a run holds the chat."""
+        return self._control.cancel_waiting()
+
+    # -- model calls made elsewhere (batches; :mod:`.model_calls`) ---------------------------
+    def prepare_model_call(
+        self,
+        transcript: list[Message] | None = None,
+        *,
+        stream: bool = False,
+        check_limits: bool = True,
+    ) -> PreparedCall:
+        """What ``generate()`` would send, without sending it (batches use this): limits
+        checked (``check_limits=False`` skips them and compaction, for a call checked when it
+        was sent), the provider resolved, the chat compacted if due, the request built."""
+        return self._calls.prepare_model_call(transcript, stream=stream, check_limits=check_limits)
+
+    def accept_response(
+        self,
+        prepared: PreparedCall,
+        response: ModelResponse,
+        *,
+        cost: Decimal | None = None,
+        duration_ms: int | None = None,
+        partial_key: Any = None,
+        release_after: tuple[str, ...] = (),
+    ) -> Any:
+        """Append the answer to a prepared call, with its usage row, as ``generate()`` does
+        (``cost`` overrides the provider's price; ``release_after``: the moves after which
+        the same write releases the claim)."""
+        return self._calls.accept_response(
+            prepared,
+            response,
+            cost=cost,
+            duration_ms=duration_ms,
             partial_key=partial_key,
-            usage=usage,
-            unanswered=unanswered or [],
+            release_after=release_after,
         )
-        exc.recorded = True
-        self._emit("cancelled")
 
     def record_cancel(
         self,
@@ -315,172 +428,4 @@ class Conversation(
     ) -> None:
         """Record a cancel observed outside a verb (a batch poller): the flag cleared, the
         attempt cut short and the calls left unanswered recorded, "cancelled" sent."""
-        self._record_cancel(exc, usage=usage, unanswered=unanswered)
-
-    def emit(self, event: str, *args: Any) -> None:
-        """Send a conversation event to its callbacks (for workers acting for the chat)."""
-        self._emit(event, *args)
-
-    def _read(self, run: _Run) -> list[Message]:
-        """The transcript, read once per verb together with the cancel flag (the start
-        checkpoint); later steps of the run keep it up to date in memory."""
-        if run.transcript is None:
-            transcript, requested_at = self.store.read_for_step()
-            run.transcript = transcript
-            self._observe(run, requested_at)
-        else:
-            try:
-                run.checkpoints.check()
-            except CancelledError as exc:
-                self._cancel_held(run, exc)
-        return run.transcript
-
-    def _observe(self, run: _Run, requested_at: Any) -> None:
-        try:
-            run.checkpoints.observe(requested_at)
-        except CancelledError as exc:
-            self._cancel_held(run, exc)
-
-    def _cancel_held(self, run: _Run, exc: CancelledError) -> None:
-        """Stop here: a round not yet run, and its calls held for a person, are marked
-        cancelled, so the next ``ask_later`` answers its calls instead of refusing."""
-        transcript = run.transcript or []
-        unanswered = [
-            call
-            for call in pending_round(transcript).unanswered
-            # A call held for a subagent is settled by the subagent's own cancel.
-            if call.state != ToolCallState.WAITING or call.wait_reason != "subagent"
-        ]
-        self._record_cancel(exc, unanswered=unanswered)
-        raise exc
-
-    def _ask_later(self, run: _Run, content: str | None, files: list[Any]) -> None:
-        """Add the messages queued so far, then ``content`` (None: only the queued ones)."""
-        transcript, _ = self.store.read_for_step()
-        round_ = pending_round(transcript)
-        if round_.unanswered:
-            if not all(call.state == ToolCallState.CANCELLED for call in round_.unanswered):
-                names = ", ".join(f"{call.name} ({call.id})" for call in round_.unanswered)
-                raise PendingToolCallsError(
-                    f"{len(round_.unanswered)} tool call(s) still wait for results: {names}. "
-                    "Run them with run_tools() or complete() before adding a user message."
-                )
-            for call in round_.unanswered:
-                result = Message(
-                    role="tool",
-                    content=CANCELLED_TOOL_RESULT,
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    is_error=True,
-                )
-                record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
-                transcript.append(result)
-                self._emit("after_message", record)
-        # Messages queued earlier go first, in order, taken together: a message sent now (to a
-        # chat whose run failed, or waits for its retry, leaving them queued) never overtakes
-        # them.
-        messages = self.store.take_queued() if self.store.has_queued() else []
-        if content is not None:
-            messages.append(Message(role="user", content=content, attachments=files))
-        # The new turn starts with what was read (no cancel: a user message never inherits one).
-        run.transcript = transcript
-        for message in messages:
-            record = self.store.append_message(message)
-            tracing.turn_started(self.store, message)
-            transcript.append(message)
-            run.next_move = next_move(transcript)
-            self._emit("after_message", record)
-
-    def _complete(self, run: _Run, stream: StreamCallback | None) -> Effects[Any]:
-        last: Any = None
-        while True:
-            added = yield from self._step(stream, run)
-            if added is not None:
-                last = added
-            if run.halted is not None:
-                break
-            if added is None:
-                if run.next_move == "wait" and self._drive_subagents(run):
-                    continue  # a subagent went on and settled its call: so do we
-                break
-        if last is None:
-            transcript = finished(run.transcript or [])
-            return self.store.native_message(transcript[-1]) if transcript else None
-        return last
-
-    def _step(self, stream: StreamCallback | None, run: _Run) -> Effects[Any]:
-        requested_at = None
-        first = run.transcript is None
-        if run.transcript is None:
-            run.transcript, requested_at = self.store.read_for_step()
-        transcript = run.transcript
-        move = next_move(transcript)
-        if self.store.has_queued() and self._takes_a_message(transcript):
-            # Messages sent while another run held the chat: added now, in order.
-            self._ask_later(run, None, [])
-            transcript, requested_at = run.transcript or transcript, None
-            move = next_move(transcript)
-        run.next_move = move
-        if move in ("done", "wait") and not (move == "wait" and first and requested_at):
-            # Nothing to do (a cancel that came as the turn finished is dropped by the
-            # release). Waiting with a cancel requested: the cancel applies to the held round.
-            return None
-        if first:
-            self._observe(run, requested_at)
-        else:
-            self._read(run)
-        if move == "tools":
-            results = yield from self._run_tools(transcript, run)
-            if run.next_move == "generate":
-                # A halt asked for during the round stops the run here, in the same step.
-                self._halt_if_requested(run)
-            return results[-1] if results else None
-        if move == "generate":
-            if self._halt_if_requested(run):
-                return None
-            return (yield from self._generate(transcript, stream, run))
-        return None
-
-    @staticmethod
-    def _takes_a_message(transcript: list[Message]) -> bool:
-        """A user message can be added: the turn is settled, or a cancel left its calls."""
-        unanswered = pending_round(transcript).unanswered
-        return all(call.state == ToolCallState.CANCELLED for call in unanswered)
-
-    def _tool_map(self) -> dict[str, type[Tool]]:
-        return {tool.name: tool for tool in self.store.get_tools()}
-
-    def _run_tools(self, transcript: list[Message], run: _Run) -> Effects[list[Any]]:
-        round_ = pending_round(transcript)
-        if round_.message is None or not round_.unanswered:
-            run.next_move = next_move(transcript)
-            return []
-        options = self.store.get_config().tool_options
-        if options.concurrency is None and agentloop_settings.TOOL_CONCURRENCY is not None:
-            # The chat didn't choose: the project-wide default applies.
-            options = options.model_copy(
-                update={"concurrency": agentloop_settings.TOOL_CONCURRENCY}
-            )
-        limit = self.store.get_config().limits.max_tool_calls
-        budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
-        runner = ToolRunner(
-            self.store,
-            self._tool_map(),
-            options,
-            run.checkpoints,
-            self._emit,
-            chat=self.owner,
-            release_last=run.single,
-            tool_budget=budget,
-        )
-        try:
-            results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
-        except CancelledError as exc:
-            transcript.extend(runner.messages)
-            left = [call for call in round_.unanswered if call.id not in runner.answered]
-            self._record_cancel(exc, unanswered=left)
-            raise
-        # The transcript in memory follows what was written: the next step needs no read.
-        transcript.extend(runner.messages)
-        run.next_move = next_move(transcript)
-        return results
+        self._runs.record_cancel(exc, usage=usage, unanswered=unanswered)

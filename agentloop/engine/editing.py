@@ -10,15 +10,15 @@ subagents under each verb.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from functools import partial
-from typing import Any, Self
+from typing import Any
 
-from ..exceptions import ChatBusyError, EditError
+from ..exceptions import ChatBusyError, ConfigurationError, EditError
 from ..messages import Message, MessageStatus
 from . import tracing
-from .drivers import drive, drive_async
+from .callbacks import Callbacks
 from .effects import Effects
+from .loop import Loop, checked_attachments
+from .runs import Run, Runs
 from .store import ChatStore
 from .streaming import StreamCallback
 from .transcript import next_move
@@ -54,25 +54,18 @@ def _same(key: Any, other: Any) -> bool:
 
 
 class Editing:
-    """``fork``, ``regenerate``, ``edit`` and their ``_later`` and async forms."""
+    """One chat's edits and forks, over its runs (the claim) and its loop (the answer)."""
 
-    store: ChatStore
-    _run: Callable[..., AbstractContextManager[Any]]
-    _complete: Callable[[Any, StreamCallback | None], Effects[Any]]
-    _emit: Callable[..., None]
-    _attachments: Callable[[Any], list[Any]]
+    def __init__(self, store: ChatStore, callbacks: Callbacks, runs: Runs, loop: Loop) -> None:
+        self.store = store
+        self._emit = callbacks.emit
+        self._runs = runs
+        self._loop = loop
 
     # -- fork -----------------------------------------------------------------------------
-    def fork(self, at: Any = None) -> Any:
-        """A new chat with this one's configuration, tools and owner and copies of its
-        messages up to and including ``at`` (a message, its record or key; None: the
-        latest), linked to this chat and that message. Usage rows stay with this chat.
-
-        A call whose result comes after ``at`` is copied with the error result "Not run: the
-        conversation was forked before this call had a result." (so the fork never repeats
-        a tool its origin may have run). Writes nothing here, so a chat that is running can
-        be forked. Returns the new chat: a ``Chat`` for a persisted chat, a
-        ``Conversation`` in memory (callbacks are not copied)."""
+    def fork(self, at: Any, wrap: Callable[[ChatStore], Any]) -> Any:
+        """The new chat (``wrap`` makes a Conversation of a store the store returned)."""
+        self._able("forks_chats", "no fork")
         transcript = self.store.load_transcript()
         if at is None:
             finished = [m for m in transcript if m.status != MessageStatus.PARTIAL]
@@ -87,102 +80,49 @@ class Editing:
                 )
         forked = self.store.fork(target, FORK_OPEN_CALL_RESULT)
         if isinstance(forked, ChatStore):
-            forked = type(self)(forked)  # type: ignore[call-arg]  # Conversation(store)
+            forked = wrap(forked)
         self._emit("forked", forked, self.store.native_message(target))
         return forked
 
-    async def afork(self, at: Any = None) -> Any:
-        """``fork()`` for async code."""
-        return await self.store.run_phase(partial(self.fork, at))
-
     # -- regenerate and edit --------------------------------------------------------------
-    def regenerate(self, stream: StreamCallback | None = None) -> Any:
-        """A new answer to the last user message, run here: that message is asked again (a
-        copy of it starts a new turn, with fresh limits) and it and every row after it are
-        marked superseded: kept, with their usage rows, never sent again. Calls among them
-        that had no result are cancelled and never run (a subagent they wait for is
-        stopped). Returns the new answer. ``ChatBusyError`` while a run holds the chat or is
-        queued for it (cancel it first); ``EditError`` when there is no user message."""
-        return drive(self._replacing(None, None, None, stream), self.store)
-
-    def regenerate_later(self) -> Self:
-        """``regenerate()`` without the model call: the last user message is asked again
-        and the replaced rows superseded; ``complete_later()`` (or ``complete()``) answers it."""
-        with self._run(single=True) as run:
-            self._replace(run, None, None, None)
-        return self
-
-    def edit(
-        self,
-        message: Any,
-        text: str,
-        stream: StreamCallback | None = None,
-        *,
-        attachments: Any = KEEP,
-    ) -> Any:
-        """Replace a user message (a record, a Message or its key) with ``text`` and run
-        from there: it and every row after it are superseded (kept, never sent again), the
-        edited message is added as a new turn and answered here. ``attachments`` default to
-        the original's (None or [] for none). Returns the answer. The same refusals as
-        ``regenerate()``, and ``EditError`` for a message that isn't a current user message."""
-        files = self._checked(text, attachments)
-        return drive(self._replacing(message, text, files, stream), self.store)
-
-    def edit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
-        """``edit()`` without the model call; ``complete_later()`` answers it."""
-        files = self._checked(text, attachments)
-        with self._run(single=True) as run:
-            self._replace(run, message, text, files)
-        return self
-
-    async def aregenerate(self, stream: StreamCallback | None = None) -> Any:
-        """``regenerate()`` for async code."""
-        return await drive_async(self._replacing(None, None, None, stream), self.store)
-
-    async def aregenerate_later(self) -> Self:
-        """``regenerate_later()`` for async code."""
-        await self.store.run_phase(self.regenerate_later)
-        return self
-
-    async def aedit(
-        self,
-        message: Any,
-        text: str,
-        stream: StreamCallback | None = None,
-        *,
-        attachments: Any = KEEP,
-    ) -> Any:
-        """``edit()`` for async code."""
-        files = self._checked(text, attachments)
-        return await drive_async(self._replacing(message, text, files, stream), self.store)
-
-    async def aedit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
-        """``edit_later()`` for async code."""
-        await self.store.run_phase(partial(self.edit_later, message, text, attachments=attachments))
-        return self
-
-    # -- internals --------------------------------------------------------------------------
-    def _checked(self, text: Any, attachments: Any) -> list[Any] | None:
+    def checked(self, text: Any, attachments: Any) -> list[Any] | None:
         """An edit's input checked before anything is taken or written: the attachments to
         send (None: keep the original's)."""
         if not isinstance(text, str):
             raise EditError(
                 f"An edited message's text must be a string, not {type(text).__name__}."
             )
-        return None if attachments is KEEP else self._attachments(attachments)
+        return None if attachments is KEEP else checked_attachments(attachments)
 
-    def _replacing(
+    def replacing(
         self,
         message: Any,
         text: str | None,
         files: list[Any] | None,
         stream: StreamCallback | None,
     ) -> Effects[Any]:
-        with self._run(single=False) as run:
+        """``edit()`` and ``regenerate()``: the replacement written, then answered here."""
+        self._able("supersedes_messages", "no edit or regenerate")
+        with self._runs.scope(single=False) as run:
             self._replace(run, message, text, files)
-            return (yield from self._complete(run, stream))
+            return (yield from self._loop.finish(run, stream))
 
-    def _replace(self, run: Any, message: Any, text: str | None, files: list[Any] | None) -> Any:
+    def replace_later(self, message: Any, text: str | None, files: list[Any] | None) -> None:
+        """``edit_later()`` and ``regenerate_later()``: the replacement written, no model call."""
+        self._able("supersedes_messages", "no edit or regenerate")
+        with self._runs.scope(single=True) as run:
+            self._replace(run, message, text, files)
+
+    # -- internals --------------------------------------------------------------------------
+    def _able(self, flag: str, instead: str) -> None:
+        """Refuse, before anything is taken or written, what the store leaves out."""
+        if not getattr(self.store, flag):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} leaves out an optional part ({flag} is False): "
+                f"{instead}."
+            )
+
+    def _replace(self, run: Run, message: Any, text: str | None, files: list[Any] | None) -> None:
         """Under the verb's claim: supersede from the named user message (the last one when
         None) and add its replacement as the new turn (``files``: its attachments; None:
         the original's); the run goes on with the kept rows and the replacement."""
@@ -210,7 +150,6 @@ class Editing:
         run.next_move = next_move(run.transcript)
         self._emit("superseded", superseded)
         self._emit("after_message", record)
-        return record
 
     def _target(self, transcript: list[Message], message: Any) -> Message:
         if message is None:

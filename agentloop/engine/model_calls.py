@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +27,7 @@ from ..messages import (
 )
 from ..providers.base import Provider
 from . import tracing
+from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .compaction import window
 from .config import ChatConfig
@@ -36,6 +37,9 @@ from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
 from .summaries import Summaries, failed_usage
 from .transcript import counted_tool_results, next_move, turn_start
+
+if TYPE_CHECKING:
+    from .runs import Run
 
 __all__ = ["ModelCalls", "PreparedCall"]
 
@@ -63,13 +67,25 @@ def falls_back(error: BaseException) -> bool:
     )
 
 
-class ModelCalls(Summaries):
-    """Preparing, sending and accepting model calls (a part of ``Conversation``)."""
+class ModelCalls:
+    """Preparing, sending and accepting one chat's model calls.
 
-    store: ChatStore
-    _emit: Callable[..., None]
-    _record_cancel: Callable[..., None]
-    _schema_model: type[BaseModel] | None
+    ``record_cancel`` records a cancel seen mid-call (the run's); ``schema_model`` gives the
+    pydantic model of a ``with_schema`` chat in this process, if any."""
+
+    def __init__(
+        self,
+        store: ChatStore,
+        callbacks: Callbacks,
+        *,
+        record_cancel: Callable[..., None],
+        schema_model: Callable[[], type[BaseModel] | None],
+    ) -> None:
+        self.store = store
+        self._emit = callbacks.emit
+        self._record_cancel = record_cancel
+        self._schema_model = schema_model
+        self.summaries = Summaries(store, callbacks.emit)
 
     def _check_limits(self, transcript: list[Message], config: ChatConfig) -> None:
         limits = config.limits
@@ -147,8 +163,8 @@ class ModelCalls(Summaries):
         if check_limits:
             self._check_limits(transcript, config)
         prepared = self._prepare_for(transcript, config, None, stream)
-        if check_limits and self.compaction_due(transcript, config, prepared.model_id):
-            self.compact(transcript, config)
+        if check_limits and self.summaries.compaction_due(transcript, config, prepared.model_id):
+            self.summaries.compact(transcript, config)
             prepared.request = self._request(transcript, config, prepared.model_id, stream)
         return prepared
 
@@ -202,9 +218,11 @@ class ModelCalls(Summaries):
         self._emit("after_message", record)
         return record
 
-    def _generate(
-        self, transcript: list[Message], stream: StreamCallback | None, run: Any
+    def generate(
+        self, transcript: list[Message], stream: StreamCallback | None, run: Run
     ) -> Effects[Any]:
+        """One model call of ``run`` (fallbacks, one compaction on a context-length error);
+        the answer is saved and added to ``transcript``."""
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         config = self.store.get_config()
         streams = stream is not None
@@ -217,7 +235,7 @@ class ModelCalls(Summaries):
                 response, partial_key, started = yield from self._send(prepared, stream, run)
                 break
             except ContextLengthError as exc:
-                if not compacted and self.compact(transcript, config) is not None:
+                if not compacted and self.summaries.compact(transcript, config) is not None:
                     # One compaction and one retry of the same model.
                     compacted = True
                     prepared = self._prepare_for(transcript, config, chain[index], streams)
@@ -255,7 +273,7 @@ class ModelCalls(Summaries):
         return record
 
     def _send(
-        self, prepared: PreparedCall, stream: StreamCallback | None, run: Any
+        self, prepared: PreparedCall, stream: StreamCallback | None, run: Run
     ) -> Effects[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, and when the answering attempt started. A usage row per failure.
@@ -338,7 +356,7 @@ class ModelCalls(Summaries):
         )
 
     def _parse(self, content: str) -> Any:
-        model = self._schema_model
+        model = self._schema_model()
         path = self.store.get_config().schema_path
         if model is None and path:
             loaded = load_by_path(path)

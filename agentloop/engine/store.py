@@ -17,10 +17,25 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
+from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["ChatStore", "Superseded", "UsageRecord"]
+__all__ = ["OPTIONAL_PARTS", "ChatStore", "Superseded", "UsageRecord"]
+
+#: each optional part of a store: its flag, and the methods it needs when the flag is on.
+OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
+    "queues_messages": ("queue_message", "has_queued", "take_queued"),
+    "sums_costs": ("turn_cost",),
+    "keeps_trace_context": ("trace_context", "set_trace_context"),
+    "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
+    "forks_chats": ("fork",),
+}
+
+
+def _missing(store: Any, flag: str, instead: str) -> str:
+    return f"{type(store).__name__} leaves out an optional part ({flag} is False): {instead}."
+
 
 T = TypeVar("T")
 UsageStatus = Literal["succeeded", "failed", "cancelled"]
@@ -58,6 +73,36 @@ class ChatStore(ABC):
     #: True while a background worker runs the chat (tools may act differently, e.g.
     #: a subagent is enqueued as its own jobs instead of run to completion inline).
     background: bool = False
+
+    # -- optional parts: a store leaves one out by setting its flag False, and then need not
+    #    write its methods; the engine does without it, or refuses clearly what needs it. ---
+    #: keeps messages sent while another run holds the chat (``queue_message``,
+    #: ``has_queued``, ``take_queued``): ``if_busy="queue"`` and ``"interrupt"``.
+    queues_messages: bool = True
+    #: sums the cost of a turn's usage rows (``turn_cost``): the ``max_cost`` limit.
+    sums_costs: bool = True
+    #: keeps a turn's trace context across its jobs (``trace_context``,
+    #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
+    keeps_trace_context: bool = True
+    #: marks messages superseded (``supersede``, ``superseded_calls``, ``load_history``):
+    #: ``edit()`` and ``regenerate()``. Off unless a store says so, so a store written before
+    #: editing existed keeps working (the verbs refuse, writing nothing).
+    supersedes_messages: bool = False
+    #: copies the chat into a new one (``fork``): ``fork()``. Off unless a store says so.
+    forks_chats: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A part whose flag is on must be written: checked when the class is defined."""
+        super().__init_subclass__(**kwargs)
+        for flag, methods in OPTIONAL_PARTS.items():
+            if not getattr(cls, flag):
+                continue
+            missing = [name for name in methods if getattr(cls, name) is getattr(ChatStore, name)]
+            if missing:
+                raise TypeError(
+                    f"{cls.__name__} has {flag} = True but doesn't define {', '.join(missing)}; "
+                    f"define them, or set {flag} = False to leave that part out."
+                )
 
     # -- configuration -------------------------------------------------------------
     @abstractmethod
@@ -100,10 +145,11 @@ class ChatStore(ABC):
         regenerated answer (the engine never sees them again); a constant number of
         queries."""
 
-    @abstractmethod
+    # An optional part (``supersedes_messages``, with ``supersede`` and ``superseded_calls``).
     def load_history(self) -> list[Message]:
         """Every message in order, superseded ones included (``superseded`` set): for
         pages and tests that show what was replaced; never sent to a model."""
+        return self.load_transcript()  # a store that never supersedes has nothing more
 
     def read_for_step(self) -> tuple[list[Message], datetime | None]:
         """The transcript and the cancel flag, read together at the start of a move
@@ -195,7 +241,7 @@ class ChatStore(ABC):
         """The store's record for a tool call (no query needed)."""
 
     # -- editing: superseded rows and forks (docs/editing.md) ------------------------
-    @abstractmethod
+    # An optional part (``supersedes_messages``).
     def supersede(self, first: Message) -> Superseded:
         """Atomically, under the verb's claim: mark ``first`` and every message after it
         superseded, system messages excepted (the instructions are configuration). They
@@ -203,12 +249,13 @@ class ChatStore(ABC):
         into the transcript again. Their calls without a result become "cancelled" (one held
         for a person or a subagent also gets the decision "superseded"), so no run, decision
         or sweeper ever acts on them."""
+        raise ConfigurationError(_missing(self, "supersedes_messages", "no edit or regenerate"))
 
-    @abstractmethod
     def superseded_calls(self) -> list[ToolCall]:
         """The calls of superseded messages (id, name and key at least): their ids are never
         given to a new call (a tool's idempotency key must not repeat), and a decision on
         one is told it was superseded. Cheap when nothing was ever superseded."""
+        return []  # a store that never supersedes has none
 
     def pending_run(self) -> str:
         """Why a run other than the caller's will still write to this chat (a background run
@@ -216,7 +263,7 @@ class ChatStore(ABC):
         an edit must not race it."""
         return ""
 
-    @abstractmethod
+    # An optional part (``forks_chats``).
     def fork(self, at: Message, open_call_result: str) -> Any:
         """A new chat: this chat's configuration, tools and owner, and copies of the
         transcript's messages up to and including ``at`` (partial answers left out; no usage
@@ -225,6 +272,7 @@ class ChatStore(ABC):
         fork never runs a call its origin may have run; a summary covers the same copied
         rows. Returns the store's record of the new chat (the new chat row), or the new
         store itself when the store has no record of its own (the engine wraps it)."""
+        raise ConfigurationError(_missing(self, "forks_chats", "no fork"))
 
     # -- cancellation and stopping -------------------------------------------------
     @abstractmethod
@@ -282,36 +330,39 @@ class ChatStore(ABC):
         """A background run of this chat is on (as last read), even between two of its jobs."""
         return False
 
-    @abstractmethod
+    # An optional part (``queues_messages``): without it ``if_busy`` can only be "reject".
     def queue_message(self, message: Message) -> None:
         """Keep a user message sent while another run holds the chat; the run that holds it
         (or the next) adds it once the chat can take it. Makes sure a run will."""
+        raise ConfigurationError(_missing(self, "queues_messages", 'if_busy="reject" only'))
 
-    @abstractmethod
     def has_queued(self) -> bool:
         """Messages wait to be added (as of the claim's read of the chat)."""
+        return False
 
-    @abstractmethod
     def take_queued(self) -> list[Message]:
         """The waiting messages, oldest first, removed (under the verb's claim)."""
+        return []
 
-    @abstractmethod
+    # An optional part (``sums_costs``): without it a chat can't have a ``max_cost`` limit.
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
+        raise ConfigurationError(_missing(self, "sums_costs", "no max_cost limit"))
 
     # -- tracing (AGENTLOOP["TRACING"], agentloop.engine.tracing) ---------------------------
     def trace_names(self) -> tuple[str, str]:
         """The chat's id and its agent's name ("" when it has none), as spans show them."""
         return "", ""
 
-    @abstractmethod
+    # An optional part (``keeps_trace_context``): without it each job starts its own trace.
     def trace_context(self) -> dict[str, str]:
         """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
+        return {}
 
-    @abstractmethod
     def set_trace_context(self, carrier: dict[str, str]) -> None:
         """Keep the trace context of the turn that starts (it replaces the last turn's), so
         every later job of the turn joins its trace."""
+        return None
 
     # -- waiting -------------------------------------------------------------------
     def before_wait(self) -> None:

@@ -1,5 +1,5 @@
 """The compaction call: deciding that a request is too big for the context window, asking a
-model for the summary, and saving it with its usage row (a part of ``ModelCalls``)."""
+model for the summary, and saving it with its usage row (``ModelCalls`` asks for it)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def failed_usage(
 class Summaries:
     """Compaction before a model call, and after a provider's context-length error."""
 
-    store: ChatStore
-    _emit: Callable[..., None]
+    def __init__(self, store: ChatStore, emit: Callable[..., None]) -> None:
+        self.store = store
+        self._emit = emit
 
     def _context_window(self, config: ChatConfig, model_id: str) -> int | None:
         if config.context_window is not None:

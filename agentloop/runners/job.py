@@ -17,9 +17,9 @@ from django.apps import apps
 from django.db import router
 
 from ..conf import agentloop_settings
-from ..django_store.claims import one_line
 from ..django_store.leases import claim
 from ..django_store.reconnect import CONNECTION_ERRORS, discard
+from ..django_store.releases import one_line
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
 from ..events import publish_chunk

@@ -6,6 +6,9 @@
     manage.py agentloop resume [--dry-run]
     manage.py agentloop unlock CHAT_ID [--yes]
     manage.py agentloop batches [--no-poll]
+    manage.py agentloop export --owner USER [--output FILE] [--attachments include|reference]
+    manage.py agentloop erase --owner USER [--delete-usage] [--wait SECONDS] [--yes]
+    manage.py agentloop retention [--days N] [--dry-run]
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
 tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
@@ -40,6 +43,7 @@ from ...models import Batch, Chat, ChatState
 from ...runners import runner_name, wait_for_embedded_jobs
 from ...runners.sweeper import free_chat, resume_stalled, stalled_chats
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
+from ..data import add_data_subcommands, data_handlers
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -48,7 +52,8 @@ class Command(BaseCommand):
     help = (
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
-        "(poll open batches)."
+        "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
+        "idle chats)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -161,6 +166,7 @@ class Command(BaseCommand):
         batches.add_argument(
             "--no-poll", action="store_true", help="List the open batches; ask no provider."
         )
+        add_data_subcommands(subcommands)  # export, erase, retention (agentloop.management.data)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         handlers = {
@@ -169,6 +175,7 @@ class Command(BaseCommand):
             "resume": self.handle_resume,
             "unlock": self.handle_unlock,
             "batches": self.handle_batches,
+            **data_handlers(self),
         }
         handlers[subcommand](**options)
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentloop', '0013_chat_lease_holder'),
+        ('agentloop', '0014_retention'),
     ]
 
     operations = [

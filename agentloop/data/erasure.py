@@ -1,0 +1,144 @@
+"""Erasing everything agentloop keeps about one owner: ``erase_owner(owner)``.
+
+In order: the owner's runs are cancelled (``chat.cancel()``: the flag and a Redis notice,
+so a streaming answer stops at its next checkpoint); erasure waits up to ``wait`` seconds
+for every lease on the owner's chats to be given back; then the chats go, a batch at a
+time, each batch in one transaction that locks its rows first (``rows.delete_chats``), so a
+step still running (a tool that doesn't stop at a cancel) writes nothing more: its next
+write finds no row. Usage rows are kept for accounting with the owner, chat, message and
+error text removed, or deleted (``keep_usage=False``). Decisions the owner made on other
+people's chats keep the decision but not who made it. Event streams are replaced by
+tombstones. What stays outside the database (the traces a tracing backend already
+received, the provider's own logs) is not agentloop's to erase.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from ..conf import agentloop_settings
+from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
+
+__all__ = ["ErasureReport", "erase_owner"]
+
+#: chats deleted per transaction (each with its subagent chats).
+BATCH = 100
+#: seconds between two looks at whether the cancelled runs gave their leases back.
+POLL = 0.05
+#: states in which a chat has a run to cancel.
+IN_FLIGHT = ("queued", "running", "waiting")
+
+
+@dataclass
+class ErasureReport:
+    """What ``erase_owner`` did."""
+
+    owner: Any
+    #: runs cancelled first (in progress, queued, or waiting for a person).
+    cancelled: int = 0
+    #: chats whose run still held its lease when the wait was over: deleted under it, so
+    #: that run's next write failed (nothing of it was saved).
+    fenced: int = 0
+    deleted: Deleted = field(default_factory=Deleted)
+    #: usage rows without a chat (deleted earlier) that lost the owner too, or went.
+    usage_without_chat: int = 0
+    #: tool calls of other owners' chats this owner decided: ``decided_by`` cleared.
+    decisions_unattributed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        gone = self.deleted
+        usage = (
+            f"{gone.usage_deleted + self.usage_without_chat} usage rows deleted"
+            if gone.usage_deleted
+            else f"{gone.usage_anonymised + self.usage_without_chat} usage rows anonymised"
+        )
+        return (
+            f"Owner {self.owner}: {gone.chats} chats, {gone.messages} messages, "
+            f"{gone.tool_calls} tool calls deleted; {usage}; {self.cancelled} runs cancelled "
+            f"first ({self.fenced} still running, fenced); {self.decisions_unattributed} "
+            "decisions on other chats unattributed."
+        )
+
+
+def erase_owner(
+    owner: Any,
+    *,
+    keep_usage: bool = True,
+    wait: float | None = None,
+    chat_model: Any = None,
+    using: str = "default",
+) -> ErasureReport:
+    """Erase the chats of ``owner`` (a user or its primary key) with their subagent chats,
+    messages, tool calls, decisions, live event streams and trace context.
+
+    Running chats are cancelled first and given ``wait`` seconds (default
+    ``LEASE_SECONDS``) to stop; one that hasn't is deleted under its run, which then
+    writes nothing. Usage rows stay for accounting, anonymised (no owner, chat, message or
+    error text), unless ``keep_usage=False`` deletes them. Safe to run again: a second run
+    finds nothing, or what the owner made meanwhile. Call it outside a transaction: each
+    batch commits on its own (inside one, the locks are held until that one commits).
+    """
+    pk = owner_pk(owner)
+    models = ChatModels.of(chat_model)
+    report = ErasureReport(owner=pk)
+    owned = models.chat._default_manager.using(using).filter(owner_id=pk)
+    family = list(owned.values_list("pk", flat=True))
+    family += subagent_chats(models, family, using)
+    report.cancelled = _cancel_runs(models, family, using)
+    report.fenced = _wait_for_leases(models, family, using, wait)
+    usage = "anonymise" if keep_usage else "delete"
+    while True:
+        batch = list(owned.order_by("pk").values_list("pk", flat=True)[:BATCH])
+        if not batch:
+            break
+        deleted, _gone = delete_chats(models, batch, usage=usage, using=using)
+        report.deleted.add(deleted)
+    leftover = models.usage._default_manager.using(using).filter(owner_id=pk)
+    if keep_usage:
+        report.usage_without_chat = leftover.update(owner=None, message=None, error="")
+    else:
+        report.usage_without_chat = leftover.delete()[0]
+    report.decisions_unattributed = (
+        models.tool_call._default_manager.using(using)
+        .filter(decided_by_id=pk)
+        .update(decided_by=None)
+    )
+    return report
+
+
+def _cancel_runs(models: ChatModels, pks: list[Any], using: str) -> int:
+    """Cancel the runs of the chats ``pks`` that have one; how many were cancelled."""
+    running = (
+        models.chat._default_manager.using(using)
+        .filter(pk__in=pks)
+        .filter(Q(state__in=IN_FLIGHT) | Q(lease_token__gt=""))
+    )
+    return sum(1 for chat in running if chat.cancel())
+
+
+def _held(models: ChatModels, pks: list[Any], using: str) -> Any:
+    # Judged by the database's clock, as every lease decision is.
+    return models.chat._default_manager.using(using).filter(
+        pk__in=pks, lease_token__gt="", lease_expires_at__gt=Now()
+    )
+
+
+def _wait_for_leases(models: ChatModels, pks: list[Any], using: str, wait: float | None) -> int:
+    """Wait up to ``wait`` seconds for the runs of ``pks`` to give their leases back; how
+    many still hold one."""
+    limit = agentloop_settings.LEASE_SECONDS if wait is None else max(0.0, wait)
+    deadline = time.monotonic() + limit
+    held = _held(models, pks, using)
+    while True:
+        count = held.count()
+        if not count or time.monotonic() >= deadline:
+            return count
+        time.sleep(POLL)
