@@ -49,9 +49,6 @@ T = TypeVar("T")
 class DjangoStore(ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
-    supersedes_messages = True
-    forks_chats = True
-
     def __init__(self, chat: Any, *, send_next: Callable[[], None] | None = None) -> None:
         """``chat``: a row of a model built on ``AbstractChat``. ``send_next`` sends the
         chat's next background job: the store calls it when a verb run in-process (or a

@@ -25,9 +25,6 @@ def _now() -> datetime:
 class MemoryStore(ChatStore):
     """Transcript, usage and the cancel flag as Python objects; returns engine Messages."""
 
-    supersedes_messages = True
-    forks_chats = True
-
     def __init__(self, config: ChatConfig | None = None) -> None:
         self.config = config or ChatConfig()
         self.tools: list[Any] = []

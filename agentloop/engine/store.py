@@ -85,11 +85,10 @@ class ChatStore(ABC):
     #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
     keeps_trace_context: bool = True
     #: marks messages superseded (``supersede``, ``superseded_calls``, ``load_history``):
-    #: ``edit()`` and ``regenerate()``. Off unless a store says so, so a store written before
-    #: editing existed keeps working (the verbs refuse, writing nothing).
-    supersedes_messages: bool = False
-    #: copies the chat into a new one (``fork``): ``fork()``. Off unless a store says so.
-    forks_chats: bool = False
+    #: ``edit()`` and ``regenerate()`` (without it they refuse, writing nothing).
+    supersedes_messages: bool = True
+    #: copies the chat into a new one (``fork``): ``fork()``.
+    forks_chats: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A part whose flag is on must be written: checked when the class is defined."""
