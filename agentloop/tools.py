@@ -109,6 +109,9 @@ class Tool:
             run it again; the model gets an error result saying so.
         deferred: ``True`` means: agentloop never runs the call; it waits until its
             result comes from outside (``chat.submit_result``).
+        transactional: ``True`` means: the tool's database writes, its result row and its
+            call's state commit in one transaction (docs/transactional-tools.md), so its
+            database side effect happens exactly once.
     """
 
     name: ClassVar[str] = ""
@@ -120,6 +123,10 @@ class Tool:
     requires_approval: ClassVar[bool | Callable[[dict[str, Any]], bool]] = False
     #: True: the call is not run here; the chat waits for ``chat.submit_result(...)``.
     deferred: ClassVar[bool] = False
+    #: True: ``execute`` runs inside the step's database transaction, with the call's result
+    #: and state: all of it commits, or none (a crash, an error, a lost lease). A run cut
+    #: short left nothing behind, so it is run again. For database-only side effects.
+    transactional: ClassVar[bool] = False
 
     #: set on the instance before ``execute`` runs.
     context: ToolContext
@@ -130,6 +137,7 @@ class Tool:
             cls.name = snake_case(cls.__name__)
         if not cls.__dict__.get("description"):
             cls.description = inspect.cleandoc(cls.__doc__ or "")
+        _check_transactional(cls)
 
     def execute(self, *args: Any, **arguments: Any) -> Any:
         """Run the tool with validated arguments; return ``str`` or anything JSON-able.
@@ -184,6 +192,37 @@ class Tool:
         for name, field in cls.Params.model_fields.items():
             accepted.update((name, field.alias, field.validation_alias))
         return [key for key in arguments if key not in accepted]
+
+
+def _check_transactional(cls: type[Tool]) -> None:
+    """Refuse, when the tool is defined, options a transactional tool can't have."""
+    if cls.transactional is False:
+        return
+    function = cls.__dict__.get("function")
+    where = (
+        f"@tool {getattr(function, '__name__', cls.__name__)}"
+        if function is not None
+        else f"Tool {cls.__qualname__}"
+    )
+    if cls.transactional is not True:
+        raise ConfigurationError(f"{where}: transactional must be True or False")
+    if cls.is_async():
+        raise ConfigurationError(
+            f"{where}: a transactional tool must be a plain def, not async def: the ORM calls "
+            "of an async tool run on other threads, outside the step's transaction "
+            "(async verbs run a def tool on the database's thread)"
+        )
+    if cls.deferred:
+        raise ConfigurationError(
+            f"{where}: a deferred tool is never run by agentloop, so there is nothing to run "
+            "in a transaction: drop transactional=True or deferred=True"
+        )
+    if not cls.idempotent:
+        raise ConfigurationError(
+            f"{where}: transactional=True runs a call cut short by a crash again (its writes "
+            "were rolled back), idempotent=False forbids that: drop idempotent=False, or "
+            "transactional=True if the tool has effects outside the database"
+        )
 
 
 @lru_cache(maxsize=512)
@@ -294,6 +333,7 @@ def tool(
     idempotent: bool = True,
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     deferred: bool = False,
+    transactional: bool = False,
 ) -> Callable[[Callable[..., Any]], type[FunctionTool]]: ...
 
 
@@ -305,9 +345,11 @@ def tool(
     idempotent: bool = True,
     requires_approval: bool | Callable[[dict[str, Any]], bool] = False,
     deferred: bool = False,
+    transactional: bool = False,
 ) -> type[FunctionTool] | Callable[[Callable[..., Any]], type[FunctionTool]]:
     """Make a tool from a function: ``@tool`` or ``@tool(name=..., idempotent=False)``.
-    With ``deferred=True`` the function only describes the call: it is never run.
+    With ``deferred=True`` the function only describes the call: it is never run. With
+    ``transactional=True`` its database writes commit with its result, or not at all.
 
     The arguments' schema comes from the type hints and defaults; descriptions
     come from the docstring's summary and its ``Args:`` section.
@@ -346,6 +388,7 @@ def tool(
             if callable(requires_approval)
             else requires_approval,
             "deferred": deferred,
+            "transactional": transactional,
             "function": staticmethod(fn),
             "context_parameter": context_parameter,
             "__module__": fn.__module__,

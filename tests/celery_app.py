@@ -10,7 +10,9 @@ then pointed at the test run's broker and queue from the environment:
 * ``AGENTLOOP_TEST_SPANS``: a file each worker process appends its finished OpenTelemetry
   spans to, as JSON lines (tests/span_files.py; the tracing tests read it);
 * ``AGENTLOOP_TEST_CLOCK_OFFSET``: seconds this worker's wall clock runs ahead (negative:
-  behind), with time-machine, for the fault suite's skewed-clock scenarios.
+  behind), with time-machine, for the fault suite's skewed-clock scenarios;
+* ``AGENTLOOP_TEST_KILL_POINTS``: a folder of kill points a test arms (tests/kill_points.py):
+  the worker's processes stop there, to be killed.
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
@@ -69,6 +71,15 @@ def _announce_ready(**kwargs: Any) -> None:
     path = os.environ.get("AGENTLOOP_TEST_WORKER_READY")
     if path:
         Path(path).touch()
+
+
+@worker_process_init.connect
+def _stop_at_kill_points(**kwargs: Any) -> None:
+    if os.environ.get("AGENTLOOP_TEST_KILL_POINTS"):
+        # Function-local: it patches agentloop's code, once Django is set up.
+        from tests.kill_points import install
+
+        install()
 
 
 @worker_process_init.connect

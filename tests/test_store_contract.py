@@ -21,7 +21,12 @@ from tests.store_contract.editing import TestFork, TestSupersede
 from tests.store_contract.harness import DjangoHarness, Harness, MemoryHarness
 from tests.store_contract.inbox_usage_tracing import TestHooks, TestInbox, TestTracing, TestUsage
 from tests.store_contract.stopping import TestCancel, TestCancelHeld, TestHalt
-from tests.store_contract.tool_calls import TestDecisions, TestReleasingWrites, TestToolCalls
+from tests.store_contract.tool_calls import (
+    TestDecisions,
+    TestReleasingWrites,
+    TestToolCalls,
+    TestToolTransactions,
+)
 from tests.store_contract.transcript import TestAnswers, TestPartials, TestTranscript
 
 __all__ = [
@@ -39,6 +44,7 @@ __all__ = [
     "TestReleasingWrites",
     "TestSupersede",
     "TestToolCalls",
+    "TestToolTransactions",
     "TestTracing",
     "TestTranscript",
     "TestUsage",

@@ -81,6 +81,8 @@ def start_worker(
     netns: str | None = None,
     database_url: str | None = None,
     agentloop: dict[str, Any] | None = None,
+    concurrency: int = 1,
+    kill_points: Path | None = None,
 ) -> tuple[Worker, Path]:
     """A ``celery worker`` (prefork, one process) on ``queue``, logging to ``tmp/<name>.log``;
     returns it and the file it creates once ready (the caller waits for it).
@@ -88,7 +90,9 @@ def start_worker(
     ``agentloop`` settings go on top of the tests' own; tools log their runs to ``run_log``,
     the ``rules`` provider its requests to ``provider_log``; held tools wait for ``flag``;
     ``clock_offset`` moves the worker's clock (seconds, time-machine); ``netns`` runs it in
-    that network namespace; ``database_url`` points it at another database address.
+    that network namespace; ``database_url`` points it at another database address;
+    ``concurrency`` sizes its pool; its processes stop at the ``kill_points`` a test arms in
+    that folder (tests/kill_points.py).
     """
     ready = tmp / f"{name}.ready"
     log = tmp / f"{name}.log"
@@ -102,12 +106,13 @@ def start_worker(
         AGENTLOOP_TEST_PROVIDER_LOG=provider_log,
         AGENTLOOP_TEST_FLAG=flag,
         AGENTLOOP_TEST_CLOCK_OFFSET=clock_offset or None,
+        AGENTLOOP_TEST_KILL_POINTS=kill_points,
     )
     if database_url:
         env["DATABASE_URL"] = database_url
     command = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-        "--pool=prefork", "--concurrency=1", "--loglevel=INFO",
+        "--pool=prefork", f"--concurrency={concurrency}", "--loglevel=INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-Q", queue,
     ]  # fmt: skip
@@ -142,9 +147,18 @@ class Background:
     provider_log: Path
     workers: list[Worker] = field(default_factory=list)
 
-    def start_worker(self, name: str, *, flag: bool = False, **agentloop: Any) -> Worker:
+    def start_worker(
+        self,
+        name: str,
+        *,
+        flag: bool = False,
+        concurrency: int = 1,
+        kill_points: Path | None = None,
+        **agentloop: Any,
+    ) -> Worker:
         """A worker process on this test's queue; ``agentloop`` settings go on top of the
-        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed."""
+        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed;
+        ``concurrency`` and ``kill_points`` as for :func:`start_worker`."""
         worker, ready = start_worker(
             self.tmp,
             name,
@@ -154,6 +168,8 @@ class Background:
             provider_log=self.provider_log,
             flag=self.tmp / "never-created" if flag else None,
             agentloop=agentloop,
+            concurrency=concurrency,
+            kill_points=kill_points,
         )
         self.workers.append(worker)
         self.wait(ready.exists, f"worker {name} to be ready")

@@ -240,6 +240,15 @@ class AgentTool(Tool):
     agent_class: ClassVar[type[Agent]]
     bound_inputs: ClassVar[dict[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.transactional:
+            raise ConfigurationError(
+                f"Tool {cls.__qualname__}: an agent's tool runs a chat of its own (its own "
+                "leases, rows and jobs), which can't be part of its parent's transaction: "
+                "it can't be transactional"
+            )
+
     @classmethod
     def reference(cls) -> str:
         """How a persisted chat names this tool: ``agent:<path>`` (+ bound inputs, name)."""

@@ -30,6 +30,7 @@ __all__ = [
     "discard",
     "is_connection_fault",
     "retried",
+    "unusable",
 ]
 
 logger = logging.getLogger("agentloop")
@@ -50,7 +51,7 @@ def is_connection_fault(error: BaseException) -> bool:
     return isinstance(error, CONNECTION_ERRORS)
 
 
-def _unusable(using: str) -> bool:
+def unusable(using: str) -> bool:
     """The connection failed, not the statement: never opened (refused, a pool timeout), or
     closed or broken by the driver (dropped). SQLite's errors leave it usable."""
     raw = connections[using].connection
@@ -99,7 +100,7 @@ def retried(
                     return done
             return work()
         except CONNECTION_ERRORS as exc:
-            if lease is None or connections[using].in_atomic_block or not _unusable(using):
+            if lease is None or connections[using].in_atomic_block or not unusable(using):
                 raise
             discard(using)
             failed = True

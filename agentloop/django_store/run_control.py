@@ -73,6 +73,8 @@ class RunControl:
         #: keys of the calls this verb saw held for a person (read, or marked while it ran): a
         #: release as "waiting" looks at these, to wake the chat if one was decided meanwhile.
         self._held_calls: frozenset[Any] | set[Any] = frozenset()
+        #: a transactional tool's transaction is open (``ToolCalls.run_in_transaction``).
+        self.in_tool_transaction = False
 
     # -- what the claim read on the way ----------------------------------------------------
     def take_prefetched(self) -> list[Any] | None:
@@ -176,7 +178,9 @@ class RunControl:
     ) -> tuple[dict[str, Any], Release] | None:
         """Open the write transaction (kept open on ``stack``) and renew or release the lease
         in its first statement; the release's columns and outcome when it released."""
-        atomic = transaction.atomic(using=self.row.db)
+        # Inside a transactional tool's transaction a failed write fails all of it: no
+        # savepoint of its own.
+        atomic = transaction.atomic(using=self.row.db, savepoint=not self.in_tool_transaction)
         atomic.__enter__()
         try:
             released = self._lease_statement(release)
@@ -203,6 +207,12 @@ class RunControl:
         if status == "queued":  # a message came in meanwhile: answer it next
             fields, outcome = {**fields, "state": "queued"}, Release("queued")
         return fields, outcome
+
+    def renew(self) -> None:
+        """Renew the lease in the transaction open now (which its row lock then guards);
+        ``LeaseLostError`` when it is no longer ours."""
+        self._lease_for_write()
+        self._lease_statement(None)
 
     def step_writes(self) -> StepWrites | None:
         """The one-statement writes, or None: no lease held, or not PostgreSQL."""
@@ -236,7 +246,10 @@ class RunControl:
         values = Values()
         sql = body(guard, values)
         sent = [time.monotonic()]  # when the try that wrote was sent (the renewal's base)
-        if connections[using].in_atomic_block:
+        if self.in_tool_transaction:
+            # A transactional tool's: a failed write fails all of it (it rolls back).
+            rows = run_statement(using, sql, params + values.params)
+        elif connections[using].in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=using):
                 rows = run_statement(using, sql, params + values.params)

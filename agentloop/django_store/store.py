@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from ..engine import ChatConfig, ChatStore, UsageRecord
+from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..engine.store import Superseded
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
@@ -175,6 +175,13 @@ class DjangoStore(ChatStore):
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    runs_transactions = True
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        return self.tool_calls.run_in_transaction(call, work)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

@@ -1,22 +1,28 @@
 """The Django store's tool-call rows: the conditional claim before a call runs, its result,
-its wait for a person or a subagent, and a person's decision (``ToolCalls``)."""
+its wait for a person or a subagent, a person's decision, and the transaction a
+transactional tool runs in (``ToolCalls``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from ..engine import ToolTransaction
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .chat_row import ChatRow
-from .reconnect import retried
+from .leases import Lease, heartbeats
+from .reconnect import CONNECTION_ERRORS, discard, retried, unusable
 from .run_control import RunControl
 from .writes import GUARD, StepWrites, Values, inserted
 
 __all__ = ["ToolCalls"]
+
+T = TypeVar("T")
 
 
 class ToolCalls:
@@ -54,6 +60,92 @@ class ToolCalls:
             return 1 if rows.exists() else None
 
         return bool(retried(lease, self.row.db, start, landed=landed))
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        """A transactional tool's run, on the chat's database (see
+        ``ChatStore.run_in_transaction``). The result's write renews the lease first, inside
+        the transaction: a step whose lease was lost rolls back everything, the tool's writes
+        included; one that still holds it locks the chat row until the commit, so no other
+        process takes the chat in between."""
+        lease = self.control.lease
+        if lease is None:  # pragma: no cover - every verb runs under the claim
+            raise LeaseLostError("Tool calls run only under the chat's claim.")
+        using = self.row.db
+        run = ToolTransaction(savepoint=lambda: transaction.atomic(using=using))
+        #: the last try's result, standing for the run if its commit's answer was lost.
+        done: list[T] = []
+
+        def attempt() -> tuple[T, str]:
+            done.clear()
+            refused = self._attempt(lease, run, work, done)
+            return done[0], refused
+
+        def landed() -> tuple[T, str] | None:
+            # The commit went through but its answer was lost: the result is there.
+            rows = self.models.message_model._default_manager.using(using)
+            if done and rows.filter(tool_call_id=call.key).exists():
+                return done[0], ""
+            return None
+
+        return retried(lease, using, attempt, landed=landed)
+
+    def _attempt(
+        self,
+        lease: Lease,
+        run: ToolTransaction,
+        work: Callable[[ToolTransaction], T],
+        done: list[T],
+    ) -> str:
+        """One try of ``run_in_transaction``: "" when it committed, else why the database
+        refused the commit."""
+        using = self.row.db
+        # SQLite has one writer for the whole file: the transaction takes that lock with the
+        # lease's renewal, now, and keeps every other writer out until it ends (no one can
+        # take the lease meanwhile). The heartbeat would only wait on that lock: it leaves
+        # this lease alone until then. Elsewhere a row lock taken this early would stop the
+        # heartbeat (its own connection) for as long as the tool runs: the lease is checked
+        # at the end only, with the result.
+        whole_file = connections[using].vendor == "sqlite"
+        committing = lost = False
+        try:
+            with transaction.atomic(using=using):
+                if whole_file:
+                    heartbeats.stop(lease)
+                    self.control.renew()
+                self.control.in_tool_transaction = True
+                try:
+                    done.append(work(run))
+                except BaseException:
+                    # Looked at before the rollback: Django opens a new connection after it.
+                    lost = unusable(using)
+                    raise
+                finally:
+                    self.control.in_tool_transaction = False
+                committing = True
+        except IntegrityError as exc:
+            # Constraints Django declares deferred (foreign keys) are checked at the commit: a
+            # tool's row that breaks one fails the commit, and everything rolled back with it.
+            if not committing:
+                raise
+            return f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        except Exception as exc:
+            if not lost and not (committing and isinstance(exc, CONNECTION_ERRORS)):
+                raise
+            # The connection was lost under the transaction (its statements after that fail
+            # as a broken transaction), or at its commit, which may have committed or not:
+            # closed here, the run is looked for and, if it isn't there, tried again.
+            discard(using)
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise
+            raise OperationalError(
+                f"The connection was lost during a transactional tool's run: {exc}"
+            ) from exc
+        finally:
+            if whole_file and self.control.lease is lease and not lease.lost.is_set():
+                heartbeats.start(lease)
+        return ""
 
     def save_tool_result(
         self,

@@ -6,7 +6,7 @@ Nothing here imports Django; the Django layer is one store among others.
 from .config import ChatConfig, Limits, ToolOptions
 from .conversation import CANCELLED_TOOL_RESULT, Conversation, StreamCallback
 from .memory import MemoryStore
-from .store import ChatStore, UsageRecord
+from .store import ChatStore, ToolTransaction, UsageRecord
 
 __all__ = [
     "CANCELLED_TOOL_RESULT",
@@ -17,5 +17,6 @@ __all__ = [
     "MemoryStore",
     "StreamCallback",
     "ToolOptions",
+    "ToolTransaction",
     "UsageRecord",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -21,13 +22,14 @@ from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["OPTIONAL_PARTS", "ChatStore", "Superseded", "UsageRecord"]
+__all__ = ["OPTIONAL_PARTS", "ChatStore", "Superseded", "ToolTransaction", "UsageRecord"]
 
 #: each optional part of a store: its flag, and the methods it needs when the flag is on.
 OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
     "queues_messages": ("queue_message", "has_queued", "take_queued"),
     "sums_costs": ("turn_cost",),
     "keeps_trace_context": ("trace_context", "set_trace_context"),
+    "runs_transactions": ("run_in_transaction",),
     "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
     "forks_chats": ("fork",),
 }
@@ -63,6 +65,15 @@ class Superseded:
     open_calls: list[ToolCall] = field(default_factory=list)
 
 
+@dataclass
+class ToolTransaction:
+    """The transaction a transactional tool runs in (``ChatStore.run_in_transaction``)."""
+
+    #: a context around the tool's body: what it wrote is rolled back when an exception
+    #: leaves it (the tool failed; its error result is still written, in the transaction).
+    savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext
+
+
 class ChatStore(ABC):
     """Where one chat lives. Methods returning ``Any`` return the store's own records
     (Django model instances for the Django store), which is what users get back."""
@@ -89,6 +100,10 @@ class ChatStore(ABC):
     supersedes_messages: bool = True
     #: copies the chat into a new one (``fork``): ``fork()``.
     forks_chats: bool = True
+    #: runs a transactional tool (``Tool.transactional``), its result and its call's state in
+    #: one transaction (``run_in_transaction``), in the verb's own database phase. Off by
+    #: default (the in-memory store has no database to share): such tools run as others.
+    runs_transactions: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A part whose flag is on must be written: checked when the class is defined."""
@@ -217,6 +232,19 @@ class ChatStore(ABC):
         """Atomically: the tool message answering ``call`` and the call's final state (and,
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
+
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        """Run ``work`` (a transactional tool's run for ``call``: the tool, then its result or
+        its wait, whose claim check comes first) in one transaction: all it writes commits,
+        or nothing does. An error ``work`` raises (a lost claim, a failed write) rolls it
+        back and goes on up; a connection lost before the commit (nothing committed) has it
+        run again on a new one while the claim holds. Returns ``work``'s result and "" once
+        it committed, or why the database refused the commit (a deferred constraint the
+        tool's writes broke): then nothing of it was kept. Here (``runs_transactions``
+        off), a plain call."""
+        return work(ToolTransaction()), ""
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:

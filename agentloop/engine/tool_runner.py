@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -31,7 +32,7 @@ from . import tracing
 from .checkpoints import Checkpoints
 from .config import ToolOptions
 from .effects import Effects, Launch, RunTool, WaitAny
-from .store import ChatStore
+from .store import ChatStore, ToolTransaction
 from .transcript import TOOL_LIMIT_RESULT
 
 __all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
@@ -75,15 +76,17 @@ def execute_tool(
     chat: Any = None,
     background: bool = False,
     cancel_check: Callable[[], bool] | None = None,
+    savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> ToolOutcome:
-    """Validate the arguments and run the tool; every failure becomes an error outcome."""
+    """Validate the arguments and run the tool; every failure becomes an error outcome.
+    ``savepoint`` wraps the run (a transactional tool's: a failed run's writes roll back)."""
     ready = _instance(tool_class, call, chat, background, cancel_check)
     if isinstance(ready, ToolOutcome):
         return ready
     instance, arguments = ready
 
     def run() -> str:
-        with tracing.tool_call(call, tool_class) as span:
+        with savepoint(), tracing.tool_call(call, tool_class) as span:
             return span.result(format_result(_value_of(instance.execute(**arguments))))
 
     return _outcome(call, run)
@@ -183,6 +186,8 @@ class ToolRunner:
         if self.options.calls == "one" and call is not all_calls[0]:
             text = "Only one tool call per answer is allowed; this call was not run."
             return ToolOutcome(text, is_error=True)
+        # Cut short by a crash: a transactional call's writes were rolled back with it, so it
+        # runs again (such a tool can't be idempotent=False: tools.py refuses that).
         if call.state == ToolCallState.RUNNING and not tool_class.idempotent:
             text = (
                 f"Tool {call.name!r} was interrupted while running and is not run again "
@@ -208,17 +213,16 @@ class ToolRunner:
         return ToolOutcome(wait_reason="approval")
 
     def _save(self, call: ToolCall, outcome: ToolOutcome, *, release: str | None = None) -> None:
+        self._announce(call, outcome, self._write(call, outcome, release))
+
+    def _write(
+        self, call: ToolCall, outcome: ToolOutcome, release: str | None = None
+    ) -> tuple[Message, Any] | None:
+        """Persist ``outcome``: the call's wait (None), or its result (the message and the
+        store's record)."""
         if outcome.wait_reason is not None:
             self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
-            call.state, call.wait_reason, call.question = (
-                ToolCallState.WAITING,
-                outcome.wait_reason,
-                outcome.question,
-            )
-            self.waiting.append(call)
-            if outcome.after_wait is not None:
-                outcome.after_wait()
-            return
+            return None
         message = Message(
             role="tool",
             content=outcome.content,
@@ -228,12 +232,59 @@ class ToolRunner:
         )
         state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
         record = self.store.save_tool_result(call, message, state, outcome.error, release=release)
-        call.state = state
+        return message, record
+
+    def _announce(
+        self, call: ToolCall, outcome: ToolOutcome, written: tuple[Message, Any] | None
+    ) -> None:
+        """The round and the callbacks follow what ``_write`` persisted (once it committed)."""
+        if written is None:
+            call.state, call.wait_reason, call.question = (
+                ToolCallState.WAITING,
+                outcome.wait_reason,
+                outcome.question,
+            )
+            self.waiting.append(call)
+            if outcome.after_wait is not None:
+                outcome.after_wait()
+            return
+        message, record = written
+        call.state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
         self.answered.add(call.id)
         self.messages.append(message)
         self.results.append(record)
         self.emit("after_tool_result", record)
         self.emit("after_message", record)
+
+    # -- transactional tools -------------------------------------------------------------
+    def _transactional(self, call: ToolCall) -> bool:
+        """``call``'s tool runs in the store's transaction (a store that has one)."""
+        return self.store.runs_transactions and self.tools[call.name].transactional
+
+    def _run_in_transaction(self, call: ToolCall) -> ToolOutcome:
+        """Run a transactional tool here, in this database phase: its writes, its result and
+        its call's state commit together. Callbacks hear of the result once it committed;
+        the verb's release comes after, on its own (never from inside the transaction)."""
+        tool = self._execute(call)
+
+        def work(run: ToolTransaction) -> tuple[ToolOutcome, tuple[Message, Any] | None]:
+            outcome = execute_tool(
+                tool.tool_class, call, tool.chat, tool.background, tool.cancel_check, run.savepoint
+            )
+            return outcome, self._write(call, outcome)
+
+        (outcome, written), refused = self.store.run_in_transaction(call, work)
+        if refused:
+            # The database refused the commit: nothing of the run stayed; the model hears why.
+            text = (
+                f"Tool {call.name!r} failed: the database refused its writes when they were "
+                f"committed ({refused}); none of them were kept."
+            )
+            outcome = ToolOutcome(text, is_error=True, error=text)
+            self._save(call, outcome)
+            return outcome
+        self._announce(call, outcome, written)
+        return outcome
 
     def _execute(self, call: ToolCall) -> RunTool:
         return RunTool(
@@ -274,8 +325,18 @@ class ToolRunner:
                 refusal = refusals[call.id]
                 if refusal is not None:
                     self._save(call, refusal)
-            size = len(runnable) if concurrency == "threads" else int(concurrency)
-            yield from self._run_at_once(runnable, size)
+            # Transactional tools run on the verb's own connection, one after another, before
+            # the others start: a transaction belongs to one connection and one thread.
+            at_once = [call for call in runnable if not self._transactional(call)]
+            for call in runnable:
+                if not self._transactional(call):
+                    continue
+                self.checkpoints.check()
+                if self._start(call):
+                    self._run_in_transaction(call)
+            size = len(at_once) if concurrency == "threads" else int(concurrency)
+            if at_once:
+                yield from self._run_at_once(at_once, size)
         return self.results
 
     def _run_in_order(
@@ -295,13 +356,16 @@ class ToolRunner:
                 self.checkpoints.check(force=False)
                 checked = True
             if self._start(call):
-                outcome = yield self._execute(call)
-                release = self._then(call) if last and outcome.wait_reason is None else None
-                self._save(call, outcome, release=release)
-                if release is not None:
-                    # Released with the round's result: a cancel that came meanwhile stays
-                    # set and stops the next step at its start.
-                    return
+                if self._transactional(call):
+                    self._run_in_transaction(call)  # the verb releases, after the commit
+                else:
+                    outcome = yield self._execute(call)
+                    release = self._then(call) if last and outcome.wait_reason is None else None
+                    self._save(call, outcome, release=release)
+                    if release is not None:
+                        # Released with the round's result: a cancel that came meanwhile
+                        # stays set and stops the next step at its start.
+                        return
                 if self._next_step_checks(index, calls, call):
                     return
             self.checkpoints.check()

@@ -127,6 +127,10 @@ def _notes_of(chat: Chat) -> QuerySet[Note]:
 class SaveNote(Tool):
     """Saves a short note for the user, to be listed later with list_notes."""
 
+    # The note commits with the call's result, or neither does: saved exactly once, whatever
+    # crashes (docs/transactional-tools.md).
+    transactional = True
+
     class Params(BaseModel):
         text: str = Field(description="The note, one sentence", min_length=1, max_length=500)
 
@@ -148,6 +152,7 @@ class DeleteNotes(Tool):
     """Deletes all of the user's notes. Runs only once the user approves it."""
 
     requires_approval = True
+    transactional = True
 
     def execute(self) -> str:
         deleted, _ = _notes_of(_persisted_chat(self)).delete()

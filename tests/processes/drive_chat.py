@@ -17,12 +17,14 @@ The spec says what to do::
 
 It prints ``started`` once the chat is loaded, ``chunk <n>`` per streamed chunk, and a last
 line ``SUMMARY {json}`` with the returned message and every request the provider got.
-Tools in ``tests.tools`` may end the process first (``$AGENTLOOP_TEST_CRASH_IN``).
+Tools in ``tests.tools`` may end the process first (``$AGENTLOOP_TEST_CRASH_IN``); with
+``$AGENTLOOP_TEST_KILL_POINTS`` set it stops where a test armed a point (tests/kill_points.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,6 +33,10 @@ import django
 
 def main(chat_pk: int, spec: dict[str, Any]) -> None:
     django.setup()
+    if os.environ.get("AGENTLOOP_TEST_KILL_POINTS"):
+        from tests.kill_points import install
+
+        install()  # stops where the test armed a point (tests/kill_points.py)
     from django.conf import settings
 
     from agentloop import providers

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from agentloop.engine import ToolTransaction
 from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from agentloop.messages import Message, ToolCall, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
 
-__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls"]
+__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls", "TestToolTransactions"]
 
 
 def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
@@ -269,3 +270,47 @@ class TestReleasingWrites:
             harness.store.release("generate")
         assert taken is True
         assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
+
+
+class TestToolTransactions:
+    """``run_in_transaction``: a store with transactions (``runs_transactions = True``) keeps what
+    its work wrote only if the work ends well, and the savepoint drops only what was written
+    inside it; a store without (the in-memory one) makes it a plain call, and the engine
+    runs transactional tools there as any other."""
+
+    def test_what_a_failed_run_wrote_is_kept_only_without_transactions(
+        self, harness: Harness
+    ) -> None:
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        assert harness.store.mark_tool_running(c1) is True
+
+        def work(run: ToolTransaction) -> None:
+            harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+            raise RuntimeError("the process failed before the commit")
+
+        with pytest.raises(RuntimeError):
+            harness.store.run_in_transaction(c1, work)
+        harness.store.release("tools")
+
+        kept = not harness.store.runs_transactions
+        assert [m.tool_call_id for m in tool_messages(harness)] == (["c1"] if kept else [])
+        state = ToolCallState.SUCCEEDED if kept else ToolCallState.RUNNING
+        assert calls_read(harness)["c1"].state == state
+
+    def test_a_savepoint_drops_only_what_was_written_inside_it(self, harness: Harness) -> None:
+        c1, c2 = round_of(harness, call("c1"), call("c2"))
+        assert harness.store.claim() is True
+
+        def work(run: ToolTransaction) -> str:
+            with pytest.raises(RuntimeError), run.savepoint():
+                harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+                raise RuntimeError("the tool failed")
+            harness.store.save_tool_result(c2, result_for(c2), ToolCallState.SUCCEEDED, None)
+            return "done"
+
+        assert harness.store.run_in_transaction(c2, work) == ("done", "")  # it committed
+        harness.store.release("generate")
+
+        kept = ["c1", "c2"] if not harness.store.runs_transactions else ["c2"]
+        assert [m.tool_call_id for m in tool_messages(harness)] == kept
