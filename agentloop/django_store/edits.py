@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
-from ..engine.store import Superseded
+from ..engine.store import SUPERSEDED_DECISION, Superseded
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .chat_row import ChatRow
 from .rows import MESSAGE_COLUMNS, messages_from_rows
@@ -127,7 +127,7 @@ class Edits:
             # Never run, decided or swept afterwards: a held call is decided "superseded".
             self._calls().filter(pk__in=[call[0] for call in found]).update(
                 state=ToolCallState.CANCELLED,
-                decision=Case(When(held, then=Value("superseded")), default=F("decision")),
+                decision=Case(When(held, then=Value(SUPERSEDED_DECISION)), default=F("decision")),
                 decided_at=Case(
                     When(held, then=Value(now, output_field=DateTimeField())),
                     default=F("decided_at"),

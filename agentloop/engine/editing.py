@@ -19,7 +19,7 @@ from .callbacks import Callbacks
 from .effects import Effects
 from .loop import Loop, checked_attachments
 from .runs import Run, Runs
-from .store import ChatStore
+from .store import SUPERSEDED_DECISION, ChatStore
 from .streaming import StreamCallback
 from .transcript import next_move
 
@@ -27,8 +27,6 @@ __all__ = ["FORK_OPEN_CALL_RESULT", "KEEP", "SUPERSEDED_DECISION", "Editing"]
 
 #: the result a fork gives a copied call whose result was not copied: it never runs there.
 FORK_OPEN_CALL_RESULT = "Not run: the conversation was forked before this call had a result."
-#: the decision recorded on a call held for a person or a subagent when it was superseded.
-SUPERSEDED_DECISION = "superseded"
 
 
 class _Keep:

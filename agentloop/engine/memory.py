@@ -12,7 +12,7 @@ from typing import Any
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .config import ChatConfig
-from .store import ChatStore, Superseded, UsageRecord
+from .store import SUPERSEDED_DECISION, ChatStore, Superseded, UsageRecord
 from .transcript import pending_round
 
 __all__ = ["MemoryStore"]
@@ -279,9 +279,9 @@ class MemoryStore(ChatStore):
                 if call.id in answered or call.state in done:
                     continue
                 if call.state == ToolCallState.WAITING:
-                    call.decision = "superseded"
+                    call.decision = SUPERSEDED_DECISION
                     self.decisions[call.id] = {
-                        "decision": "superseded", "by": None, "reason": "", "at": _now(),
+                        "decision": SUPERSEDED_DECISION, "by": None, "reason": "", "at": _now(),
                     }  # fmt: skip
                 call.state = ToolCallState.CANCELLED
                 marked.open_calls.append(call.model_copy())

@@ -22,7 +22,14 @@ from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState
 from .config import ChatConfig
 
-__all__ = ["OPTIONAL_PARTS", "ChatStore", "Superseded", "ToolTransaction", "UsageRecord"]
+__all__ = [
+    "OPTIONAL_PARTS",
+    "SUPERSEDED_DECISION",
+    "ChatStore",
+    "Superseded",
+    "ToolTransaction",
+    "UsageRecord",
+]
 
 #: each optional part of a store: its flag, and the methods it needs when the flag is on.
 OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
@@ -33,6 +40,10 @@ OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
     "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
     "forks_chats": ("fork",),
 }
+
+
+#: the decision a call held for a person or a subagent gets when it is superseded.
+SUPERSEDED_DECISION = "superseded"
 
 
 def _missing(store: Any, flag: str, instead: str) -> str:
