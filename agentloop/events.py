@@ -32,6 +32,7 @@ __all__ = [
     "Event",
     "EventBackend",
     "RedisEvents",
+    "blocked_reason",
     "chat_key",
     "database_events",
     "delete_events",
@@ -59,9 +60,16 @@ def message_payload(message: Any) -> dict[str, Any]:
         "is_error": message.is_error,
         "tool_call_id": message.tool_call_id,
     }
+    if message.status == "blocked":
+        # A guardrail's block: why, and nothing of a blocked answer (it must not be shown).
+        payload["blocked"] = blocked_reason(message)
+        if message.role == "assistant":
+            payload["content"] = ""
     if message.role == "assistant":
         # The readable thinking (untrusted text: pages show it escaped, collapsed).
-        payload["thinking"] = getattr(message, "thinking", "") or ""
+        payload["thinking"] = (
+            "" if payload.get("blocked") is not None else (getattr(message, "thinking", "") or "")
+        )
         # An answer just saved carries its call rows (the store sets them): no query.
         calls = getattr(message, "_agentloop_tool_calls", None)
         if calls is None:
@@ -71,6 +79,14 @@ def message_payload(message: Any) -> dict[str, Any]:
             for call in calls
         ]
     return payload
+
+
+def blocked_reason(message: Any) -> str:
+    """Why a guardrail blocked a saved message: "guardrail <name>: <reason>" ("" if unknown)."""
+    for outcome in getattr(message, "guardrails", None) or []:
+        if isinstance(outcome, dict) and outcome.get("decision") == "blocked":
+            return f"guardrail {outcome.get('guardrail', '')}: {outcome.get('reason', '')}"
+    return ""
 
 
 class EventBackend(ABC):

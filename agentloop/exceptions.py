@@ -5,7 +5,10 @@
     │   ├── UnknownProviderError    no provider is registered under that name
     │   └── AttachmentError         an attachment can't be sent (its type, size or source)
     ├── CancelledError              the run stopped because cancel() was requested
-    ├── LimitReachedError           a per-turn limit stopped the turn before a model call
+    ├── ChatStoppedError            the turn stopped: the chat is ``stopped``, with the reason
+    │   ├── LimitReachedError       a per-turn limit stopped the turn before a model call
+    │   └── GuardrailBlockedError   a guardrail blocked the user's message, an answer or a tool call
+    ├── GuardrailError              a guardrail raised, or returned no decision (fails closed)
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── EditError                   edit(), regenerate() or fork() named a message they can't act on
     ├── ConcurrentWriteError        another process wrote the same step first
@@ -48,11 +51,14 @@ __all__ = [
     "BatchItemNotRunError",
     "CancelledError",
     "ChatBusyError",
+    "ChatStoppedError",
     "ConcurrentWriteError",
     "ConfigurationError",
     "ContextLengthError",
     "DecisionConflictError",
     "EditError",
+    "GuardrailBlockedError",
+    "GuardrailError",
     "InvalidArgumentsError",
     "InvalidResponseError",
     "LeaseLostError",
@@ -100,12 +106,34 @@ class CancelledError(AgentloopError):
         self.recorded = False
 
 
-class LimitReachedError(AgentloopError):
-    """A per-turn limit was reached; no further model call was made this turn."""
+class ChatStoppedError(AgentloopError):
+    """The turn stopped before its end: the chat is ``stopped`` with ``reason`` as its
+    ``stop_reason`` (a worker's job reports "stopped"). The next user message goes on."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class LimitReachedError(ChatStoppedError):
+    """A per-turn limit was reached; no further model call was made this turn."""
+
+
+class GuardrailBlockedError(ChatStoppedError):
+    """A guardrail blocked the user's message, an answer, or a tool call (one that stops the
+    chat): ``reason`` is the chat's stop reason, "guardrail <name>: <its reason>"."""
+
+    def __init__(self, reason: str, *, guardrail: str = "", stage: str = "") -> None:
+        super().__init__(reason)
+        #: the guardrail's name, and its stage ("input", "output" or "tool").
+        self.guardrail = guardrail
+        self.stage = stage
+
+
+class GuardrailError(AgentloopError):
+    """A guardrail raised, or returned something that is not a decision: it fails closed
+    (what it judged is not sent on; the chat is marked failed). A guardrail that can't be
+    loaded is a ``ConfigurationError``."""
 
 
 class PendingToolCallsError(AgentloopError):

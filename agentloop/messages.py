@@ -20,6 +20,7 @@ from .attachments import Attachment
 __all__ = [
     "Caching",
     "Chunk",
+    "GuardrailOutcome",
     "Message",
     "MessageStatus",
     "ModelRequest",
@@ -52,6 +53,8 @@ class MessageStatus(StrEnum):
     CANCELLED = "cancelled"
     #: a streamed answer whose model call then failed for good; kept for the record.
     FAILED = "failed"
+    #: a user message or an answer a guardrail blocked; kept for the record, never sent.
+    BLOCKED = "blocked"
 
 
 class ToolCallState(StrEnum):
@@ -65,6 +68,29 @@ class ToolCallState(StrEnum):
     CANCELLED = "cancelled"
     #: held by a person (approval, question) or a subagent.
     WAITING = "waiting"
+
+
+GuardrailStage = Literal["input", "output", "tool"]
+GuardrailDecision = Literal["passed", "blocked", "replaced", "error"]
+
+
+class GuardrailOutcome(BaseModel):
+    """What one guardrail decided about a user message, an answer or a tool call (kept on
+    the message or the call it judged; see docs/guardrails.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the guardrail's name.
+    guardrail: str
+    stage: GuardrailStage
+    decision: GuardrailDecision
+    #: why it blocked (its own words), or what went wrong ("error").
+    reason: str = ""
+    #: what a replacement replaced (the text, or the tool call's arguments), when kept.
+    original: str | dict[str, Any] | None = None
+    #: it ran while the model call was in flight (an input guardrail ``run_in_parallel``).
+    parallel: bool = False
+    duration_ms: int | None = None
 
 
 class ToolCall(BaseModel):
@@ -88,6 +114,8 @@ class ToolCall(BaseModel):
     decision_digest: str | None = None
     #: the model's arguments, when an approver edited them (``arguments`` ran instead).
     original_arguments: dict[str, Any] | None = None
+    #: what the chat's tool guardrails decided before it ran.
+    guardrails: list[GuardrailOutcome] = Field(default_factory=list)
     #: the store's key for this call (a primary key for the Django store).
     key: Any = None
 
@@ -122,6 +150,8 @@ class Message(BaseModel):
     model: str | None = None
     finish_reason: str | None = None
     provider_data: dict[str, Any] = Field(default_factory=dict)
+    #: what the chat's input (user message) or output (answer) guardrails decided about it.
+    guardrails: list[GuardrailOutcome] = Field(default_factory=list)
     created_at: datetime | None = None
     key: Any = None
     #: replaced by an edit or a regenerated answer: kept for the record, never sent again
@@ -130,8 +160,8 @@ class Message(BaseModel):
 
     @property
     def is_finished(self) -> bool:
-        """A complete message that is not superseded; partial and cancelled answers, and
-        messages an edit or a regenerated answer replaced, don't count."""
+        """A complete message that is not superseded; partial, cancelled and blocked messages,
+        and messages an edit or a regenerated answer replaced, don't count."""
         return self.status == MessageStatus.COMPLETE and not self.superseded
 
 

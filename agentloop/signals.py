@@ -10,6 +10,7 @@ __all__ = [
     "chat_forked",
     "chat_halted",
     "chat_stopped",
+    "guardrail_blocked",
     "message_added",
     "messages_superseded",
     "model_call_started",
@@ -28,8 +29,11 @@ tool_call_started = Signal()
 tool_call_finished = Signal()
 #: a run stopped at a checkpoint because cancel() was requested.
 chat_cancelled = Signal()
-#: a limit stopped the turn: ``reason``.
+#: a limit or a guardrail's block stopped the turn: ``reason``.
 chat_stopped = Signal()
+#: a guardrail blocked a user message, an answer or a tool call: ``outcome`` (its
+#: ``GuardrailOutcome``: guardrail, stage, reason) and ``stops`` (the chat stops for it).
+guardrail_blocked = Signal()
 #: a model call failed in a way retrying can't fix and the step tries the next model
 #: (``with_fallbacks``); args: chat, from_model, to_model, error.
 model_fallback = Signal()

@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import connections
 
-from .exceptions import AgentloopError, CancelledError, LimitReachedError
+from .exceptions import AgentloopError, CancelledError, ChatStoppedError
 from .messages import Chunk, TextDelta
 
 __all__ = ["PROMPT", "TerminalChat", "TranscriptPrinter", "visible"]
@@ -293,7 +293,7 @@ class TerminalChat:
                 self.out.write("")  # off the line where the terminal echoed ^C
             self._notice("[cancelled]")
             return False
-        except LimitReachedError as exc:
+        except ChatStoppedError as exc:  # a limit, a guardrail's block
             self._notice(f"[stopped: {exc}]")
             return False
         except AgentloopError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import message_payload
+from .events import blocked_reason, message_payload
 from .ui_stream import QUESTION_PART, answer_message_id, approval_id, user_message_id
 
 __all__ = ["row_payload", "turn_rows", "ui_messages"]
@@ -77,12 +77,18 @@ def ui_messages(chat: Any, *, include_superseded: bool = False) -> list[dict[str
         if row.role == "user":
             answer, user_pk = None, row.pk
             text = [{"type": "text", "text": row.content}] if row.content else []
-            messages.append({"id": user_message_id(row.pk), "role": "user", "parts": text})
-            _mark_superseded(messages[-1], row)
+            shown: dict[str, Any] = {"id": user_message_id(row.pk), "role": "user", "parts": text}
+            if row.status == "blocked":  # the user's own words, marked
+                shown["metadata"] = {"blocked": blocked_reason(row)}
+            messages.append(shown)
+            _mark_superseded(shown, row)
         elif row.role == "assistant":
             if answer is None:
                 answer = {"id": answer_message_id(user_pk), "role": "assistant", "parts": []}
                 messages.append(answer)
+            if row.status == "blocked":  # nothing of a blocked answer is shown
+                answer["metadata"] = {"blocked": blocked_reason(row)}
+                continue
             answer["parts"] += _answer_parts(row, parts_of_calls)
             if row.status == "cancelled":
                 answer["metadata"] = {**answer.get("metadata", {}), "cancelled": True}

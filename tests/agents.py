@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from agentloop import Agent, providers
 from agentloop.testing import FunctionProvider
 from agentloop.tools import AskPerson
+from tests.guardrail_checks import no_leaks, no_secrets
 from tests.tools import add, step_two, transfer
 
 MODEL = "agents:test"
@@ -164,3 +165,27 @@ def register_agents_provider() -> ByInstructions:
     provider = ByInstructions()
     providers.register("agents", provider)
     return provider
+
+
+class GuardedAgent(Agent):
+    """Answers under guardrails (on the "scripted" test model)."""
+
+    model = "scripted:test"
+    instructions = "You are GUARDED."
+    guardrails = [no_secrets, no_leaks]
+
+
+class Vetted(Agent):
+    """Does a task, under an input guardrail (its task is a user message it judges)."""
+
+    model = MODEL
+    instructions = "You are VETTED."
+    guardrails = [no_secrets]
+
+
+class Manager(Agent):
+    """Hands tasks to a vetted subagent."""
+
+    model = MODEL
+    instructions = "You are MANAGER."
+    tools = [Vetted]

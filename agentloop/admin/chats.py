@@ -67,7 +67,7 @@ DECIDED_MESSAGES = {
 }
 
 CONFIG_FIELDS = (
-    "model", "provider", "agent_path", "tools", "tool_options", "temperature",
+    "model", "provider", "agent_path", "tools", "guardrails", "tool_options", "temperature",
     "max_output_tokens", "limits", "provider_options", "headers", "output_schema", "schema_path",
 )  # fmt: skip
 

@@ -7,11 +7,12 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import agentloop_settings
+from ..engine.tool_runner import BLOCKED_PREFIX
 from ..messages import MessageStatus, ToolCallState
 from ..models import ChatState
 from .relations import related_model
@@ -53,7 +54,8 @@ class WaitingFilter(admin.SimpleListFilter):
 
 
 class ProblemFilter(admin.SimpleListFilter):
-    """Chats where something went wrong: a provider failure, a limit, a tool, a cancel."""
+    """Chats where something went wrong: a provider failure, a stop, a tool, a cancel, a
+    guardrail's block."""
 
     title = _("went wrong")
     parameter_name = "problem"
@@ -61,9 +63,10 @@ class ProblemFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [
             ("failed", _("failed (provider error)")),
-            ("stopped", _("stopped by a limit")),
+            ("stopped", _("stopped")),
             ("tool_failed", _("a tool failed")),
             ("cancelled", _("cancelled")),
+            ("blocked", _("blocked by a guardrail")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
@@ -77,6 +80,17 @@ class ProblemFilter(admin.SimpleListFilter):
         if value == "tool_failed":
             failed = tool_calls.filter(state=ToolCallState.FAILED).exclude(decision="denied")
             return queryset.filter(Exists(failed))
+        if value == "blocked":
+            messages_ = related_model(model, "messages").objects.filter(chat=OuterRef("pk"))
+            # A blocked message or answer, a stop for a block, or a tool call's blocked result
+            # (its fixed wording: JSON containment is not portable).
+            return queryset.filter(
+                Exists(messages_.filter(status=MessageStatus.BLOCKED))
+                | Q(stop_reason__startswith="guardrail ")
+                | Exists(
+                    messages_.filter(role="tool", is_error=True, content__startswith=BLOCKED_PREFIX)
+                )
+            )
         if value == "cancelled":
             messages_ = related_model(model, "messages").objects.filter(chat=OuterRef("pk"))
             return queryset.filter(

@@ -17,9 +17,11 @@ from .relations import has_field, related_model
 
 __all__ = [
     "DECISION_LABELS",
+    "GUARDRAIL_LABELS",
     "WAIT_LABELS",
     "CallEntry",
     "Entry",
+    "GuardrailEntry",
     "Timeline",
     "build_timeline",
     "format_cost",
@@ -38,6 +40,55 @@ DECISION_LABELS = {
     "submitted": _("result submitted"),
     "superseded": _("superseded by an edit or a regenerated answer: never run"),
 }
+
+
+GUARDRAIL_LABELS = {
+    "passed": _("passed"),
+    "blocked": _("blocked"),
+    "replaced": _("replaced"),
+    "error": _("failed"),
+}
+
+
+@dataclass
+class GuardrailEntry:
+    """What one guardrail decided about a message or a tool call (the row's JSON outcome)."""
+
+    guardrail: str
+    stage: str
+    decision: str
+    reason: str = ""
+    #: what it replaced (text, or arguments as JSON), when kept.
+    original: str = ""
+    parallel: bool = False
+    duration_ms: int | None = None
+
+    @property
+    def label(self) -> str:
+        return str(GUARDRAIL_LABELS.get(self.decision, self.decision))
+
+
+def guardrail_entries(outcomes: Any) -> list[GuardrailEntry]:
+    """A row's ``guardrails`` column as entries (a malformed one is shown, not fatal)."""
+    entries = []
+    for outcome in outcomes or []:
+        if not isinstance(outcome, dict):
+            continue
+        original = outcome.get("original")
+        entries.append(
+            GuardrailEntry(
+                guardrail=str(outcome.get("guardrail", "")),
+                stage=str(outcome.get("stage", "")),
+                decision=str(outcome.get("decision", "")),
+                reason=str(outcome.get("reason", "")),
+                original=(original if isinstance(original, str) else _pretty_json(original))
+                if original is not None
+                else "",
+                parallel=bool(outcome.get("parallel", False)),
+                duration_ms=outcome.get("duration_ms"),
+            )
+        )
+    return entries
 
 
 def format_cost(value: Decimal | None) -> str:
@@ -64,6 +115,11 @@ class CallEntry:
     decide_url: str = ""
     #: the model's arguments, when an approver edited them ("" otherwise).
     original_arguments: str = ""
+
+    @property
+    def guardrails(self) -> list[GuardrailEntry]:
+        """What tool guardrails decided before it ran."""
+        return guardrail_entries(getattr(self.call, "guardrails", None))
 
     @property
     def state_label(self) -> str:
@@ -106,6 +162,11 @@ class Entry:
     #: shows them collapsed); on its last, ``closes_superseded``.
     opens_superseded: int = 0
     closes_superseded: bool = False
+
+    @property
+    def guardrails(self) -> list[GuardrailEntry]:
+        """What input (a user message) or output (an answer) guardrails decided about it."""
+        return guardrail_entries(getattr(self.message, "guardrails", None))
 
     @property
     def usage_cost(self) -> str:

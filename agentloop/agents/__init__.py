@@ -30,7 +30,13 @@ from pydantic import Field, create_model
 
 from ..conf import agentloop_settings, get_chat_model
 from ..engine.transcript import finished, next_move
-from ..exceptions import CancelledError, ConfigurationError, ToolError, ToolWaiting
+from ..exceptions import (
+    CancelledError,
+    ChatStoppedError,
+    ConfigurationError,
+    ToolError,
+    ToolWaiting,
+)
 from ..importing import import_path_of
 from ..in_memory import chat as new_chat
 from ..tools import Tool, snake_case
@@ -66,6 +72,8 @@ class Agent:
     limits: ClassVar[Mapping[str, Any]] = {}
     #: "provider:model" names tried in order when the model fails for a step (``with_fallbacks``).
     fallbacks: ClassVar[Sequence[str]] = ()
+    #: guardrails its chats run (``with_guardrails``; agentloop.guardrails).
+    guardrails: ClassVar[Sequence[Any]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -115,6 +123,9 @@ class Agent:
             chat.with_limits(**cls.limits)
         if cls.fallbacks:
             chat.with_fallbacks(*cls.fallbacks)
+        if cls.guardrails or store.get_guardrails():
+            # The agent's guardrails are the chat's: one removed from the class goes too.
+            chat.with_guardrails(*cls.guardrails, replace=True)
         return chat
 
     @classmethod
@@ -176,6 +187,8 @@ class Agent:
             "schema": None if cls.schema is None else _stable_name(cls.schema),
             "limits": dict(cls.limits),
         }
+        if cls.guardrails:  # only then: the digests of agents without any stay as they were
+            applied["guardrails"] = [_stable_name(guardrail) for guardrail in cls.guardrails]
         text = json.dumps(applied, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -275,6 +288,8 @@ class AgentTool(Tool):
             child.complete()
         except CancelledError as exc:
             raise ToolError(f"The {agent.__name__} subagent's run was cancelled.") from exc
+        except ChatStoppedError as exc:  # a limit, a guardrail's block: the model is told
+            raise ToolError(f"The {agent.__name__} subagent stopped: {exc.reason}") from exc
         if child.conversation.is_complete():
             return last_answer(child)
         raise ToolWaiting("subagent")  # the child waits for a person; so do we

@@ -21,6 +21,7 @@ from . import last_answer
 
 __all__ = [
     "SUBAGENT_CANCELLED_RESULT",
+    "SUBAGENT_STOPPED_RESULT",
     "cancel_children",
     "cancel_waiting_children",
     "decide",
@@ -35,6 +36,8 @@ logger = logging.getLogger("agentloop")
 
 #: a parent's tool result when its subagent's run was cancelled before it answered.
 SUBAGENT_CANCELLED_RESULT = "The subagent's run was cancelled before it answered."
+#: ... and when a guardrail stopped it ("guardrail <name>: <reason>").
+SUBAGENT_STOPPED_RESULT = "The subagent stopped before it answered: {reason}."
 
 
 def has_children(chat_model: Any) -> bool:
@@ -54,16 +57,15 @@ def settle_parent(chat: Any, message: Any) -> None:
         parent.resume_if_waiting()
 
 
-def release_parent(chat: Any) -> None:
-    """A cancelled subagent releases its parent's waiting call with an error result: nothing
-    else would ever settle it, and the parent could take no new message."""
+def release_parent(chat: Any, result: str = SUBAGENT_CANCELLED_RESULT) -> None:
+    """A cancelled subagent (or one a guardrail stopped) releases its parent's waiting call
+    with an error result: nothing else would ever settle it, and the parent could take no
+    new message."""
     call_id = getattr(chat, "parent_tool_call_id", None)
     if call_id is None:
         return
     parent = _parent(chat)
-    if parent is not None and parent.conversation.settle_subagent(
-        call_id, SUBAGENT_CANCELLED_RESULT, is_error=True
-    ):
+    if parent is not None and parent.conversation.settle_subagent(call_id, result, is_error=True):
         parent.resume_if_waiting()  # its own cancel, if it was cancelled too, then stops it
 
 

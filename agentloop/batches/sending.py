@@ -106,6 +106,10 @@ def prepare(chats: list[Any]) -> tuple[list[Call], list[tuple[Any, str]]]:
         if state in (ChatState.QUEUED, ChatState.RUNNING):
             problems.append((chat, f"is {state} in the background"))
             continue
+        if chat.guardrails:
+            # A batch's answers come back without the steps that judge them: fail closed.
+            problems.append((chat, "has guardrails, which a batch does not run (step it instead)"))
+            continue
         conversation = chat.conversation
         transcript = conversation.store.load_transcript()
         move = next_move(transcript)

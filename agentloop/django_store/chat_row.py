@@ -12,7 +12,12 @@ from ..messages import Message
 from .rows import JSON_COLUMNS, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 
-__all__ = ["ChatRow", "transcript_select"]
+__all__ = ["ChatRow", "outcomes_json", "transcript_select"]
+
+
+def outcomes_json(outcomes: list[Any]) -> list[dict[str, Any]]:
+    """Guardrail outcomes as a JSON column holds them (defaults left out)."""
+    return [outcome.model_dump(mode="json", exclude_defaults=True) for outcome in outcomes]
 
 
 class _Models:
@@ -36,6 +41,13 @@ class _Models:
         self.start_call = PreparedUpdate(
             self.tool_call_model,
             ("state", "started_at"),
+            (("id", "="), ("state", "=")),
+            guard=(chat_model, "id", "lease_token"),
+        )
+        # ... with what tool guardrails decided (and the arguments, which one may replace).
+        self.start_guarded_call = PreparedUpdate(
+            self.tool_call_model,
+            ("state", "started_at", "arguments", "guardrails"),
             (("id", "="), ("state", "=")),
             guard=(chat_model, "id", "lease_token"),
         )
@@ -127,6 +139,7 @@ class ChatRow:
                 attachment.model_dump(mode="json", exclude_none=True)
                 for attachment in message.attachments
             ],
+            guardrails=outcomes_json(message.guardrails),
             **extra,
         )
 

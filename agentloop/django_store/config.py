@@ -1,11 +1,12 @@
 """The Django store's configuration: the chat's model, provider and options read from its
-row (``Config``), and its tools loaded from the references the row names."""
+row (``Config``), and its tools and guardrails loaded from the references the row names."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..engine import ChatConfig
+from ..guardrails import Guardrail, guardrail_reference, load_guardrail
 from ..tool_refs import load_tool, tool_reference
 from ..tools import Tool
 from .chat_row import ChatRow
@@ -30,10 +31,13 @@ _CONFIG_COLUMNS = {
     "context_window": "context_window",
     "compaction": "compaction",
     "fallbacks": "fallbacks",
+    "guardrail_paths": "guardrails",
 }
 
 #: tool classes by the chat's tool references, for every chat of this process.
 _LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
+#: guardrails by the chat's guardrail paths, likewise.
+_LOADED_GUARDRAILS: dict[tuple[str, ...], list[Guardrail]] = {}
 
 
 class Config:
@@ -43,6 +47,7 @@ class Config:
         self.row = row
         self._config: ChatConfig | None = None
         self._tools: tuple[tuple[str, ...], list[type[Tool]]] | None = None
+        self._guardrails: tuple[tuple[str, ...], list[Guardrail]] | None = None
 
     def forget(self) -> None:
         """The row was configured elsewhere (a claim read it): read it again when asked."""
@@ -75,6 +80,7 @@ class Config:
                 "context_window": chat.context_window,
                 "compaction": chat.compaction,
                 "fallbacks": chat.fallbacks or [],
+                "guardrail_paths": chat.guardrails or [],
             }
         )
 
@@ -111,3 +117,24 @@ class Config:
                 tools = _LOADED_TOOLS[paths] = [load_tool(path) for path in paths]
             self._tools = (paths, tools)
         return self._tools[1]
+
+    def set_guardrails(self, guardrails: list[Guardrail]) -> None:
+        paths = [guardrail_reference(guardrail) for guardrail in guardrails]
+        self.update_config(guardrail_paths=paths)
+        self._guardrails = (tuple(paths), list(guardrails))
+
+    def get_guardrails(self) -> list[Guardrail]:
+        paths = tuple(self.row.chat.guardrails or ())
+        if not paths:
+            return []
+        if self._guardrails is None or self._guardrails[0] != paths:
+            # Loaded once per process, like tools: a worker names them again from the row. One
+            # that can't be loaded fails the step (ConfigurationError names it): fail closed.
+            guardrails = _LOADED_GUARDRAILS.get(paths)
+            if guardrails is None:
+                if len(_LOADED_GUARDRAILS) >= 512:
+                    _LOADED_GUARDRAILS.clear()
+                loaded = [load_guardrail(path) for path in paths]
+                guardrails = _LOADED_GUARDRAILS[paths] = loaded
+            self._guardrails = (paths, guardrails)
+        return self._guardrails[1]

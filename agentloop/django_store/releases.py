@@ -15,9 +15,9 @@ from ..conf import agentloop_settings
 from ..engine.retries import backoff
 from ..exceptions import (
     CancelledError,
+    ChatStoppedError,
     ConcurrentWriteError,
     EditError,
-    LimitReachedError,
     PendingToolCallsError,
     ProviderError,
     ToolCallNotWaitingError,
@@ -77,7 +77,7 @@ def release_fields(
         # an in-process verb's claim left the state as it was (a background run's included).
         state = "idle" if background and chat.state == "running" else chat.state
         return {"state": state}, Release(state)
-    if isinstance(failure, LimitReachedError):
+    if isinstance(failure, ChatStoppedError):  # a limit, a guardrail's block
         reason = failure.reason[:300]
         return {"state": "stopped", "stop_reason": reason, "attempts": 0}, Release("stopped")
     error = one_line(failure)

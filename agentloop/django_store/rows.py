@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from ..attachments import Attachment, attachments_adapter
-from ..messages import Message, MessageStatus, ToolCall, ToolCallState
+from ..messages import GuardrailOutcome, Message, MessageStatus, ToolCall, ToolCallState
 
 __all__ = [
     "JSON_COLUMNS",
@@ -53,6 +53,7 @@ MESSAGE_COLUMNS = (
     "thinking",
     "provider_data",
     "attachments",
+    "guardrails",
     "tool_call__call_id",
     "tool_call__name",
     "tool_calls__id",
@@ -76,6 +77,7 @@ JSON_COLUMNS = frozenset(
         "parsed",
         "provider_data",
         "attachments",
+        "guardrails",
         "tool_calls__arguments",
         "tool_calls__provider_data",
     )
@@ -106,6 +108,18 @@ def _attachments(value: Any) -> list[Attachment]:
     return attachments_adapter.validate_python(value)
 
 
+_outcomes = TypeAdapter(list[GuardrailOutcome])
+
+
+def _guardrails(value: Any) -> list[GuardrailOutcome]:
+    """The guardrails column: nearly always empty; else validated back into outcomes."""
+    if not value or value == "[]":
+        return []
+    if isinstance(value, str):
+        return _outcomes.validate_json(value)
+    return _outcomes.validate_python(value)
+
+
 def transcript_query(message_model: Any, chat_pk: Any) -> Any:
     """The transcript's query: ``MESSAGE_COLUMNS`` of the chat's messages with their tool calls.
 
@@ -125,9 +139,9 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
     last: Message | None = None
     for row in rows:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
-         provider_data, attachments, answers_id, answers_name, call_key, call_id, call_name,
-         call_arguments, call_state, call_provider_data, wait_reason, question, decision,
-         decision_digest) = row  # fmt: skip
+         provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
+         call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
+         decision, decision_digest) = row  # fmt: skip
         if last is None or last.key != key:
             # Rows are our own: build without validation (see trusted).
             last = trusted(
@@ -146,6 +160,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                     "finish_reason": finish_reason or None,
                     "thinking": thinking,
                     "provider_data": _json(provider_data, {}),
+                    "guardrails": _guardrails(guardrails),
                     "created_at": None,  # read on demand: turn_started_at()
                     "key": key,
                     "superseded": False,  # the transcript's query leaves superseded rows out
@@ -166,8 +181,10 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         "question": question or None,
                         "decision": decision or None,
                         "decision_digest": decision_digest or None,
-                        # Edited arguments are only written by a decision: none read back.
+                        # Edited arguments are only written by a decision, and a call's
+                        # guardrail outcomes before it runs: neither is read back.
                         "original_arguments": None,
+                        "guardrails": [],
                         "key": call_key,
                     },
                 )

@@ -228,7 +228,8 @@ class RunControl:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
         is no longer ours. On a dropped connection it runs again on a new one while the
-        lease is valid, unless it committed after all (``record``, its message, is there)."""
+        lease is valid, unless it committed after all (``record``, its message, is there;
+        None: the statement is the same twice, as an UPDATE is)."""
         lease = self._lease_for_write()
         assert lease is not None  # noqa: S101 - step_writes checked it
         using = self.row.db
@@ -262,6 +263,8 @@ class RunControl:
                 return run_statement(using, sql, guard_params + values.params)
 
             def landed() -> list[Any] | None:
+                if record is None:
+                    return None  # run again: it changes nothing more the second time
                 return landed_rows(self.row, record, release is not None)
 
             rows = retried(lease, using, run, landed=landed)

@@ -105,6 +105,12 @@ class DjangoStore(ChatStore):
     def get_tools(self) -> list[type[Tool]]:
         return self.config.get_tools()
 
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        self.config.set_guardrails(guardrails)
+
+    def get_guardrails(self) -> list[Any]:
+        return self.config.get_guardrails()
+
     # -- the claim -----------------------------------------------------------------------
     def claim(self) -> bool:
         return self.control.claim()
@@ -126,6 +132,9 @@ class DjangoStore(ChatStore):
 
     def append_message(self, message: Message) -> Any:
         return self.transcript.append_message(message)
+
+    def save_guardrails(self, message: Message) -> None:
+        self.transcript.save_guardrails(message)
 
     def replace_instructions(self, text: str) -> None:
         self.transcript.replace_instructions(text)
@@ -172,6 +181,9 @@ class DjangoStore(ChatStore):
         release: str | None = None,
     ) -> Any:
         return self.tool_calls.save_tool_result(call, message, state, error, release=release)
+
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        self.tool_calls.save_tool_guardrails(call)
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)

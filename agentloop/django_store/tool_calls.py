@@ -14,7 +14,7 @@ from django.utils import timezone
 from ..engine import ToolTransaction
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
-from .chat_row import ChatRow
+from .chat_row import ChatRow, outcomes_json
 from .leases import Lease, heartbeats
 from .reconnect import CONNECTION_ERRORS, discard, retried, unusable
 from .run_control import RunControl
@@ -42,13 +42,15 @@ class ToolCalls:
             raise LeaseLostError(f"The lease on chat {self.chat.pk} was lost.")
         started_at = timezone.now()
 
+        statement, values = self.models.start_call, [ToolCallState.RUNNING, started_at]
+        if call.guardrails:  # written by the claim itself: no statement of their own
+            statement = self.models.start_guarded_call
+            values += [call.arguments, outcomes_json(call.guardrails)]
+
         def start() -> int:
             return int(
-                self.models.start_call.run(
-                    self.row.db,
-                    [ToolCallState.RUNNING, started_at],
-                    [call.key, call.state],
-                    guard=(self.chat.pk, lease.token),
+                statement.run(
+                    self.row.db, values, [call.key, call.state], guard=(self.chat.pk, lease.token)
                 )
             )
 
@@ -178,15 +180,29 @@ class ToolCalls:
         message.key = record.pk
         return record
 
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        rows = self.models.tool_call_model.objects.filter(pk=call.key)
+        judged = {"guardrails": outcomes_json(call.guardrails), "arguments": call.arguments}
+
+        def update() -> None:  # the same twice: tried again as a whole on a dropped connection
+            with self.control.writing():
+                rows.update(**judged)
+
+        retried(self.control.lease, self.row.db, update)
+
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         # A decision made before this verb releases the chat wakes it (RunControl sees to it).
         self.control.holds(call.key)
+        judged: dict[str, Any] = {}
+        if call.guardrails:  # judged before it is held (a deferred call)
+            judged = {"guardrails": outcomes_json(call.guardrails), "arguments": call.arguments}
         with self.control.writing():
             self.models.tool_call_model.objects.filter(pk=call.key).update(
                 state=ToolCallState.WAITING,
                 wait_reason=reason,
                 question=question or "",
                 waiting_since=Now(),  # the database's clock: the sweeper's timeout uses it
+                **judged,
             )
 
     def record_decision(

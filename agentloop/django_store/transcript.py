@@ -12,7 +12,7 @@ from django.db.models import Sum
 
 from ..engine import UsageRecord
 from ..messages import Message, MessageStatus
-from .chat_row import ChatRow
+from .chat_row import ChatRow, outcomes_json
 from .reconnect import committed_message, retried
 from .rows import held_calls, messages_from_rows
 from .run_control import RunControl
@@ -75,6 +75,25 @@ class Transcript:
                 self.row.update(**values)
         message.key = record.pk
         return record
+
+    def save_guardrails(self, message: Message) -> None:
+        judged = {"guardrails": outcomes_json(message.guardrails), "content": message.content,
+                  "status": message.status}  # fmt: skip
+        writes = self.control.step_writes()
+        if writes is not None:  # one statement, the lease's guard first
+
+            def body(guard: str, values: Values) -> str:
+                return writes.judged(guard, values, judged, message.key)
+
+            self.control.at_once(writes, None, body, None)
+            return
+        rows = self.models.message_model.objects.filter(pk=message.key)
+
+        def update() -> None:  # the same twice: tried again as a whole on a dropped connection
+            with self.control.writing():
+                rows.update(**judged)
+
+        retried(self.control.lease, self.row.db, update)
 
     def replace_instructions(self, text: str) -> None:
         system = self.models.message_model.objects.filter(

@@ -93,6 +93,7 @@ class StepWrites:
         self.chat_pk = quote(chat_meta.pk.column)
         self.has_inbox = any(field.name == "inbox" for field in chat_meta.concrete_fields)
         self.message = _Rows(models.message_model, connection)
+        self.message_meta = models.message_model._meta
         self.calls = _Rows(models.tool_call_model, connection, exclude="message")
         self.call_message = quote(models.tool_call_model._meta.get_field("message").column)
         self.call_key = quote(models.tool_call_model._meta.get_field("call_id").column)
@@ -172,6 +173,25 @@ class StepWrites:
             f"m AS (INSERT INTO {m.table} ({m.columns}) SELECT {values.row(m, record)} FROM g "
             f"RETURNING {m.pk}) "
             "SELECT g.*, m.* FROM g CROSS JOIN m"
+        )
+
+    def judged(self, guard: str, values: Values, changes: dict[str, Any], key: Any) -> str:
+        """A stored message's ``changes`` (what guardrails decided about it), guarded."""
+        m = self.message
+        meta = self.message_meta
+        quote = self.connection.ops.quote_name
+        sets = []
+        for name, value in changes.items():
+            field = meta.get_field(name)
+            prepared = field.get_db_prep_save(value, self.connection)
+            sets.append(
+                f"{quote(field.column)} = {values.add(prepared, _type(field, self.connection))}"
+            )
+        values.params.append(key)
+        return (
+            f"WITH g AS ({guard}), "  # noqa: S608 - quoted identifiers only; values are params
+            f"u AS (UPDATE {m.table} SET {', '.join(sets)} FROM g WHERE {m.table}.{m.pk} = %s) "
+            "SELECT g.* FROM g"
         )
 
     def result(

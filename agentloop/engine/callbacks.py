@@ -22,6 +22,7 @@ EVENTS = (
     "halted",
     "claimed",
     "subagents_waiting",
+    "guardrail_blocked",
     "superseded",
     "forked",
 )

@@ -89,3 +89,5 @@ class ChatConfig(BaseModel):
     compaction: Compaction | None = None
     #: models tried in order when a call to ``model`` fails in a way retrying can't fix.
     fallbacks: list[str] = Field(default_factory=list)
+    #: guardrails by import path (persisted chats; ``with_guardrails``).
+    guardrail_paths: list[str] = Field(default_factory=list)

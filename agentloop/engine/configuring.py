@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..exceptions import ConfigurationError
+from ..guardrails import Guardrail, as_guardrail
 from ..importing import import_path_of
 from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
@@ -110,6 +111,20 @@ class Configuration:
         for tool_class in _agent_names([*current, *(_as_tool_class(tool) for tool in tools)]):
             by_name[tool_class.name] = tool_class
         self.store.set_tools(list(by_name.values()))
+        return self
+
+    def with_guardrails(self, *guardrails: Any, replace: bool = False) -> Self:
+        """Run these guardrails (``agentloop.guardrails``: functions decorated with
+        ``@input_guardrail``, ``@output_guardrail`` or ``@tool_guardrail``, or Guardrail
+        subclasses) on the chat's user messages, answers and tool calls, each stage's in the
+        order given. One named like an earlier one takes its place; ``replace=True`` drops the
+        earlier ones (``with_guardrails(replace=True)``: none). A persisted chat keeps their
+        import paths."""
+        current = [] if replace else list(self.store.get_guardrails())
+        by_name: dict[str, Guardrail] = {}
+        for guardrail in [*current, *(as_guardrail(item) for item in guardrails)]:
+            by_name[guardrail.name] = guardrail
+        self.store.set_guardrails(list(by_name.values()))
         return self
 
     def with_mcp(

@@ -63,6 +63,7 @@ class Conversation(Configuration, Generic[MessageT]):
             self._callbacks,
             record_cancel=self._runs.record_cancel,
             schema_model=self._given_schema_model,
+            owner=self.owner,
         )
         self._control = Control(store, self._callbacks)
         self._people = PeopleInTheLoop(store, self._callbacks)
@@ -76,7 +77,8 @@ class Conversation(Configuration, Generic[MessageT]):
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Self:
-        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted")."""
+        """Call ``callback`` on ``event`` (a callback name, "cancelled", "stopped", "halted",
+        "guardrail_blocked")."""
         self._callbacks.add(event, callback)
         return self
 

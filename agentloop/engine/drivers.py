@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -25,10 +26,21 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 
 from . import tracing
-from .effects import Effects, Launch, RunTool, Send, Sleep, WaitAny
+from .effects import (
+    AwaitJudging,
+    Effects,
+    Judge,
+    Launch,
+    RunTool,
+    Send,
+    Sleep,
+    StartJudging,
+    WaitAny,
+)
+from .guarding import Judging, ajudge, judge
 from .sending import asend, send
 from .store import ChatStore
-from .tool_runner import aexecute_tool, execute_tool
+from .tool_execution import aexecute_tool, execute_tool
 
 __all__ = ["drive", "drive_async"]
 
@@ -59,7 +71,7 @@ def _advance(
         ended, effect = _resume(effects, value, error)
         if ended:
             return ended, effect
-        if not isinstance(effect, Launch):  # launching waits for nothing
+        if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
             before_wait()
         if not (tools_here and isinstance(effect, RunTool)) or effect.tool_class.is_async():
             return ended, effect
@@ -96,7 +108,7 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                 return result
             value, error = None, None
             try:
-                if not isinstance(effect, Launch):  # launching waits for nothing
+                if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
                     before_wait()
                 if isinstance(effect, Send):
                     value = send(effect)  # bounded: a slot, a deadline, a cancel watchdog
@@ -116,6 +128,14 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                 elif isinstance(effect, WaitAny):
                     done, _ = wait(effect.handles, return_when=FIRST_COMPLETED)
                     value = [(future, future.result()) for future in done]
+                elif isinstance(effect, Judge):
+                    value = judge(effect.panels)
+                elif isinstance(effect, StartJudging):
+                    value = _start_judging(effect)
+                elif isinstance(effect, AwaitJudging):
+                    value = effect.judging.wait()
+                    if effect.state is not None and effect.judging.passed:
+                        effect.state.release()
                 else:  # pragma: no cover - an effect this driver doesn't know is a bug
                     raise TypeError(f"unknown effect {effect!r}")
             except BaseException as exc:
@@ -124,6 +144,21 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
         effects.close()
         if pool is not None:
             pool.shutdown()
+
+
+def _start_judging(effect: StartJudging) -> Judging:
+    """Judge on a thread of its own while the verb goes on (the model call)."""
+    judging = effect.judging
+
+    def run() -> None:
+        try:
+            judging.settle(judge(effect.judge.panels))
+        except BaseException as exc:  # never left unsettled: the verb waits for it
+            judging.settle_failed(exc)
+
+    work = tracing.carry(effect.judge.wrap(run))
+    threading.Thread(target=work, name="agentloop-guardrails", daemon=True).start()
+    return judging
 
 
 async def drive_async(effects: Effects[T], store: ChatStore) -> T:
@@ -173,7 +208,39 @@ async def _perform(effect: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> 
         done, _ = await asyncio.wait(effect.handles, return_when=asyncio.FIRST_COMPLETED)
         tasks.difference_update(done)
         return [(task, task.result()) for task in done]
+    if isinstance(effect, Judge):
+        return await ajudge(effect.panels, effect.wrap, thread_sensitive=True)
+    if isinstance(effect, StartJudging):
+        return _astart_judging(effect, tasks)
+    if isinstance(effect, AwaitJudging):
+        judging = effect.judging
+        if judging.task is not None and not judging.settled:
+            await asyncio.wait([judging.task])
+            tasks.discard(judging.task)
+        verdicts = judging.wait()  # settled by now: no wait
+        if effect.state is not None and judging.passed:
+            await effect.state.arelease()
+        return verdicts
     raise TypeError(f"unknown effect {effect!r}")  # pragma: no cover - a bug
+
+
+def _astart_judging(effect: StartJudging, tasks: set[asyncio.Future[Any]]) -> Judging:
+    """Judge in a task of this loop while the verb goes on (sync checks on threads)."""
+    judging = effect.judging
+
+    async def run() -> None:
+        try:
+            judging.settle(await ajudge(effect.judge.panels, effect.judge.wrap,
+                                        thread_sensitive=False))  # fmt: skip
+        except asyncio.CancelledError as exc:  # the verb ended first: settled, and cancelled
+            judging.settle_failed(exc)
+            raise
+        except Exception as exc:  # never left unsettled: the verb waits for it
+            judging.settle_failed(exc)
+
+    judging.task = asyncio.ensure_future(run())
+    tasks.add(judging.task)
+    return judging
 
 
 async def _run_tool(tool: RunTool, *, thread_sensitive: bool) -> Any:

@@ -19,9 +19,20 @@ from ..providers.base import Provider
 
 if TYPE_CHECKING:  # the stream state imports the store; only its type is named here
     from .checkpoints import Checkpoints
+    from .guarding import Judging, Panel
     from .streaming import StreamState
 
-__all__ = ["Launch", "Effects", "RunTool", "Send", "Sleep", "WaitAny"]
+__all__ = [
+    "AwaitJudging",
+    "Effects",
+    "Judge",
+    "Launch",
+    "RunTool",
+    "Send",
+    "Sleep",
+    "StartJudging",
+    "WaitAny",
+]
 
 T = TypeVar("T")
 
@@ -42,6 +53,9 @@ class Send:
     checkpoints: Checkpoints | None = None
     #: the name the provider is registered under (limits and timeouts are set by it).
     provider_name: str = ""
+    #: input guardrails judging meanwhile: the call is abandoned when their verdict won't
+    #: let it stand (``CallAbandoned``), and its stream is held until they pass.
+    judging: Judging | None = None
 
 
 @dataclass
@@ -77,3 +91,29 @@ class WaitAny:
     """Wait until one of the launched ``handles`` finishes. Returns ``[(handle, outcome)]``."""
 
     handles: list[Any]
+
+
+@dataclass
+class Judge:
+    """Run guardrails on ``panels`` (:mod:`.guarding`), in order. Returns their verdicts."""
+
+    panels: list[Panel]
+    #: wraps a sync check run on a thread of its own (the Django store closes connections).
+    wrap: Callable[[Callable[[], Any]], Callable[[], Any]]
+
+
+@dataclass
+class StartJudging:
+    """Start ``judge`` while the verb goes on (the model call). Returns ``judging``."""
+
+    judge: Judge
+    judging: Judging
+
+
+@dataclass
+class AwaitJudging:
+    """Wait for ``judging``'s verdicts; when they pass, a stream ``state`` held meanwhile
+    gets its chunks. Returns the verdicts."""
+
+    judging: Judging
+    state: StreamState | None = None

@@ -18,6 +18,7 @@ from . import tracing
 from .callbacks import Callbacks
 from .control import CANCELLED_TOOL_RESULT, Control
 from .effects import Effects
+from .guarding import Guards
 from .model_calls import ModelCalls
 from .results import StepResult
 from .runs import Run, Runs
@@ -193,6 +194,7 @@ class Loop:
         limit = config.limits.max_tool_calls
         budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
         tools: dict[str, type[Tool]] = {tool.name: tool for tool in self.store.get_tools()}
+        guards = Guards(self.store, self._callbacks.emit, self._owner)
         runner = ToolRunner(
             self.store,
             tools,
@@ -202,6 +204,9 @@ class Loop:
             chat=self._owner,
             release_last=run.single,
             tool_budget=budget,
+            guards=guards if guards.tool else None,
+            transcript=transcript,
+            asking=round_.message,
         )
         try:
             results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
@@ -213,6 +218,9 @@ class Loop:
         # The transcript in memory follows what was written: the next step needs no read.
         transcript.extend(runner.messages)
         run.next_move = next_move(transcript)
+        if runner.stopped is not None:
+            # A tool guardrail's block stops the chat, now that the round's results are saved.
+            guards.fail_or_stop(runner.stopped, announce=False)
         return results
 
 

@@ -28,6 +28,7 @@ class MemoryStore(ChatStore):
     def __init__(self, config: ChatConfig | None = None) -> None:
         self.config = config or ChatConfig()
         self.tools: list[Any] = []
+        self.guardrails: list[Any] = []
         self.messages: list[Message] = []
         self.usage: list[tuple[datetime, UsageRecord]] = []
         self.tool_errors: dict[str, str] = {}
@@ -112,6 +113,12 @@ class MemoryStore(ChatStore):
     def get_tools(self) -> list[Any]:
         return self.tools
 
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        self.guardrails = list(guardrails)
+
+    def get_guardrails(self) -> list[Any]:
+        return self.guardrails
+
     def load_transcript(self) -> list[Message]:
         # Copies, so the engine's view can't be changed behind its back.
         return [
@@ -142,6 +149,11 @@ class MemoryStore(ChatStore):
         stored = self._add(message)
         message.key, message.created_at = stored.key, stored.created_at
         return stored
+
+    def save_guardrails(self, message: Message) -> None:
+        stored = self._find(message.key)
+        stored.content, stored.status = message.content, message.status
+        stored.guardrails = [outcome.model_copy() for outcome in message.guardrails]
 
     def replace_instructions(self, text: str) -> None:
         first = next((m for m in self.messages if m.role == "system"), None)
@@ -210,7 +222,19 @@ class MemoryStore(ChatStore):
         if stored.state != call.state:
             return False
         stored.state = ToolCallState.RUNNING
+        self._keep_guardrails(call, stored)
         return True
+
+    @staticmethod
+    def _keep_guardrails(call: ToolCall, stored: ToolCall) -> None:
+        if call.guardrails:
+            stored.guardrails = [outcome.model_copy() for outcome in call.guardrails]
+            stored.arguments = dict(call.arguments)
+            if call.original_arguments is not None:
+                stored.original_arguments = dict(call.original_arguments)
+
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        self._keep_guardrails(call, self._call(call))
 
     def save_tool_result(
         self,
@@ -237,6 +261,7 @@ class MemoryStore(ChatStore):
         stored.state = ToolCallState.WAITING
         stored.wait_reason = reason
         stored.question = question
+        self._keep_guardrails(call, stored)
 
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None

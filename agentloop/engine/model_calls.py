@@ -23,6 +23,7 @@ from ..messages import (
     MessageStatus,
     ModelRequest,
     ModelResponse,
+    TokenUsage,
     ToolCallState,
 )
 from ..providers.base import Provider
@@ -31,8 +32,10 @@ from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .compaction import window
 from .config import ChatConfig
-from .effects import Effects, Send, Sleep
+from .effects import AwaitJudging, Effects, Judge, Send, Sleep, StartJudging
+from .guarding import Case, Guards, Judged, Judging, Verdict
 from .retries import retry_delay
+from .sending import CallAbandoned
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
 from .summaries import Summaries, failed_usage
@@ -59,6 +62,23 @@ class PreparedCall:
     transcript: list[Message]
 
 
+def _abandoned(
+    prepared: PreparedCall, started: float, response: ModelResponse | None = None
+) -> UsageRecord:
+    """The usage of a call the input guardrails did not let stand (what the provider
+    reported, when it answered first)."""
+    usage = response.usage if response is not None else None
+    return UsageRecord(
+        provider=prepared.provider_name,
+        model=prepared.model_id,
+        status="cancelled",
+        usage=usage or TokenUsage(),
+        cost=prepared.provider.cost(prepared.model_id, usage) if usage is not None else None,
+        error="abandoned: the input guardrails did not pass the message",
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
 def falls_back(error: BaseException) -> bool:
     """A failure the next model may not have: transient errors left after the step's retries,
     and context length; auth and bad requests would fail the same way on any model."""
@@ -71,7 +91,8 @@ class ModelCalls:
     """Preparing, sending and accepting one chat's model calls.
 
     ``record_cancel`` records a cancel seen mid-call (the run's); ``schema_model`` gives the
-    pydantic model of a ``with_schema`` chat in this process, if any."""
+    pydantic model of a ``with_schema`` chat in this process, if any; ``owner`` is what
+    guardrails see as ``context.chat``."""
 
     def __init__(
         self,
@@ -80,8 +101,10 @@ class ModelCalls:
         *,
         record_cancel: Callable[..., None],
         schema_model: Callable[[], type[BaseModel] | None],
+        owner: Any = None,
     ) -> None:
         self.store = store
+        self.owner = owner
         self._emit = callbacks.emit
         self._record_cancel = record_cancel
         self._schema_model = schema_model
@@ -192,15 +215,21 @@ class ModelCalls:
         duration_ms: int | None = None,
         partial_key: Any = None,
         release_after: tuple[str, ...] = (),
+        verdict: Verdict | None = None,
     ) -> Any:
         """Append the answer to a prepared call, with its usage row, as ``generate()`` does;
         the answer (with its keys) is added to ``prepared.transcript``.
 
         ``cost`` overrides the provider's price (e.g. a batch discount). When the answer
         leads to one of the moves in ``release_after``, the same transaction releases the
-        claim (the verb ends with this write).
+        claim (the verb ends with this write). ``verdict``: what the output guardrails
+        decided (kept on the answer; one that did not pass marks it blocked).
         """
         message = self._answer(response, prepared.transcript, prepared.model_id)
+        if verdict is not None:
+            message.guardrails = list(verdict.outcomes)
+            if not verdict.passed:
+                message.status = MessageStatus.BLOCKED  # kept for the record, never sent
         if cost is None:
             cost = prepared.provider.cost(prepared.model_id, response.usage)
         usage = UsageRecord(
@@ -222,8 +251,34 @@ class ModelCalls:
         self, transcript: list[Message], stream: StreamCallback | None, run: Run
     ) -> Effects[Any]:
         """One model call of ``run`` (fallbacks, one compaction on a context-length error);
-        the answer is saved and added to ``transcript``."""
+        the answer is saved and added to ``transcript``. The chat's input guardrails judge
+        the user's message first (or meanwhile), its output guardrails a final answer."""
+        guards = Guards(self.store, self._emit, self.owner)
+        panels = guards.input_panels(transcript, guards.input)
+        if panels:  # the user's message is judged before anything is sent
+            guards.settle_input(panels, (yield Judge(panels, self.store.wrap_thread)))
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
+        panels = guards.input_panels(transcript, guards.parallel, parallel=True)
+        judging = Judging(panels) if panels else None
+        if judging is not None:  # ... or while the model call is in flight
+            yield StartJudging(Judge(panels, self.store.wrap_thread), judging)
+        try:
+            return (yield from self._generate(prepared, transcript, stream, run, guards, judging))
+        except ProviderError:
+            if judging is not None and not judging.applied:
+                # The call failed for good while they judged: a block still stops the chat.
+                guards.settle_input(judging.panels, (yield AwaitJudging(judging)))
+            raise
+
+    def _generate(
+        self,
+        prepared: PreparedCall,
+        transcript: list[Message],
+        stream: StreamCallback | None,
+        run: Run,
+        guards: Guards,
+        judging: Judging | None,
+    ) -> Effects[Any]:
         config = self.store.get_config()
         streams = stream is not None
         self._emit("before_message")
@@ -232,8 +287,18 @@ class ModelCalls:
         index = 0
         while True:
             try:
-                response, partial_key, started = yield from self._send(prepared, stream, run)
+                response, partial_key, started = yield from self._send(
+                    prepared, stream, run, judging
+                )
                 break
+            except Judged as judged:  # the parallel guardrails did not pass the call
+                assert judging is not None  # noqa: S101 - only a judged call raises it
+                judging.applied = True
+                guards.settle_input(judging.panels, judged.verdicts)  # raises, unless replaced
+                judging = None
+                # Replaced: the same model again, asked with the new text.
+                prepared = self._prepare_for(transcript, config, chain[index], streams)
+                continue
             except ContextLengthError as exc:
                 if not compacted and self.summaries.compact(transcript, config) is not None:
                     # One compaction and one retry of the same model.
@@ -260,24 +325,47 @@ class ModelCalls:
             prepared = self._prepare_for(transcript, config, chain[index], streams)
             self._emit("model_fallback", failed.provider_name + ":" + failed.model_id,
                        prepared.provider_name + ":" + prepared.model_id, error)  # fmt: skip
+        if judging is not None:  # they passed it while the call was in flight
+            judging.applied = True
+            guards.settle_input(judging.panels, judging.verdicts)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        verdict = None
+        if guards.output and not response.tool_calls:  # a final answer: judged before kept
+            answer = Message(role="assistant", content=response.content,
+                             model=response.model or prepared.model_id)  # fmt: skip
+            case = Case("output", answer.content, answer)
+            (verdict,) = yield Judge(guards.panels(guards.output, [case], transcript),
+                                     self.store.wrap_thread)  # fmt: skip
+            if verdict.passed and verdict.text is not None:
+                response = response.model_copy(update={"content": verdict.text, "parsed": None})
+        stands = verdict is None or verdict.passed
         # The step's last write releases the claim when the verb ends with it: a single
         # step always, a loop when the answer settles the turn.
         record = self.accept_response(
             prepared,
             response,
-            duration_ms=int((time.monotonic() - started) * 1000),
+            duration_ms=duration_ms,
             partial_key=partial_key,
-            release_after=("tools", "done") if run.single else ("done",),
+            release_after=(("tools", "done") if run.single else ("done",)) if stands else (),
+            verdict=verdict,
         )
         run.next_move = next_move(transcript)
+        if verdict is not None and not stands:
+            guards.fail_or_stop(verdict)  # kept, marked blocked; the chat stops (or fails)
         return record
 
     def _send(
-        self, prepared: PreparedCall, stream: StreamCallback | None, run: Run
+        self,
+        prepared: PreparedCall,
+        stream: StreamCallback | None,
+        run: Run,
+        judging: Judging | None = None,
     ) -> Effects[tuple[ModelResponse, Any, float]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, and when the answering attempt started. A usage row per failure.
-        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O."""
+        The request and the backoff are effects (:mod:`.effects`): the driver does the I/O.
+        With ``judging`` (input guardrails judging meanwhile) the call is abandoned when
+        they don't pass it, and ``Judged`` raised with their verdicts."""
         checkpoints: Checkpoints = run.checkpoints
         provider, model_id, request = prepared.provider, prepared.model_id, prepared.request
         provider_name = prepared.provider_name
@@ -285,7 +373,7 @@ class ModelCalls:
         partial_key = None  # a failed attempt's streamed partial: the retry takes its place
         for attempt in range(retries + 1):
             checkpoints.check(force=False)  # just before the request
-            state = StreamState(self.store, checkpoints, stream, model_id)
+            state = StreamState(self.store, checkpoints, stream, model_id, judging)
             state.partial_key = partial_key
             started = time.monotonic()
             try:
@@ -294,7 +382,7 @@ class ModelCalls:
                 ) as span:  # one span per attempt
                     stream_state = state if request.stream else None
                     response = yield Send(
-                        provider, request, stream_state, checkpoints, provider_name
+                        provider, request, stream_state, checkpoints, provider_name, judging
                     )
                     span.response(response)
             except CancelledError as exc:
@@ -311,6 +399,10 @@ class ModelCalls:
                     exc, partial=partial, partial_key=state.partial_key, usage=usage
                 )
                 raise
+            except CallAbandoned:
+                assert judging is not None  # noqa: S101 - only a judged call is abandoned
+                self.store.record_usage(_abandoned(prepared, started))
+                raise Judged((yield AwaitJudging(judging))) from None
             except Exception as exc:
                 self.store.record_usage(failed_usage(provider_name, model_id, exc, started))
                 delay = retry_delay(attempt, exc) if attempt < retries else None
@@ -323,6 +415,12 @@ class ModelCalls:
                     # Nothing will finish this answer: it must not look like it still streams.
                     self.store.fail_partial(state.partial_key)
                 raise
+            if judging is not None:
+                verdicts = yield AwaitJudging(judging, state)  # passed: the held chunks go out
+                if not judging.passed:
+                    # The answer came first; the verdict drops it (its usage is kept).
+                    self.store.record_usage(_abandoned(prepared, started, response))
+                    raise Judged(verdicts)
             return response, state.partial_key, started
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -9,7 +9,9 @@ deadline, which counts from the call's start. Then the provider is asked under a
 the process's watchdog aborts the call (its response's socket is shut, an awaited call is
 cancelled), and the abort comes out as :class:`~agentloop.exceptions.ProviderTimeout` (a
 transient error: the step's retries apply) or as the run's
-:class:`~agentloop.exceptions.CancelledError`.
+:class:`~agentloop.exceptions.CancelledError`. A call made while input guardrails judge
+(``Send.judging``) is abandoned the same way once their verdict won't let it stand: it ends
+in :class:`CallAbandoned`, before it is sent if the verdict came first.
 """
 
 from __future__ import annotations
@@ -33,13 +35,18 @@ from ..providers.slots import Slots, Ticket, slots_for
 from ..providers.watchdog import CallWatch, watching
 from .effects import Send
 
-__all__ = ["asend", "call_timeout", "send"]
+__all__ = ["CallAbandoned", "asend", "call_timeout", "send"]
 
 #: longest wait for a slot between two looks at the cancel and the deadline (seconds).
 SLICE = 0.1
 
 Phase = Callable[..., Awaitable[Any]]
 Held = list[tuple[Slots, Ticket]]
+
+
+class CallAbandoned(Exception):  # noqa: N818 - an outcome, never seen outside the verb
+    """The model call was stopped (or never sent): the input guardrails judging meanwhile
+    did not pass the message, so its answer would not be used."""
 
 
 def call_timeout(provider_name: str) -> float | None:
@@ -70,7 +77,8 @@ class _Call:
         self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
         checkpoints = effect.checkpoints
         notice = checkpoints.store.cancel_notice if checkpoints is not None else None
-        self.watch = CallWatch(self.deadline, notice)
+        self.abandon = effect.judging.stopped if effect.judging is not None else None
+        self.watch = CallWatch(self.deadline, notice, self.abandon)
         self.slots = slots_for(self.name, effect.request.model)
 
     def slice(self) -> float:
@@ -80,6 +88,10 @@ class _Call:
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def check_abandoned(self) -> None:
+        if self.abandon is not None and self.abandon.is_set():
+            raise CallAbandoned("input guardrails did not pass the message")
 
     def too_late(self) -> bool:
         """A slot came free less than a slice before the deadline: the call would be cut
@@ -107,6 +119,7 @@ class _Call:
         def each(chunk: Chunk) -> None:
             if self.expired():
                 raise self.timed_out()
+            self.check_abandoned()  # a provider whose response the watchdog can't shut
             state.on_chunk(chunk)
 
         return each
@@ -148,12 +161,17 @@ def send(effect: Send) -> ModelResponse:
                 woken.wait(call.slice())
                 if ticket.granted and call.too_late():
                     raise call.timed_out(waiting=True)
+        call.check_abandoned()
         with watching(call.watch):
             try:
                 return effect.provider.request(effect.request, on_chunk=call.on_chunk())
+            except CallAbandoned:
+                raise
             except Exception as exc:
                 if call.watch.reason == "cancel" and effect.checkpoints is not None:
                     effect.checkpoints.check()  # raises the run's CancelledError
+                if call.watch.reason == "guardrail":
+                    raise CallAbandoned("input guardrails did not pass the message") from exc
                 raise call.error_for(exc)  # noqa: B904 - error_for keeps the cause
     finally:
         call.give_back(held)
@@ -178,6 +196,7 @@ async def asend(effect: Send, phase: Phase) -> ModelResponse:
                 await asyncio.wait([woken], timeout=call.slice())
                 if ticket.granted and call.too_late():
                     raise call.timed_out(waiting=True)
+        call.check_abandoned()
         return await _arequest(call, phase)
     finally:
         call.give_back(held)
@@ -202,6 +221,7 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
     async def on_chunk(chunk: Chunk) -> None:
         if call.expired():
             raise call.timed_out()
+        call.check_abandoned()
         assert state is not None  # noqa: S101 - only streams have chunks
         await state.aon_chunk(chunk, phase)
 
@@ -216,12 +236,16 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
                 if not aborted or task.uncancel() > 0:
                     raise  # cancelled from outside too: not ours to turn into an error
                 error = exc
+            except CallAbandoned:
+                raise
             except Exception as exc:
                 error = exc
     finally:
         active = False
     if call.watch.reason == "cancel" and effect.checkpoints is not None:
         await phase(effect.checkpoints.check)  # raises the run's CancelledError
+    if call.watch.reason == "guardrail":
+        raise CallAbandoned("input guardrails did not pass the message") from error
     raise call.error_for(error)
 
 

@@ -146,6 +146,15 @@ class ChatStore(ABC):
     def get_tools(self) -> list[Any]:
         """The chat's Tool classes."""
 
+    @abstractmethod
+    def set_guardrails(self, guardrails: list[Any]) -> None:
+        """Keep the chat's guardrails (``Guardrail`` objects); persisted stores keep import
+        paths."""
+
+    @abstractmethod
+    def get_guardrails(self) -> list[Any]:
+        """The chat's guardrails (``Guardrail`` objects), in the order they were given."""
+
     # -- the claim: one writer at a time --------------------------------------------
     @abstractmethod
     def claim(self) -> bool:
@@ -190,6 +199,12 @@ class ChatStore(ABC):
         """Add a system or user message. A user message starts a new turn."""
 
     @abstractmethod
+    def save_guardrails(self, message: Message) -> None:
+        """Persist what guardrails decided about a stored message (``message.guardrails``),
+        with its content and status, which they may have changed (a replaced text, a
+        blocked message): one write."""
+
+    @abstractmethod
     def replace_instructions(self, text: str) -> None:
         """Make ``text`` the only system message, keeping the first one's place."""
 
@@ -227,8 +242,15 @@ class ChatStore(ABC):
     @abstractmethod
     def mark_tool_running(self, call: ToolCall) -> bool:
         """Claim the call for running: one conditional write moving it from the state it was
-        read in (pending, approved, or running after a crash) to running. False when the
-        call changed meanwhile: it must not run."""
+        read in (pending, approved, or running after a crash) to running, with what tool
+        guardrails decided (``call.guardrails``; arguments one replaced, the model's kept in
+        ``call.original_arguments``). False when the call changed meanwhile: it must not
+        run."""
+
+    @abstractmethod
+    def save_tool_guardrails(self, call: ToolCall) -> None:
+        """Persist ``call.guardrails`` for a call that will not run now (a guardrail blocked
+        it, or failed): one write."""
 
     @abstractmethod
     def save_tool_result(
@@ -259,7 +281,8 @@ class ChatStore(ABC):
 
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
-        """Hold the call for a person ("approval", "question") or a subagent."""
+        """Hold the call for a person ("approval", "question"), a subagent or an outside
+        result ("deferred"; with what tool guardrails decided, ``call.guardrails``)."""
 
     @abstractmethod
     def record_decision(

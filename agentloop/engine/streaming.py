@@ -1,16 +1,25 @@
-"""Collecting a streamed answer: forwarding chunks, checking cancellation, saving partials."""
+"""Collecting a streamed answer: forwarding chunks, checking cancellation, saving partials.
+
+While input guardrails judge the message during the call (``run_in_parallel``), chunks are
+held: not forwarded, no partial saved, so nothing of an answer to a message they block is
+shown or kept. They go out once the guardrails pass.
+"""
 
 from __future__ import annotations
 
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from ..conf import agentloop_settings
 from ..messages import Chunk, TextDelta
 from .checkpoints import Checkpoints
 from .store import ChatStore
+
+if TYPE_CHECKING:  # the judging's type only (guarding imports the store too)
+    from .guarding import Judging
 
 __all__ = ["StreamCallback", "StreamState"]
 
@@ -29,6 +38,7 @@ class StreamState:
         checkpoints: Checkpoints,
         stream: StreamCallback | None,
         model: str,
+        judging: Judging | None = None,
     ) -> None:
         self.store = store
         self.checkpoints = checkpoints
@@ -40,13 +50,31 @@ class StreamState:
         #: when the text was last saved; None until the first chunk: the interval counts
         #: seconds of streaming, not the wait for the model's first byte.
         self._last_save: float | None = None
+        #: input guardrails judging meanwhile: chunks are held until they pass.
+        self.judging = judging
+        self.held: list[Chunk] = []
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
+    def _holding(self) -> bool:
+        """Chunks wait while guardrails judge; once they passed, the held ones go first."""
+        if self.judging is None:
+            return False
+        if not self.judging.passed:
+            return True
+        self.judging = None
+        return False
+
     def on_chunk(self, chunk: Chunk) -> None:
         """A chunk of a sync request: forwarded, kept, then the checkpoint."""
+        if self._holding():
+            self.held.append(chunk)
+            self._collect(chunk)
+            self.checkpoints.check(force=False)
+            return
+        self.release()
         if self.stream is not None:
             self.stream(chunk)
         self._after(self._collect(chunk))
@@ -54,6 +82,13 @@ class StreamState:
     async def aon_chunk(self, chunk: Chunk, phase: Phase) -> None:
         """A chunk of an async request: the callback (sync or ``async def``) runs on the
         loop; the partial save and the checkpoint, when due, run as a database phase."""
+        if self._holding():
+            self.held.append(chunk)
+            self._collect(chunk)
+            if self.checkpoints.due():
+                await phase(partial(self.checkpoints.check, force=False))
+            return
+        await self.arelease()
         if self.stream is not None:
             result = self.stream(chunk)
             if inspect.isawaitable(result):
@@ -61,6 +96,24 @@ class StreamState:
         save = self._collect(chunk)
         if save or self.checkpoints.due():
             await phase(self._after, save)
+
+    def release(self) -> None:
+        """The guardrails passed: the chunks held meanwhile go out, in order."""
+        self.judging = None
+        held, self.held = self.held, []
+        if self.stream is not None:
+            for chunk in held:
+                self.stream(chunk)
+
+    async def arelease(self) -> None:
+        """``release`` for an async verb (the callback may be ``async def``)."""
+        self.judging = None
+        held, self.held = self.held, []
+        if self.stream is not None:
+            for chunk in held:
+                result = self.stream(chunk)
+                if inspect.isawaitable(result):
+                    await result
 
     def _collect(self, chunk: Chunk) -> bool:
         """Keep the chunk's text; True when a partial save is due."""

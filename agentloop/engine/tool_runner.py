@@ -8,134 +8,44 @@ thread, or awaited on the event loop for an ``async def`` tool of an async verb.
 
 from __future__ import annotations
 
-import inspect
-import traceback
+import json
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from pydantic import ValidationError
-
-from ..exceptions import CancelledError, ToolError, ToolWaiting
+from ..exceptions import CancelledError, GuardrailError
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import (
     Tool,
-    ToolContext,
     ToolOutcome,
     arguments_problem,
-    describe_validation_error,
-    format_result,
 )
-from . import tracing
 from .checkpoints import Checkpoints
 from .config import ToolOptions
-from .effects import Effects, Launch, RunTool, WaitAny
+from .effects import Effects, Judge, Launch, RunTool, WaitAny
+from .guarding import Case, Guards, Verdict, stop_reason
 from .store import ChatStore, ToolTransaction
+from .tool_execution import execute_tool, unaskable
 from .transcript import TOOL_LIMIT_RESULT
 
-__all__ = ["DENIED_RESULT", "ToolRunner", "aexecute_tool", "execute_tool"]
+__all__ = [
+    "BLOCKED_PREFIX",
+    "BLOCKED_RESULT",
+    "DENIED_RESULT",
+    "STOPPED_RESULT",
+    "ToolRunner",
+]
 
 #: what the model is told about a call a person denied.
 DENIED_RESULT = "The user denied this tool call; it was not run."
+#: what the model is told about a call a tool guardrail blocked ("guardrail <name>: <why>").
+BLOCKED_RESULT = "Blocked by {reason}; the tool was not run."
+#: how every such result begins (the admin's "blocked by a guardrail" filter looks for it).
+BLOCKED_PREFIX = "Blocked by guardrail "
+#: ... and about the round's calls left when a tool guardrail stopped the chat.
+STOPPED_RESULT = "Not run: {reason} stopped the chat."
 
 Emit = Callable[..., None]
-
-
-def _instance(
-    tool_class: type[Tool],
-    call: ToolCall,
-    chat: Any,
-    background: bool,
-    cancel_check: Callable[[], bool] | None,
-) -> tuple[Tool, dict[str, Any]] | ToolOutcome:
-    """The tool ready to run with its validated arguments, or the outcome of bad ones."""
-    try:
-        arguments = tool_class.parse_arguments(call.arguments)
-    except ValidationError as exc:
-        message = describe_validation_error(call.name, exc)
-        return ToolOutcome(message, is_error=True, error=message)
-    instance = tool_class()
-    instance.context = ToolContext(call, chat, background=background, cancel_check=cancel_check)
-    return instance, arguments
-
-
-async def _awaited(value: Any) -> Any:
-    return await value
-
-
-def _value_of(value: Any) -> Any:
-    """A sync verb runs an ``async def`` tool to completion (on an event loop of its own)."""
-    return async_to_sync(_awaited)(value) if inspect.isawaitable(value) else value
-
-
-def execute_tool(
-    tool_class: type[Tool],
-    call: ToolCall,
-    chat: Any = None,
-    background: bool = False,
-    cancel_check: Callable[[], bool] | None = None,
-    savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext,
-) -> ToolOutcome:
-    """Validate the arguments and run the tool; every failure becomes an error outcome.
-    ``savepoint`` wraps the run (a transactional tool's: a failed run's writes roll back)."""
-    ready = _instance(tool_class, call, chat, background, cancel_check)
-    if isinstance(ready, ToolOutcome):
-        return ready
-    instance, arguments = ready
-
-    def run() -> str:
-        with savepoint(), tracing.tool_call(call, tool_class) as span:
-            return span.result(format_result(_value_of(instance.execute(**arguments))))
-
-    return _outcome(call, run)
-
-
-async def aexecute_tool(tool: RunTool) -> ToolOutcome:
-    """``execute_tool`` for an ``async def`` tool, awaited on the running event loop."""
-    tool_class, call = tool.tool_class, tool.call
-    ready = _instance(tool_class, call, tool.chat, tool.background, tool.cancel_check)
-    if isinstance(ready, ToolOutcome):
-        return ready
-    instance, arguments = ready
-    try:
-        with tracing.tool_call(call, tool_class) as span:
-            content = span.result(format_result(await instance.execute(**arguments)))
-    except Exception as exc:
-        failure = exc
-
-        def reraise() -> Any:
-            raise failure
-
-        return _outcome(call, reraise)
-    return _outcome(call, lambda: content)
-
-
-def _outcome(call: ToolCall, run: Callable[[], str]) -> ToolOutcome:
-    """What the tool's run gave (``run()``'s result text or what it raised), as an outcome."""
-    try:
-        return ToolOutcome(run())
-    except ToolWaiting as exc:
-        return ToolOutcome(wait_reason=exc.reason, question=exc.question, after_wait=exc.then)
-    except ToolError as exc:
-        return ToolOutcome(str(exc) or type(exc).__name__, is_error=True, error=repr(exc))
-    except Exception as exc:
-        # A bug in a tool must not crash the loop: the model hears about it,
-        # and the traceback is kept on the tool call for whoever debugs it.
-        return ToolOutcome(
-            f"Tool {call.name!r} failed: {type(exc).__name__}: {exc}",
-            is_error=True,
-            error=traceback.format_exc(),
-        )
-
-
-def _unaskable(tool_class: type[Tool], call: ToolCall) -> ToolOutcome | None:
-    """A call about to wait for a person (or a system) must be one that could run as it is:
-    arguments its tool refuses, or keys it takes no parameter for, are an error result for
-    the model now (one line), never a question. None when the call may wait."""
-    problem = arguments_problem(tool_class, call.arguments)
-    return None if problem is None else ToolOutcome(problem, is_error=True, error=problem)
 
 
 class ToolRunner:
@@ -152,8 +62,19 @@ class ToolRunner:
         *,
         release_last: bool = False,
         tool_budget: int | None = None,
+        guards: Guards | None = None,
+        transcript: list[Message] | None = None,
+        asking: Message | None = None,
     ) -> None:
         self.store = store
+        #: the chat's guardrails (tool guardrails judge each call before it runs), and the
+        #: transcript their contexts show.
+        self.guards = guards
+        self.transcript = transcript or []
+        #: the block of a tool guardrail that stops the chat (once the round is saved).
+        self.stopped: Verdict | None = None
+        #: the answer that asked for the round's calls (the guardrails' ``message``).
+        self.asking = asking
         #: the round is the verb's last move: its last result's write also releases the claim.
         self.release_last = release_last
         self.unanswered: list[ToolCall] = []
@@ -197,10 +118,10 @@ class ToolRunner:
         if tool_class.needs_approval(call.arguments):
             held = self._approval(call)
             if held is not None:
-                return (_unaskable(tool_class, call) or held) if held.wait_reason else held
+                return (unaskable(tool_class, call) or held) if held.wait_reason else held
         if tool_class.deferred:
             # Its result comes from outside (submit_result): held, never run here.
-            return _unaskable(tool_class, call) or ToolOutcome(wait_reason="deferred")
+            return unaskable(tool_class, call) or ToolOutcome(wait_reason="deferred")
         return None
 
     def _approval(self, call: ToolCall) -> ToolOutcome | None:
@@ -304,6 +225,65 @@ class ToolRunner:
         self.emit("before_tool_call", self.store.native_tool_call(call))
         return True
 
+    # -- tool guardrails ----------------------------------------------------------------
+    def _judge(self, call: ToolCall) -> Effects[Verdict | None]:
+        """What the tool guardrails decide about ``call`` (None: none judge it), kept on
+        the call; arguments one replaced are the call's from now on."""
+        guardrails = self.guards.tool_guardrails(call) if self.guards is not None else []
+        if not guardrails or self.guards is None:
+            return None
+        text = json.dumps(call.arguments, ensure_ascii=False, default=str)
+        case = Case("tool", text, message=self.asking, tool_call=call)
+        panels = self.guards.panels(guardrails, [case], self.transcript)
+        (verdict,) = yield Judge(panels, self.store.wrap_thread)
+        if verdict.passed and verdict.arguments is not None:
+            problem = arguments_problem(self.tools[call.name], verdict.arguments)
+            if problem is not None:
+                replaced = verdict.outcomes[-1]
+                verdict.error = GuardrailError(
+                    f"guardrail {replaced.guardrail!r} replaced the arguments of "
+                    f"{call.name!r} with ones its tool refuses: {problem}"
+                )
+                replaced.decision, replaced.reason = "error", str(verdict.error)
+        call.guardrails = list(verdict.outcomes)
+        if verdict.passed and verdict.arguments is not None:
+            call.arguments = verdict.arguments
+        return verdict
+
+    def _judged(self, call: ToolCall, verdict: Verdict | None, release: str | None = None) -> bool:
+        """Act on a verdict that did not pass ``call``: a failure raises its
+        ``GuardrailError`` (fails closed: the call is not run, the chat fails); a block
+        gives the model an error result (and, stopping, ends the round). True when the call
+        was dealt with here (it must not run)."""
+        if verdict is None or verdict.passed:
+            return False
+        self.store.save_tool_guardrails(call)
+        if verdict.error is not None:
+            raise verdict.error
+        blocked = verdict.blocked
+        assert blocked is not None  # noqa: S101 - not passed: blocked or failed
+        self.emit("guardrail_blocked", blocked, verdict.stop)
+        if verdict.stop:
+            self.stopped = verdict
+        text = BLOCKED_RESULT.format(reason=stop_reason(blocked))
+        self._save(call, ToolOutcome(text, is_error=True), release=release)
+        return True
+
+    def _stopped_result(self) -> ToolOutcome | None:
+        """A call's result once a guardrail stopped the chat: not run."""
+        if self.stopped is None or self.stopped.blocked is None:
+            return None
+        text = STOPPED_RESULT.format(reason=stop_reason(self.stopped.blocked))
+        return ToolOutcome(text, is_error=True)
+
+    def _refuse(self, call: ToolCall, refusal: ToolOutcome, last: bool) -> Effects[None]:
+        """Save a refusal; a deferred call (run outside) is judged before it is held."""
+        if refusal.wait_reason == "deferred":
+            verdict = yield from self._judge(call)
+            if self._judged(call, verdict, release=self._then(call) if last else None):
+                return
+        self._save(call, refusal, release=self._then(call) if last else None)
+
     # -- the round ---------------------------------------------------------------------
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Effects[list[Any]]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
@@ -324,7 +304,7 @@ class ToolRunner:
             for call in calls:
                 refusal = refusals[call.id]
                 if refusal is not None:
-                    self._save(call, refusal)
+                    yield from self._refuse(call, refusal, last=False)
             # Transactional tools run on the verb's own connection, one after another, before
             # the others start: a transaction belongs to one connection and one thread.
             at_once = [call for call in runnable if not self._transactional(call)]
@@ -332,6 +312,8 @@ class ToolRunner:
                 if not self._transactional(call):
                     continue
                 self.checkpoints.check()
+                if self._judged(call, (yield from self._judge(call))):
+                    continue
                 if self._start(call):
                     self._run_in_transaction(call)
             size = len(at_once) if concurrency == "threads" else int(concurrency)
@@ -346,15 +328,18 @@ class ToolRunner:
         checked = False
         for index, call in enumerate(calls):
             last = self.release_last and index == len(calls) - 1
-            refusal = refusals[call.id]
+            refusal = self._stopped_result() or refusals[call.id]
             if refusal is not None:
-                self._save(call, refusal, release=self._then(call) if last else None)
+                yield from self._refuse(call, refusal, last)
                 continue
             if not checked:
                 # The verb's own start check usually just ran (throttled then); later tools
                 # are covered by the previous tool's after-check.
                 self.checkpoints.check(force=False)
                 checked = True
+            verdict = yield from self._judge(call)
+            if self._judged(call, verdict, release=self._then(call) if last else None):
+                continue
             if self._start(call):
                 if self._transactional(call):
                     self._run_in_transaction(call)  # the verb releases, after the commit
@@ -379,8 +364,9 @@ class ToolRunner:
     def _then(self, call: ToolCall) -> str | None:
         """The move after ``call``, the round's last, gets its result: the model is called
         again unless another call of the round still waits. None (release later, not with
-        this write) when a halt was asked for: the verb applies it after the round."""
-        if self.store.halt_requested():
+        this write) when a halt was asked for, or a guardrail stops the chat: the verb
+        applies it after the round."""
+        if self.stopped is not None or self.store.halt_requested():
             return None
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"
@@ -398,7 +384,11 @@ class ToolRunner:
                     cancelled = exc
                     break
                 call = queue.pop(0)
-                if not self._start(call):
+                stopped = self._stopped_result()
+                if stopped is not None:
+                    self._save(call, stopped)
+                    continue
+                if self._judged(call, (yield from self._judge(call))) or not self._start(call):
                     continue
                 running[(yield Launch(self._execute(call), size))] = call
             if not running:

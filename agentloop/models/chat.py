@@ -31,7 +31,7 @@ class ChatState(models.TextChoices):
     QUEUED = "queued", _("queued")
     RUNNING = "running", _("running")
     WAITING = "waiting", _("waiting")
-    STOPPED = "stopped", _("stopped by a limit")
+    STOPPED = "stopped", _("stopped")
     FAILED = "failed", _("failed")
 
 
@@ -116,6 +116,10 @@ class AbstractChat(ConversationDelegations, models.Model):
     compaction = models.JSONField(_("compaction"), null=True, blank=True)
     #: ``with_fallbacks``: models tried in order when the chat's model fails for the step.
     fallbacks = models.JSONField(_("fallback models"), default=list, blank=True)
+    #: ``with_guardrails``: the chat's guardrails (import paths), each stage's in order.
+    guardrails = models.JSONField(
+        _("guardrails (import paths)"), default=list, db_default=[], blank=True
+    )
     agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
     agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)

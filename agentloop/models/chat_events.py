@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from .. import signals
 from ..agents import following, subagents
+from ..engine.guarding import stop_reason
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -59,6 +60,20 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     conversation.on(
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
+    conversation.on(
+        "guardrail_blocked",
+        lambda outcome, stops: signals.guardrail_blocked.send(
+            sender, chat=chat, outcome=outcome, stops=stops
+        ),
+    )
+
+    def release_parent(outcome: Any, stops: bool) -> None:
+        # A subagent a guardrail stopped will not answer: its parent's call gets an error.
+        if stops:
+            result = subagents.SUBAGENT_STOPPED_RESULT.format(reason=stop_reason(outcome))
+            subagents.release_parent(chat, result)
+
+    conversation.on("guardrail_blocked", release_parent)
     # An edit or a regenerated answer: the subagents its superseded calls wait for stop.
     conversation.on("superseded", lambda marked: subagents.stop_children(chat, marked.open_calls))
     conversation.on(

@@ -49,6 +49,12 @@ class ConversationDelegations:
         self.conversation.with_tools(*tools, replace=replace)
         return self
 
+    def with_guardrails(self, *guardrails: Any, replace: bool = False) -> Self:
+        """Run these guardrails on the chat's user messages, answers and tool calls, kept by
+        import path (``agentloop.guardrails``; docs/guardrails.md)."""
+        self.conversation.with_guardrails(*guardrails, replace=replace)
+        return self
+
     def with_mcp(
         self,
         server: str,

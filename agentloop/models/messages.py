@@ -31,7 +31,11 @@ class MessageQuerySet(models.QuerySet["AbstractMessage"]):
 
     def partial(self) -> MessageQuerySet:
         """Answers cut short (a crash mid-stream, or a cancel)."""
-        return self.exclude(status=MessageStatus.COMPLETE)
+        return self.exclude(status__in=[MessageStatus.COMPLETE, MessageStatus.BLOCKED])
+
+    def blocked(self) -> MessageQuerySet:
+        """User messages and answers a guardrail blocked (kept, never sent to the model)."""
+        return self.filter(status=MessageStatus.BLOCKED)
 
     def current(self) -> MessageQuerySet:
         """Messages of the conversation as it stands: none an edit or a regenerated answer
@@ -60,6 +64,11 @@ class AbstractMessage(models.Model):
     provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
     #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
     attachments = models.JSONField(_("attachments"), default=list, blank=True)
+    #: what input (a user message) or output (an answer) guardrails decided about it
+    #: (``GuardrailOutcome`` as JSON).
+    guardrails = models.JSONField(
+        _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
+    )
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     #: when an edit or a regenerated answer replaced this message (null: it is current). A
     #: superseded message stays, with its usage rows, and is never sent to a model again.
@@ -104,6 +113,10 @@ class AbstractToolCall(models.Model):
         related_name="+",
     )
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    #: what tool guardrails decided before it ran (``GuardrailOutcome`` as JSON).
+    guardrails = models.JSONField(
+        _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
+    )
     #: when the call began to wait (``APPROVAL_TIMEOUT`` counts from then).
     waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)

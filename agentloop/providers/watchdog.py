@@ -27,7 +27,8 @@ __all__ = ["CallWatch", "current", "remaining", "watch_response", "watching"]
 
 logger = logging.getLogger(__name__)
 
-Reason = Literal["deadline", "cancel"]
+#: a call past its deadline, its run cancelled, or abandoned for a guardrail's verdict.
+Reason = Literal["deadline", "cancel", "guardrail"]
 
 #: seconds between two looks of the watchdog at the calls in flight.
 INTERVAL = 0.05
@@ -36,10 +37,18 @@ INTERVAL = 0.05
 class CallWatch:
     """One model call in flight: its deadline, its run's cancel notice, how to abort it."""
 
-    def __init__(self, deadline: float | None, notice: threading.Event | None) -> None:
+    def __init__(
+        self,
+        deadline: float | None,
+        notice: threading.Event | None,
+        abandon: threading.Event | None = None,
+    ) -> None:
         #: ``time.monotonic()`` value the call must end by (None: no deadline).
         self.deadline = deadline
         self.notice = notice
+        #: set when the call's answer will not be used (input guardrails judging meanwhile
+        #: did not pass it): the call is aborted as a cancel would be.
+        self.abandon = abandon
         #: why the call was aborted (None: it was not).
         self.reason: Reason | None = None
         self._aborts: list[Callable[[], object]] = []
@@ -69,6 +78,8 @@ class CallWatch:
         if self.notice is not None and self.notice.is_set():
             if getattr(self.notice, "cancelling", True):
                 return "cancel"
+        if self.abandon is not None and self.abandon.is_set():
+            return "guardrail"
         if self.deadline is not None and now >= self.deadline:
             return "deadline"
         return None

@@ -23,7 +23,7 @@ from ..django_store.releases import one_line
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
 from ..events import publish_chunk
-from ..exceptions import CancelledError, LeaseLostError, LimitReachedError
+from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError
 from ..process.cancel_notices import RedisCancelListener
 from .base import Job
 from .sending import send
@@ -170,7 +170,7 @@ def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
         if release is not None and release.state == "queued":
             return StepOutcome("again")  # a message queued to interrupt it is answered next
         return StepOutcome("cancelled")
-    except LimitReachedError as exc:
+    except ChatStoppedError as exc:  # a limit, a guardrail's block
         return StepOutcome("stopped", error=exc.reason)
     except Exception:
         # The store released the chat as failed (or queued for a retry) with a one-line

@@ -80,6 +80,10 @@
     bubble.append(element("div", "text", message.content));
     item.append(bubble);
     if (message.status === "cancelled") markCancelled(item);
+    if (message.status === "blocked") {
+      // A guardrail's block: the reason, as text (an answer's own text is not sent).
+      bubble.append(element("span", "marker", message.blocked || "blocked by a guardrail"));
+    }
     if (message.tool_calls && message.tool_calls.length) {
       const calls = element("ul", "calls");
       for (const call of message.tool_calls) calls.append(callCard(call));

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('example_project', '0003_supportconversation_lease_holder'),
+        ('example_project', '0004_support_guardrails'),
     ]
 
     operations = [
