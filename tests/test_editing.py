@@ -19,7 +19,11 @@ import agentloop
 from agentloop import ChatBusyError, EditError
 from agentloop.engine import Conversation
 from agentloop.engine.compaction import SUMMARY_INSTRUCTIONS
-from agentloop.exceptions import DecisionConflictError, ToolCallNotWaitingError
+from agentloop.exceptions import (
+    DecisionConflictError,
+    GuardrailBlockedError,
+    ToolCallNotWaitingError,
+)
 from agentloop.messages import ModelRequest, TokenUsage, ToolCallState
 from agentloop.models import Batch, BatchItem, Chat, ChatState, ToolCall, Usage
 from agentloop.signals import chat_forked, messages_superseded
@@ -27,6 +31,7 @@ from agentloop.testing import FunctionProvider, reply, tool_call
 from agentloop.ui_messages import ui_messages
 from tests.agents import Lead
 from tests.control_tools import ask_accounting
+from tests.editing_agents import no_passwords
 from tests.tools import add, ask_manager, transfer
 
 #: a one-pixel PNG, as a data URL.
@@ -555,3 +560,21 @@ def test_a_chat_model_of_your_own_is_edited_and_forked_too(scripted):
     assert forked.ask("And now?").content == "Forked."
     assert [m.content for m in chat.messages.current()] == ["Refund?", "New."]
     assert chat.messages.superseded().count() == 2
+
+
+def test_an_edited_message_is_judged_by_the_input_guardrails(new_chat, scripted):
+    new_chat.with_guardrails(no_passwords)
+    scripted.add("Hello.")
+    new_chat.ask("Hi")
+
+    with pytest.raises(GuardrailBlockedError, match="no_passwords"):  # as ask() would
+        new_chat.edit(_users(new_chat)[-1], "my password is hunter2")
+
+    assert len(scripted.requests) == 1  # the model never saw the edited message
+    blocked = _users(new_chat)[-1]
+    assert (blocked.content, blocked.status) == ("my password is hunter2", "blocked")
+    state = new_chat.store.stop_reason if isinstance(new_chat, Conversation) else None
+    if state is None:
+        new_chat.refresh_from_db()
+        state = new_chat.stop_reason
+    assert state == "guardrail no_passwords: the message shares a password"
