@@ -129,6 +129,9 @@ class Settings(BaseModel):
     #: attempts of a step after a transient provider error, in the background; the count is
     #: kept on the chat (re-enqueues by the sweeper don't reset it); then the chat fails.
     STEP_RETRIES: _Count = 5
+    #: handoffs one turn may make (A to B to A...); past it a handoff is refused with an
+    #: error result the model sees, and the current agent answers (docs/handoffs.md).
+    MAX_HANDOFFS: _Count = 5
     #: a queued chat with no lease for this long is re-enqueued by the sweeper.
     STALE_QUEUED_SECONDS: _Seconds = 300
     #: what ask_later does while a run holds the chat: "reject" (ChatBusyError), "queue"

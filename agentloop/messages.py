@@ -114,6 +114,8 @@ class ToolCall(BaseModel):
     decision_digest: str | None = None
     #: the model's arguments, when an approver edited them (``arguments`` ran instead).
     original_arguments: dict[str, Any] | None = None
+    #: the handoff this call made (``{"from": ..., "to": ..., "inputs": {...}}``), if any.
+    handoff: dict[str, Any] | None = None
     #: what the chat's tool guardrails decided before it ran.
     guardrails: list[GuardrailOutcome] = Field(default_factory=list)
     #: the store's key for this call (a primary key for the Django store).

@@ -9,6 +9,7 @@ __all__ = [
     "chat_cancelled",
     "chat_forked",
     "chat_halted",
+    "chat_handed_off",
     "chat_stopped",
     "guardrail_blocked",
     "message_added",
@@ -39,6 +40,10 @@ guardrail_blocked = Signal()
 model_fallback = Signal()
 #: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
 chat_halted = Signal()
+#: a tool call handed the chat over to another agent (``Agent.as_handoff``,
+#: ``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
+#: a chat that had no agent), ``inputs``, ``tool_call`` (the call's row).
+chat_handed_off = Signal()
 #: an edit or a regenerated answer superseded messages (kept, never sent again):
 #: ``message_ids`` (in order) and ``tool_call_ids`` (the provider ids of the calls among them
 #: that had no result: they never run). The replacement comes next, as ``message_added``.

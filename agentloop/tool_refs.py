@@ -2,7 +2,8 @@
 
 A chat row stores each tool as a reference a worker in another process can load: an import
 path (``myapp.tools.lookup_order``), ``agent:<path>?{...}`` for an agent offered as a tool,
-or ``mcp:server/tool?{...}`` for a tool of an MCP server. This module knows every kind; the
+``handoff:<path>?{...}`` for a handoff to an agent, or ``mcp:server/tool?{...}`` for a tool
+of an MCP server. This module knows every kind; the
 kinds' own modules (:mod:`agentloop.tools`, :mod:`agentloop.mcp`) know none of the others.
 """
 
@@ -50,6 +51,20 @@ def load_tool(reference: str) -> type[Tool]:
         name = bound.pop("__name__", None)
         tool_class: type[Tool] = agent.as_tool(name=name, **bound)
         return tool_class
+    if reference.startswith("handoff:"):
+        path, _, extra = reference.removeprefix("handoff:").partition("?")
+        try:
+            agent = load_by_path(path)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"The chat's handoff to {path!r} can't be offered: {exc}"
+            ) from exc
+        if not callable(getattr(agent, "as_handoff", None)):
+            raise ConfigurationError(f"{reference!r}: {path!r} is not an agent to hand off to.")
+        bound = json.loads(extra) if extra else {}
+        name, description = bound.pop("__name__", None), bound.pop("__description__", None)
+        handoff: type[Tool] = agent.as_handoff(name=name, description=description, **bound)
+        return handoff
     loaded = load_by_path(reference)
     if isinstance(loaded, type) and issubclass(loaded, Tool):
         return loaded

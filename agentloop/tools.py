@@ -25,16 +25,17 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints, overload
 
-from asgiref.sync import sync_to_async
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from .exceptions import ConfigurationError, NeedsInput, ToolError
 from .messages import ToolCall, ToolDefinition
+from .tool_context import Handoff, ToolContext, current_tool_context, running
 
 __all__ = [
     "AskPerson",
+    "Handoff",
     "NeedsInput",
     "Tool",
     "ToolContext",
@@ -42,7 +43,9 @@ __all__ = [
     "ToolOutcome",
     "arguments_problem",
     "arguments_schema",
+    "current_tool_context",
     "format_result",
+    "running",
     "snake_case",
     "tool",
 ]
@@ -57,45 +60,6 @@ def snake_case(name: str) -> str:
 
 class _NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ToolContext:
-    """What a running tool knows about its call.
-
-    ``tool_call.id`` is the provider's call id, stable across retries of the
-    round: use it as an idempotency key for side effects.
-    """
-
-    def __init__(
-        self,
-        tool_call: ToolCall,
-        chat: Any = None,
-        background: bool = False,
-        cancel_check: Callable[[], bool] | None = None,
-    ) -> None:
-        self.tool_call = tool_call
-        #: the chat running the tool: a persisted ``Chat`` or an in-memory Conversation.
-        self.chat = chat
-        #: True when a background worker (Celery or embedded) runs this step.
-        self.background = background
-        self._cancel_check = cancel_check
-
-    def cancel_requested(self) -> bool:
-        """Whether cancel() was called for this chat: a long tool may stop early.
-
-        (The loop itself stops right after the tool returns.)"""
-        return bool(self._cancel_check and self._cancel_check())
-
-    async def acancel_requested(self) -> bool:
-        """``cancel_requested()`` for an ``async def`` tool (the read runs off the loop)."""
-        return await sync_to_async(self.cancel_requested)()
-
-    def halt(self, reason: str) -> bool:
-        """Stop the chat after this tool round, before its next model call (``chat.halt``)."""
-        halt = getattr(self.chat, "halt", None)
-        if halt is None:
-            raise RuntimeError("This tool runs outside a chat: there is nothing to halt.")
-        return bool(halt(reason))
 
 
 class Tool:
@@ -432,7 +396,9 @@ class ToolOutcome:
     approval or answer, or for a subagent).
     """
 
-    __slots__ = ("after_wait", "content", "error", "is_error", "question", "wait_reason")
+    __slots__ = (
+        "after_wait", "content", "error", "handoff", "is_error", "question", "wait_reason",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -443,6 +409,7 @@ class ToolOutcome:
         wait_reason: str | None = None,
         question: str | None = None,
         after_wait: Callable[[], Any] | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self.content = content
         self.is_error = is_error
@@ -451,6 +418,8 @@ class ToolOutcome:
         self.wait_reason = wait_reason
         self.question = question
         self.after_wait = after_wait
+        #: the handoff the call asked for, made with its result (``ToolContext.hand_off``).
+        self.handoff = handoff
 
 
 def describe_validation_error(tool_name: str, error: ValidationError) -> str:

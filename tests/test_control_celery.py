@@ -13,7 +13,7 @@ from agentloop import DecisionConflictError
 from agentloop.models import Chat, ChatState, ToolCall
 from tests.control_tools import Guard, ask_accounting
 from tests.helpers import transcript
-from tests.tools import add
+from tests.tools import add, wait_for_flag
 from tests.workers import new_chat, settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
@@ -57,3 +57,35 @@ def test_a_deferred_result_submitted_here_resumes_the_worker_chat_to_the_end(bac
     with pytest.raises(DecisionConflictError):
         Chat.objects.get(pk=chat.pk).submit_result("call_1_0_0", "not paid")
     assert len(background.model_calls()) == 2
+
+
+@pytest.mark.parametrize("where", ["chat", "worker setting"])
+def test_a_halt_from_here_while_a_worker_runs_tools_at_once_stops_the_chat(background, user, where):
+    """halt() from this process while the worker's round runs its tools at once (the chat's
+    ``with_tool_options(concurrency=...)``, or the worker's TOOL_CONCURRENCY): the round
+    finishes, no model call follows, the chat is ``stopped`` with the reason."""
+    options = {"TOOL_CONCURRENCY": "threads"} if where == "worker setting" else {}
+    worker = background.start_worker("w1", flag=True, **options)
+    chat = new_chat(user, wait_for_flag, add)
+    if where == "chat":
+        chat.with_tool_options(concurrency="threads")
+    chat.ask_later("tools:wait_for_flag,add").complete_later()
+    background.wait(lambda: "wait_for_flag" in background.runs(), "the round to start")
+
+    assert Chat.objects.get(pk=chat.pk).halt("operator stop") is True
+    (background.tmp / "never-created").touch()  # the held tool may finish now
+    # The job reports "stopped" once its release has committed (the state comes just before).
+    background.wait(lambda: "stopped" in worker.outcomes(), "the job to report stopped")
+
+    chat.refresh_from_db()
+    assert (chat.stop_reason, chat.halt_reason, chat.lease_token) == (
+        "halted: operator stop",
+        "",
+        "",
+    )
+    assert sorted(transcript(chat, "role", "content", "call_id")[2:]) == [
+        ("tool", "5", "call_1_0_1"),
+        ("tool", "flag seen", "call_1_0_0"),
+    ]
+    assert chat.state == ChatState.STOPPED
+    assert len(background.model_calls()) == 1

@@ -23,6 +23,7 @@ from tests.store_contract.inbox_usage_tracing import TestHooks, TestInbox, TestT
 from tests.store_contract.stopping import TestCancel, TestCancelHeld, TestHalt
 from tests.store_contract.tool_calls import (
     TestDecisions,
+    TestHandoffs,
     TestReleasingWrites,
     TestToolCalls,
     TestToolTransactions,
@@ -37,6 +38,7 @@ __all__ = [
     "TestConfig",
     "TestDecisions",
     "TestFork",
+    "TestHandoffs",
     "TestHalt",
     "TestHooks",
     "TestInbox",

@@ -23,7 +23,8 @@ anything else
     ``"echo: <the message>"``, at once (the zero-latency provider of the benchmarks).
 
 Each request is appended to ``$AGENTLOOP_TEST_PROVIDER_LOG`` (one JSON line: rule, turn,
-round, pid) when that is set, so a test can count model calls made by any process.
+round, pid, and the request's model, system message and tool names) when that is set, so a
+test can count model calls made by any process and see which agent made each.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "slow": {"seconds": 0.2},
     "guard": {"amount": 500},
     "ask_accounting": {"invoice": "INV-7"},
+    "transfer_to_refunds": {"order": "7"},
+    "lookup_order": {"order": "7"},
+    "invoice_total": {"order": "7"},
+    "escalate": {"customer": "Ada"},
     # the Clerk subagent (tests/editing_agents.py) is handed a task that makes it wait
     "clerk": {"task": "tools:ask_accounting"},
 }
@@ -81,7 +86,7 @@ class RuleProvider(Provider):
     def __init__(self, name: str = "rules") -> None:
         self.name = name
 
-    def _record(self, rule: str, turn: int, round_: int) -> int:
+    def _record(self, rule: str, turn: int, round_: int, request: ModelRequest) -> int:
         """Log this request; returns how many requests of this rule and turn came before."""
         key = (rule, turn)
         path = os.environ.get(_LOG_ENV)
@@ -94,7 +99,15 @@ class RuleProvider(Provider):
                 1 for entry in logged_requests(log) if (entry["rule"], entry["turn"]) == key
             )
             with log.open("a") as handle:
-                line = {"rule": rule, "turn": turn, "round": round_, "pid": os.getpid()}
+                line = {
+                    "rule": rule, "turn": turn, "round": round_, "pid": os.getpid(),
+                    # which agent asked: its model, instructions and tools
+                    "model": request.model,
+                    "system": next(
+                        (m.content for m in request.messages if m.role == "system"), ""
+                    ),
+                    "tools": sorted(definition.name for definition in request.tools),
+                }  # fmt: skip
                 handle.write(json.dumps(line) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -105,7 +118,7 @@ class RuleProvider(Provider):
     ) -> ModelResponse:
         content, turn, round_, after = _position(request)
         rule = content.split(" ", 1)[0]
-        before = self._record(rule, turn, round_)
+        before = self._record(rule, turn, round_, request)
         kind, _, spec = rule.partition(":")
         if kind == "tools":
             return self._tools(spec.split("|"), turn, round_, after)

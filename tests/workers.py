@@ -81,6 +81,7 @@ def start_worker(
     netns: str | None = None,
     database_url: str | None = None,
     agentloop: dict[str, Any] | None = None,
+    pythonpath: Path | None = None,
     concurrency: int = 1,
     kill_points: Path | None = None,
 ) -> tuple[Worker, Path]:
@@ -91,6 +92,7 @@ def start_worker(
     the ``rules`` provider its requests to ``provider_log``; held tools wait for ``flag``;
     ``clock_offset`` moves the worker's clock (seconds, time-machine); ``netns`` runs it in
     that network namespace; ``database_url`` points it at another database address;
+    ``pythonpath`` is a folder it imports from too (code this process has, say);
     ``concurrency`` sizes its pool; its processes stop at the ``kill_points`` a test arms in
     that folder (tests/kill_points.py).
     """
@@ -110,6 +112,8 @@ def start_worker(
     )
     if database_url:
         env["DATABASE_URL"] = database_url
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pythonpath}"
     command = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
         "--pool=prefork", f"--concurrency={concurrency}", "--loglevel=INFO",
@@ -154,11 +158,12 @@ class Background:
         flag: bool = False,
         concurrency: int = 1,
         kill_points: Path | None = None,
+        pythonpath: Path | None = None,
         **agentloop: Any,
     ) -> Worker:
         """A worker process on this test's queue; ``agentloop`` settings go on top of the
         tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed;
-        ``concurrency`` and ``kill_points`` as for :func:`start_worker`."""
+        ``concurrency``, ``kill_points`` and ``pythonpath`` as for :func:`start_worker`."""
         worker, ready = start_worker(
             self.tmp,
             name,
@@ -170,6 +175,7 @@ class Background:
             agentloop=agentloop,
             concurrency=concurrency,
             kill_points=kill_points,
+            pythonpath=pythonpath,
         )
         self.workers.append(worker)
         self.wait(ready.exists, f"worker {name} to be ready")

@@ -128,6 +128,20 @@ class CallEntry:
         return str(self.call.state)
 
     @property
+    def handoff_label(self) -> str:
+        """ "Handed off from Triage to Billing" when this call handed the chat over; ""."""
+        handoff = self.call.handoff or {}
+        target = str(handoff.get("to") or "").rpartition(".")[2]
+        if not target:
+            return ""
+        source = str(handoff.get("from") or "").rpartition(".")[2]
+        if source:
+            return str(
+                _("Handed off from %(source)s to %(target)s") % {"source": source, "target": target}
+            )
+        return str(_("Handed off to %(target)s") % {"target": target})
+
+    @property
     def decision_label(self) -> str:
         return str(DECISION_LABELS.get(self.call.decision, self.call.decision))
 

@@ -39,12 +39,13 @@ from ..exceptions import (
 )
 from ..importing import import_path_of
 from ..in_memory import chat as new_chat
-from ..tools import Tool, snake_case
+from ..tools import Tool, current_tool_context, snake_case
+from .handoffs import HandoffTool, follow_in_memory, handoff_tool, handoff_tools, take_over
 
 if TYPE_CHECKING:
     from ..engine import Conversation
 
-__all__ = ["Agent", "AgentTool", "last_answer"]
+__all__ = ["Agent", "AgentTool", "HandoffTool", "last_answer"]
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
@@ -72,6 +73,9 @@ class Agent:
     limits: ClassVar[Mapping[str, Any]] = {}
     #: "provider:model" names tried in order when the model fails for a step (``with_fallbacks``).
     fallbacks: ClassVar[Sequence[str]] = ()
+    #: agents the model may hand the conversation over to (classes, import paths, or
+    #: ``Other.as_handoff(...)``): each offered as a tool, ``transfer_to_<snake case>``.
+    handoffs: ClassVar[Sequence[Any]] = ()
     #: guardrails its chats run (``with_guardrails``; agentloop.guardrails).
     guardrails: ClassVar[Sequence[Any]] = ()
 
@@ -110,9 +114,9 @@ class Agent:
         if instructions:
             chat.with_instructions(instructions)
         store = getattr(chat, "conversation", chat).store
-        if cls.tools or store.get_tools():
+        if cls.tools or cls.handoffs or store.get_tools():
             # The agent's tools are the chat's: a tool removed from the class goes too.
-            chat.with_tools(*cls.tools, replace=True)
+            chat.with_tools(*cls.tools, *handoff_tools(cls), replace=True)
         if cls.tool_options:
             chat.with_tool_options(**cls.tool_options)
         if cls.temperature is not None:
@@ -132,14 +136,12 @@ class Agent:
     def chat(cls, **inputs: Any) -> Conversation:
         """An in-memory chat configured by this agent."""
         conversation: Conversation = cls.configure(new_chat(cls.model), **inputs)
-        conversation.store.agent_name = cls.__name__  # type: ignore[attr-defined]  # for traces
-        applied = [cls.fingerprint(inputs)]
-
-        def follow_code() -> None:
-            # Each verb applies the class as it is now (attributes changed since, say).
-            applied[0] = cls.follow(conversation, inputs, applied[0])
-
-        conversation.on("claimed", follow_code)
+        store: Any = conversation.store
+        store.agent, store.agent_inputs = cls, dict(inputs)
+        store.agent_digest, store.agent_name = cls.fingerprint(inputs), cls.__name__
+        # Each verb applies the chat's agent as the class is now (attributes changed since,
+        # say), whichever agent it was handed to meanwhile.
+        conversation.on("claimed", lambda: follow_in_memory(conversation))
         return conversation
 
     @classmethod
@@ -165,12 +167,46 @@ class Agent:
     def find(cls, pk: Any, **inputs: Any) -> Any:
         """The persisted chat ``pk`` under this agent's configuration from then on: a chat
         made by another agent (or by none) is handed over (a handoff: its ``agent_path``
-        is re-recorded). ``inputs`` add to the chat's stored ones."""
-        chat = get_chat_model().objects.get(pk=pk)
+        is re-recorded). ``inputs`` add to the chat's stored ones.
+
+        Inside a tool of that chat's own run it is the run's chat, handed over with the
+        tool's result (``ToolContext.hand_off``): the run's next model call is this agent's."""
+        chat_model = get_chat_model()
         path = import_path_of(cls)
+        context = current_tool_context()
+        running = context.chat if context is not None else None
+        if isinstance(running, chat_model) and str(running.pk) == str(pk):
+            if running.agent_path != path or inputs:
+                kept = cls._inputs_for(running.agent_inputs, inputs)
+                cls.fingerprint(kept)  # a missing input raises here, in the tool
+                context.hand_off(cls, **inputs)  # type: ignore[union-attr]
+            return running
+        chat = chat_model.objects.get(pk=pk)
         if chat.agent_path != path or inputs:
-            cls._hand_over(chat, path, inputs)
+            record = cls.take_over(chat, inputs)
+            chat.conversation.emit("handed_off", record, None)
         return chat
+
+    @classmethod
+    def take_over(cls, chat: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """This agent takes ``chat`` over (persisted, or in memory): see
+        :func:`agentloop.agents.handoffs.take_over`. Returns the handoff's record."""
+        store = getattr(chat, "conversation", chat).store
+        with store.atomic():
+            return take_over(cls, chat, inputs)
+
+    @classmethod
+    def as_handoff(
+        cls, *, name: str | None = None, description: str | None = None, **bound: Any
+    ) -> type[HandoffTool]:
+        """The tool that hands a chat over to this agent: ``transfer_to_<snake case>``
+        unless ``name`` is given; its parameters are the inputs not ``bound``."""
+        return handoff_tool(cls, name=name, description=description, bound=bound)
+
+    @classmethod
+    def _inputs_for(cls, stored: Mapping[str, Any] | None, given: Mapping[str, Any]) -> dict:
+        merged = {**(stored or {}), **given}
+        return {name: value for name, value in merged.items() if name in cls.input_names()}
 
     # -- following the code: a chat takes the agent's configuration as it is now -----------
     @classmethod
@@ -187,6 +223,8 @@ class Agent:
             "schema": None if cls.schema is None else _stable_name(cls.schema),
             "limits": dict(cls.limits),
         }
+        if cls.handoffs:  # only then: the digests of agents without any stay as they were
+            applied["handoffs"] = [_stable_name(item) for item in cls.handoffs]
         if cls.guardrails:  # only then: the digests of agents without any stay as they were
             applied["guardrails"] = [_stable_name(guardrail) for guardrail in cls.guardrails]
         text = json.dumps(applied, sort_keys=True, default=str)
@@ -200,18 +238,6 @@ class Agent:
         if current != applied:
             cls.configure(chat, **inputs)
         return current
-
-    @classmethod
-    def _hand_over(cls, chat: Any, path: str, inputs: Mapping[str, Any]) -> None:
-        """This agent takes ``chat`` over: its configuration applied and recorded on the
-        chat, so every later verb follows this agent."""
-        given = {**(chat.agent_inputs or {}), **inputs}
-        kept = {name: value for name, value in given.items() if name in cls.input_names()}
-        current = cls.follow(chat, kept, "")  # raises before writing on missing inputs
-        type(chat)._default_manager.filter(pk=chat.pk).update(
-            agent_path=path, agent_inputs=kept, agent_digest=current
-        )
-        chat.agent_path, chat.agent_inputs, chat.agent_digest = path, kept, current
 
     # -- as a tool ------------------------------------------------------------------------
     @classmethod
@@ -261,6 +287,17 @@ class AgentTool(Tool):
                 "leases, rows and jobs), which can't be part of its parent's transaction: "
                 "it can't be transactional"
             )
+
+    @classmethod
+    def default_name(cls, prefix: str = "") -> str:
+        """``research`` (``billing_research`` with the prefix ``billing``)."""
+        name = cls.agent_class.tool_name()
+        return f"{prefix}_{name}" if prefix else name
+
+    @classmethod
+    def renamed(cls, name: str) -> type[AgentTool]:
+        """The same agent tool under another name."""
+        return cls.agent_class.as_tool(name=name, **cls.bound_inputs)
 
     @classmethod
     def reference(cls) -> str:

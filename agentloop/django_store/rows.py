@@ -66,6 +66,7 @@ MESSAGE_COLUMNS = (
     "tool_calls__question",
     "tool_calls__decision",
     "tool_calls__decision_digest",
+    "tool_calls__handoff",
 )
 
 
@@ -80,6 +81,7 @@ JSON_COLUMNS = frozenset(
         "guardrails",
         "tool_calls__arguments",
         "tool_calls__provider_data",
+        "tool_calls__handoff",
     )
 )
 _MESSAGE_STATUS = {status.value: status for status in MessageStatus}
@@ -141,7 +143,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
          provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
          call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
-         decision, decision_digest) = row  # fmt: skip
+         decision, decision_digest, handoff) = row  # fmt: skip
         if last is None or last.key != key:
             # Rows are our own: build without validation (see trusted).
             last = trusted(
@@ -185,6 +187,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         # guardrail outcomes before it runs: neither is read back.
                         "original_arguments": None,
                         "guardrails": [],
+                        "handoff": _json(handoff, None),
                         "key": call_key,
                     },
                 )

@@ -16,13 +16,14 @@ usage together; each tool result on its own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connections
+from django.db import connections, transaction
 
 from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..engine.store import Superseded
@@ -187,6 +188,26 @@ class DjangoStore(ChatStore):
 
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         self.tool_calls.mark_tool_waiting(call, reason, question)
+
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        self.tool_calls.record_handoff(call, handoff)
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # Each write inside keeps its lease guard (a savepoint): a lost lease undoes all. Rolled
+        # back, the chat object takes its columns back too, so the run goes on as it was.
+        chat = self.chat
+        saved = {
+            field.attname: getattr(chat, field.attname) for field in chat._meta.concrete_fields
+        }
+        try:
+            with transaction.atomic(using=self.row.db):
+                yield
+        except BaseException:
+            for name, value in saved.items():
+                setattr(chat, name, value)
+            self.config.forget()
+            raise
 
     runs_transactions = True
 

@@ -205,6 +205,11 @@ class ToolCalls:
                 **judged,
             )
 
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        calls = self.models.tool_call_model._default_manager.using(self.row.db)
+        with self.control.writing():
+            calls.filter(pk=call.key).update(handoff=handoff)
+
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
     ) -> Any:

@@ -20,6 +20,7 @@ EVENTS = (
     "stopped",
     "model_fallback",
     "halted",
+    "handed_off",
     "claimed",
     "subagents_waiting",
     "guardrail_blocked",

@@ -101,15 +101,19 @@ def as_context(summary: Message) -> Message:
 
 
 def window(transcript: list[Message]) -> list[Message]:
-    """The messages a request sends: the instructions, the latest summary, the rows after it
-    (without a summary: every finished message, as before)."""
+    """The messages a request sends: the instructions first, wherever their rows are (a
+    handoff, or instructions set on a chat with a history, add one after it, and no provider
+    takes one between a tool call and its results), then the latest summary and the rows
+    after it (without a summary: every finished message)."""
     messages = finished(transcript)
+    instructions = [m for m in messages if m.role == "system"]
     summary = _latest_summary(messages)
     if summary is None:
-        return messages
+        if not instructions or instructions[-1] is messages[len(instructions) - 1]:
+            return messages  # the instructions lead already (nearly always)
+        return [*instructions, *(m for m in messages if m.role != "system")]
     boundary = _boundary(messages, summary)
-    instructions = [m for m in messages[: boundary + 1] if m.role == "system"]
-    rest = [m for m in messages[boundary + 1 :] if m.role != "summary"]
+    rest = [m for m in messages[boundary + 1 :] if m.role not in ("system", "summary")]
     return [*instructions, as_context(messages[summary]), *rest]
 
 

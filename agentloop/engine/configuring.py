@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from .. import providers
 from ..exceptions import ConfigurationError
 from ..guardrails import Guardrail, as_guardrail
-from ..importing import import_path_of
+from ..importing import import_path_of, load_by_path
 from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
 from ..tools import Tool
@@ -48,31 +48,59 @@ def _package_name(obj: Any) -> str:
     return parts[-1] if parts else obj.__module__.split(".")[-1]
 
 
+def _agent_of(tool_class: Any) -> Any:
+    """The agent behind an agent tool or a handoff tool; None for any other tool."""
+    return getattr(tool_class, "agent_class", None) or getattr(tool_class, "handoff_agent", None)
+
+
 def _base_name(tool_class: Any, agent: Any) -> str:
-    """An agent tool's name before any package prefix a clash gave it."""
-    prefixed = f"{_package_name(agent)}_{agent.tool_name()}"
-    return agent.tool_name() if tool_class.name == prefixed else str(tool_class.name)
+    """An agent's tool's name before any package prefix a clash gave it."""
+    prefixed = tool_class.default_name(_package_name(agent))
+    return str(tool_class.default_name() if tool_class.name == prefixed else tool_class.name)
 
 
 def _agent_names(tool_classes: list[Any]) -> list[Any]:
-    """Agent tools named alike by agents of different modules (billing.Research,
-    legal.Research) all take their package's name as a prefix ("billing_research",
-    "legal_research"), whatever the order they came in; a lone one keeps its own name."""
+    """Agent tools (and handoffs) named alike by agents of different modules
+    (billing.Research, legal.Research) all take their package's name as a prefix
+    ("billing_research", "legal_research"; "transfer_to_billing_research"), whatever the
+    order they came in; a lone one keeps its own name."""
     agents_by_name: dict[str, set[Any]] = defaultdict(set)
     for tool_class in tool_classes:
-        agent = getattr(tool_class, "agent_class", None)
+        agent = _agent_of(tool_class)
         if agent is not None:
             agents_by_name[_base_name(tool_class, agent)].add(agent)
     named = []
     for tool_class in tool_classes:
-        agent = getattr(tool_class, "agent_class", None)
+        agent = _agent_of(tool_class)
         if agent is not None:
-            base = _base_name(tool_class, agent)
-            name = f"{_package_name(agent)}_{base}" if len(agents_by_name[base]) > 1 else base
+            base, package = _base_name(tool_class, agent), _package_name(agent)
+            name = base
+            if len(agents_by_name[base]) > 1:
+                # The default name takes the prefix where it belongs; a given one in front.
+                given = base != tool_class.default_name()
+                name = f"{package}_{base}" if given else tool_class.default_name(package)
             if name != tool_class.name:
-                tool_class = agent.as_tool(name=name, **getattr(tool_class, "bound_inputs", {}))
+                tool_class = tool_class.renamed(name)
         named.append(tool_class)
     return named
+
+
+def _as_handoff_tool(obj: Any) -> type[Tool]:
+    """A handoff tool from what users pass to ``with_handoffs``: an agent (or its import
+    path), or the tool ``Agent.as_handoff(...)`` made."""
+    if isinstance(obj, str):
+        obj = load_by_path(obj)
+    if isinstance(obj, type) and issubclass(obj, Tool) and hasattr(obj, "handoff_agent"):
+        return obj
+    as_handoff = getattr(obj, "as_handoff", None)
+    if callable(as_handoff):
+        converted = as_handoff()
+        if isinstance(converted, type) and issubclass(converted, Tool):
+            return converted
+    raise ConfigurationError(
+        f"{obj!r} is not an agent: with_handoffs() takes Agent subclasses, their import "
+        "paths, or the tools Agent.as_handoff() makes."
+    )
 
 
 class Configuration:
@@ -112,6 +140,13 @@ class Configuration:
             by_name[tool_class.name] = tool_class
         self.store.set_tools(list(by_name.values()))
         return self
+
+    def with_handoffs(self, *agents: Any) -> Self:
+        """Let the model hand the conversation over to these agents: each is offered as a
+        tool (``transfer_to_billing`` for ``Billing``; ``Billing.as_handoff(name=...)``
+        names it yourself) whose call switches the chat to that agent from its next model
+        call on (docs/handoffs.md)."""
+        return self.with_tools(*(_as_handoff_tool(agent) for agent in agents))
 
     def with_guardrails(self, *guardrails: Any, replace: bool = False) -> Self:
         """Run these guardrails (``agentloop.guardrails``: functions decorated with

@@ -19,13 +19,20 @@ from .callbacks import Callbacks
 from .control import CANCELLED_TOOL_RESULT, Control
 from .effects import Effects
 from .guarding import Guards
+from .handoffs import RoundHandoffs
 from .model_calls import ModelCalls
 from .results import StepResult
 from .runs import Run, Runs
 from .store import ChatStore
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
-from .transcript import counted_tool_results, finished, next_move, pending_round
+from .transcript import (
+    counted_tool_results,
+    finished,
+    handoffs_in_turn,
+    next_move,
+    pending_round,
+)
 
 __all__ = ["Loop", "checked_attachments"]
 
@@ -207,6 +214,12 @@ class Loop:
             guards=guards if guards.tool else None,
             transcript=transcript,
             asking=round_.message,
+            handoffs=RoundHandoffs(
+                self.store,
+                self._callbacks.emit,
+                self._owner,
+                made_in_turn=handoffs_in_turn(transcript),
+            ),
         )
         try:
             results = yield from runner.run(round_.message.tool_calls, round_.unanswered)
@@ -215,8 +228,13 @@ class Loop:
             left = [call for call in round_.unanswered if call.id not in runner.answered]
             self._runs.record_cancel(exc, unanswered=left)
             raise
-        # The transcript in memory follows what was written: the next step needs no read.
-        transcript.extend(runner.messages)
+        if runner.handoffs is not None and runner.handoffs.made is not None:
+            # Handed over: the new agent's instructions replaced the system message. Read
+            # again (one query, only after a handoff), so the next model call sends them.
+            transcript[:] = self.store.load_transcript()
+        else:
+            # The transcript in memory follows what was written: the next step needs no read.
+            transcript.extend(runner.messages)
         run.next_move = next_move(transcript)
         if runner.stopped is not None:
             # A tool guardrail's block stops the chat, now that the round's results are saved.

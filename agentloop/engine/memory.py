@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -53,6 +55,11 @@ class MemoryStore(ChatStore):
         self.trace_carrier: dict[str, str] = {}
         self.agent_name = ""
         self._trace_id = ""
+        #: the agent this chat follows (``Agent.chat()``, a handoff), the inputs it was given
+        #: and the digest of what was applied (see ``agentloop.agents.following``).
+        self.agent: Any = None
+        self.agent_inputs: dict[str, Any] = {}
+        self.agent_digest = ""
         #: a fork's origin: the store it was forked from and the key of the message it was
         #: forked at (None: not a fork).
         self.forked_from: tuple[MemoryStore, Any] | None = None
@@ -149,6 +156,22 @@ class MemoryStore(ChatStore):
         stored = self._add(message)
         message.key, message.created_at = stored.key, stored.created_at
         return stored
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        # What a handoff changes (configuration, tools, instructions, agent) is put back
+        # when it fails halfway, as a database transaction would be.
+        saved = (
+            self.config, list(self.tools), list(self.guardrails),
+            [m.model_copy(deep=True) for m in self.messages],
+            self.agent, self.agent_inputs, self.agent_digest, self.agent_name,
+        )  # fmt: skip
+        try:
+            yield
+        except BaseException:
+            (self.config, self.tools, self.guardrails, self.messages, self.agent,
+             self.agent_inputs, self.agent_digest, self.agent_name) = saved  # fmt: skip
+            raise
 
     def save_guardrails(self, message: Message) -> None:
         stored = self._find(message.key)
@@ -263,6 +286,9 @@ class MemoryStore(ChatStore):
         stored.question = question
         self._keep_guardrails(call, stored)
 
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        self._call(call).handoff = dict(handoff)
+
     def record_decision(
         self, call: ToolCall, decision: str, *, by: Any, reason: str, result: Message | None
     ) -> Message | None:
@@ -324,6 +350,8 @@ class MemoryStore(ChatStore):
         forked = MemoryStore(self.config.model_copy(deep=True))
         forked.tools = list(self.tools)
         forked.agent_name = self.agent_name
+        forked.agent, forked.agent_inputs = self.agent, dict(self.agent_inputs)
+        forked.agent_digest = self.agent_digest
         forked.forked_from = (self, at.key)
         current = [m for m in self.messages if not m.superseded]
         end = next(i for i, m in enumerate(current) if m.key == at.key)

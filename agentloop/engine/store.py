@@ -36,6 +36,7 @@ OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
     "queues_messages": ("queue_message", "has_queued", "take_queued"),
     "sums_costs": ("turn_cost",),
     "keeps_trace_context": ("trace_context", "set_trace_context"),
+    "records_handoffs": ("record_handoff",),
     "runs_transactions": ("run_in_transaction",),
     "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
     "forks_chats": ("fork",),
@@ -106,6 +107,9 @@ class ChatStore(ABC):
     #: keeps a turn's trace context across its jobs (``trace_context``,
     #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
     keeps_trace_context: bool = True
+    #: keeps on a tool call the handoff it made (``record_handoff``), read back with the
+    #: transcript (the turn's handoffs are bounded): handoffs; with it off none is made.
+    records_handoffs: bool = True
     #: marks messages superseded (``supersede``, ``superseded_calls``, ``load_history``):
     #: ``edit()`` and ``regenerate()`` (without it they refuse, writing nothing).
     supersedes_messages: bool = True
@@ -265,6 +269,18 @@ class ChatStore(ABC):
         """Atomically: the tool message answering ``call`` and the call's final state (and,
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
+
+    # An optional part (``records_handoffs``): without it no handoff is made.
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        """Keep on ``call`` (with a key, read back in the transcript as ``call.handoff``) the
+        handoff it made: ``{"from": <agent path or "">, "to": <agent path>, "inputs": {...}}``.
+        Written inside :meth:`atomic`, with the configuration it switched and the result."""
+        raise ConfigurationError(_missing(self, "records_handoffs", "no handoffs"))
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """The writes made inside commit together or not at all (the Django store: one
+        transaction); a store whose writes can't fail halfway keeps this default."""
+        return nullcontext()
 
     def run_in_transaction(
         self, call: ToolCall, work: Callable[[ToolTransaction], T]

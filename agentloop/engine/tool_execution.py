@@ -1,5 +1,6 @@
 """Running one tool call: its arguments validated, the tool run (sync, or an ``async def``
-awaited), and whatever it returned, raised or asked for turned into a ``ToolOutcome``."""
+awaited), and whatever it returned, raised or asked for (a handoff too) turned into a
+``ToolOutcome``."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..tools import (
     arguments_problem,
     describe_validation_error,
     format_result,
+    running,
 )
 from . import tracing
 from .effects import RunTool
@@ -71,10 +73,10 @@ def execute_tool(
     instance, arguments = ready
 
     def run() -> str:
-        with savepoint(), tracing.tool_call(call, tool_class) as span:
+        with savepoint(), tracing.tool_call(call, tool_class) as span, running(instance.context):
             return span.result(format_result(_value_of(instance.execute(**arguments))))
 
-    return _outcome(call, run)
+    return _with_handoff(_outcome(call, run), instance)
 
 
 async def aexecute_tool(tool: RunTool) -> ToolOutcome:
@@ -85,7 +87,7 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         return ready
     instance, arguments = ready
     try:
-        with tracing.tool_call(call, tool_class) as span:
+        with tracing.tool_call(call, tool_class) as span, running(instance.context):
             content = span.result(format_result(await instance.execute(**arguments)))
     except Exception as exc:
         failure = exc
@@ -93,8 +95,17 @@ async def aexecute_tool(tool: RunTool) -> ToolOutcome:
         def reraise() -> Any:
             raise failure
 
-        return _outcome(call, reraise)
-    return _outcome(call, lambda: content)
+        return _with_handoff(_outcome(call, reraise), instance)
+    return _with_handoff(_outcome(call, lambda: content), instance)
+
+
+def _with_handoff(outcome: ToolOutcome, instance: Tool) -> ToolOutcome:
+    """The outcome, carrying the handoff the tool asked for when it gave a result (a call
+    that failed or now waits hands nothing off)."""
+    handoff = instance.context.handoff
+    if handoff is not None and not outcome.is_error and outcome.wait_reason is None:
+        outcome.handoff = handoff
+    return outcome
 
 
 def _outcome(call: ToolCall, run: Callable[[], str]) -> ToolOutcome:

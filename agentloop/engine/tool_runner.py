@@ -24,6 +24,7 @@ from .checkpoints import Checkpoints
 from .config import ToolOptions
 from .effects import Effects, Judge, Launch, RunTool, WaitAny
 from .guarding import Case, Guards, Verdict, stop_reason
+from .handoffs import RoundHandoffs
 from .store import ChatStore, ToolTransaction
 from .tool_execution import execute_tool, unaskable
 from .transcript import TOOL_LIMIT_RESULT
@@ -65,8 +66,11 @@ class ToolRunner:
         guards: Guards | None = None,
         transcript: list[Message] | None = None,
         asking: Message | None = None,
+        handoffs: RoundHandoffs | None = None,
     ) -> None:
         self.store = store
+        #: the round's handoffs (None: a handoff asked for is not made, the result says so).
+        self.handoffs = handoffs
         #: the chat's guardrails (tool guardrails judge each call before it runs), and the
         #: transcript their contexts show.
         self.guards = guards
@@ -134,7 +138,25 @@ class ToolRunner:
         return ToolOutcome(wait_reason="approval")
 
     def _save(self, call: ToolCall, outcome: ToolOutcome, *, release: str | None = None) -> None:
+        if outcome.handoff is not None:
+            # Released by the verb, after the transaction that makes the handoff.
+            outcome, written = self._hand_off(call, outcome)
+            self._announce(call, outcome, written)
+            if self.handoffs is not None:
+                self.handoffs.announce()
+            return
         self._announce(call, outcome, self._write(call, outcome, release))
+
+    def _hand_off(
+        self, call: ToolCall, outcome: ToolOutcome
+    ) -> tuple[ToolOutcome, tuple[Message, Any] | None]:
+        """Write the result of ``call``, which asks for a handoff, making the handoff with it
+        (:mod:`.handoffs`); the outcome written (a refused handoff's says why) and the rows."""
+        if self.handoffs is None:
+            kept = ToolOutcome(f"{outcome.content}\n\n[Not handed off: no handoffs here.]")
+            return kept, self._write(call, kept)
+        tool_class = self.tools.get(call.name)
+        return self.handoffs.save(call, outcome, tool_class, lambda done: self._write(call, done))
 
     def _write(
         self, call: ToolCall, outcome: ToolOutcome, release: str | None = None
@@ -192,6 +214,8 @@ class ToolRunner:
             outcome = execute_tool(
                 tool.tool_class, call, tool.chat, tool.background, tool.cancel_check, run.savepoint
             )
+            if outcome.handoff is not None:
+                return self._hand_off(call, outcome)  # in the same transaction
             return outcome, self._write(call, outcome)
 
         (outcome, written), refused = self.store.run_in_transaction(call, work)
@@ -205,6 +229,8 @@ class ToolRunner:
             self._save(call, outcome)
             return outcome
         self._announce(call, outcome, written)
+        if self.handoffs is not None:
+            self.handoffs.announce()  # committed
         return outcome
 
     def _execute(self, call: ToolCall) -> RunTool:
@@ -291,6 +317,10 @@ class ToolRunner:
         # Calls held by a person or a subagent are not ours to run.
         calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
         refusals = {call.id: self._refusal(call, round_calls) for call in calls}
+        if self.handoffs is not None:
+            # One handoff per answer, within the turn's limit: decided before anything runs.
+            would_run = [call for call in calls if refusals[call.id] is None]
+            refusals.update(self.handoffs.refusals(would_run, self.tools))
         runnable = [call for call in calls if refusals[call.id] is None]
         if self.tool_budget is not None and len(runnable) > self.tool_budget:
             # Past max_tool_calls a call is not run; the turn stops before the next model call.
@@ -345,7 +375,9 @@ class ToolRunner:
                     self._run_in_transaction(call)  # the verb releases, after the commit
                 else:
                     outcome = yield self._execute(call)
-                    release = self._then(call) if last and outcome.wait_reason is None else None
+                    # A handoff is released by the verb, after the transaction that makes it.
+                    releases = outcome.wait_reason is None and outcome.handoff is None
+                    release = self._then(call) if last and releases else None
                     self._save(call, outcome, release=release)
                     if release is not None:
                         # Released with the round's result: a cancel that came meanwhile

@@ -15,6 +15,7 @@ __all__ = [
     "Round",
     "counted_tool_results",
     "finished",
+    "handoffs_in_turn",
     "is_complete",
     "is_waiting",
     "next_move",
@@ -107,4 +108,15 @@ def counted_tool_results(transcript: list[Message]) -> int:
         for message in finished(transcript[turn_start(transcript) :])
         if message.role == "tool"
         and not (message.is_error and message.content == TOOL_LIMIT_RESULT)
+    )
+
+
+def handoffs_in_turn(transcript: list[Message]) -> int:
+    """The handoffs the turn's tool calls made (``AGENTLOOP["MAX_HANDOFFS"]`` bounds them)."""
+    return sum(
+        1
+        for message in finished(transcript[turn_start(transcript) :])
+        if message.role == "assistant"
+        for call in message.tool_calls
+        if call.handoff
     )

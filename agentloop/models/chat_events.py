@@ -61,6 +61,17 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
         "halted", lambda reason: signals.chat_halted.send(sender, chat=chat, reason=reason)
     )
     conversation.on(
+        "handed_off",
+        lambda record, call: signals.chat_handed_off.send(
+            sender,
+            chat=chat,
+            from_agent=record["from"],
+            to_agent=record["to"],
+            inputs=record["inputs"],
+            tool_call=call,
+        ),
+    )
+    conversation.on(
         "guardrail_blocked",
         lambda outcome, stops: signals.guardrail_blocked.send(
             sender, chat=chat, outcome=outcome, stops=stops

@@ -49,6 +49,11 @@ class ConversationDelegations:
         self.conversation.with_tools(*tools, replace=replace)
         return self
 
+    def with_handoffs(self, *agents: Any) -> Self:
+        """Offer handoffs to these agents (``transfer_to_<name>`` tools); docs/handoffs.md."""
+        self.conversation.with_handoffs(*agents)
+        return self
+
     def with_guardrails(self, *guardrails: Any, replace: bool = False) -> Self:
         """Run these guardrails on the chat's user messages, answers and tool calls, kept by
         import path (``agentloop.guardrails``; docs/guardrails.md)."""

@@ -113,6 +113,9 @@ class AbstractToolCall(models.Model):
         related_name="+",
     )
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
+    #: the handoff this call made: {"from": <agent path or "">, "to": <agent path>,
+    #: "inputs": {...}} (``Agent.as_handoff``, ``ToolContext.hand_off``); null: none.
+    handoff = models.JSONField(_("handoff"), null=True, blank=True, editable=False)
     #: what tool guardrails decided before it ran (``GuardrailOutcome`` as JSON).
     guardrails = models.JSONField(
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False

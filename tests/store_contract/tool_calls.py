@@ -10,7 +10,13 @@ from agentloop.exceptions import ChatBusyError, ConcurrentWriteError, DecisionCo
 from agentloop.messages import Message, ToolCall, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
 
-__all__ = ["TestDecisions", "TestReleasingWrites", "TestToolCalls", "TestToolTransactions"]
+__all__ = [
+    "TestDecisions",
+    "TestHandoffs",
+    "TestReleasingWrites",
+    "TestToolCalls",
+    "TestToolTransactions",
+]
 
 
 def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Message:
@@ -270,6 +276,47 @@ class TestReleasingWrites:
             harness.store.release("generate")
         assert taken is True
         assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
+
+
+HANDOFF = {"from": "myapp.Triage", "to": "myapp.Billing", "inputs": {"customer": "Ada"}}
+
+
+class TestHandoffs:
+    """``record_handoff`` keeps on a call the handoff it made, read back with the transcript;
+    ``atomic`` commits the writes made inside together or not at all, and a store that
+    rolled back reads as it was (its configuration, instructions and calls)."""
+
+    def test_a_handoff_is_kept_on_its_call(self, harness: Harness) -> None:
+        (c1, c2) = round_of(harness, call("c1"), call("c2"))
+        assert harness.store.claim() is True
+
+        harness.store.record_handoff(c1, HANDOFF)
+        harness.store.release("tools")
+
+        read = calls_read(harness)
+        assert (read["c1"].handoff, read["c2"].handoff) == (HANDOFF, None)
+
+    def test_writes_inside_atomic_that_fails_are_all_undone(self, harness: Harness) -> None:
+        harness.store.replace_instructions("You are TRIAGE.")
+        (c1,) = round_of(harness, call("c1"))
+        assert harness.store.claim() is True
+        before = harness.store.get_config()
+
+        with pytest.raises(RuntimeError), harness.store.atomic():
+            harness.store.update_config(temperature=0.5, model="offline:billing")
+            harness.store.replace_instructions("You are BILLING.")
+            harness.store.record_handoff(c1, HANDOFF)
+            raise RuntimeError("halfway")
+
+        for store in (harness.store, harness.reopen()):
+            assert store.get_config() == before
+            transcript = store.load_transcript()
+            assert [m.content for m in transcript if m.role == "system"] == ["You are TRIAGE."]
+            assert transcript[-1].tool_calls[0].handoff is None
+        with harness.store.atomic():
+            harness.store.record_handoff(c1, HANDOFF)  # and one that goes through stays
+        harness.store.release("tools")
+        assert calls_read(harness)["c1"].handoff == HANDOFF
 
 
 class TestToolTransactions:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('example_project', '0004_support_guardrails'),
+        ('example_project', '0005_supporttoolcall_handoff'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agentloop', '0015_guardrails'),
+        ('agentloop', '0016_handoffs'),
     ]
 
     operations = [
