@@ -158,3 +158,21 @@ def test_in_flight_answers_every_chat_within_the_workers_pool(
     assert 0 < row["peak_pg_backends"] <= 2
     assert row["peak_rss_mib"] > 0
     assert row["cpu_ms_per_step"] > 0
+
+
+def test_bulk_control_runs_every_verb_in_batches(bench_database: str, tmp_path: Path) -> None:
+    out = tmp_path / "bulk_control.json"
+    run(
+        "bulk_control.py", "--chats=400", "--waiting=5", "--batch-size=100",
+        f"--database-url={bench_database}", f"--json={out}",
+    )  # fmt: skip
+
+    rows = {row["verb"]: row for row in json.loads(out.read_text())["results"]}
+    # 400 chats: 15% queued and 10% running are in flight; 5% stopped; 405 in all.
+    assert rows["halt (all 405 chats)"]["changed"] == 100
+    # A count, an UPDATE of the 100 (a full batch), one that finds none, the check that
+    # nothing is left.
+    assert rows["halt (all 405 chats)"]["statements"] == 4
+    assert rows["cancel (5 waiting for a person)"]["changed"] == 5
+    assert rows["resume, jobs dropped"]["changed"] == 20
+    assert rows["complete_later, jobs dropped"]["changed"] == 365  # all but the 40 running

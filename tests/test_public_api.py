@@ -59,6 +59,7 @@ EXPECTED_MODELS = {
     "BatchItemStatus",
     "BatchQuerySet",
     "BatchStatus",
+    "BulkResult",
     "Chat",
     "ChatQuerySet",
     "ChatState",
@@ -73,6 +74,7 @@ EXPECTED_MODELS = {
 
 #: what ``agentloop.admin`` promises: the model admins and actions a project's own admin reuses.
 EXPECTED_ADMIN = {
+    "ApprovalInbox",
     "BatchAdmin",
     "ChatAdmin",
     "MessageAdmin",
@@ -83,7 +85,9 @@ EXPECTED_ADMIN = {
     "build_timeline",
     "cancel_chats",
     "deny_pending",
+    "halt_chats",
     "resume_chats",
+    "switch_model",
 }
 
 

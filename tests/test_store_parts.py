@@ -129,7 +129,7 @@ def test_a_part_whose_flag_is_on_must_be_written():
 
 def test_each_optional_part_names_methods_the_interface_has():
     for flag, methods in OPTIONAL_PARTS.items():
-        assert isinstance(getattr(ChatStore, flag), bool), flag  # on or off by default
+        assert isinstance(getattr(ChatStore, flag), bool), flag
         for name in methods:
             assert callable(getattr(ChatStore, name)), name
             assert name not in ChatStore.__abstractmethods__, name

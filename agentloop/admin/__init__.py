@@ -3,18 +3,28 @@
 Importing this package registers ``Chat`` (``chats``), ``ToolCall``, ``Usage`` and
 ``Message`` (``rows``) and ``Batch`` (``batches``) with the default admin site. The chat
 list's filters and actions live in ``filters`` and ``actions``; the timeline its change
-page renders is ``build_timeline`` (``timeline``).
+page renders is ``build_timeline`` (``timeline``); the approval inbox across chats is
+``ApprovalInbox`` (``inbox``), served by ``ChatAdmin``.
 """
 
-from .actions import approve_pending, cancel_chats, deny_pending, resume_chats
+from .actions import (
+    approve_pending,
+    cancel_chats,
+    deny_pending,
+    halt_chats,
+    resume_chats,
+    switch_model,
+)
 from .batches import BatchAdmin
 from .chats import ChatAdmin
+from .inbox import ApprovalInbox
 from .rows import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
 # What a project subclasses or reuses in an admin of its own (a custom chat model's admin:
 # docs/custom-models.md); the labels, filters and entry types stay in their modules.
 __all__ = [
+    "ApprovalInbox",
     "BatchAdmin",
     "ChatAdmin",
     "MessageAdmin",
@@ -25,5 +35,7 @@ __all__ = [
     "build_timeline",
     "cancel_chats",
     "deny_pending",
+    "halt_chats",
     "resume_chats",
+    "switch_model",
 ]

@@ -1,14 +1,29 @@
-"""The chat list's actions: cancel, resume, approve or deny what waits for approval."""
+"""The chat list's actions: cancel, halt, resume, switch model, approve or deny what waits.
+
+Cancel, halt, resume and switch model are the set-based verbs of ``ChatQuerySet``
+(``agentloop.models.bulk``, so any chat model's admin has them): one UPDATE per batch of
+chats, never over a running step, so "select all" on 100,000 chats finishes. Halt and switch
+model first ask for the reason or the model on a page of their own. Every chat an action
+changed gets a history entry.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..exceptions import ToolCallNotWaitingError
+from ..exceptions import AgentloopError, ToolCallNotWaitingError
+from ..models import bulk
+from ..models.bulk import BulkResult
 from .filters import holding
 
 __all__ = [
@@ -16,37 +31,154 @@ __all__ = [
     "approve_pending",
     "cancel_chats",
     "deny_pending",
+    "halt_chats",
     "resume_chats",
+    "switch_model",
 ]
 
 #: the reason a denial from the admin gives the model when the reviewer typed none.
 DEFAULT_DENY_REASON = "Denied by a reviewer in the admin."
 
+_FORM_TEMPLATE = "admin/agentloop/chat/bulk_action.html"
+
+
+def _logger(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, message: str
+) -> Callable[[list[Any]], None]:
+    """Each batch's changed chats get a history entry (one INSERT per batch)."""
+    manager = modeladmin.model._default_manager
+
+    def log(pks: list[Any]) -> None:
+        LogEntry.objects.log_actions(
+            user_id=request.user.pk,  # type: ignore[arg-type] # admin_view: logged in
+            queryset=manager.filter(pk__in=pks),
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+    return log
+
+
+def _report(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, result: BulkResult, done: str, left: str
+) -> None:
+    modeladmin.message_user(request, done % {"count": result.changed}, messages.SUCCESS)
+    if result.skipped:
+        modeladmin.message_user(request, left % {"count": result.skipped}, messages.WARNING)
+
 
 @admin.action(description=_("Cancel the running step"), permissions=["change"])
 def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    cancelled = idle = 0
-    for chat in queryset:
-        # Also wakes a run in this process, or any worker when Redis is set.
-        if chat.cancel():
-            cancelled += 1
-            modeladmin.log_change(request, chat, "Cancellation requested.")
-        else:
-            idle += 1
-    modeladmin.message_user(request, gettext("Cancellation requested for %d chat(s).") % cancelled)
-    if idle:
-        modeladmin.message_user(
-            request, gettext("%d chat(s) had no run to cancel.") % idle, messages.WARNING
-        )
+    # Also wakes each run (in this process, or any worker when Redis is set).
+    log = _logger(modeladmin, request, "Cancellation requested.")
+    result = bulk.cancel(queryset, on_batch=log)
+    _report(
+        modeladmin, request, result,
+        gettext("Cancellation requested for %(count)d chat(s)."),
+        gettext("%(count)d chat(s) had no run to cancel."),
+    )  # fmt: skip
 
 
 @admin.action(description=_("Resume in the background"), permissions=["change"])
 def resume_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    chats = list(queryset)
-    for chat in chats:
-        chat.complete_later()
-        modeladmin.log_change(request, chat, "Queued to resume in the background.")
-    modeladmin.message_user(request, gettext("%d chat(s) queued.") % len(chats))
+    log = _logger(modeladmin, request, "Queued to resume in the background.")
+    result = bulk.complete_later(queryset, on_batch=log)
+    _report(
+        modeladmin, request, result,
+        gettext("%(count)d chat(s) queued."),
+        gettext("%(count)d chat(s) are running and go on by themselves."),
+    )  # fmt: skip
+
+
+def _asked(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet,
+    *,
+    field: str,
+    title: str,
+    label: str,
+    help_text: str,
+    problem: str = "",
+) -> TemplateResponse:
+    """The page asking for the reason or the model, posting back to the same action."""
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "opts": modeladmin.opts,
+        "field": field,
+        "label": label,
+        "help_text": help_text,
+        "value": request.POST.get(field, ""),
+        "problem": problem,
+        "action": request.POST.get("action", ""),
+        "select_across": request.POST.get("select_across", "0"),
+        "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+        "count": queryset.count(),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, _FORM_TEMPLATE, context, status=400 if problem else 200)
+
+
+@admin.action(description=_("Halt before the next model call…"), permissions=["change"])
+def halt_chats(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
+) -> TemplateResponse | None:
+    reason = request.POST.get("reason", "").strip()
+    ask = {
+        "field": "reason",
+        "title": gettext("Halt the runs of these chats"),
+        "label": gettext("Reason"),
+        "help_text": gettext(
+            "Each run finishes its tool round and stops before its next model call; its "
+            "stop reason is “halted: <reason>”. Chats with no run are left alone."
+        ),
+    }
+    if "apply" not in request.POST:
+        return _asked(modeladmin, request, queryset, **ask)
+    if not reason:
+        return _asked(
+            modeladmin, request, queryset, **ask, problem=gettext("Give a reason for the halt.")
+        )
+    log = _logger(modeladmin, request, f"Halt requested: {reason}")
+    result = bulk.halt(queryset, reason, on_batch=log)
+    _report(
+        modeladmin, request, result,
+        gettext("Halt requested for %(count)d chat(s)."),
+        gettext("%(count)d chat(s) had no run to halt."),
+    )  # fmt: skip
+    return None
+
+
+@admin.action(description=_("Switch model…"), permissions=["change"])
+def switch_model(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
+) -> TemplateResponse | None:
+    model = request.POST.get("model", "").strip()
+    ask = {
+        "field": "model",
+        "title": gettext("Switch these chats to another model"),
+        "label": gettext("Model"),
+        "help_text": gettext(
+            "“provider:model”, e.g. openai:gpt-4.1-mini. Chats a run holds now keep their "
+            "model (run the action again once they are done)."
+        ),
+    }
+    if "apply" not in request.POST:
+        return _asked(modeladmin, request, queryset, **ask)
+    if not model:
+        return _asked(modeladmin, request, queryset, **ask, problem=gettext("Name a model."))
+    try:
+        log = _logger(modeladmin, request, f"Model switched to {model}.")
+        result = bulk.with_model(queryset, model, on_batch=log)
+    except AgentloopError as exc:  # nothing changed: say why on the same page
+        return _asked(modeladmin, request, queryset, **ask, problem=str(exc))
+    _report(
+        modeladmin, request, result,
+        gettext("%(count)d chat(s) switched to the new model."),
+        gettext("%(count)d chat(s) are running and keep their model."),
+    )  # fmt: skip
+    return None
 
 
 def _decide_all(

@@ -33,8 +33,17 @@ from ..conf import agentloop_settings
 from ..exceptions import ToolCallNotWaitingError
 from ..messages import ToolCallState
 from ..models import Chat
-from .actions import DEFAULT_DENY_REASON, approve_pending, cancel_chats, deny_pending, resume_chats
+from .actions import (
+    DEFAULT_DENY_REASON,
+    approve_pending,
+    cancel_chats,
+    deny_pending,
+    halt_chats,
+    resume_chats,
+    switch_model,
+)
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
+from .inbox import ApprovalInbox
 from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
 
@@ -80,7 +89,10 @@ class ChatAdmin(admin.ModelAdmin):
     """
 
     change_form_template = "admin/agentloop/chat/change_form.html"
-    actions = [cancel_chats, resume_chats, approve_pending, deny_pending]
+    change_list_template = "admin/agentloop/chat/change_list.html"
+    actions = [
+        cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending,
+    ]  # fmt: skip
     # Five columns fit the content column of a 1280 px screen beside both sidebars: the chat
     # shows its model under its title, the state what it waits for, the last activity the
     # number of messages; long text is cut (chat_list.css) with the whole of it in a title.
@@ -315,6 +327,20 @@ class ChatAdmin(admin.ModelAdmin):
             context["can_decide"] = can_decide
         return super().render_change_form(request, context, add, change, form_url, obj)
 
+    # -- the approval inbox (admin/inbox.py) ---------------------------------------------------
+    @property
+    def inbox(self) -> ApprovalInbox:
+        """The inbox of the calls waiting for a person across this admin's chats."""
+        found: ApprovalInbox | None = self.__dict__.get("_inbox")
+        if found is None:
+            found = self.__dict__["_inbox"] = ApprovalInbox(self)
+        return found
+
+    def inbox_queryset(self, request: HttpRequest, calls: QuerySet[Any]) -> QuerySet[Any]:
+        """The tool calls the inbox may show this request (all of them: narrow it in a
+        subclass, e.g. to a tenant's chats)."""
+        return calls
+
     # -- approve, deny or answer one call from the timeline --------------------------------------
     def get_urls(self) -> list[URLPattern]:
         opts = self.opts
@@ -323,7 +349,8 @@ class ChatAdmin(admin.ModelAdmin):
             self.admin_site.admin_view(self.decide_view),
             name=f"{opts.app_label}_{opts.model_name}_decide",
         )
-        return [decide, *super().get_urls()]
+        # Before the model admin's own: "inbox/" is not a chat's key.
+        return [*self.inbox.urls(), decide, *super().get_urls()]
 
     def decide_view(self, request: HttpRequest, object_id: str, call_pk: str) -> HttpResponse:
         """POST ``decision`` = approve, deny (``reason-<pk>``) or answer (``answer-<pk>``)."""

@@ -181,10 +181,15 @@ class Transcript:
                 record._agentloop_tool_calls = []
             self.models.usage_insert.insert(self.row.usage_row(usage, record), self.row.db)
             if self.chat.stop_reason:
-                # The turn goes on (limits were raised): it is no longer stopped.
-                self.row.update(
-                    stop_reason="", state="running" if self.control.background else "idle"
-                )
+                # The turn goes on (limits were raised, a halted chat resumed): it is no
+                # longer stopped. A write that released the chat has set its next state
+                # already: only the reason goes (else the chat would stay "running", free).
+                if release is not None:
+                    self.row.update(stop_reason="")
+                else:
+                    self.row.update(
+                        stop_reason="", state="running" if self.control.background else "idle"
+                    )
         message.key = record.pk
         return record
 

@@ -9,12 +9,18 @@ from .runs import HaltedRelease, Run
 from .store import ChatStore
 from .transcript import next_move, pending_round
 
-__all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control"]
+__all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control", "halt_text"]
 
 #: how a halted chat's ``stop_reason`` begins.
 HALTED_PREFIX = "halted: "
 #: the result given to calls a cancel left unanswered (when the user moves on) or held.
 CANCELLED_TOOL_RESULT = "Cancelled by the user before this tool ran."
+
+
+def halt_text(reason: str) -> str:
+    """A halt's reason as it is stored: on one line, at most 240 characters."""
+    text = " ".join(str(reason).split()) or "no reason given"
+    return text[:240]
 
 
 class Control:
@@ -31,8 +37,7 @@ class Control:
         The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
         (nothing is cancelled; the next message goes on normally). True when a run was in
         progress or queued; False, and nothing set, when none was."""
-        text = " ".join(str(reason).split()) or "no reason given"
-        return self.store.request_halt(text[:240])
+        return self.store.request_halt(halt_text(reason))
 
     def halt_if_requested(self, run: Run) -> bool:
         """Before a model call: a pending halt stops the run (recorded, "halted" sent; the

@@ -7,6 +7,8 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
+        # main holds two 0016s (bulk, handoffs): this one follows both, one leaf again.
+        ('agentloop', '0016_bulk'),
         ('agentloop', '0016_handoffs'),
     ]
 

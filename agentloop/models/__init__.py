@@ -9,7 +9,9 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
   ``chat_events``: signals and the subagent hooks its conversation's events fire;
 - ``messages``: ``Message`` and ``ToolCall``;
 - ``usage``: ``Usage``, one row per provider attempt;
-- ``batches``: ``Batch`` and ``BatchItem``.
+- ``batches``: ``Batch`` and ``BatchItem``;
+- ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
+  and what they return, ``BulkResult``.
 """
 
 from .batches import (
@@ -20,6 +22,7 @@ from .batches import (
     BatchQuerySet,
     BatchStatus,
 )
+from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .messages import (
     AbstractMessage,
@@ -42,6 +45,7 @@ __all__ = [
     "BatchItemStatus",
     "BatchQuerySet",
     "BatchStatus",
+    "BulkResult",
     "Chat",
     "ChatQuerySet",
     "ChatState",

@@ -22,6 +22,7 @@ from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
 from ..runners import enqueue
+from . import bulk
 from .chat_events import connect_chat_events
 from .delegations import ConversationDelegations
 
@@ -50,6 +51,42 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
 
     def owned_by(self, user: Any) -> ChatQuerySet:
         return self.filter(owner=user)
+
+    def on_model(self, glob: str) -> ChatQuerySet:
+        """Chats whose model matches ``glob`` (``"anthropic:*"``; see ``bulk.model_matches``)."""
+        return self.filter(bulk.model_matches(glob))
+
+    # -- set-based control (agentloop.models.bulk; docs/bulk-control.md) ---------------------
+    # Each takes dry_run=False (count only), batch_size (chats per statement, default 1000)
+    # and on_batch (called with each batch's changed keys). Like delete(), on a queryset
+    # only: Chat.objects.all().halt(...) says "every chat".
+    def cancel(self, **options: Any) -> bulk.BulkResult:
+        """``chat.cancel()`` for each chat with a run to cancel, in batches; the counts."""
+        return bulk.cancel(self, **options)
+
+    def halt(self, reason: str, **options: Any) -> bulk.BulkResult:
+        """``chat.halt(reason)`` for each chat a run is in progress or queued for."""
+        return bulk.halt(self, reason, **options)
+
+    def complete_later(self, **options: Any) -> bulk.BulkResult:
+        """``chat.complete_later()`` for each chat no run holds (running ones are skipped)."""
+        return bulk.complete_later(self, **options)
+
+    def resume(self, **options: Any) -> bulk.BulkResult:
+        """The stopped and failed chats go on in the background."""
+        return bulk.resume(self, **options)
+
+    def with_model(
+        self, model: str, provider: str | None = None, **options: Any
+    ) -> bulk.BulkResult:
+        """``chat.with_model(model, provider)`` for each chat no run holds now."""
+        return bulk.with_model(self, model, provider, **options)
+
+    cancel.queryset_only = True  # type: ignore[attr-defined]
+    halt.queryset_only = True  # type: ignore[attr-defined]
+    complete_later.queryset_only = True  # type: ignore[attr-defined]
+    resume.queryset_only = True  # type: ignore[attr-defined]
+    with_model.queryset_only = True  # type: ignore[attr-defined]
 
     def batch(self, auto_continue: bool = False) -> Any:
         """Deprecated (goes in 0.3): ``agentloop.batch(queryset)``."""

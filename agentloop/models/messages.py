@@ -180,3 +180,18 @@ class ToolCall(AbstractToolCall):
                 fields=["chat", "call_id"], name="agentloop_toolcall_unique_call_id"
             )
         ]
+        indexes = [
+            # The approval inbox across chats (oldest first) and APPROVAL_TIMEOUT's sweep:
+            # partial, so only the few calls waiting for someone have an entry.
+            models.Index(
+                fields=["waiting_since"],
+                name="agentloop_toolcall_waiting_idx",
+                condition=models.Q(state="waiting"),
+            ),
+            # The inbox's decisions, newest first: only decided calls have an entry.
+            models.Index(
+                fields=["-decided_at"],
+                name="agentloop_toolcall_decided_idx",
+                condition=models.Q(decided_at__isnull=False),
+            ),
+        ]

@@ -7,13 +7,16 @@ in other processes (a Redis pub/sub message per cancel).
 
 Per process, not per step: one subscriber (one pub/sub connection, one thread) listens to
 every chat's cancel channel under ``REDIS_PREFIX`` (a pattern subscription, so a step costs
-Redis nothing) and sets the notices of the runs of that chat in this process. It starts with
+Redis nothing) and sets the notices of the runs of that chat in this process. Many chats
+cancelled or halted at once (``notify_many``) are one message on the ``many`` channel, which
+names them all (a chat's name always has a colon; ``many`` has none). It starts with
 the first background step, reconnects after Redis restarts, and is made anew in a forked
 child (a prefork pool's children never share the parent's socket).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -22,13 +25,14 @@ from contextlib import suppress
 from typing import Any
 
 from . import redis_client
-from .redis_client import chat_key
+from .redis_client import chat_key, chat_name
 
 __all__ = [
     "RedisCancelListener",
     "Subscriber",
     "listen_locally",
     "notify",
+    "notify_many",
     "stop_subscribers",
     "subscriber",
 ]
@@ -57,6 +61,10 @@ def _wake(notices: list[Any], cancel: bool) -> None:
         if cancel:
             notice.cancelling = True  # a halt lets the model call finish; a cancel stops it
         notice.set()
+
+
+#: the channel name (under the cancel channels' prefix) of one message for many chats.
+MANY = "many"
 
 
 def _channel(key: str) -> str:
@@ -94,6 +102,25 @@ def notify(chat: Any, *, halt: bool = False) -> None:
             redis_client.client().publish(_channel(key), "halt" if halt else "cancel")
         except Exception:  # the flag is written; a worker will still see it when it polls
             logger.warning("Could not publish the cancel notice for %s", key, exc_info=True)
+
+
+def notify_many(chat_model: Any, pks: list[Any], *, halt: bool = False) -> None:
+    """``notify`` for many chats of ``chat_model`` at once: with Redis configured, one message
+    naming them all (every subscriber hears every cancel channel anyway), however many."""
+    keys = [chat_name(chat_model, pk) for pk in pks]
+    if not keys:
+        return
+    with _lock:
+        notices = [notice for key in keys for notice in _local.get(key, ())]
+    _wake(notices, cancel=not halt)
+    if redis_client.redis_url():
+        payload = json.dumps({"halt": halt, "chats": keys})
+        try:
+            redis_client.client().publish(_channel(MANY), payload)
+        except Exception:  # the flags are written; workers will still see them when they poll
+            logger.warning(
+                "Could not publish the cancel notice of %d chats", len(keys), exc_info=True
+            )
 
 
 class RedisCancelListener:
@@ -168,9 +195,24 @@ class Subscriber:
         name = channel.decode() if isinstance(channel, bytes) else channel
         if not name.startswith(self.channel_prefix):
             return
+        key = name[len(self.channel_prefix) :]
+        if key == MANY:
+            self._deliver_many(data)
+            return
         with _lock:
-            notices = list(_local.get(name[len(self.channel_prefix) :], ()))
+            notices = list(_local.get(key, ()))
         _wake(notices, cancel=data not in (b"halt", "halt"))
+
+    def _deliver_many(self, data: Any) -> None:
+        try:
+            message = json.loads(data)
+            keys, cancel = list(message["chats"]), not message.get("halt")
+        except (ValueError, TypeError, KeyError):
+            logger.warning("Cancel notices: a message for many chats could not be read")
+            return
+        with _lock:
+            notices = [notice for key in keys for notice in _local.get(str(key), ())]
+        _wake(notices, cancel=cancel)
 
     def stop(self) -> None:
         """Stop listening and close the connection (tests; the process's exit does it too)."""

@@ -14,7 +14,7 @@ from django.db import connections
 
 from ..conf import agentloop_settings
 
-__all__ = ["async_client", "chat_key", "client", "key", "prefix", "redis_url"]
+__all__ = ["async_client", "chat_key", "chat_name", "client", "key", "prefix", "redis_url"]
 
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -58,7 +58,12 @@ def prefix() -> str:
 
 def chat_key(chat: Any) -> str:
     """``"agentloop.chat:42"``: names the chat across processes (model label and pk)."""
-    return f"{chat._meta.label_lower}:{chat.pk}"
+    return chat_name(chat, chat.pk)
+
+
+def chat_name(chat_model: Any, pk: Any) -> str:
+    """``chat_key`` of the chat of ``chat_model`` (a model or an instance) with key ``pk``."""
+    return f"{chat_model._meta.label_lower}:{pk}"
 
 
 def key(kind: str, chat_name: str) -> str:

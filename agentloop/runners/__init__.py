@@ -12,7 +12,7 @@ from __future__ import annotations
 from .base import Job, Runner
 from .embedded import EmbeddedRunner, wait_for_embedded_jobs
 from .job import StepOutcome, run_job, run_step
-from .sending import enqueue, mark_unsent, runner, runner_name
+from .sending import enqueue, enqueue_many, mark_unsent, runner, runner_name
 
 __all__ = [
     "EmbeddedRunner",
@@ -20,6 +20,7 @@ __all__ = [
     "Runner",
     "StepOutcome",
     "enqueue",
+    "enqueue_many",
     "mark_unsent",
     "run_job",
     "run_step",

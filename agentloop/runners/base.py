@@ -51,3 +51,10 @@ class Runner(ABC):
     def send(self, job: Job) -> None:
         """Hand ``job`` over to be run; raise if it could not be sent (the caller then marks
         the chat for the sweeper)."""
+
+    def send_many(self, jobs: list[Job]) -> None:
+        """Hand many jobs over (a set-based verb's batch); raise if some could not be sent
+        (the caller then marks them all for the sweeper). One ``send`` each unless the runner
+        can do better (Celery: one broker connection for the batch)."""
+        for job in jobs:
+            self.send(job)

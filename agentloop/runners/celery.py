@@ -26,3 +26,10 @@ class CeleryRunner(Runner):
         # A signature applies the registered task's own options (and CELERY_TASK_ALWAYS_EAGER),
         # or sends by name when this process has not loaded the task.
         current_app.signature(STEP_TASK, args=job.args).apply_async(countdown=job.countdown)
+
+    def send_many(self, jobs: list[Job]) -> None:
+        # One producer (one broker connection, taken from the pool once) for the batch.
+        with current_app.producer_or_acquire() as producer:
+            for job in jobs:
+                signature = current_app.signature(STEP_TASK, args=job.args)
+                signature.apply_async(countdown=job.countdown, producer=producer)

@@ -24,7 +24,16 @@ from ..exceptions import ConfigurationError
 from ..importing import load_by_path
 from .base import Job, Runner
 
-__all__ = ["BUILTINS", "enqueue", "mark_unsent", "runner", "runner_name", "send"]
+__all__ = [
+    "BUILTINS",
+    "enqueue",
+    "enqueue_many",
+    "mark_unsent",
+    "runner",
+    "runner_name",
+    "send",
+    "send_many",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +90,30 @@ def enqueue(
     transaction.on_commit(lambda: send(job), using=using)
 
 
+def enqueue_many(
+    chat_ids: list[Any], model_label: str = "agentloop.Chat", *, using: str | None = None
+) -> None:
+    """Send a step of each of the chats once the current transaction (on ``using``) commits
+    (a set-based verb's batch: ``agentloop.models.bulk``)."""
+    jobs = [Job(chat_id, model_label) for chat_id in chat_ids]
+    if jobs:
+        transaction.on_commit(lambda: send_many(jobs), using=using)
+
+
+def send_many(jobs: list[Job]) -> None:
+    """Send ``jobs`` now; if the runner can't take them, mark their queued chats stalled at
+    once (one UPDATE), as ``send`` does for one: the sweeper sends them."""
+    try:
+        runner().send_many(jobs)
+    except Exception:
+        logger.exception("%d jobs could not all be sent; the sweeper sends them again", len(jobs))
+        by_model: dict[str, list[Any]] = {}
+        for job in jobs:
+            by_model.setdefault(job.model_label, []).append(job.chat_id)
+        for model_label, chat_ids in by_model.items():
+            _mark_unsent(chat_ids, model_label)
+
+
 def send(job: Job) -> None:
     """Send ``job`` now; if the runner can't take it (broker down, restarting), mark the
     queued chat stalled at once instead of failing the caller: the next sweep, or a worker
@@ -103,16 +136,17 @@ def send(job: Job) -> None:
 def mark_unsent(chat_id: Any, model_label: str = "agentloop.Chat") -> bool:
     """Date a queued, unheld chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run
     finds it stalled (one UPDATE); False when the chat isn't queued and free any more."""
+    return bool(_mark_unsent([chat_id], model_label))
+
+
+def _mark_unsent(chat_ids: list[Any], model_label: str) -> int:
     chat_model: Any = apps.get_model(model_label)
     # The database's clock, as the sweeper's query reads it.
     stale = Now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
+    unsent = chat_model._default_manager.filter(pk__in=chat_ids, state="queued", lease_token="")
     try:
-        return bool(
-            chat_model._default_manager.filter(pk=chat_id, state="queued", lease_token="").update(
-                updated_at=stale
-            )
-        )
+        return int(unsent.update(updated_at=stale))
     except Exception:
-        # The database is down too: the sweeper finds the chat after STALE_QUEUED_SECONDS.
-        logger.exception("Chat %s: could not mark its lost job", chat_id)
-        return False
+        # The database is down too: the sweeper finds the chats after STALE_QUEUED_SECONDS.
+        logger.exception("Chats %s: could not mark their lost jobs", chat_ids[:10])
+        return 0

@@ -9,6 +9,9 @@
     manage.py agentloop export --owner USER [--output FILE] [--attachments include|reference]
     manage.py agentloop erase --owner USER [--delete-usage] [--wait SECONDS] [--yes]
     manage.py agentloop retention [--days N] [--dry-run]
+    manage.py agentloop chats [--model GLOB] [--state S] [--owner U] [--older-than D] ...
+                              [--dry-run] cancel | halt REASON | resume | complete-later
+                              | with-model MODEL | list
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
 tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
@@ -18,7 +21,8 @@ the import path of one: ``instructions``, ``tools``, ``questions``, ``title``), 
 options, which win; the model is ``--model``, else ``AGENTLOOP["DEFAULT_MODEL"]``. agentloop
 ships no demo tools of its own: a project names its own, so the command works with any model.
 ``chat`` starts from the same configuration unless ``--agent`` names an agent (or
-``AGENTLOOP["DEMO"]["agent"]`` does).
+``AGENTLOOP["DEMO"]["agent"]`` does). ``chats`` controls many chats at once
+(``agentloop.management.chats``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ...models import Batch, Chat, ChatState
 from ...runners import runner_name, wait_for_embedded_jobs
 from ...runners.sweeper import free_chat, resume_stalled, stalled_chats
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
+from ..chats import add_chats_parser, handle_chats
 from ..data import add_data_subcommands, data_handlers
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
@@ -53,7 +58,7 @@ class Command(BaseCommand):
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
         "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
-        "idle chats)."
+        "idle chats), 'chats' (control many chats at once)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -167,6 +172,7 @@ class Command(BaseCommand):
             "--no-poll", action="store_true", help="List the open batches; ask no provider."
         )
         add_data_subcommands(subcommands)  # export, erase, retention (agentloop.management.data)
+        add_chats_parser(subcommands)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         handlers = {
@@ -176,6 +182,7 @@ class Command(BaseCommand):
             "unlock": self.handle_unlock,
             "batches": self.handle_batches,
             **data_handlers(self),
+            "chats": lambda **options: handle_chats(self, options),
         }
         handlers[subcommand](**options)
 
