@@ -8,6 +8,7 @@ so the in-memory chat works in a plain script. The cache is dropped on Django's
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -198,10 +199,13 @@ else:
 class AgentloopSettings(_Typed):
     """Attribute access to the typed settings, cached until a setting changes.
 
-    A key whose value is invalid reads as its default (system checks report it)."""
+    A key whose value is invalid reads as its default (system checks report it). A setting
+    read once is kept as an attribute of this object until :meth:`reload`: the job path
+    reads a few dozen per step, and a plain attribute costs nothing next to ``__getattr__``."""
 
     def __init__(self) -> None:
         self._cache: Settings | None = None
+        self._lock = threading.Lock()
 
     def _load(self) -> Settings:
         try:
@@ -233,11 +237,19 @@ class AgentloopSettings(_Typed):
             raise AttributeError(name)
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown agentloop setting {name!r}")
-        return getattr(self.values, name)
+        values = self.values
+        value = getattr(values, name)
+        with self._lock:
+            if self._cache is values:  # not reloaded meanwhile: later reads skip this method
+                self.__dict__[name] = value
+        return value
 
     def reload(self) -> None:
         """Forget cached values; the next read sees the current settings."""
-        self._cache = None
+        with self._lock:
+            self._cache = None
+            for name in DEFAULTS:
+                self.__dict__.pop(name, None)
 
 
 #: the settings (typed like ``Settings``: ``agentloop_settings.LEASE_SECONDS`` is a float).

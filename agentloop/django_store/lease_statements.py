@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
+from .field_values import quick_json_converters
 from .holders import holder_id
 from .sql import bound_cursor, recover_prepared
 
@@ -31,7 +32,7 @@ class LeaseStatements:
         self.compiler = query.get_compiler(using=using)
         self.compiler.setup_query()
         columns = [selected[0] for selected in self.compiler.select]
-        self.converters = self.compiler.get_converters(columns)
+        self.converters = quick_json_converters(self.compiler.get_converters(columns))
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
         pk = self.pk = quote(meta.pk.column)

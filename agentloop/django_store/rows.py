@@ -137,38 +137,48 @@ def transcript_query(message_model: Any, chat_pk: Any) -> Any:
 
 def messages_from_rows(rows: list[Any]) -> list[Message]:
     """The transcript's rows (see ``transcript_query``) as messages, each with its tool calls."""
+    # The per-row work is spelled out (no helper calls for the usual empty columns, the
+    # instances made as ``trusted`` makes them): at hundreds of messages a step, this loop
+    # is most of what reading a transcript costs in Python.
     messages: list[Message] = []
+    append = messages.append
+    new, set_attribute = Message.__new__, object.__setattr__
+    statuses = _MESSAGE_STATUS
     last: Message | None = None
+    last_key: Any = None
     for row in rows:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
          provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
          call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
          decision, decision_digest, handoff) = row  # fmt: skip
-        if last is None or last.key != key:
-            # Rows are our own: build without validation (see trusted).
-            last = trusted(
-                Message,
-                {
-                    "role": role,
-                    "content": content,
-                    "status": _MESSAGE_STATUS[status],
-                    "tool_calls": [],
-                    "tool_call_id": answers_id,
-                    "tool_name": answers_name,
-                    "is_error": is_error,
-                    "attachments": _attachments(attachments),
-                    "parsed": _json(parsed, None),
-                    "model": model or None,
-                    "finish_reason": finish_reason or None,
-                    "thinking": thinking,
-                    "provider_data": _json(provider_data, {}),
-                    "guardrails": _guardrails(guardrails),
-                    "created_at": None,  # read on demand: turn_started_at()
-                    "key": key,
-                    "superseded": False,  # the transcript's query leaves superseded rows out
-                },
-            )
-            messages.append(last)
+        if last is None or last_key != key:
+            # Rows are our own: built without validation, as ``trusted`` builds them.
+            values = {
+                "role": role,
+                "content": content,
+                "status": statuses[status],
+                "tool_calls": [],
+                "tool_call_id": answers_id,
+                "tool_name": answers_name,
+                "is_error": is_error,
+                "attachments": [] if attachments == "[]" else _attachments(attachments),
+                "parsed": None if parsed is None else _json(parsed, None),
+                "model": model or None,
+                "finish_reason": finish_reason or None,
+                "thinking": thinking,
+                "provider_data": {} if provider_data == "{}" else _json(provider_data, {}),
+                "guardrails": [] if guardrails == "[]" else _guardrails(guardrails),
+                "created_at": None,  # read on demand: turn_started_at()
+                "key": key,
+                "superseded": False,  # the transcript's query leaves superseded rows out
+            }
+            last = new(Message)
+            set_attribute(last, "__dict__", values)
+            set_attribute(last, "__pydantic_fields_set__", set(_MESSAGE_FIELDS))
+            set_attribute(last, "__pydantic_extra__", None)
+            set_attribute(last, "__pydantic_private__", None)
+            last_key = key
+            append(last)
         if call_key is not None:
             last.tool_calls.append(
                 trusted(
@@ -193,6 +203,10 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                 )
             )
     return messages
+
+
+#: every field of a message read back (its ``__pydantic_fields_set__``).
+_MESSAGE_FIELDS = frozenset(Message.model_fields)
 
 
 def held_calls(messages: list[Message]) -> set[Any]:

@@ -43,6 +43,9 @@ _RUN_COLUMNS = frozenset(
 )  # fmt: skip
 
 
+_UNSET: Any = object()
+
+
 class RunControl:
     """The chat's claim (its lease) and the writes made under it; what a claim read on the
     way (the transcript, the cancel flag) and what the verb saw held for a person."""
@@ -143,8 +146,10 @@ class RunControl:
     def _refresh(self, values: Any) -> None:
         """The chat as the claim read it: changes made by other processes are seen."""
         chat, configured = self.row.chat, False
+        # Loaded columns are in the instance's dict (a deferred one is not: it is set).
+        loaded = chat.__dict__
         for name, value in zip(attnames(self.row.chat_model, self.row.db), values, strict=True):
-            if getattr(chat, name, None) != value:
+            if loaded.get(name, _UNSET) != value:
                 setattr(chat, name, value)
                 configured = configured or name not in _RUN_COLUMNS
         if configured:

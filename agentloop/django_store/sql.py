@@ -19,6 +19,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import agentloop_settings
+from .field_values import Saving, quick_json_converters
 
 __all__ = [
     "PreparedInsert",
@@ -298,7 +299,9 @@ class PreparedSelect:
         # converts them itself (faster where it knows the values' shape).
         self.converters = {
             index: converter
-            for index, converter in self.compiler.get_converters(fields).items()
+            for index, converter in quick_json_converters(
+                self.compiler.get_converters(fields)
+            ).items()
             if index not in raw_columns
         }
 
@@ -352,6 +355,7 @@ class PreparedInsert:
         meta = model._meta
         self.pk = meta.pk
         self.fields = [field for field in meta.concrete_fields if not field.primary_key]
+        self.saving = Saving(self.fields)
         self._sql: dict[str, tuple[str, bool]] = {}
 
     def _statement(self, connection: Any) -> tuple[str, bool]:
@@ -374,10 +378,7 @@ class PreparedInsert:
         """Insert ``instance`` (not saved before); sets and returns its primary key."""
         connection = connections[using]
         sql, returning = self._statement(connection)
-        params = [
-            field.get_db_prep_save(getattr(instance, field.attname), connection)
-            for field in self.fields
-        ]
+        params = self.saving.of(instance, connection)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             if returning:
@@ -412,6 +413,7 @@ class PreparedUpdate:
         meta = model._meta
         self.fields = [meta.get_field(name) for name in columns]
         self.where_fields = [(meta.get_field(name), operator) for name, operator in where]
+        self._saving = Saving(self.fields + [field for field, _ in self.where_fields])
         self.guard = guard
         self._sql: dict[str, str] = {}
 
@@ -440,14 +442,9 @@ class PreparedUpdate:
     def run(self, using: str, values: list[Any], where: list[Any], guard: Any = ()) -> int:
         """Rows changed."""
         connection = connections[using]
-        params = [
-            field.get_db_prep_save(value, connection)
-            for field, value in zip(self.fields, values, strict=True)
-        ]
-        params += [
-            field.get_db_prep_save(value, connection)
-            for (field, _), value in zip(self.where_fields, where, strict=True)
-        ]
+        if len(values) != len(self.fields):
+            raise ValueError(f"{len(self.fields)} values expected, not {len(values)}")
+        params = self._saving.values([*values, *where], connection)
         params += list(guard)
         with bound_cursor(using) as cursor:
             cursor.execute(self._statement(connection), params)

@@ -17,6 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .chat_row import ChatRow
+from .field_values import EmptyJson, Saving, save_value
 from .reconnect import committed_message
 from .sql import bound_cursor
 
@@ -52,15 +53,16 @@ class Values:
         if kind in _CONSTANTS and (kind is not str or value == ""):
             literal = _CONSTANTS[kind] or ("true" if value else "false")
             return f"CAST({literal} AS {sql_type})"
+        if kind is EmptyJson:  # {} or []: a constant too (no JSON encoding per write)
+            return f"CAST({value.literal} AS {sql_type})"
         self.params.append(value)
         return f"CAST(%s AS {sql_type})"
 
     def row(self, rows: _Rows, instance: Any) -> str:
-        connection = rows.connection
-        return ", ".join(
-            self.add(field.get_db_prep_save(getattr(instance, field.attname), connection), kind)
-            for field, kind in zip(rows.fields, rows.types, strict=True)
-        )
+        add = self.add
+        prepared = rows.saving.of_marking_empty_json(instance, rows.connection)
+        pairs = zip(prepared, rows.types, strict=True)
+        return ", ".join([add(value, kind) for value, kind in pairs])
 
 
 class _Rows:
@@ -78,6 +80,7 @@ class _Rows:
         self.pk = quote(meta.pk.column)
         self.columns = ", ".join(quote(field.column) for field in self.fields)
         self.types = [_type(field, connection) for field in self.fields]
+        self.saving = Saving(self.fields)
         self.connection = connection
 
 
@@ -104,6 +107,7 @@ class StepWrites:
             call_meta.get_field(name) for name in ("state", "error", "finished_at")
         ]
         self._releases: dict[tuple[str, ...], str] = {}
+        self._release_saving: dict[tuple[str, ...], Saving] = {}
 
     # -- the guard: the chat row's conditional UPDATE ------------------------------------------
     def release_sql(self, names: tuple[str, ...]) -> str:
@@ -129,12 +133,13 @@ class StepWrites:
 
     def release_params(self, names: tuple[str, ...], values: dict[str, Any]) -> list[Any]:
         meta = self.chat_model._meta
-        params = [
-            meta.get_field(name).get_db_prep_save(values[name], self.connection) for name in names
-        ]
+        saving = self._release_saving.get(names)
+        if saving is None:
+            saving = self._release_saving[names] = Saving([meta.get_field(n) for n in names])
+        params = saving.values([values[name] for name in names], self.connection)
         if self.has_inbox:
             inbox = meta.get_field("inbox")
-            params += [inbox.get_db_prep_save([], self.connection), values["state"], "queued"]
+            params += [save_value(inbox, [], self.connection), values["state"], "queued"]
         else:
             params.append(values["state"])
         return params
@@ -204,9 +209,7 @@ class StepWrites:
         finished = [state, error, timezone.now()]
         sets = ", ".join(
             f"{quote(field.column)} = "
-            + values.add(
-                field.get_db_prep_save(value, self.connection), _type(field, self.connection)
-            )
+            + values.add(save_value(field, value, self.connection), _type(field, self.connection))
             for field, value in zip(self.finish_fields, finished, strict=True)
         )
         values.params.append(key)

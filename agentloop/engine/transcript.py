@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..messages import Message, ToolCall, ToolCallState
+from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 
 __all__ = [
     "TOOL_LIMIT_RESULT",
@@ -30,7 +30,9 @@ TOOL_LIMIT_RESULT = "not run: the tool call limit was reached"
 
 def finished(transcript: list[Message]) -> list[Message]:
     """The messages that count: no partial or cancelled answers."""
-    return [message for message in transcript if message.is_finished]
+    # ``is_finished`` spelled out: every model call filters the whole history.
+    complete = MessageStatus.COMPLETE
+    return [message for message in transcript if message.status == complete]
 
 
 @dataclass

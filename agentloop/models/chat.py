@@ -12,12 +12,12 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import models, router
+from django.db import models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..agents import subagents
-from ..django_store.sql import get_by_pk
+from ..django_store.sql import PreparedUpdate, get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
 from ..engine.transcript import next_move
@@ -304,13 +304,36 @@ class AbstractChat(ConversationDelegations, models.Model):
             "state": ChatState.QUEUED, "error": "", "attempts": 0, "retry_at": None,
             "updated_at": timezone.now(),
         }  # fmt: skip
-        if type(self).objects.filter(pk=self.pk).exclude(state=ChatState.RUNNING).update(**queued):
+        if _queue_unless_running(type(self), self.pk, queued):
             for name, value in queued.items():
                 setattr(self, name, value)
         else:  # running (or gone): as it is now
             self.refresh_from_db(fields=["state", "error", "attempts", "retry_at", "updated_at"])
         enqueue(self.pk, self._meta.label, using=self._state.db)
         return self
+
+
+#: by chat model: ``complete_later``'s UPDATE, built once (a turn's first statement).
+_QUEUE_UNLESS_RUNNING: dict[Any, PreparedUpdate] = {}
+
+
+def _queue_unless_running(chat_model: Any, pk: Any, queued: dict[str, Any]) -> int:
+    """``chat_model.objects.filter(pk=pk).exclude(state="running").update(**queued)``: the
+    same UPDATE, without building the queryset, when the manager is ``ChatManager``'s own."""
+    manager = chat_model.objects
+    if type(manager).get_queryset is not ChatManager.get_queryset or manager._db is not None:
+        # A manager of the project's own may filter: its query, as it is.
+        rows = manager.filter(pk=pk).exclude(state=ChatState.RUNNING)
+        return int(rows.update(**queued))
+    update = _QUEUE_UNLESS_RUNNING.get(chat_model)
+    if update is None:
+        # ``state`` is never NULL: ``<>`` is what ``exclude(state=...)`` compiles to.
+        update = _QUEUE_UNLESS_RUNNING[chat_model] = PreparedUpdate(
+            chat_model, tuple(queued), ((chat_model._meta.pk.name, "="), ("state", "<>"))
+        )
+    using = router.db_for_write(chat_model)
+    with transaction.mark_for_rollback_on_error(using):  # as QuerySet.update()
+        return update.run(using, list(queued.values()), [pk, ChatState.RUNNING])
 
 
 class Chat(AbstractChat):

@@ -31,7 +31,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY can't run in a transaction
 
     dependencies = [
-        ('agentloop', '0015_guardrails'),
+        ('agentloop', '0016_handoffs'),
     ]
 
     operations = [

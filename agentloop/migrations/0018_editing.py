@@ -7,9 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        # main holds two 0016s (bulk, handoffs): this one follows both, one leaf again.
-        ('agentloop', '0016_bulk'),
-        ('agentloop', '0016_handoffs'),
+        ('agentloop', '0017_bulk'),
     ]
 
     operations = [

@@ -1,0 +1,99 @@
+"""The store prepares column values without Django's calls where it can
+(``agentloop.django_store.field_values``): the result must be exactly what each field's own
+``get_db_prep_save`` gives, on this database, for every column a step writes and for values
+on and off the fast paths."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from django.db import connection, models
+from django.utils.translation import gettext_lazy
+
+from agentloop.django_store.field_values import Saving, save_value
+from agentloop.messages import MessageStatus
+from agentloop.models import Chat, Message, ToolCall, Usage
+
+SAMPLES = [
+    None,
+    "",
+    "text",
+    gettext_lazy("lazy text"),
+    MessageStatus.COMPLETE,
+    True,
+    False,
+    0,
+    7,
+    2.5,
+    Decimal("0.25"),
+    {},
+    {"a": [1, 2]},
+    [],
+    ["x"],
+    datetime(2026, 12, 1, 12, 30, tzinfo=UTC),
+]
+
+
+def comparable(value):
+    """A prepared value as a comparable thing: its type and what it holds (psycopg wraps
+    JSON in an object that has no equality of its own)."""
+    held = getattr(value, "obj", value)
+    return type(value), repr(held)
+
+
+def fields():
+    for model in (Chat, Message, ToolCall, Usage):
+        for field in model._meta.concrete_fields:
+            if not field.primary_key:
+                yield pytest.param(field, id=f"{model.__name__}.{field.name}")
+
+
+def prepared_by_django(field, value):
+    try:
+        return comparable(field.get_db_prep_save(value, connection))
+    except Exception as exc:  # a value the field refuses: it must be refused alike
+        return type(exc), str(exc)
+
+
+def prepared_here(field, value):
+    try:
+        return comparable(save_value(field, value, connection))
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", list(fields()))
+def test_each_value_is_prepared_as_the_field_itself_prepares_it(field):
+    for value in SAMPLES:
+        assert prepared_here(field, value) == prepared_by_django(field, value), value
+
+
+@pytest.mark.django_db
+def test_a_row_is_prepared_column_by_column_as_django_would():
+    fields = [field for field in Message._meta.concrete_fields if not field.primary_key]
+    chat = Chat.objects.create(model="test:x")
+    row = Message(chat=chat, role="assistant", content="hi", provider_data={"k": 1})
+    ours = Saving(fields).of(row, connection)
+    theirs = [field.get_db_prep_save(getattr(row, field.attname), connection) for field in fields]
+    assert [comparable(value) for value in ours] == [comparable(value) for value in theirs]
+
+
+@pytest.mark.django_db
+def test_a_field_of_a_subclass_goes_through_its_own_preparation():
+    class Shouting(models.CharField):
+        def get_prep_value(self, value):
+            return super().get_prep_value(value).upper()
+
+    field = Shouting(max_length=10)
+    field.set_attributes_from_name("loud")
+    assert save_value(field, "quiet", connection) == "QUIET"
+
+
+@pytest.mark.django_db
+def test_a_naive_datetime_warns_as_with_django():
+    field = Message._meta.get_field("created_at")
+    with pytest.warns(RuntimeWarning, match="naive datetime"):
+        save_value(field, datetime(2026, 12, 1, 12, 30), connection)  # noqa: DTZ001
