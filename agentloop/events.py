@@ -42,6 +42,7 @@ __all__ = [
     "message_payload",
     "publish_chunk",
     "publish_message",
+    "publish_superseded",
 ]
 
 Event = dict[str, Any]  # {"id": str, "type": "message" | "chunk" | ..., "data": {...}}
@@ -293,7 +294,7 @@ def database_events(
     message_model = chat_model._meta.get_field("messages").related_model
     after_id = int(after) if after and after.isdigit() else 0
     rows = list(
-        message_model.objects.filter(chat_id=chat_pk, id__gt=after_id)
+        message_model.objects.filter(chat_id=chat_pk, id__gt=after_id, superseded_at__isnull=True)
         .prefetch_related("tool_calls")
         .order_by("id")[:limit]
     )
@@ -339,6 +340,14 @@ def publish_message(chat: Any, message: Any) -> None:
     backend = get_backend()
     if backend.keeps_events:
         _publish(backend, chat, "message", message_payload(message))
+
+
+def publish_superseded(chat: Any, message_ids: list[Any]) -> None:
+    """Announce messages an edit or a regenerated answer superseded (Redis only: without
+    it a page learns of them when it loads the chat again)."""
+    backend = get_backend()
+    if backend.keeps_events and message_ids:
+        _publish(backend, chat, "superseded", {"ids": list(message_ids)})
 
 
 def publish_chunk(chat: Any, chunk: Any) -> None:

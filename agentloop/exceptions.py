@@ -12,6 +12,7 @@
     ├── GuardrailError              a guardrail raised, or returned no decision (fails closed)
     ├── RateLimitWaiting            a background step waits for a fleet rate limit (sent again)
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
+    ├── EditError                   edit(), regenerate() or fork() named a message they can't act on
     ├── ConcurrentWriteError        another process wrote the same step first
     │   ├── LeaseLostError          this worker's lease on the chat expired and was taken over
     │   └── ChatBusyError           another process (or thread) runs a verb of this chat now
@@ -58,6 +59,7 @@ __all__ = [
     "ConfigurationError",
     "ContextLengthError",
     "DecisionConflictError",
+    "EditError",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",
@@ -166,6 +168,12 @@ class RateLimitWaiting(AgentloopError):  # noqa: N818 - a wait, not a failure
 
 class PendingToolCallsError(AgentloopError):
     """A user message cannot be added while tool calls are unanswered."""
+
+
+class EditError(AgentloopError, ValueError):
+    """``edit()``, ``regenerate()`` or ``fork()`` named a message they can't act on (not in
+    the chat, superseded already, not a user message for ``edit``), or gave no text; the
+    message says which. Nothing was written."""
 
 
 class ConcurrentWriteError(AgentloopError):

@@ -156,11 +156,15 @@ class Message(BaseModel):
     guardrails: list[GuardrailOutcome] = Field(default_factory=list)
     created_at: datetime | None = None
     key: Any = None
+    #: replaced by an edit or a regenerated answer: kept for the record, never sent again
+    #: (stores leave such messages out of the transcript; see docs/editing.md).
+    superseded: bool = False
 
     @property
     def is_finished(self) -> bool:
-        """A complete message; partial, cancelled and blocked messages don't count."""
-        return self.status == MessageStatus.COMPLETE
+        """A complete message that is not superseded; partial, cancelled and blocked messages,
+        and messages an edit or a regenerated answer replaced, don't count."""
+        return self.status == MessageStatus.COMPLETE and not self.superseded
 
 
 class TextDelta(BaseModel):

@@ -9,9 +9,9 @@ from django.dispatch import receiver
 
 from . import providers
 from .conf import agentloop_settings
-from .events import delete_events, get_backend, publish_message
+from .events import delete_events, get_backend, publish_message, publish_superseded
 from .models import AbstractChat
-from .signals import chat_cancelled, message_added
+from .signals import chat_cancelled, message_added, messages_superseded
 
 
 @receiver(setting_changed)
@@ -26,6 +26,12 @@ def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
 def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
     """Live pages hear of every saved message (``agentloop.events``; Redis only)."""
     publish_message(chat, message)
+
+
+@receiver(messages_superseded)
+def publish_superseded_event(*, chat: Any, message_ids: list[Any], **kwargs: Any) -> None:
+    """Live pages hear which messages an edit or a regenerated answer replaced (Redis)."""
+    publish_superseded(chat, message_ids)
 
 
 @receiver(chat_cancelled)

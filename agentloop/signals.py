@@ -8,11 +8,13 @@ from django.dispatch import Signal
 __all__ = [
     "budget_exceeded",
     "chat_cancelled",
+    "chat_forked",
     "chat_halted",
     "chat_handed_off",
     "chat_stopped",
     "guardrail_blocked",
     "message_added",
+    "messages_superseded",
     "model_call_started",
     "model_fallback",
     "tool_call_finished",
@@ -47,3 +49,10 @@ chat_handed_off = Signal()
 #: stopped (``chat_stopped`` is sent too): ``reason`` (the chat's ``stop_reason``),
 #: ``subject`` (as shown, "owner 42") and ``limit`` ("cost_per_day", "chats_in_flight"...).
 budget_exceeded = Signal()
+#: an edit or a regenerated answer superseded messages (kept, never sent again):
+#: ``message_ids`` (in order) and ``tool_call_ids`` (the provider ids of the calls among them
+#: that had no result: they never run). The replacement comes next, as ``message_added``.
+messages_superseded = Signal()
+#: ``chat.fork(at=...)`` made a new chat: ``fork`` (the new chat) and ``message`` (the
+#: message of ``chat`` it was forked at).
+chat_forked = Signal()

@@ -109,7 +109,9 @@ class RunFollower:
         """The run is over: its rows not sent yet, the calls waiting for a person, the end."""
         message_model = self.chat_model._meta.get_field("messages").related_model
         rows = (
-            message_model.objects.filter(chat_id=self.chat_pk, id__gt=self.floor)
+            message_model.objects.filter(
+                chat_id=self.chat_pk, id__gt=self.floor, superseded_at__isnull=True
+            )
             .exclude(status="partial")
             .exclude(id__in=self.translator.sent_rows)
             .select_related("tool_call")

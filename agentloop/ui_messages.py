@@ -28,11 +28,12 @@ def _message_model(chat: Any) -> Any:
     return type(chat)._meta.get_field("messages").related_model
 
 
-def _finished_rows(chat: Any) -> Any:
+def _finished_rows(chat: Any, *, include_superseded: bool = False) -> Any:
+    rows = _message_model(chat).objects.filter(chat_id=chat.pk)
+    if not include_superseded:
+        rows = rows.filter(superseded_at__isnull=True)  # replaced by an edit: not shown
     return (
-        _message_model(chat)
-        .objects.filter(chat_id=chat.pk)
-        .exclude(status="partial")
+        rows.exclude(status="partial")
         .exclude(role__in=_HIDDEN_ROLES)
         .select_related("tool_call")
         .prefetch_related("tool_calls")
@@ -55,7 +56,7 @@ def turn_rows(chat: Any) -> tuple[int, list[Any]]:
     what a resumed stream sends again before the live events."""
     user_pk = (
         _message_model(chat)
-        .objects.filter(chat_id=chat.pk, role="user")
+        .objects.filter(chat_id=chat.pk, role="user", superseded_at__isnull=True)
         .order_by("-id")
         .values_list("id", flat=True)
         .first()
@@ -63,14 +64,16 @@ def turn_rows(chat: Any) -> tuple[int, list[Any]]:
     return user_pk, list(_finished_rows(chat).filter(id__gt=user_pk))
 
 
-def ui_messages(chat: Any) -> list[dict[str, Any]]:
+def ui_messages(chat: Any, *, include_superseded: bool = False) -> list[dict[str, Any]]:
     """The chat's finished messages as ``UIMessage`` dicts, oldest first (the answer
-    streaming now comes from the resume stream)."""
+    streaming now comes from the resume stream). Messages an edit or a regenerated answer
+    superseded are left out; with ``include_superseded`` they are in, in their place, with
+    ``metadata.superseded`` true."""
     messages: list[dict[str, Any]] = []
     answer: dict[str, Any] | None = None
     parts_of_calls: dict[Any, dict[str, Any]] = {}
     user_pk: Any = 0
-    for row in _finished_rows(chat):
+    for row in _finished_rows(chat, include_superseded=include_superseded):
         if row.role == "user":
             answer, user_pk = None, row.pk
             text = [{"type": "text", "text": row.content}] if row.content else []
@@ -78,6 +81,7 @@ def ui_messages(chat: Any) -> list[dict[str, Any]]:
             if row.status == "blocked":  # the user's own words, marked
                 shown["metadata"] = {"blocked": blocked_reason(row)}
             messages.append(shown)
+            _mark_superseded(shown, row)
         elif row.role == "assistant":
             if answer is None:
                 answer = {"id": answer_message_id(user_pk), "role": "assistant", "parts": []}
@@ -87,10 +91,16 @@ def ui_messages(chat: Any) -> list[dict[str, Any]]:
                 continue
             answer["parts"] += _answer_parts(row, parts_of_calls)
             if row.status == "cancelled":
-                answer["metadata"] = {"cancelled": True}
+                answer["metadata"] = {**answer.get("metadata", {}), "cancelled": True}
+            _mark_superseded(answer, row)
         elif row.role == "tool" and row.tool_call_id in parts_of_calls:
             _settle(parts_of_calls[row.tool_call_id], row)
     return messages
+
+
+def _mark_superseded(message: dict[str, Any], row: Any) -> None:
+    if row.superseded_at is not None:
+        message["metadata"] = {**message.get("metadata", {}), "superseded": True}
 
 
 def _answer_parts(row: Any, parts_of_calls: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ app_name = "agentloop"
 urlpatterns = [
     path("chats/<int:pk>/cancel/", views.cancel_chat, name="cancel"),
     path("chats/<int:pk>/events/", views.chat_events, name="events"),
+    path("chats/<int:pk>/regenerate/", views.regenerate_answer, name="regenerate"),
+    path("chats/<int:pk>/messages/<int:message_pk>/edit/", views.edit_message, name="edit"),
     path(
         "chats/<int:pk>/tool-calls/<int:call_pk>/approve/",
         views.approve_tool_call,

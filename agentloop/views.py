@@ -1,7 +1,8 @@
 """Views of a chat: POST views that change it (CSRF-protected), and its event stream.
 
 Only the owner or permitted staff get through; anyone else gets 404 (not 403: a
-chat's existence is not disclosed). POST answers are 204 for ``fetch``/XHR callers
+chat's existence is not disclosed). Edit and regenerate (docs/editing.md) supersede rows and
+answer in the background. POST answers are 204 for ``fetch``/XHR callers
 and a redirect back for plain HTML forms.
 
 The ``usechat`` views speak the AI SDK's UI message stream protocol (``useChat``;
@@ -16,7 +17,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -24,6 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from .conf import get_chat_model
 from .exceptions import (
     ChatBusyError,
+    EditError,
     InvalidArgumentsError,
     PendingToolCallsError,
     ToolCallNotWaitingError,
@@ -42,9 +44,11 @@ __all__ = [
     "cancel_chat",
     "chat_events",
     "deny_tool_call",
+    "edit_message",
     "get_chat_for_change",
     "get_chat_for_view",
     "get_chat_model",
+    "regenerate_answer",
     "usechat",
     "usechat_messages",
     "usechat_stream",
@@ -129,6 +133,46 @@ def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     return _decide(
         request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
     )
+
+
+# -- editing (docs/editing.md) ------------------------------------------------------------------
+def _rerun(request: HttpRequest, chat: Any, replace: Any) -> HttpResponse:
+    """``replace()`` supersedes what it replaces and adds the new user message; the chat then
+    answers it in the background. 409 while a run holds the chat, or when there is nothing
+    that can be replaced (the message says which)."""
+    try:
+        replace()
+    except ChatBusyError:
+        return _refused("The chat is answering: wait for it, or cancel its run, first.", 409)
+    except EditError as exc:
+        return _refused(str(exc), 409)
+    chat.complete_later()
+    return _done(request)
+
+
+@require_POST
+@login_required
+def regenerate_answer(request: HttpRequest, pk: int) -> HttpResponse:
+    """A new answer to the chat's last user message (the replaced rows are superseded: kept,
+    never sent again), run in the background."""
+    chat = get_chat_for_change(request, pk)
+    return _rerun(request, chat, chat.regenerate_later)
+
+
+@require_POST
+@login_required
+def edit_message(request: HttpRequest, pk: int, message_pk: int) -> HttpResponse:
+    """Replace one of the chat's user messages with the posted ``text`` and answer it in the
+    background; that message and every later one are superseded. 404 for a message of
+    another chat, 400 without text."""
+    chat = get_chat_for_change(request, pk)
+    message = chat.messages.filter(pk=message_pk).first()
+    if message is None:
+        raise Http404("No such message.")
+    text = request.POST.get("text", "").strip()
+    if not text:
+        return _refused("An edited message needs some text.", 400)
+    return _rerun(request, chat, lambda: chat.edit_later(message, text))
 
 
 @require_GET
@@ -246,14 +290,16 @@ def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:
 @login_required
 def usechat_messages(request: HttpRequest, pk: int) -> JsonResponse:
     """The chat as ``UIMessage`` objects (``useChat``'s initial ``messages``), its state,
-    and whether a run is in flight (then resume its stream)."""
+    and whether a run is in flight (then resume its stream). ``?superseded=1`` includes the
+    messages an edit or a regenerated answer replaced (``metadata.superseded``)."""
     chat = get_chat_for_view(request, pk)
+    include_superseded = request.GET.get("superseded") in ("1", "true")
     return JsonResponse(
         {
             "id": str(chat.pk),
             "state": chat.state,
             "running": chat.state in IN_FLIGHT,
             "error": error_line(chat.error) if chat.state == "failed" else "",
-            "messages": ui_messages(chat),
+            "messages": ui_messages(chat, include_superseded=include_superseded),
         }
     )

@@ -2,7 +2,7 @@
 
 The chat page is rendered here; what happens next arrives through agentloop's event
 stream (``agentloop:events``) and is drawn by ``static/example_project/chat.js``.
-Cancel, approve, deny and answer are agentloop's own POST views.
+Cancel, approve, deny, answer, edit and regenerate are agentloop's own POST views.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from agentloop.exceptions import PendingToolCallsError
 from agentloop.models import Chat, ChatState
-from agentloop.permissions import get_chat_for_view
+from agentloop.permissions import can_change_chat, get_chat_for_view
 from agentloop.sse import resume_point
 
 from .demo.agents import Assistant
@@ -57,7 +57,8 @@ def chat_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # Read before the messages: whatever is saved in between is sent again, not missed.
     position = resume_point(chat)
     rows = list(
-        chat.messages.exclude(status="partial")
+        chat.messages.current()  # rows an edit or a regenerated answer replaced are not shown
+        .exclude(status="partial")
         .exclude(role="system")
         .prefetch_related("tool_calls")
         .order_by("id")
@@ -70,6 +71,9 @@ def chat_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "transcript": _transcript(rows, children),
         "position": position,
         "can_send": chat.owner_id == request.user.pk,
+        # Edit and Regenerate post to agentloop's views, which let the owner and permitted
+        # staff change a chat.
+        "can_edit": can_change_chat(request.user, chat),
     }
     return render(request, "chats/detail.html", context)
 

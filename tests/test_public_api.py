@@ -29,6 +29,7 @@ EXPECTED_ALL = {
     "ConfigurationError",
     "Conversation",
     "DecisionConflictError",
+    "EditError",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",

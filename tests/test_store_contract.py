@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.store_contract.config_claims import TestClaim, TestConfig
+from tests.store_contract.editing import TestFork, TestSupersede
 from tests.store_contract.harness import DjangoHarness, Harness, MemoryHarness
 from tests.store_contract.inbox_usage_tracing import TestHooks, TestInbox, TestTracing, TestUsage
 from tests.store_contract.stopping import TestCancel, TestCancelHeld, TestHalt
@@ -36,12 +37,14 @@ __all__ = [
     "TestClaim",
     "TestConfig",
     "TestDecisions",
+    "TestFork",
     "TestHandoffs",
     "TestHalt",
     "TestHooks",
     "TestInbox",
     "TestPartials",
     "TestReleasingWrites",
+    "TestSupersede",
     "TestToolCalls",
     "TestToolTransactions",
     "TestTracing",

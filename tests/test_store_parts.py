@@ -1,7 +1,7 @@
-"""A store's optional parts (issue 25): a store leaves out the message queue, the turn's cost
-or the trace context by setting the part's flag False, and the engine does without it or
-refuses, clearly and before writing anything, what needs it; a flag left on without its
-methods fails when the store class is defined."""
+"""A store's optional parts (issue 25): a store leaves out the message queue, the turn's cost,
+the trace context, superseding messages or forking chats by setting the part's flag False,
+and the engine does without it or refuses, clearly and before writing anything, what needs
+it; a flag left on without its methods fails when the store class is defined."""
 
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ class LeanStore(MemoryStore):
     turn_cost = ChatStore.turn_cost
     trace_context = ChatStore.trace_context
     set_trace_context = ChatStore.set_trace_context
+    supersedes_messages = False
+    forks_chats = False
+    supersede = ChatStore.supersede
+    superseded_calls = ChatStore.superseded_calls
+    load_history = ChatStore.load_history
+    fork = ChatStore.fork
 
 
 @pytest.fixture
@@ -59,6 +65,22 @@ def test_queueing_is_refused_where_the_store_keeps_no_queue(lean):
         lean.ask_later("Later", if_busy="interrupt")
 
     assert lean.messages == []
+
+
+def test_editing_and_forking_are_refused_where_the_store_leaves_them_out(lean, scripted):
+    scripted.add("Hello.")
+    lean.ask("Hi")
+    (user, _) = lean.messages
+
+    with pytest.raises(ConfigurationError, match="supersedes_messages is False"):
+        lean.regenerate()
+    with pytest.raises(ConfigurationError, match="supersedes_messages is False"):
+        lean.edit_later(user, "Hi again")
+    with pytest.raises(ConfigurationError, match="forks_chats is False"):
+        lean.fork()
+
+    assert [m.content for m in lean.messages] == ["Hi", "Hello."]  # nothing written
+    assert lean.store.superseded_calls() == []
 
 
 class _HeldElsewhere:

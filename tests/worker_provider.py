@@ -55,6 +55,8 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "lookup_order": {"order": "7"},
     "invoice_total": {"order": "7"},
     "escalate": {"customer": "Ada"},
+    # the Clerk subagent (tests/editing_agents.py) is handed a task that makes it wait
+    "clerk": {"task": "tools:ask_accounting"},
 }
 
 _LOG_ENV = "AGENTLOOP_TEST_PROVIDER_LOG"

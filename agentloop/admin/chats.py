@@ -105,8 +105,8 @@ class ChatAdmin(admin.ModelAdmin):
     show_full_result_count = False
     raw_id_fields = ("owner",)
     readonly_fields = (
-        "state", "subagent_of", "cancel_requested_at", "lease_expires_at", "lease_holder",
-        "created_at",
+        "state", "subagent_of", "fork_of", "forks", "cancel_requested_at", "lease_expires_at",
+        "lease_holder", "created_at", "edited_at",
         "error", "error_detail", "attempts", "waiting_for", "retry_at",
     )  # fmt: skip
 
@@ -123,6 +123,13 @@ class ChatAdmin(admin.ModelAdmin):
         waiting = related_model(model, "tool_calls").objects.filter(
             chat=OuterRef("pk"), state=ToolCallState.WAITING
         )
+        if has_field(model, "forked_from"):
+            forks = model._default_manager.filter(forked_from=OuterRef("pk")).order_by()
+            queryset = queryset.annotate(
+                fork_count=Subquery(
+                    forks.values("forked_from").annotate(count=Count("pk")).values("count")
+                )
+            )
         return queryset.annotate(
             message_count=Coalesce(
                 Subquery(messages_.values("chat").annotate(count=Count("pk")).values("count")), 0
@@ -142,6 +149,8 @@ class ChatAdmin(admin.ModelAdmin):
         queryset = self.get_queryset(request).select_related("owner")
         if has_field(self.model, "parent"):
             queryset = queryset.select_related("parent", "parent_tool_call")
+        if has_field(self.model, "forked_from"):
+            queryset = queryset.select_related("forked_from")
         model = queryset.model
         pk_field = model._meta.pk if from_field is None else model._meta.get_field(from_field)
         try:
@@ -222,6 +231,33 @@ class ChatAdmin(admin.ModelAdmin):
             '<a href="{}">{}</a> ({})', self._chat_url(parent.pk), parent, obj.parent_tool_call
         )
 
+    @admin.display(description=_("forked from"))
+    def fork_of(self, obj: Any) -> str:
+        origin = getattr(obj, "forked_from", None)
+        if origin is None:
+            return "—"
+        at = getattr(obj, "forked_from_message_id", None)
+        anchor = f"#message-{at}" if at else ""
+        return format_html(
+            '<a href="{}{}">{}</a> ({})',
+            self._chat_url(origin.pk),
+            anchor,
+            origin,
+            gettext("at message %(pk)s") % {"pk": at} if at else gettext("its message is gone"),
+        )
+
+    @admin.display(description=_("forks"))
+    def forks(self, obj: Any) -> str:
+        count = int(getattr(obj, "fork_count", None) or 0)
+        if not count:
+            return "—"
+        opts = self.opts
+        url = reverse(
+            f"admin:{opts.app_label}_{opts.model_name}_changelist", current_app=self.admin_site.name
+        )
+        label = ngettext("%(count)d fork", "%(count)d forks", count) % {"count": count}
+        return format_html('<a href="{}?forked_from__id__exact={}">{}</a>', url, obj.pk, label)
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         summary: list[Any] = ["title", "owner"]
         if obj is not None:
@@ -230,6 +266,12 @@ class ChatAdmin(admin.ModelAdmin):
                 summary += ["waiting_for", "retry_at"]
             if getattr(obj, "parent_id", None):
                 summary.append("subagent_of")
+            if getattr(obj, "forked_from_id", None):
+                summary.append("fork_of")
+            if getattr(obj, "fork_count", None):
+                summary.append("forks")
+            if getattr(obj, "edited_at", None):
+                summary.append("edited_at")
         failure: list[Any] = []
         if obj is not None and obj.error:
             # The one line users see, and (collapsed) the traceback behind it.

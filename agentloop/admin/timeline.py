@@ -38,6 +38,7 @@ DECISION_LABELS = {
     "denied": _("denied"),
     "answered": _("answered"),
     "submitted": _("result submitted"),
+    "superseded": _("superseded by an edit or a regenerated answer: never run"),
 }
 
 
@@ -171,6 +172,10 @@ class Entry:
     calls: list[CallEntry] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     parsed: str = ""
+    #: on the first of a run of superseded messages, how many the run holds (the timeline
+    #: shows them collapsed); on its last, ``closes_superseded``.
+    opens_superseded: int = 0
+    closes_superseded: bool = False
 
     @property
     def guardrails(self) -> list[GuardrailEntry]:
@@ -195,6 +200,8 @@ class Timeline:
     message_count: int
     pending_approvals: int = 0
     pending_questions: int = 0
+    #: messages an edit or a regenerated answer superseded (shown collapsed).
+    superseded_count: int = 0
 
     @property
     def total_cost(self) -> str:
@@ -281,4 +288,22 @@ def build_timeline(
                 _pretty_json(row.parsed) if row.parsed is not None else "",
             )
         )
+    timeline.superseded_count = sum(
+        1 for row in rows if getattr(row, "superseded_at", None) is not None
+    )
+    _collapse_superseded(timeline.entries)
     return timeline
+
+
+def _collapse_superseded(entries: list[Entry]) -> None:
+    """Mark where each run of superseded messages (an edit, a regenerated answer) opens and
+    closes, so the page folds them away."""
+    first: Entry | None = None
+    for index, entry in enumerate(entries):
+        if getattr(entry.message, "superseded_at", None) is None:
+            continue
+        first = first or entry
+        first.opens_superseded += 1
+        following = entries[index + 1] if index + 1 < len(entries) else None
+        if following is None or getattr(following.message, "superseded_at", None) is None:
+            entry.closes_superseded, first = True, None

@@ -29,6 +29,7 @@ __all__ = [
     "pending_in_children",
     "release_parent",
     "settle_parent",
+    "stop_children",
 ]
 
 logger = logging.getLogger("agentloop")
@@ -141,6 +142,17 @@ def cancel_waiting_children(chat: Any) -> None:
         cancel_waiting_children(child)
         if child.conversation.cancel_waiting():
             type(child)._default_manager.filter(pk=child.pk, state="waiting").update(state="idle")
+
+
+def stop_children(chat: Any, calls: list[Any]) -> None:
+    """The subagent chats of ``calls`` (calls an edit superseded: they never get a result)
+    are cancelled, wherever they run or wait; their answer, if one still comes, settles
+    nothing (their parent's call no longer waits)."""
+    keys = [call.key for call in calls]
+    if not keys or not has_children(type(chat)):
+        return
+    for child in type(chat)._default_manager.filter(parent=chat, parent_tool_call_id__in=keys):
+        child.cancel()
 
 
 def _parent(chat: Any) -> Any:

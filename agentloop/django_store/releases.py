@@ -17,6 +17,7 @@ from ..exceptions import (
     CancelledError,
     ChatStoppedError,
     ConcurrentWriteError,
+    EditError,
     PendingToolCallsError,
     ProviderError,
     RateLimitWaiting,
@@ -87,11 +88,13 @@ def _release_fields(
     if isinstance(failure, CancelledError):
         return {"state": "idle", "attempts": 0}, Release("idle")
     if not isinstance(failure, Exception) or isinstance(
-        failure, PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError
+        failure,
+        PendingToolCallsError | ConcurrentWriteError | ToolCallNotWaitingError | EditError,
     ):
         # A refusal before anything was written, or the process being interrupted
-        # (Ctrl-C): the chat did not fail; it is only let go.
-        state = "idle" if chat.state == "running" else chat.state
+        # (Ctrl-C): the chat did not fail; it is only let go. A job's claim made it running;
+        # an in-process verb's claim left the state as it was (a background run's included).
+        state = "idle" if background and chat.state == "running" else chat.state
         return {"state": state}, Release(state)
     if isinstance(failure, ChatStoppedError):  # a limit, a guardrail's block
         reason = failure.reason[:300]

@@ -126,9 +126,10 @@ def transcript_query(message_model: Any, chat_pk: Any) -> Any:
     """The transcript's query: ``MESSAGE_COLUMNS`` of the chat's messages with their tool calls.
 
     The chat row itself is not joined: a verb's claim has just read it (cancel flag included),
-    so the start checkpoint costs no query of its own."""
+    so the start checkpoint costs no query of its own. Superseded messages are left out."""
     return (
-        message_model.objects.filter(chat_id=chat_pk)
+        # Superseded rows (an edit, a regenerated answer) are never read into a transcript.
+        message_model.objects.filter(chat_id=chat_pk, superseded_at__isnull=True)
         .order_by("id", "tool_calls__id")
         .values_list(*MESSAGE_COLUMNS)
     )
@@ -169,6 +170,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                 "guardrails": [] if guardrails == "[]" else _guardrails(guardrails),
                 "created_at": None,  # read on demand: turn_started_at()
                 "key": key,
+                "superseded": False,  # the transcript's query leaves superseded rows out
             }
             last = new(Message)
             set_attribute(last, "__dict__", values)

@@ -4,8 +4,9 @@
 state and are handed their collaborators: ``ChatRow`` (the chat, its models and database),
 ``Config`` (configuration and tools), ``RunControl`` (the claim and every write under it),
 ``Transcript`` (messages and usage), ``ToolCalls`` (tool-call rows), ``Stopping`` (cancel,
-halt), ``Inbox`` (messages queued while a run holds the chat) and ``ChatBudgets`` (the
-budgets its model calls count against, :mod:`agentloop.budgets`). Each verb is answered by
+halt), ``Inbox`` (messages queued while a run holds the chat), ``ChatBudgets`` (the
+budgets its model calls count against, :mod:`agentloop.budgets`) and ``Edits`` (superseded
+rows, forks). Each verb is answered by
 its part.
 
 Queries per verb don't grow with the history: the transcript is one SELECT
@@ -29,12 +30,14 @@ from ..budgets.enforcement import ChatBudgets
 from ..engine import ChatConfig, ChatStore, ToolTransaction, UsageRecord
 from ..engine.estimates import CallEstimate
 from ..engine.rate_limiting import RateLimiter
+from ..engine.store import Superseded
 from ..messages import Message, ToolCall, ToolCallState
 from ..process.cancel_notices import listen_locally
 from ..rate_limits import fleet_limiter
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
 from .config import Config
+from .edits import Edits
 from .inbox import Inbox
 from .leases import Lease
 from .releases import Release
@@ -67,6 +70,7 @@ class DjangoStore(ChatStore):
         self.tool_calls = ToolCalls(self.row, self.control)
         self.stopping = Stopping(self.row, self.control, self.cancel_notice, self.budgets)
         self.inbox = Inbox(self.row, self.control)
+        self.edits = Edits(self.row, self.control)
 
     # -- what callers read of the claim (workers, batches) --------------------------------
     @property
@@ -236,6 +240,22 @@ class DjangoStore(ChatStore):
 
     def native_tool_call(self, call: ToolCall) -> Any:
         return self.tool_calls.native_tool_call(call)
+
+    # -- edits and forks -----------------------------------------------------------------
+    def load_history(self) -> list[Message]:
+        return self.edits.load_history()
+
+    def supersede(self, first: Message) -> Superseded:
+        return self.edits.supersede(first)
+
+    def superseded_calls(self) -> list[ToolCall]:
+        return self.edits.superseded_calls()
+
+    def pending_run(self) -> str:
+        return self.edits.pending_run()
+
+    def fork(self, at: Message, open_call_result: str) -> Any:
+        return self.edits.fork(at, open_call_result)
 
     # -- cancels and halts ---------------------------------------------------------------
     def cancel_requested_at(self) -> datetime | None:

@@ -222,6 +222,7 @@ class Transcript:
                 chat_id=self.chat.pk,
                 status="succeeded",
                 message__role="assistant",  # a summary's call read other rows
+                message__superseded_at__isnull=True,  # no request sends those rows again
                 input_tokens__gt=0,
             )
             .order_by("-id")

@@ -25,6 +25,8 @@ EVENTS = (
     "claimed",
     "subagents_waiting",
     "guardrail_blocked",
+    "superseded",
+    "forked",
 )
 
 

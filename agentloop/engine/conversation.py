@@ -5,8 +5,9 @@ process: ``step()`` here, ``step()`` in a Celery worker later.
 
 A ``Conversation`` is a facade over collaborating parts, each over the same store:
 :class:`~.runs.Runs` (claims, reads, cancels), :class:`~.model_calls.ModelCalls`,
-:class:`~.control.Control` (halts, subagents), :class:`~.people.PeopleInTheLoop` and
-:class:`~.loop.Loop` (the verbs' bodies). It is its own :class:`~.configuring.Configuration`.
+:class:`~.control.Control` (halts, subagents), :class:`~.people.PeopleInTheLoop`,
+:class:`~.loop.Loop` (the verbs' bodies) and :class:`~.editing.Editing` (edits, forks).
+It is its own :class:`~.configuring.Configuration`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .callbacks import Callbacks
 from .configuring import Configuration
 from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control
 from .drivers import drive, drive_async
+from .editing import KEEP, Editing
 from .loop import Loop, checked_attachments
 from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
@@ -68,6 +70,7 @@ class Conversation(Configuration, Generic[MessageT]):
         self._loop = Loop(
             store, self._callbacks, self._runs, self._calls, self._control, owner=self.owner
         )
+        self._editing = Editing(store, self._callbacks, self._runs, self._loop)
 
     def __repr__(self) -> str:
         return f"<Conversation model={self.store.get_config().model!r}>"
@@ -248,6 +251,85 @@ class Conversation(Configuration, Generic[MessageT]):
     async def ais_waiting(self) -> bool:
         """``is_waiting()`` for async code."""
         return await self.store.run_phase(self.is_waiting)
+
+    # -- editing (:mod:`.editing`; docs/editing.md) ------------------------------------------
+    def regenerate(self, stream: StreamCallback | None = None) -> MessageT:
+        """A new answer to the last user message, run here: that message is asked again (a
+        copy of it starts a new turn, with fresh limits) and it and every row after it are
+        marked superseded: kept, with their usage rows, never sent again. Calls among them
+        that had no result are cancelled and never run (a subagent they wait for is
+        stopped). Returns the new answer. ``ChatBusyError`` while a run holds the chat or is
+        queued for it (cancel it first); ``EditError`` when there is no user message."""
+        return drive(self._editing.replacing(None, None, None, stream), self.store)
+
+    def regenerate_later(self) -> Self:
+        """``regenerate()`` without the model call: the last user message is asked again
+        and the replaced rows superseded; ``complete_later()`` (or ``complete()``) answers it."""
+        self._editing.replace_later(None, None, None)
+        return self
+
+    def edit(
+        self,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
+        *,
+        attachments: Any = KEEP,
+    ) -> MessageT:
+        """Replace a user message (a record, a Message or its key) with ``text`` and run
+        from there: it and every row after it are superseded (kept, never sent again), the
+        edited message is added as a new turn and answered here. ``attachments`` default to
+        the original's (None or [] for none). Returns the answer. The same refusals as
+        ``regenerate()``, and ``EditError`` for a message that isn't a current user message."""
+        files = self._editing.checked(text, attachments)
+        return drive(self._editing.replacing(message, text, files, stream), self.store)
+
+    def edit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit()`` without the model call; ``complete_later()`` answers it."""
+        self._editing.replace_later(message, text, self._editing.checked(text, attachments))
+        return self
+
+    def fork(self, at: Any = None) -> Any:
+        """A new chat with this one's configuration, tools and owner and copies of its
+        messages up to and including ``at`` (a message, its record or key; None: the
+        latest), linked to this chat and that message. Usage rows stay with this chat.
+
+        A call whose result comes after ``at`` is copied with the error result "Not run: the
+        conversation was forked before this call had a result." (so the fork never repeats
+        a tool its origin may have run). Writes nothing here, so a chat that is running can
+        be forked. Returns the new chat: a ``Chat`` for a persisted chat, a
+        ``Conversation`` in memory (callbacks are not copied)."""
+        return self._editing.fork(at, type(self))
+
+    async def aregenerate(self, stream: StreamCallback | None = None) -> MessageT:
+        """``regenerate()`` for async code."""
+        return await drive_async(self._editing.replacing(None, None, None, stream), self.store)
+
+    async def aregenerate_later(self) -> Self:
+        """``regenerate_later()`` for async code."""
+        await self.store.run_phase(self.regenerate_later)
+        return self
+
+    async def aedit(
+        self,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
+        *,
+        attachments: Any = KEEP,
+    ) -> MessageT:
+        """``edit()`` for async code."""
+        files = self._editing.checked(text, attachments)
+        return await drive_async(self._editing.replacing(message, text, files, stream), self.store)
+
+    async def aedit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit_later()`` for async code."""
+        await self.store.run_phase(partial(self.edit_later, message, text, attachments=attachments))
+        return self
+
+    async def afork(self, at: Any = None) -> Any:
+        """``fork()`` for async code."""
+        return await self.store.run_phase(partial(self.fork, at))
 
     # -- people in the loop (:mod:`.people`) ------------------------------------------------
     def pending_approvals(self) -> list[Any]:

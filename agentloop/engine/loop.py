@@ -92,6 +92,11 @@ class Loop:
                 self.ask_later(run, asked[0], files)
             return (yield from self._complete(run, stream))
 
+    def finish(self, run: Run, stream: StreamCallback | None) -> Effects[Any]:
+        """Step the open ``run`` until the chat settles or waits: ``complete()``'s loop, for a
+        verb that wrote its own message first (an edit)."""
+        return self._complete(run, stream)
+
     # -- the moves ----------------------------------------------------------------------------
     def ask_later(self, run: Run, content: str | None, files: list[Any]) -> None:
         """Add the messages queued so far, then ``content`` (None: only the queued ones)."""

@@ -14,7 +14,7 @@ from typing import Any
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .config import ChatConfig
-from .store import ChatStore, UsageRecord
+from .store import SUPERSEDED_DECISION, ChatStore, Superseded, UsageRecord
 from .transcript import pending_round
 
 __all__ = ["MemoryStore"]
@@ -60,6 +60,11 @@ class MemoryStore(ChatStore):
         self.agent: Any = None
         self.agent_inputs: dict[str, Any] = {}
         self.agent_digest = ""
+        #: a fork's origin: the store it was forked from and the key of the message it was
+        #: forked at (None: not a fork).
+        self.forked_from: tuple[MemoryStore, Any] | None = None
+        #: something was superseded once (superseded_calls() has something to look at).
+        self._edited = False
 
     def trace_names(self) -> tuple[str, str]:
         if not self._trace_id:  # made on first use: an untraced chat never pays for it
@@ -123,6 +128,11 @@ class MemoryStore(ChatStore):
 
     def load_transcript(self) -> list[Message]:
         # Copies, so the engine's view can't be changed behind its back.
+        return [
+            message.model_copy(deep=True) for message in self.messages if not message.superseded
+        ]
+
+    def load_history(self) -> list[Message]:
         return [message.model_copy(deep=True) for message in self.messages]
 
     def _add(self, message: Message) -> Message:
@@ -304,6 +314,71 @@ class MemoryStore(ChatStore):
 
     def native_tool_call(self, call: ToolCall) -> ToolCall:
         return call
+
+    # -- editing -------------------------------------------------------------------------
+    def supersede(self, first: Message) -> Superseded:
+        start = self.messages.index(self._find(first.key))
+        answered = {m.tool_call_id for m in self.messages if m.role == "tool"}
+        done = (ToolCallState.SUCCEEDED, ToolCallState.FAILED, ToolCallState.CANCELLED)
+        marked = Superseded()
+        for message in self.messages[start:]:
+            if message.role == "system" or message.superseded:
+                continue  # the instructions are configuration, not conversation
+            message.superseded = True
+            marked.keys.append(message.key)
+            for call in message.tool_calls:
+                if call.id in answered or call.state in done:
+                    continue
+                if call.state == ToolCallState.WAITING:
+                    call.decision = SUPERSEDED_DECISION
+                    self.decisions[call.id] = {
+                        "decision": SUPERSEDED_DECISION, "by": None, "reason": "", "at": _now(),
+                    }  # fmt: skip
+                call.state = ToolCallState.CANCELLED
+                marked.open_calls.append(call.model_copy())
+        if self.reported_input is not None and self.reported_input[0] in marked.keys:
+            self.reported_input = None  # that request held rows no request sends again
+        self._edited = self._edited or bool(marked.keys)
+        return marked
+
+    def superseded_calls(self) -> list[ToolCall]:
+        if not self._edited:
+            return []
+        return [call for m in self.messages if m.superseded for call in m.tool_calls]
+
+    def fork(self, at: Message, open_call_result: str) -> MemoryStore:
+        forked = MemoryStore(self.config.model_copy(deep=True))
+        forked.tools = list(self.tools)
+        forked.agent_name = self.agent_name
+        forked.agent, forked.agent_inputs = self.agent, dict(self.agent_inputs)
+        forked.agent_digest = self.agent_digest
+        forked.forked_from = (self, at.key)
+        current = [m for m in self.messages if not m.superseded]
+        end = next(i for i, m in enumerate(current) if m.key == at.key)
+        rows = [m for m in current[: end + 1] if m.status != MessageStatus.PARTIAL]
+        answered = {m.tool_call_id for m in rows if m.role == "tool"}
+        keys: dict[Any, Any] = {}
+        open_calls: list[ToolCall] = []
+        for message in rows:
+            copy = message.model_copy(deep=True, update={"key": None, "created_at": None})
+            through = copy.provider_data.get("summarizes_through")
+            if copy.role == "summary" and through in keys:
+                copy.provider_data = {**copy.provider_data, "summarizes_through": keys[through]}
+            stored = forked._add(copy)
+            keys[message.key] = stored.key
+            for call in stored.tool_calls:
+                call.key = f"{call.id}@{next(forked._keys)}"
+                if call.id not in answered:
+                    call.state = ToolCallState.CANCELLED
+                    open_calls.append(call)
+        for call in open_calls:  # answered at the end of the copy: the fork never runs them
+            forked._add(
+                Message(
+                    role="tool", content=open_call_result, tool_call_id=call.id,
+                    tool_name=call.name, is_error=True,
+                )
+            )  # fmt: skip
+        return forked
 
     def cancel_requested_at(self) -> datetime | None:
         return self._cancel_requested_at

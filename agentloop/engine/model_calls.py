@@ -453,6 +453,9 @@ class ModelCalls:
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:
         """The assistant message for a response: unique call ids, parsed structured output."""
         seen = {call.id for message in transcript for call in message.tool_calls}
+        if response.tool_calls:
+            # Ids of superseded calls are taken too: a tool's idempotency key never repeats.
+            seen.update(call.id for call in self.store.superseded_calls())
         calls = []
         for call in response.tool_calls:
             call_id = call.id or f"call_{uuid.uuid4().hex[:12]}"

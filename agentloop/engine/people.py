@@ -82,6 +82,12 @@ class PeopleInTheLoop:
                     raise DecisionConflictError(
                         f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
                     )
+        for call in self.store.superseded_calls():
+            if _names(call, key):
+                raise ToolCallNotWaitingError(
+                    f"Tool call {call.id!r} ({call.name}) was superseded (an edit or a "
+                    "regenerated answer replaced its message): it will not run."
+                )
         raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
 
     def approve(

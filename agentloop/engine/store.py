@@ -25,7 +25,14 @@ from .config import ChatConfig
 from .estimates import CallEstimate
 from .rate_limiting import RateLimiter, memory_limiter
 
-__all__ = ["OPTIONAL_PARTS", "ChatStore", "ToolTransaction", "UsageRecord"]
+__all__ = [
+    "OPTIONAL_PARTS",
+    "SUPERSEDED_DECISION",
+    "ChatStore",
+    "Superseded",
+    "ToolTransaction",
+    "UsageRecord",
+]
 
 #: each optional part of a store: its flag, and the methods it needs when the flag is on.
 OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
@@ -34,7 +41,13 @@ OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
     "keeps_trace_context": ("trace_context", "set_trace_context"),
     "records_handoffs": ("record_handoff",),
     "runs_transactions": ("run_in_transaction",),
+    "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
+    "forks_chats": ("fork",),
 }
+
+
+#: the decision a call held for a person or a subagent gets when it is superseded.
+SUPERSEDED_DECISION = "superseded"
 
 
 def _missing(store: Any, flag: str, instead: str) -> str:
@@ -58,6 +71,15 @@ class UsageRecord:
     duration_ms: int | None = None
     #: what ``ChatStore.reserve`` returned for this attempt: the write of this row settles it.
     reservation: Any = None
+
+
+@dataclass
+class Superseded:
+    """What :meth:`ChatStore.supersede` marked: the messages' keys, in order, and the calls
+    among them that had no result (now "cancelled"; they never run)."""
+
+    keys: list[Any] = field(default_factory=list)
+    open_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -93,6 +115,11 @@ class ChatStore(ABC):
     #: keeps on a tool call the handoff it made (``record_handoff``), read back with the
     #: transcript (the turn's handoffs are bounded): handoffs; with it off none is made.
     records_handoffs: bool = True
+    #: marks messages superseded (``supersede``, ``superseded_calls``, ``load_history``):
+    #: ``edit()`` and ``regenerate()`` (without it they refuse, writing nothing).
+    supersedes_messages: bool = True
+    #: copies the chat into a new one (``fork``): ``fork()``.
+    forks_chats: bool = True
     #: runs a transactional tool (``Tool.transactional``), its result and its call's state in
     #: one transaction (``run_in_transaction``), in the verb's own database phase. Off by
     #: default (the in-memory store has no database to share): such tools run as others.
@@ -157,7 +184,15 @@ class ChatStore(ABC):
     # -- transcript ----------------------------------------------------------------
     @abstractmethod
     def load_transcript(self) -> list[Message]:
-        """All messages in order, with tool calls; a constant number of queries."""
+        """All messages in order, with tool calls, but those superseded by an edit or a
+        regenerated answer (the engine never sees them again); a constant number of
+        queries."""
+
+    # An optional part (``supersedes_messages``, with ``supersede`` and ``superseded_calls``).
+    def load_history(self) -> list[Message]:
+        """Every message in order, superseded ones included (``superseded`` set): for
+        pages and tests that show what was replaced; never sent to a model."""
+        return self.load_transcript()  # a store that never supersedes has nothing more
 
     def read_for_step(self) -> tuple[list[Message], datetime | None]:
         """The transcript and the cancel flag, read together at the start of a move
@@ -286,6 +321,40 @@ class ChatStore(ABC):
     @abstractmethod
     def native_tool_call(self, call: ToolCall) -> Any:
         """The store's record for a tool call (no query needed)."""
+
+    # -- editing: superseded rows and forks (docs/editing.md) ------------------------
+    # An optional part (``supersedes_messages``).
+    def supersede(self, first: Message) -> Superseded:
+        """Atomically, under the verb's claim: mark ``first`` and every message after it
+        superseded, system messages excepted (the instructions are configuration). They
+        stay, for the record and the ledger (their usage rows are kept), but are never read
+        into the transcript again. Their calls without a result become "cancelled" (one held
+        for a person or a subagent also gets the decision "superseded"), so no run, decision
+        or sweeper ever acts on them."""
+        raise ConfigurationError(_missing(self, "supersedes_messages", "no edit or regenerate"))
+
+    def superseded_calls(self) -> list[ToolCall]:
+        """The calls of superseded messages (id, name and key at least): their ids are never
+        given to a new call (a tool's idempotency key must not repeat), and a decision on
+        one is told it was superseded. Cheap when nothing was ever superseded."""
+        return []  # a store that never supersedes has none
+
+    def pending_run(self) -> str:
+        """Why a run other than the caller's will still write to this chat (a background run
+        queued or running, an answer awaited from a provider batch), or "" when none will:
+        an edit must not race it."""
+        return ""
+
+    # An optional part (``forks_chats``).
+    def fork(self, at: Message, open_call_result: str) -> Any:
+        """A new chat: this chat's configuration, tools and owner, and copies of the
+        transcript's messages up to and including ``at`` (partial answers left out; no usage
+        rows), linked to this chat and to ``at`` where the store can. A copied call without a
+        copied result gets the error result ``open_call_result`` (state "cancelled"), so a
+        fork never runs a call its origin may have run; a summary covers the same copied
+        rows. Returns the store's record of the new chat (the new chat row), or the new
+        store itself when the store has no record of its own (the engine wraps it)."""
+        raise ConfigurationError(_missing(self, "forks_chats", "no fork"))
 
     # -- cancellation and stopping -------------------------------------------------
     @abstractmethod

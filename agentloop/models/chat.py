@@ -201,6 +201,8 @@ class AbstractChat(ConversationDelegations, models.Model):
     lease_holder = models.CharField(
         _("lease holder"), max_length=255, blank=True, default="", db_default="", editable=False
     )
+    #: when a message was last edited or an answer regenerated (rows superseded); null: never.
+    edited_at = models.DateTimeField(_("edited at"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
@@ -359,6 +361,23 @@ class Chat(AbstractChat):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="child_chat",
+    )
+    #: for a fork (``chat.fork(at=message)``): the chat it was copied from, and that message.
+    forked_from = models.ForeignKey(
+        "self",
+        verbose_name=_("forked from"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+    )
+    forked_from_message = models.ForeignKey(
+        "Message",
+        verbose_name=_("forked at message"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
     )
 
     class Meta(AbstractChat.Meta):

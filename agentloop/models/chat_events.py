@@ -2,7 +2,7 @@
 
 Signals go out, and the subagent hooks run (``agentloop.agents.subagents``): a subagent's final
 answer settles its parent's waiting tool call; a cancelled chat stops its running subagents
-and releases its parent.
+and releases its parent; an edit stops the subagents of the calls it superseded.
 """
 
 from __future__ import annotations
@@ -97,5 +97,22 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
         "budget_exceeded",
         lambda error: subagents.release_parent(
             chat, subagents.SUBAGENT_STOPPED_RESULT.format(reason=error.reason)
+        ),
+    )
+    # An edit or a regenerated answer: the subagents its superseded calls wait for stop.
+    conversation.on("superseded", lambda marked: subagents.stop_children(chat, marked.open_calls))
+    conversation.on(
+        "superseded",
+        lambda marked: signals.messages_superseded.send(
+            sender,
+            chat=chat,
+            message_ids=list(marked.keys),
+            tool_call_ids=[call.id for call in marked.open_calls],
+        ),
+    )
+    conversation.on(
+        "forked",
+        lambda fork, message: signals.chat_forked.send(
+            sender, chat=chat, fork=fork, message=message
         ),
     )

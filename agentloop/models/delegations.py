@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
 from ..engine.configuring import UNSET
+from ..engine.editing import KEEP
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -228,6 +229,66 @@ class ConversationDelegations:
     async def acomplete(self, stream: StreamCallback | None = None) -> AbstractMessage:
         """``complete`` for async code."""
         return await self.conversation.acomplete(stream)
+
+    # editing (docs/editing.md): replaced rows are superseded, kept, never sent again
+    def regenerate(self, stream: StreamCallback | None = None) -> AbstractMessage:
+        """A new answer to the last user message, here; the replaced rows are superseded."""
+        return self.conversation.regenerate(stream)
+
+    def regenerate_later(self) -> Self:
+        """``regenerate()`` without the model call; ``complete_later()`` answers."""
+        self.conversation.regenerate_later()
+        return self
+
+    def edit(
+        self,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
+        *,
+        attachments: Any = KEEP,
+    ) -> AbstractMessage:
+        """Replace a user message with ``text`` and answer it here; later rows superseded."""
+        return self.conversation.edit(message, text, stream, attachments=attachments)
+
+    def edit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit()`` without the model call; ``complete_later()`` answers."""
+        self.conversation.edit_later(message, text, attachments=attachments)
+        return self
+
+    def fork(self, at: Any = None) -> Any:
+        """A new chat (``Chat``) with copies of the messages up to ``at`` (None: all), linked
+        to this one (``forked_from``); usage rows stay here."""
+        return self.conversation.fork(at)
+
+    async def aregenerate(self, stream: StreamCallback | None = None) -> AbstractMessage:
+        """``regenerate`` for async code."""
+        return await self.conversation.aregenerate(stream)
+
+    async def aregenerate_later(self) -> Self:
+        """``regenerate_later`` for async code."""
+        await self.conversation.aregenerate_later()
+        return self
+
+    async def aedit(
+        self,
+        message: Any,
+        text: str,
+        stream: StreamCallback | None = None,
+        *,
+        attachments: Any = KEEP,
+    ) -> AbstractMessage:
+        """``edit`` for async code."""
+        return await self.conversation.aedit(message, text, stream, attachments=attachments)
+
+    async def aedit_later(self, message: Any, text: str, *, attachments: Any = KEEP) -> Self:
+        """``edit_later`` for async code."""
+        await self.conversation.aedit_later(message, text, attachments=attachments)
+        return self
+
+    async def afork(self, at: Any = None) -> Any:
+        """``fork`` for async code."""
+        return await self.conversation.afork(at)
 
     # reads
     def is_complete(self) -> bool:

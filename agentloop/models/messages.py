@@ -37,6 +37,15 @@ class MessageQuerySet(models.QuerySet["AbstractMessage"]):
         """User messages and answers a guardrail blocked (kept, never sent to the model)."""
         return self.filter(status=MessageStatus.BLOCKED)
 
+    def current(self) -> MessageQuerySet:
+        """Messages of the conversation as it stands: none an edit or a regenerated answer
+        superseded (docs/editing.md)."""
+        return self.filter(superseded_at__isnull=True)
+
+    def superseded(self) -> MessageQuerySet:
+        """Messages an edit or a regenerated answer replaced: kept, never sent again."""
+        return self.filter(superseded_at__isnull=False)
+
 
 class AbstractMessage(models.Model):
     """One message of a transcript."""
@@ -61,6 +70,9 @@ class AbstractMessage(models.Model):
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
     )
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+    #: when an edit or a regenerated answer replaced this message (null: it is current). A
+    #: superseded message stays, with its usage rows, and is never sent to a model again.
+    superseded_at = models.DateTimeField(_("superseded at"), null=True, blank=True)
 
     objects = MessageQuerySet.as_manager()
 

@@ -87,6 +87,16 @@ class Harness:
         store keeps no chat state to record it on (the in-memory store)."""
         raise NotImplementedError
 
+    def forked(self, record: Any) -> ChatStore:
+        """The store of the chat ``fork()`` returned (its record, or the store itself), as a
+        new process would open it."""
+        raise NotImplementedError
+
+    def fork_origin(self, store: ChatStore) -> tuple[bool, Any]:
+        """Whether ``store``'s chat is linked to this harness's chat, and the key of the
+        message it was forked at."""
+        raise NotImplementedError
+
 
 class MemoryHarness(Harness):
     """``MemoryStore``: the chat lives in the store object; its claim belongs to a thread."""
@@ -141,6 +151,15 @@ class MemoryHarness(Harness):
 
     def failure_error(self) -> str | None:
         return None
+
+    def forked(self, record: Any) -> ChatStore:
+        assert isinstance(record, MemoryStore), record
+        return record
+
+    def fork_origin(self, store: ChatStore) -> tuple[bool, Any]:
+        assert isinstance(store, MemoryStore) and store.forked_from is not None
+        origin, at = store.forked_from
+        return origin is self.store, at
 
 
 class DjangoHarness(Harness):
@@ -221,6 +240,19 @@ class DjangoHarness(Harness):
         assert row.state == "failed", row.state
         error: str = row.error
         return error
+
+    def forked(self, record: Any) -> ChatStore:
+        from agentloop.django_store.store import DjangoStore
+        from agentloop.models import Chat
+
+        assert isinstance(record, Chat) and record.pk not in (None, self.chat.pk), record
+        return DjangoStore(Chat.objects.get(pk=record.pk))
+
+    def fork_origin(self, store: ChatStore) -> tuple[bool, Any]:
+        from agentloop.django_store.store import DjangoStore
+
+        assert isinstance(store, DjangoStore)
+        return store.chat.forked_from_id == self.chat.pk, store.chat.forked_from_message_id
 
 
 # -- building what the engine hands a store ----------------------------------------------------

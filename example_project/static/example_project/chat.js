@@ -3,7 +3,9 @@
 // Events: "message" (a saved message: shown, or replacing what streamed), "partial" (the
 // text of the answer streaming now, without Redis), "chunk" (a piece of it, with Redis),
 // "state" (idle/queued/running/waiting/..., a pending cancel, the calls waiting for a
-// person). Buttons POST to agentloop's cancel/approve/deny/answer views with the CSRF token.
+// person), "superseded" (with Redis: messages an edit or a regenerated answer replaced).
+// Buttons POST to agentloop's cancel/approve/deny/answer/edit/regenerate views with the
+// CSRF token.
 (() => {
   "use strict";
 
@@ -28,7 +30,10 @@
   const pendingBox = document.getElementById("pending");
   const errorBox = document.getElementById("error");
   const form = document.getElementById("send");
+  const regenerateButton = document.getElementById("regenerate");
+  const canEdit = root.dataset.canEdit === "1";
   const csrfToken = document.querySelector('meta[name="csrf-token"]').content;
+  let busy = false; // a run is queued or running: editing waits for it (or a cancel)
 
   // -- drawing -------------------------------------------------------------------------
   function element(tag, className, text) {
@@ -84,8 +89,99 @@
       for (const call of message.tool_calls) calls.append(callCard(call));
       item.append(calls);
     }
+    withEditButton(item);
     return item;
   }
+
+  // -- edit and regenerate ------------------------------------------------------------------
+  function withEditButton(item) {
+    if (!canEdit || !item.matches("li.msg-user") || item.querySelector("button.edit")) return;
+    const button = element("button", "button edit", "Edit");
+    button.type = "button";
+    button.disabled = busy;
+    button.addEventListener("click", () => openEditor(item));
+    item.append(button);
+  }
+
+  // The items an edit (or a regenerate) replaces: this one and every one after it, as the
+  // page shows them now. Rows the run adds meanwhile (the replacement) are not among them.
+  function fromHere(item) {
+    const items = [];
+    for (let node = item; node; node = node.nextElementSibling) items.push(node);
+    return items;
+  }
+
+  function openEditor(item) {
+    if (item.querySelector(".editor")) return;
+    const bubble = item.querySelector(".bubble");
+    const editor = element("form", "editor");
+    const box = element("textarea");
+    box.name = "text";
+    box.rows = 3;
+    box.required = true;
+    box.value = bubble.querySelector(".text").textContent; // text, never markup
+    const save = element("button", "button primary", "Save and answer");
+    save.type = "submit";
+    const cancel = element("button", "button", "Discard");
+    cancel.type = "button";
+    const row = element("div", "row");
+    row.append(cancel, save);
+    editor.append(box, row);
+    // Not the hidden attribute: the site's styles give both a display of their own.
+    bubble.style.display = "none";
+    item.querySelector("button.edit").style.display = "none";
+    item.append(editor);
+    box.focus();
+    const close = () => {
+      editor.remove();
+      bubble.style.display = "";
+      item.querySelector("button.edit").style.display = "";
+    };
+    cancel.addEventListener("click", close);
+    editor.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const text = box.value.trim();
+      if (!text) return;
+      const replaced = fromHere(item);
+      save.disabled = true;
+      const url = root.dataset.editUrl.replace(/\/messages\/0\//, `/messages/${item.dataset.id}/`);
+      if (await post(url, { text })) {
+        for (const node of replaced) node.remove();
+      } else {
+        save.disabled = false;
+      }
+    });
+  }
+
+  function dropSuperseded(data) {
+    for (const id of data.ids || []) {
+      const item = transcript.querySelector(`li.msg[data-id="${id}"]`);
+      if (item) item.remove();
+    }
+    enableEditing();
+  }
+
+  function enableEditing() {
+    for (const button of transcript.querySelectorAll("button.edit")) button.disabled = busy;
+    if (regenerateButton) {
+      regenerateButton.disabled = busy || !transcript.querySelector("li.msg-user");
+    }
+  }
+
+  if (regenerateButton) {
+    regenerateButton.addEventListener("click", async () => {
+      const users = transcript.querySelectorAll("li.msg-user");
+      if (!users.length) return;
+      const replaced = fromHere(users[users.length - 1]);
+      regenerateButton.disabled = true;
+      if (await post(root.dataset.regenerateUrl, {})) {
+        for (const node of replaced) node.remove();
+      } else {
+        enableEditing();
+      }
+    });
+  }
+  for (const item of transcript.querySelectorAll("li.msg-user")) withEditButton(item);
 
   function markCancelled(item) {
     item.classList.add("cancelled");
@@ -156,7 +252,8 @@
 
   function showState(state) {
     stateShown += 1;
-    const busy = state.state === "queued" || state.state === "running";
+    busy = state.state === "queued" || state.state === "running";
+    enableEditing();
     stateBadge.textContent = state.cancel_requested && busy
       ? "cancelling…"
       : state.waiting_for ? "waiting for " + state.waiting_for : state.state;
@@ -327,6 +424,7 @@
     partial: showPartial,
     chunk: showChunk,
     state: showState,
+    superseded: dropSuperseded,
   };
   for (const [type, handler] of Object.entries(handlers)) {
     source.addEventListener(type, (event) => handler(JSON.parse(event.data)));
