@@ -128,7 +128,7 @@ def send(page, text: str) -> None:
     expect(button).to_be_enabled()  # not while a call waits for a person
     page.fill("#send textarea", text)
     button.click()
-    expect(page.locator("li.msg-user").last).to_have_text(text)
+    expect(page.locator("li.msg-user .text").last).to_have_text(text)
 
 
 def last_answer(page):

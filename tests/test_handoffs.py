@@ -39,7 +39,8 @@ def made(scripted: Any) -> list[tuple[str, str, list[str]]]:
 
 
 def handoffs_of(chat: Chat) -> list[tuple[str, Any]]:
-    return list(chat.tool_calls.order_by("id").exclude(handoff=None).values_list("name", "handoff"))
+    calls = chat.tool_calls.order_by("id").filter(handoff__isnull=False)
+    return list(calls.values_list("name", "handoff"))
 
 
 @pytest.fixture

@@ -38,6 +38,6 @@ class Migration(migrations.Migration):
     operations = [
         AddIndexConcurrentlyOnPostgres(
             model_name='usage',
-            index=models.Index(fields=['created_at'], include=('provider', 'model', 'owner', 'cost', 'input_tokens', 'output_tokens'), name='agentloop_usage_day_idx'),
+            index=models.Index(fields=['created_at', 'provider', 'model', 'owner', 'cost', 'input_tokens', 'output_tokens'], name='agentloop_usage_day_idx'),
         ),
     ]

@@ -129,10 +129,11 @@ class Usage(AbstractUsage):
             models.Index(fields=["owner", "created_at"], name="agentloop_usage_owner_idx"),
             models.Index(fields=["chat", "created_at"], name="agentloop_usage_chat_idx"),
             # The admin's usage charts: a range of days, grouped by model or owner, read
-            # from the index alone on PostgreSQL (INCLUDE; elsewhere a plain created_at index).
+            # from the index alone. Every column is a key column, not INCLUDE: SQLite has no
+            # INCLUDE, and Django warns (models.W040) on every command where it is missing.
             models.Index(
-                fields=["created_at"],
-                include=[
+                fields=[
+                    "created_at",
                     "provider",
                     "model",
                     "owner",
