@@ -15,7 +15,7 @@ rows, events, the parent released), as ``chat.cancel()`` does.
 Each figure is one run of the verb (wall time, ``time.perf_counter``) with the statements it
 sent (counted by an execute wrapper); the rows it changed are put back between runs, outside
 the timing. ``complete_later`` and ``resume`` run twice: sending their jobs to Celery, and
-with a runner that drops them (``DroppingRunner``), which leaves the statements' own time.
+with a runner that drops them (``bench/dropping_runner.py``), which leaves the statements' own time.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentloop.runners.base import Job, Runner  # noqa: E402
 from bench.workers import DEFAULT_REDIS_URL, machine, setup  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/agentloop_bench_bulk"
@@ -95,15 +94,6 @@ def populate(total: int, waiting: int) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE agentloop_chat")
-
-
-class DroppingRunner(Runner):
-    """Takes jobs and drops them: what a verb costs without its broker."""
-
-    name = "dropping"
-
-    def send(self, job: Job) -> None:
-        return None
 
 
 class Counter:
@@ -204,7 +194,7 @@ def main() -> None:
 
         from agentloop.conf import agentloop_settings
 
-        dropping = {**settings.AGENTLOOP, "RUNNER": "bench.bulk_control.DroppingRunner"}
+        dropping = {**settings.AGENTLOOP, "RUNNER": "bench.dropping_runner.DroppingRunner"}
         with override_settings(AGENTLOOP=dropping):
             agentloop_settings.reload()
             Chat.objects.filter(pk__in=stopped).update(state="stopped")

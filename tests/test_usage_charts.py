@@ -170,7 +170,7 @@ def test_staff_without_the_view_permission_get_403_and_others_the_login(client, 
     assert client.get(URL).status_code == 200
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="index-only scans: PostgreSQL")
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="INCLUDE indexes: PostgreSQL")
 def test_the_covering_index_serves_both_queries_from_the_index_alone(seeded):
     start = seeded - timedelta(days=29)
     with connection.cursor() as cursor:

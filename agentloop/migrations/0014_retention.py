@@ -1,6 +1,7 @@
 # The usage charts' covering index (agentloop.admin.usage_charts). Built CONCURRENTLY on
 # PostgreSQL, so a large usage table keeps taking rows while it builds.
 
+import agentloop.models.indexes
 from django.conf import settings
 from django.db import migrations, models
 
@@ -38,6 +39,6 @@ class Migration(migrations.Migration):
     operations = [
         AddIndexConcurrentlyOnPostgres(
             model_name='usage',
-            index=models.Index(fields=['created_at', 'provider', 'model', 'owner', 'cost', 'input_tokens', 'output_tokens'], name='agentloop_usage_day_idx'),
+            index=agentloop.models.indexes.IncludingOnPostgres(fields=['created_at'], name='agentloop_usage_day_idx', postgres_include=('provider', 'model', 'owner', 'cost', 'input_tokens', 'output_tokens')),
         ),
     ]

@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .chat import Chat
+from .indexes import IncludingOnPostgres
 from .messages import Message
 
 
@@ -129,18 +130,17 @@ class Usage(AbstractUsage):
             models.Index(fields=["owner", "created_at"], name="agentloop_usage_owner_idx"),
             models.Index(fields=["chat", "created_at"], name="agentloop_usage_chat_idx"),
             # The admin's usage charts: a range of days, grouped by model or owner, read
-            # from the index alone. Every column is a key column, not INCLUDE: SQLite has no
-            # INCLUDE, and Django warns (models.W040) on every command where it is missing.
-            models.Index(
-                fields=[
-                    "created_at",
+            # from the index alone on PostgreSQL (INCLUDE; elsewhere a plain created_at index).
+            IncludingOnPostgres(
+                fields=["created_at"],
+                postgres_include=(
                     "provider",
                     "model",
                     "owner",
                     "cost",
                     "input_tokens",
                     "output_tokens",
-                ],
+                ),
                 name="agentloop_usage_day_idx",
             ),  # fmt: skip
         ]
