@@ -6,28 +6,6 @@ from django.conf import settings
 from django.db import migrations, models
 
 
-class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
-    """``AddIndex``, with ``CREATE INDEX CONCURRENTLY`` on PostgreSQL (outside a transaction)."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
-
-
 class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY can't run in a transaction
 
@@ -37,7 +15,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        AddIndexConcurrentlyOnPostgres(
+        agentloop.models.indexes.AddIndexConcurrentlyOnPostgres(
             model_name='usage',
             index=agentloop.models.indexes.IncludingOnPostgres(fields=['created_at'], name='agentloop_usage_day_idx', postgres_include=('provider', 'model', 'owner', 'cost', 'input_tokens', 'output_tokens')),
         ),

@@ -1,13 +1,13 @@
-"""An index with INCLUDE columns on PostgreSQL only."""
+"""Indexes on PostgreSQL's terms: INCLUDE columns there only, and built CONCURRENTLY there."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import models
+from django.db import migrations, models
 
-__all__ = ["IncludingOnPostgres"]
+__all__ = ["AddIndexConcurrentlyOnPostgres", "IncludingOnPostgres"]
 
 
 class IncludingOnPostgres(models.Index):
@@ -36,3 +36,30 @@ class IncludingOnPostgres(models.Index):
             include=list(self.postgres_include),
         )
         return built.create_sql(model, schema_editor, using, **kwargs)
+
+
+class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
+    """``AddIndex``, with ``CREATE INDEX CONCURRENTLY`` on PostgreSQL (outside a transaction:
+    the migration sets ``atomic = False``), so a large table keeps taking rows while it builds."""
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        concurrently = schema_editor.connection.vendor == "postgresql"
+        schema_editor.add_index(
+            model, self.index, **({"concurrently": True} if concurrently else {})
+        )
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        concurrently = schema_editor.connection.vendor == "postgresql"
+        schema_editor.remove_index(
+            model, self.index, **({"concurrently": True} if concurrently else {})
+        )
