@@ -1,14 +1,17 @@
 """The browser tests' parts: Chromium (Playwright) and the test site served in a subprocess
 (:class:`Server`: ``manage.py runserver`` or uvicorn on the test database), and the
-screenshots the docs show. The ``browser`` and ``site`` fixtures of tests/conftest.py start
-them; a browser test module uses ``browser_available`` and ``orm_next_to_playwright``."""
+screenshots the docs show. The ``browser``, ``site``, ``page`` and ``person`` fixtures of
+tests/conftest.py start them; a browser test module uses ``browser_available`` and
+``orm_next_to_playwright``; :func:`start_chat` and :func:`send` drive the example site."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,6 +102,16 @@ class Server:
         self.process.wait(timeout=30)
 
 
+def runserver(log: Path, settings: dict | None = None) -> Server:
+    """``manage.py runserver`` (threaded WSGI, no reloader) on a free port and the test
+    database, with agentloop's ``settings`` (else :data:`SERVER_SETTINGS`)."""
+    port = free_port()
+    command = [
+        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    return Server(command, port, log, settings)
+
+
 def screenshot(page, name: str, tmp_path: Path) -> Path:
     """A screenshot for the docs (with AGENTLOOP_SCREENSHOTS=1), else a throwaway one."""
     folder = SCREENSHOTS if os.environ.get("AGENTLOOP_SCREENSHOTS") == "1" else tmp_path
@@ -123,6 +136,28 @@ def open_tab(browser: Any) -> Iterator[Any]:
     yield tab
     context.close()
     assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def start_chat(page: Any, text: str) -> int:
+    """On the example site's home page: a new chat with the demo assistant, asked ``text``;
+    returns its id once its page follows the chat live."""
+    page.fill("#new-chat textarea", text)
+    page.click("#new-chat button[type=submit]")
+    page.wait_for_url(re.compile(r"/chats/\d+/$"))
+    page.wait_for_selector("#chat[data-live='1']")
+    return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def send(page: Any, text: str) -> None:
+    """On a chat's page: send ``text`` once the form takes one (not while a call waits for
+    a person), until the page shows it as the last user message."""
+    from playwright.sync_api import expect  # local: Playwright is imported only by browser tests
+
+    button = page.locator("#send button[type=submit]")
+    expect(button).to_be_enabled()
+    page.fill("#send textarea", text)
+    button.click()
+    expect(page.locator("li.msg-user .text").last).to_have_text(text)
 
 
 def log_in(page: Any, site: Server, username: str, password: str) -> None:

@@ -6,7 +6,6 @@ other test module (tests/test_test_layout.py)."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 import types
 import uuid
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.test import override_settings
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from agentloop import events, providers
@@ -60,6 +59,14 @@ def chat(user):
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="pw")
+
+
+@pytest.fixture
+def owner(user) -> Client:
+    """A test client logged in as ``user``, the ``chat`` fixture's owner."""
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 @pytest.fixture
@@ -193,12 +200,8 @@ def orm_next_to_playwright() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[browsers.Server]:
     """``manage.py runserver`` (threaded WSGI, no reloader) on the test database."""
-    port = browsers.free_port()
-    command = [
-        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
-    ]  # fmt: skip
     with django_db_blocker.unblock():
-        server = browsers.Server(command, port, tmp_path_factory.mktemp("runserver") / "server.log")
+        server = browsers.runserver(tmp_path_factory.mktemp("runserver") / "server.log")
     yield server
     server.stop()
 
@@ -214,6 +217,19 @@ def browser(browser_available) -> Iterator[object]:
         )
         yield chromium
         chromium.close()
+
+
+@pytest.fixture
+def page(browser) -> Iterator[object]:
+    """A tab of the module's browser (its page errors fail the test: tests/browsers.py)."""
+    with browsers.open_tab(browser) as tab:
+        yield tab
+
+
+@pytest.fixture
+def person(django_user_model):
+    """Who logs in through a browser test's pages (``browsers.log_in``)."""
+    return django_user_model.objects.create_user(username="ada", password="lovelace")
 
 
 # -- the documentation's examples (tests/doc_blocks.py) --------------------------------------

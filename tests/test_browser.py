@@ -14,7 +14,6 @@ screenshots the documentation shows are written to ``docs/images/``.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 
@@ -29,8 +28,10 @@ from tests.browsers import (
     Server,
     free_port,
     log_in,
-    open_tab,
+    runserver,
     screenshot,
+    send,
+    start_chat,
 )
 from tests.redis_urls import redis_url
 
@@ -75,14 +76,8 @@ def redis_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
         client.flushdb()
     except redis.RedisError as exc:
         unavailable(f"Redis does not answer at {REDIS_URL}: {exc}")
-    port = free_port()
-    command = [
-        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
-    ]  # fmt: skip
     with django_db_blocker.unblock():
-        server = Server(
-            command,
-            port,
+        server = runserver(
             tmp_path_factory.mktemp("redis") / "server.log",
             {**SERVER_SETTINGS, "REDIS_URL": REDIS_URL},
         )
@@ -99,36 +94,6 @@ def unavailable(reason: str) -> None:
 
 
 # -- the browser -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def page(browser) -> Iterator[object]:
-    with open_tab(browser) as tab:
-        yield tab
-
-
-@pytest.fixture
-def person(django_user_model):
-    return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-def start_chat(page, text: str) -> int:
-    """A new chat with the demo assistant, asked ``text``; returns its id."""
-    page.fill("#new-chat textarea", text)
-    page.click("#new-chat button[type=submit]")
-    page.wait_for_url(re.compile(r"/chats/\d+/$"))
-    page.wait_for_selector("#chat[data-live='1']")
-    return int(page.url.rstrip("/").rsplit("/", 1)[1])
-
-
-def send(page, text: str) -> None:
-    from playwright.sync_api import expect
-
-    button = page.locator("#send button[type=submit]")
-    expect(button).to_be_enabled()  # not while a call waits for a person
-    page.fill("#send textarea", text)
-    button.click()
-    expect(page.locator("li.msg-user .text").last).to_have_text(text)
 
 
 def last_answer(page):

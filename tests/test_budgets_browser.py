@@ -5,14 +5,12 @@ run on the offline demo model in the server's embedded background threads)."""
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from agentloop.models import Chat, ChatState
-from tests.browsers import SERVER_SETTINGS, Server, free_port, log_in, open_tab
+from tests.browsers import SERVER_SETTINGS, Server, log_in, runserver, start_chat
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -23,13 +21,9 @@ pytestmark = [
 
 
 def serve(settings: dict, django_db_blocker, tmp_path_factory, name: str) -> Server:
-    port = free_port()
-    command = [
-        sys.executable, "manage.py", "runserver", "--noreload", "--insecure", f"127.0.0.1:{port}",
-    ]  # fmt: skip
     with django_db_blocker.unblock():
-        return Server(command, port, tmp_path_factory.mktemp(name) / "server.log",
-                      settings={**SERVER_SETTINGS, **settings})  # fmt: skip
+        log = tmp_path_factory.mktemp(name) / "server.log"
+        return runserver(log, {**SERVER_SETTINGS, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +41,6 @@ def paced_site(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator
     server = serve(pace, django_db_blocker, tmp_path_factory, "r")
     yield server
     server.stop()
-
-
-@pytest.fixture
-def page(browser) -> Iterator[object]:
-    with open_tab(browser) as tab:
-        yield tab
-
-
-@pytest.fixture
-def person(django_user_model):
-    return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-def start_chat(page, text: str) -> int:
-    page.fill("#new-chat textarea", text)
-    page.click("#new-chat button[type=submit]")
-    page.wait_for_url(re.compile(r"/chats/\d+/$"))
-    page.wait_for_selector("#chat[data-live='1']")
-    return int(page.url.rstrip("/").rsplit("/", 1)[1])
 
 
 def test_a_chat_over_its_owners_budget_shows_why_it_stopped(page, budget_site, person):

@@ -4,7 +4,6 @@ change permission; anyone else gets 404 and the anonymous a login redirect."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -14,6 +13,7 @@ from agentloop.models import Chat, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
+from tests.clients import logged_in
 from tests.tools import ask_manager, transfer
 
 pytestmark = pytest.mark.django_db
@@ -54,32 +54,17 @@ def decided(view: str) -> bool:
     return call(call_id).decision != ""
 
 
-@pytest.fixture
-def owner_client(client, user):
-    client.force_login(user)
-    return client
-
-
-def logged_in(django_user_model, username: str, *, staff: bool = False, perm: bool = False):
-    person = django_user_model.objects.create_user(username=username, is_staff=staff)
-    if perm:
-        person.user_permissions.add(Permission.objects.get(codename="change_chat"))
-    client = Client()
-    client.force_login(person)
-    return client, person
-
-
 # -- what each view does -------------------------------------------------------------------------
-def test_approve_view_approves_the_call_for_the_person_posting(owner_client, chat, user):
-    response = owner_client.post(url("approve", chat))
+def test_approve_view_approves_the_call_for_the_person_posting(owner, chat, user):
+    response = owner.post(url("approve", chat))
 
     assert response.status_code == 204
     decision = call("t1")
     assert (decision.decision, decision.decided_by, decision.state) == ("approved", user, "pending")
 
 
-def test_deny_view_denies_the_call_with_the_reason_given(owner_client, chat, user):
-    response = owner_client.post(url("deny", chat), {"reason": "Bob was paid"})
+def test_deny_view_denies_the_call_with_the_reason_given(owner, chat, user):
+    response = owner.post(url("deny", chat), {"reason": "Bob was paid"})
 
     assert response.status_code == 204
     decision = call("t1")
@@ -88,8 +73,8 @@ def test_deny_view_denies_the_call_with_the_reason_given(owner_client, chat, use
     assert decision.result.is_error
 
 
-def test_answer_view_answers_the_question_with_the_text(owner_client, chat, user):
-    response = owner_client.post(url("answer", chat), {"text": "Savings"})
+def test_answer_view_answers_the_question_with_the_text(owner, chat, user):
+    response = owner.post(url("answer", chat), {"text": "Savings"})
 
     assert response.status_code == 204
     answered = call("q1")
@@ -111,17 +96,17 @@ def test_answer_view_answers_a_tool_that_raised_needs_input(client, user, script
     assert answer.content == "Buying."
 
 
-def test_answer_view_refuses_an_empty_answer(owner_client, chat):
-    response = owner_client.post(url("answer", chat), {"text": "  "})
+def test_answer_view_refuses_an_empty_answer(owner, chat):
+    response = owner.post(url("answer", chat), {"text": "  "})
 
     assert response.status_code == 400
     assert call("q1").state == ToolCallState.WAITING
 
 
-def test_the_chat_goes_on_with_what_the_views_decided(owner_client, chat, scripted):
+def test_the_chat_goes_on_with_what_the_views_decided(owner, chat, scripted):
     scripted.add("Paid Bob 5 from savings.")
-    owner_client.post(url("approve", chat))
-    owner_client.post(url("answer", chat), {"text": "Savings"})
+    owner.post(url("approve", chat))
+    owner.post(url("answer", chat), {"text": "Savings"})
 
     answer = Chat.objects.get(pk=chat.pk).complete()
 
@@ -155,30 +140,28 @@ def test_a_question_answered_from_the_view_resumes_a_background_chat(client, use
     [("approve", "q1"), ("deny", "q1"), ("answer", "t1")],
     ids=["approve-a-question", "deny-a-question", "answer-an-approval"],
 )
-def test_a_decision_the_call_does_not_wait_for_is_409(owner_client, chat, view, call_id):
-    response = owner_client.post(url(view, chat, call_id), data(view))
+def test_a_decision_the_call_does_not_wait_for_is_409(owner, chat, view, call_id):
+    response = owner.post(url(view, chat, call_id), data(view))
 
     assert response.status_code == 409
     assert call(call_id).decision == ""
 
 
-def test_approving_twice_is_409(owner_client, chat):
-    owner_client.post(url("approve", chat))
+def test_approving_twice_is_409(owner, chat):
+    owner.post(url("approve", chat))
 
-    response = owner_client.post(url("approve", chat))
+    response = owner.post(url("approve", chat))
 
     assert response.status_code == 409
     assert b"already approved" in response.content
 
 
 @pytest.mark.parametrize("view", VIEWS)
-def test_a_call_of_another_of_the_owners_chats_is_409_and_left_alone(
-    owner_client, chat, user, view
-):
+def test_a_call_of_another_of_the_owners_chats_is_409_and_left_alone(owner, chat, user, view):
     other = Chat.objects.create(model="scripted:test", owner=user)
     call_pk = call("q1" if view == "answer" else "t1").pk
 
-    response = owner_client.post(reverse(f"agentloop:{view}", args=[other.pk, call_pk]), data(view))
+    response = owner.post(reverse(f"agentloop:{view}", args=[other.pk, call_pk]), data(view))
 
     assert response.status_code == 409
     assert not decided(view)
@@ -186,8 +169,8 @@ def test_a_call_of_another_of_the_owners_chats_is_409_and_left_alone(
 
 # -- who may decide ----------------------------------------------------------------------------
 @pytest.mark.parametrize("view", VIEWS)
-def test_the_owner_may_decide(owner_client, chat, view):
-    response = owner_client.post(url(view, chat), data(view))
+def test_the_owner_may_decide(owner, chat, view):
+    response = owner.post(url(view, chat), data(view))
 
     assert response.status_code == 204
     assert decided(view)
@@ -195,7 +178,7 @@ def test_the_owner_may_decide(owner_client, chat, view):
 
 @pytest.mark.parametrize("view", VIEWS)
 def test_another_user_gets_404_and_nothing_changes(django_user_model, chat, view):
-    client, _ = logged_in(django_user_model, "eve")
+    client = logged_in(django_user_model, "eve")
 
     response = client.post(url(view, chat), data(view))
 
@@ -205,7 +188,7 @@ def test_another_user_gets_404_and_nothing_changes(django_user_model, chat, view
 
 @pytest.mark.parametrize("view", VIEWS)
 def test_staff_without_the_change_permission_get_404(django_user_model, chat, view):
-    client, _ = logged_in(django_user_model, "staff", staff=True)
+    client = logged_in(django_user_model, "staff", staff=True)
 
     response = client.post(url(view, chat), data(view))
 
@@ -215,7 +198,7 @@ def test_staff_without_the_change_permission_get_404(django_user_model, chat, vi
 
 @pytest.mark.parametrize("view", VIEWS)
 def test_a_user_with_the_permission_who_is_not_staff_gets_404(django_user_model, chat, view):
-    client, _ = logged_in(django_user_model, "clerk", perm=True)
+    client = logged_in(django_user_model, "clerk", perms=["change_chat"])
 
     response = client.post(url(view, chat), data(view))
 
@@ -225,7 +208,8 @@ def test_a_user_with_the_permission_who_is_not_staff_gets_404(django_user_model,
 
 @pytest.mark.parametrize("view", VIEWS)
 def test_staff_with_the_change_permission_may_decide_as_themselves(django_user_model, chat, view):
-    client, person = logged_in(django_user_model, "admin", staff=True, perm=True)
+    client = logged_in(django_user_model, "admin", staff=True, perms=["change_chat"])
+    person = django_user_model.objects.get(username="admin")
 
     response = client.post(url(view, chat), data(view))
 
@@ -245,8 +229,8 @@ def test_an_anonymous_visitor_is_sent_to_log_in(client, chat, view):
 
 
 @pytest.mark.parametrize("view", VIEWS)
-def test_an_unknown_chat_is_404(owner_client, chat, view):
-    response = owner_client.post(
+def test_an_unknown_chat_is_404(owner, chat, view):
+    response = owner.post(
         reverse(f"agentloop:{view}", args=[chat.pk + 1000, call("t1").pk]), data(view)
     )
 
@@ -254,8 +238,8 @@ def test_an_unknown_chat_is_404(owner_client, chat, view):
 
 
 @pytest.mark.parametrize("view", VIEWS)
-def test_get_is_405(owner_client, chat, view):
-    response = owner_client.get(url(view, chat))
+def test_get_is_405(owner, chat, view):
+    response = owner.get(url(view, chat))
 
     assert response.status_code == 405
     assert not decided(view)
@@ -286,16 +270,16 @@ def test_a_post_with_the_csrf_token_is_accepted(user, chat, view):
 
 
 # -- HTML forms are sent back ----------------------------------------------------------------
-def test_an_html_form_is_redirected_to_next(owner_client, chat):
-    response = owner_client.post(
+def test_an_html_form_is_redirected_to_next(owner, chat):
+    response = owner.post(
         url("approve", chat), {"next": "/chats/1/"}, headers={"Accept": "text/html"}
     )
 
     assert (response.status_code, response["Location"]) == (302, "/chats/1/")
 
 
-def test_an_html_form_is_never_redirected_off_site(owner_client, chat):
-    response = owner_client.post(
+def test_an_html_form_is_never_redirected_off_site(owner, chat):
+    response = owner.post(
         url("deny", chat), {"next": "https://evil.example/"}, headers={"Accept": "text/html"}
     )
 

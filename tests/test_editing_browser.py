@@ -8,13 +8,10 @@ Skipped without Chromium or Playwright, except under ``CI=true``.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-
 import pytest
 
 from agentloop.models import Chat, Message
-from tests.browsers import log_in, open_tab, screenshot
+from tests.browsers import log_in, screenshot, send, start_chat
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -23,35 +20,6 @@ pytestmark = [
 ]
 
 ANSWER = "li.msg-assistant:not(.streaming) .text"
-
-
-@pytest.fixture
-def page(browser) -> Iterator[object]:
-    with open_tab(browser) as tab:
-        yield tab
-
-
-@pytest.fixture
-def person(django_user_model):
-    return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-def start_chat(page, text: str) -> int:
-    page.fill("#new-chat textarea", text)
-    page.click("#new-chat button[type=submit]")
-    page.wait_for_url(re.compile(r"/chats/\d+/$"))
-    page.wait_for_selector("#chat[data-live='1']")
-    return int(page.url.rstrip("/").rsplit("/", 1)[1])
-
-
-def send(page, text: str) -> None:
-    from playwright.sync_api import expect
-
-    button = page.locator("#send button[type=submit]")
-    expect(button).to_be_enabled()
-    page.fill("#send textarea", text)
-    button.click()
-    expect(page.locator("li.msg-user").last).to_contain_text(text)
 
 
 def shown(page) -> list[tuple[str, str]]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
 
 from agentloop.models import Chat, ChatState
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import tool_call
+from tests.clients import logged_in
 from tests.tools import transfer
 
 pytestmark = pytest.mark.django_db
@@ -46,23 +46,6 @@ def first_user(chat):
 
 def superseded(chat) -> int:
     return chat.messages.superseded().count()
-
-
-def client_for(django_user_model, username, *, staff=False, perms=()):
-    person = django_user_model.objects.create_user(username=username, is_staff=staff)
-    for codename in perms:
-        person.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label="agentloop")
-        )
-    client = Client()
-    client.force_login(person)
-    return client
-
-
-@pytest.fixture
-def owner(client, user):
-    client.force_login(user)
-    return client
 
 
 # -- what the views do ---------------------------------------------------------------------------
@@ -214,7 +197,7 @@ def test_only_the_owner_or_staff_allowed_to_change_chats_may(
         "staff who may only view": ["view_chat"],
         "staff who may change chats": ["change_chat"],
     }
-    client = client_for(
+    client = logged_in(
         django_user_model, who.replace(" ", "-"), staff=who != "stranger", perms=perms.get(who, ())
     )
     url = (

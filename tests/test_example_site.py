@@ -38,13 +38,6 @@ def demo_model(settings):
 
 
 @pytest.fixture
-def owner(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def chat(user, demo_model):
     return Assistant.create(owner=user)
 

@@ -31,6 +31,11 @@ def _resolve(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
+def _inside(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or one of its submodules."""
+    return module == package or module.startswith(package + ".")
+
+
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
@@ -93,6 +98,12 @@ def imports(module: str, path: Path) -> dict[str, set[str]]:
             target = target.rpartition(".")[0]
         if target and target != module:
             found[where].add(target)
+        # Importing a submodule runs its packages' __init__ first, except the packages this
+        # module sits in (they are already being imported when it is).
+        package = target.rpartition(".")[0]
+        while package and not _inside(module, package):
+            found[where].add(package)
+            package = package.rpartition(".")[0]
 
     def take(statement: ast.AST, where: str) -> None:
         if isinstance(statement, ast.Import):
@@ -123,6 +134,16 @@ def imports(module: str, path: Path) -> dict[str, set[str]]:
 
     visit(tree, "top")
     return found
+
+
+def test_importing_a_submodule_counts_its_packages(tmp_path):
+    """``from ..models.budgets import Budget`` runs ``agentloop/models/__init__.py`` too: the
+    edge to the package is counted (a circle through a package's ``__init__`` is a circle)."""
+    module = tmp_path / "counters.py"
+    module.write_text("from ..models.budgets import Budget\nfrom . import limits\n")
+    found = imports("agentloop.budgets.counters", module)["top"]
+    assert "agentloop.models" in found and "agentloop.models.budgets" in found
+    assert "agentloop.budgets" not in found  # its own package is already being imported
 
 
 def top_level_imports(module: str, path: Path) -> set[str]:

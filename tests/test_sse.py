@@ -57,13 +57,6 @@ def chat(user):
 
 
 @pytest.fixture
-def owner(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def open_stream(owner, chat) -> Iterator[Any]:
     readers = []
 

@@ -43,13 +43,6 @@ def _fast(settings):
     wait_for_embedded_jobs(DEADLINE)
 
 
-@pytest.fixture
-def owner(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def body(chat: Chat, *messages: dict[str, Any], **fields: Any) -> str:
     return json.dumps(
         {"id": str(chat.pk), "messages": list(messages), "trigger": "submit-message", **fields}

@@ -129,11 +129,6 @@ def page(_tools_available, browser, site, person) -> Iterator[object]:
 
 
 @pytest.fixture
-def person(django_user_model):
-    return django_user_model.objects.create_user(username="ada", password="lovelace")
-
-
-@pytest.fixture
 def chat(person) -> Chat:
     chat = Chat.objects.create(owner=person, model="usechat:test")
     return chat.with_tools(add, transfer)  # stored by import path: the server imports them

@@ -10,7 +10,6 @@ import threading
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.urls import reverse
 
@@ -18,6 +17,7 @@ from agentloop import providers
 from agentloop.models import Chat, ChatState
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import FunctionProvider, stream
+from tests.clients import logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -37,23 +37,6 @@ def cancel_url(chat) -> str:
 def cancel_requested(chat) -> bool:
     chat.refresh_from_db()
     return chat.cancel_requested_at is not None
-
-
-def logged_in(django_user_model, username, *, staff=False, perms=()):
-    person = django_user_model.objects.create_user(username=username, is_staff=staff)
-    for codename in perms:
-        person.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label="agentloop")
-        )
-    client = Client()
-    client.force_login(person)
-    return client
-
-
-@pytest.fixture
-def owner(client, user):
-    client.force_login(user)
-    return client
 
 
 # -- the cancel view ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ changed gets a history entry.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
@@ -90,26 +91,33 @@ def resume_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Question:
+    """What an action asks for on its form page before it acts: one field."""
+
+    field: str
+    title: str
+    label: str
+    help_text: str
+    missing: str  # the problem shown when the field is left empty
+
+
 def _asked(
     modeladmin: admin.ModelAdmin,
     request: HttpRequest,
     queryset: QuerySet,
-    *,
-    field: str,
-    title: str,
-    label: str,
-    help_text: str,
+    question: _Question,
     problem: str = "",
 ) -> TemplateResponse:
-    """The page asking for the reason or the model, posting back to the same action."""
+    """The page asking ``question``, posting back to the same action."""
     context = {
         **modeladmin.admin_site.each_context(request),
-        "title": title,
+        "title": question.title,
         "opts": modeladmin.opts,
-        "field": field,
-        "label": label,
-        "help_text": help_text,
-        "value": request.POST.get(field, ""),
+        "field": question.field,
+        "label": question.label,
+        "help_text": question.help_text,
+        "value": request.POST.get(question.field, ""),
         "problem": problem,
         "action": request.POST.get("action", ""),
         "select_across": request.POST.get("select_across", "0"),
@@ -120,65 +128,77 @@ def _asked(
     return TemplateResponse(request, _FORM_TEMPLATE, context, status=400 if problem else 200)
 
 
+def _ask_first(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet,
+    question: _Question,
+    act: Callable[[str], None],
+) -> TemplateResponse | None:
+    """Ask ``question`` (again, saying what was wrong, if the answer was empty or ``act``
+    refused it); once answered, ``act`` on the answer."""
+    if "apply" not in request.POST:
+        return _asked(modeladmin, request, queryset, question)
+    answer = request.POST.get(question.field, "").strip()
+    if not answer:
+        return _asked(modeladmin, request, queryset, question, problem=question.missing)
+    try:
+        act(answer)
+    except AgentloopError as exc:  # nothing changed: say why on the same page
+        return _asked(modeladmin, request, queryset, question, problem=str(exc))
+    return None
+
+
 @admin.action(description=_("Halt before the next model call…"), permissions=["change"])
 def halt_chats(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
 ) -> TemplateResponse | None:
-    reason = request.POST.get("reason", "").strip()
-    ask = {
-        "field": "reason",
-        "title": gettext("Halt the runs of these chats"),
-        "label": gettext("Reason"),
-        "help_text": gettext(
+    question = _Question(
+        field="reason",
+        title=gettext("Halt the runs of these chats"),
+        label=gettext("Reason"),
+        help_text=gettext(
             "Each run finishes its tool round and stops before its next model call; its "
             "stop reason is “halted: <reason>”. Chats with no run are left alone."
         ),
-    }
-    if "apply" not in request.POST:
-        return _asked(modeladmin, request, queryset, **ask)
-    if not reason:
-        return _asked(
-            modeladmin, request, queryset, **ask, problem=gettext("Give a reason for the halt.")
-        )
-    log = _logger(modeladmin, request, f"Halt requested: {reason}")
-    result = bulk.halt(queryset, reason, on_batch=log)
-    _report(
-        modeladmin, request, result,
-        gettext("Halt requested for %(count)d chat(s)."),
-        gettext("%(count)d chat(s) had no run to halt."),
-    )  # fmt: skip
-    return None
+        missing=gettext("Give a reason for the halt."),
+    )
+
+    def halt(reason: str) -> None:
+        log = _logger(modeladmin, request, f"Halt requested: {reason}")
+        _report(
+            modeladmin, request, bulk.halt(queryset, reason, on_batch=log),
+            gettext("Halt requested for %(count)d chat(s)."),
+            gettext("%(count)d chat(s) had no run to halt."),
+        )  # fmt: skip
+
+    return _ask_first(modeladmin, request, queryset, question, halt)
 
 
 @admin.action(description=_("Switch model…"), permissions=["change"])
 def switch_model(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
 ) -> TemplateResponse | None:
-    model = request.POST.get("model", "").strip()
-    ask = {
-        "field": "model",
-        "title": gettext("Switch these chats to another model"),
-        "label": gettext("Model"),
-        "help_text": gettext(
+    question = _Question(
+        field="model",
+        title=gettext("Switch these chats to another model"),
+        label=gettext("Model"),
+        help_text=gettext(
             "“provider:model”, e.g. openai:gpt-4.1-mini. Chats a run holds now keep their "
             "model (run the action again once they are done)."
         ),
-    }
-    if "apply" not in request.POST:
-        return _asked(modeladmin, request, queryset, **ask)
-    if not model:
-        return _asked(modeladmin, request, queryset, **ask, problem=gettext("Name a model."))
-    try:
+        missing=gettext("Name a model."),
+    )
+
+    def switch(model: str) -> None:
         log = _logger(modeladmin, request, f"Model switched to {model}.")
-        result = bulk.with_model(queryset, model, on_batch=log)
-    except AgentloopError as exc:  # nothing changed: say why on the same page
-        return _asked(modeladmin, request, queryset, **ask, problem=str(exc))
-    _report(
-        modeladmin, request, result,
-        gettext("%(count)d chat(s) switched to the new model."),
-        gettext("%(count)d chat(s) are running and keep their model."),
-    )  # fmt: skip
-    return None
+        _report(
+            modeladmin, request, bulk.with_model(queryset, model, on_batch=log),
+            gettext("%(count)d chat(s) switched to the new model."),
+            gettext("%(count)d chat(s) are running and keep their model."),
+        )  # fmt: skip
+
+    return _ask_first(modeladmin, request, queryset, question, switch)
 
 
 def _decide_all(

@@ -26,10 +26,10 @@ from django.utils import timezone
 from ..conf import agentloop_settings
 from ..engine.estimates import CallEstimate
 from ..exceptions import BudgetExceededError
-from ..models.budgets import Budget, BudgetReservation
 from .limits import Limits, limits_of, reached
 from .money import units
 from .periods import this_day, this_month
+from .rows import budget_model, reservation_model
 from .slots import take_slot
 from .subjects import Subject
 
@@ -92,7 +92,7 @@ def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: s
     day, month = this_day(), this_month()
     reservation = Reservation(uuid.uuid4().hex, cost, tokens)
     expires_at = timezone.now() + timedelta(seconds=agentloop_settings.BUDGET_RESERVATION_SECONDS)
-    budgets = Budget._default_manager.using(using)
+    budgets = budget_model()._default_manager.using(using)
     with transaction.atomic(using=using):
         _quick_commit(using)
         rows = _rows(subjects, using)
@@ -120,9 +120,10 @@ def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: s
                     limit="chats_in_flight",
                 )
         chat_name = f"{chat._meta.label_lower}:{chat.pk}"
-        made = BudgetReservation._default_manager.using(using).bulk_create(
+        reservations = reservation_model()
+        made = reservations._default_manager.using(using).bulk_create(
             [
-                BudgetReservation(
+                reservations(
                     budget_id=subject.key,
                     token=reservation.token,
                     chat=chat_name,
@@ -151,7 +152,7 @@ def _quick_commit(using: str) -> None:
 
 def _rows(subjects: list[Subject], using: str) -> dict[str, dict[str, Any]]:
     """Each subject's row (its own limits), made now for a subject that has none."""
-    budgets = Budget._default_manager.using(using)
+    budgets = budget_model()._default_manager.using(using)
     columns = ("subject", "cost_per_day", "cost_per_month", "tokens_per_day",
                "tokens_per_month", "chats_in_flight")  # fmt: skip
     keys = [subject.key for subject in subjects]
@@ -160,7 +161,7 @@ def _rows(subjects: list[Subject], using: str) -> dict[str, dict[str, Any]]:
     if missing:
         # Another process may make the same row at once: either insert stands.
         budgets.bulk_create(
-            [Budget(subject=subject.key, label=subject.label[:200]) for subject in missing],
+            [budgets.model(subject=subject.key, label=subject.label[:200]) for subject in missing],
             ignore_conflicts=True,
         )
         found.update(
@@ -173,7 +174,7 @@ def _rows(subjects: list[Subject], using: str) -> dict[str, dict[str, Any]]:
 def _refuse(subject: Subject, using: str, day: date, month: date, cost: int, tokens: int) -> None:
     """Raise ``BudgetExceededError`` for the first of the subject's limits without room (read
     again: the row as it is now)."""
-    row = Budget._default_manager.using(using).get(subject=subject.key)
+    row = budget_model()._default_manager.using(using).get(subject=subject.key)
     limits = limits_of(row)
     need = {"cost": cost, "tokens": tokens}
     for limit, period, counter, reserved, part in _COUNTED:
@@ -200,13 +201,13 @@ def charge(
     give back what its reservation still holds. Runs in the usage row's transaction."""
     held: dict[str, tuple[int, int]] = {}
     if reservation is not None:
-        rows = BudgetReservation._default_manager.using(using)
+        rows = reservation_model()._default_manager.using(using)
         for key, reserved_for in reservation.rows:
             # Only the deleter gives the amount back: an expired reservation was already.
             if rows.filter(pk=key).delete()[0]:
                 held[reserved_for] = (reservation.cost, reservation.tokens)
     day, month = this_day(), this_month()
-    budgets = Budget._default_manager.using(using)
+    budgets = budget_model()._default_manager.using(using)
     for subject in subjects:  # in key order
         given_cost, given_tokens = held.get(subject.key, (0, 0))
         changes = {
@@ -223,7 +224,7 @@ def charge(
         }
         if budgets.filter(subject=subject.key).update(**changes):
             continue
-        budgets.bulk_create([Budget(subject=subject.key, label=subject.label[:200])],
+        budgets.bulk_create([budgets.model(subject=subject.key, label=subject.label[:200])],
                             ignore_conflicts=True)  # fmt: skip
         budgets.filter(subject=subject.key).update(**changes)
 
@@ -232,14 +233,14 @@ def release_expired(using: str = "default", *, subject: str | None = None) -> in
     """Give back what reservations past their expiry still hold (their processes died
     mid-call; a call still running past it is charged exactly all the same). Returns how
     many were released. The sweeper runs it; a reservation with no room runs it first."""
-    rows = BudgetReservation._default_manager.using(using).filter(expires_at__lt=timezone.now())
+    rows = reservation_model()._default_manager.using(using).filter(expires_at__lt=timezone.now())
     if subject is not None:
         rows = rows.filter(budget_id=subject)
     released = 0
-    budgets = Budget._default_manager.using(using)
+    budgets = budget_model()._default_manager.using(using)
     for key, budget, cost, tokens in rows.values_list("pk", "budget_id", "cost", "tokens"):
         with transaction.atomic(using=using):
-            if BudgetReservation._default_manager.using(using).filter(pk=key).delete()[0]:
+            if reservation_model()._default_manager.using(using).filter(pk=key).delete()[0]:
                 budgets.filter(subject=budget).update(
                     reserved_cost=F("reserved_cost") - cost,
                     reserved_tokens=F("reserved_tokens") - tokens,

@@ -17,7 +17,7 @@ from django.apps import apps
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from ..models.budgets import BudgetSlot
+from .rows import slot_model
 
 __all__ = ["running", "take_slot"]
 
@@ -32,7 +32,7 @@ def running(chat_model: Any, keys: list[str], using: str) -> set[str]:
 def take_slot(subject: str, limit: int, chat: Any, using: str) -> bool:
     """Give ``chat`` a place of ``subject``'s quota of ``limit``; False when every place is
     taken by a chat that still runs. Call it holding the subject's row lock."""
-    slots = BudgetSlot._default_manager.using(using)
+    slots = slot_model()._default_manager.using(using)
     label, key = chat._meta.label_lower, str(chat.pk)
     places = list(slots.filter(budget_id=subject).values_list("pk", "chat_label", "chat_key"))
     if any((chat_label, chat_key) == (label, key) for _, chat_label, chat_key in places):

@@ -11,10 +11,10 @@ from typing import Any
 
 from django.apps import apps
 
-from ..models.budgets import Budget, BudgetSlot
 from .limits import LIMITS, Limits, limits_of
 from .money import dollars
 from .periods import this_day, this_month
+from .rows import budget_model, slot_model
 from .slots import running
 from .subjects import Subject
 
@@ -53,7 +53,7 @@ class Spend:
 def chats_in_flight(subjects: Iterable[str], using: str = "default") -> dict[str, int]:
     """How many chats of each subject run now, holding a place of its quota (a constant number
     of queries: one, plus one per chat model)."""
-    places = BudgetSlot._default_manager.using(using).filter(budget_id__in=list(subjects))
+    places = slot_model()._default_manager.using(using).filter(budget_id__in=list(subjects))
     by_model: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for budget, label, key in places.values_list("budget_id", "chat_label", "chat_key"):
         by_model[label].append((str(budget), key))
@@ -69,7 +69,7 @@ def chats_in_flight(subjects: Iterable[str], using: str = "default") -> dict[str
     return dict(counts)
 
 
-def spends(rows: Iterable[Budget], using: str = "default") -> list[Spend]:
+def spends(rows: Iterable[Any], using: str = "default") -> list[Spend]:
     """The spend of each ``Budget`` row (no query but :func:`chats_in_flight`'s)."""
     rows = list(rows)
     day, month = this_day(), this_month()
@@ -95,5 +95,5 @@ def spend_of(subject: Any, using: str = "default") -> Spend:
     """The spend of ``subject`` (a user, a model instance, a string key or a Subject); all
     zero for one that never called a model."""
     found = Subject.of(subject)
-    row = Budget._default_manager.using(using).filter(subject=found.key).first()
-    return spends([row or Budget(subject=found.key, label=found.label)], using)[0]
+    row = budget_model()._default_manager.using(using).filter(subject=found.key).first()
+    return spends([row or budget_model()(subject=found.key, label=found.label)], using)[0]

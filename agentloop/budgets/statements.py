@@ -26,10 +26,10 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..engine.estimates import CallEstimate
-from ..models.budgets import Budget, BudgetReservation
 from .counters import Reservation
 from .money import units
 from .periods import this_day, this_month
+from .rows import budget_model, reservation_model
 from .subjects import Subject
 
 __all__ = ["charge_parts", "one_statement", "reserve_at_once"]
@@ -51,7 +51,7 @@ def one_statement(using: str) -> bool:
 
 def _names(using: str) -> dict[str, str]:
     quote = connections[using].ops.quote_name
-    budget, reservation = Budget._meta, BudgetReservation._meta
+    budget, reservation = budget_model()._meta, reservation_model()._meta
     names = {name: quote(_column(budget, name)) for name in (
         "subject", "cost_per_day", "cost_per_month", "tokens_per_day", "tokens_per_month",
         "chats_in_flight", "day", "day_cost", "day_tokens", "month", "month_cost",

@@ -13,13 +13,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.apps import apps
 from django.db import router, transaction
 from django.db.models import F, FloatField, Func, Value
 from django.db.models.functions import Greatest, Least
 from django.db.models.lookups import GreaterThanOrEqual
 
 from ..engine.rate_limiting import Bucket, RateLimiter, Shortfall, take
-from ..models.rate_limits import RateLimitBucket
 
 __all__ = ["DatabaseRateLimiter"]
 
@@ -64,8 +64,10 @@ class DatabaseRateLimiter(RateLimiter):
     """The buckets as rows of the database ``RateLimitBucket`` is routed to."""
 
     def take(self, buckets: list[Bucket]) -> Shortfall | None:
-        using = router.db_for_write(RateLimitBucket)
-        rows = RateLimitBucket._default_manager.using(using)
+        # From the app registry: the models package imports the store, which imports this.
+        bucket_model = apps.get_model("agentloop", "RateLimitBucket")
+        using = router.db_for_write(bucket_model)
+        rows = bucket_model._default_manager.using(using)
         for _ in range(2):
             try:
                 if len(buckets) == 1:
@@ -79,7 +81,7 @@ class DatabaseRateLimiter(RateLimiter):
             except _Missing:
                 # Full at first (a stamp at the epoch refills it); of two inserts one stands.
                 rows.bulk_create(
-                    [RateLimitBucket(key=b.key, level=0.0, stamp=0.0) for b in buckets],
+                    [bucket_model(key=b.key, level=0.0, stamp=0.0) for b in buckets],
                     ignore_conflicts=True,
                 )
                 continue
