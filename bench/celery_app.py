@@ -4,7 +4,8 @@ The same three lines as a project's ``celery.py`` (see docs/background.md). When
 ``$BENCH_CANCEL_LOG`` names a file, each cancelled run appends ``<chat pk> <monotonic time>``
 to it as it stops, so bench/cancel_latency.py can time a cancel across processes; the worker
 creates ``$BENCH_WORKER_READY`` once it consumes. ``bench.hop`` is the Celery floor of
-bench/celery_throughput.py: an empty task that re-enqueues itself.
+bench/celery_throughput.py: an empty task that re-enqueues itself; ``bench.paced_hop`` is
+bench/in_flight.py's: a chat's three jobs with nothing of agentloop's but the waits.
 """
 
 from __future__ import annotations
@@ -49,5 +50,18 @@ def hop(finish_dir: str, chain: int, remaining: int) -> None:
     the last hop marks its chain finished with a file in ``finish_dir``."""
     if remaining > 1:
         hop.apply_async((finish_dir, chain, remaining - 1))
+    else:
+        (Path(finish_dir) / str(chain)).touch()
+
+
+@app.task(name="bench.paced_hop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def paced_hop(finish_dir: str, chain: int, remaining: int, latency: float) -> None:
+    """One of a chat's three jobs without agentloop (step_chat's options): the first and the
+    last wait ``latency`` (its two model calls; ``time.sleep`` is gevent's under ``-P
+    gevent``), each enqueues the next, the last marks its chain finished in ``finish_dir``."""
+    if remaining != 2:
+        time.sleep(latency)
+    if remaining > 1:
+        paced_hop.apply_async((finish_dir, chain, remaining - 1, latency))
     else:
         (Path(finish_dir) / str(chain)).touch()

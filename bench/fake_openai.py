@@ -49,6 +49,7 @@ def answer_for(body: dict[str, Any]) -> dict[str, Any]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the API's clients expect
+    disable_nagle_algorithm = True  # as API servers do: a reused connection has no 40 ms stalls
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name

@@ -194,6 +194,7 @@ def run(
     database_url: str,
     redis_events: bool = True,
     celery_defaults: bool = False,
+    floor: bool = True,
 ) -> dict[str, Any]:
     from bench.fake_openai import FakeOpenAI
     from bench.workers import setup, workers
@@ -267,8 +268,17 @@ def run(
             wall = time.monotonic() - started
             cpu = cpu_seconds(process_tree(root)) - cpu_before
             processes = len(process_tree(root))
+            floor_wall, floor_cpu = (
+                _floor(chats, latency, root, deadline - started) if floor else (0.0, 0.0)
+            )
         exact = _check(Chat, pks)
     ideal = math.ceil(chats / concurrency) * 2 * latency
+    floor_figures = {
+        "floor_wall_s": round(floor_wall, 2),
+        "floor_ratio": round(floor_wall / ideal, 2),
+        "floor_cpu_ms_per_job": round(1000 * floor_cpu / (3 * chats), 2),
+        "wall_over_floor": round(wall / floor_wall, 2),
+    } if floor else {}  # fmt: skip
     return {
         "pool": pool,
         "concurrency": concurrency,
@@ -288,7 +298,29 @@ def run(
         "worker_processes": processes,
         "peak_rss_mib": round(peaks["rss"] / 2**20, 1),
         "cpu_ms_per_step": round(1000 * cpu / (3 * chats), 2),
+        **floor_figures,
     }
+
+
+def _floor(chats: int, latency: float, root: int, timeout: float) -> tuple[float, float]:
+    """The Celery floor in the same worker, after agentloop's run: ``chats`` chains of
+    ``bench.paced_hop`` (a chat's three jobs, two of them waiting ``latency``, nothing of
+    agentloop's), all published at once. Wall seconds from the first publish to the last
+    chain's end, and the worker's CPU seconds meanwhile."""
+    from bench.celery_app import paced_hop
+
+    with tempfile.TemporaryDirectory() as finish_dir:
+        pids = process_tree(root)
+        cpu_before = cpu_seconds(pids)
+        started = time.monotonic()
+        for chain in range(chats):
+            paced_hop.apply_async((finish_dir, chain, 3, latency))
+        while len(os.listdir(finish_dir)) < chats:
+            if time.monotonic() - started > timeout:
+                sys.exit("the Celery floor did not finish")
+            time.sleep(TICK)
+        wall = time.monotonic() - started
+        return wall, cpu_seconds(process_tree(root)) - cpu_before
 
 
 def _create(chat_model: Any, count: int, label: str = "q") -> list[int]:
@@ -490,6 +522,9 @@ def main() -> None:
         action="store_true",
         help="the worker without WORKER_CELERY (Celery's broker pool of 10, remote control)",
     )
+    parser.add_argument(
+        "--no-floor", action="store_true", help="skip the Celery floor (bench.paced_hop) after"
+    )
     parser.add_argument("--reconnect-cost", action="store_true")
     parser.add_argument("--reconnect-probe", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -523,7 +558,7 @@ def main() -> None:
                     "--database-url", args.database_url, "--json", out.name,
                 ] + (["--no-redis-events"] if args.no_redis_events else []) + (
                     ["--celery-defaults"] if args.celery_defaults else []
-                )  # fmt: skip
+                ) + (["--no-floor"] if args.no_floor else [])  # fmt: skip
                 subprocess.run(command, check=True)  # noqa: S603 - our own script
                 rows.extend(json.loads(Path(out.name).read_text()))
             continue
@@ -537,6 +572,7 @@ def main() -> None:
                 args.database_url,
                 not args.no_redis_events,
                 args.celery_defaults,
+                not args.no_floor,
             )
         )
         print(json.dumps(rows[-1]), flush=True)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
+from itertools import islice
 from typing import Any
 
 import httpx
@@ -351,11 +352,16 @@ class HTTPProvider(Provider):
         if decoder is not None:
             with self._translate_errors(), self.client.stream("POST", **post) as response:
                 self._check_stream(response)
-                events = (event for piece in response.iter_bytes() for event in decoder(piece))
-                return self._parse_stream(events, on_chunk)
+                pieces = (event for piece in response.iter_bytes() for event in decoder(piece))
+                answer = self._parse_stream(pieces, on_chunk)
+                _read_to_the_end(pieces)
+                return answer
         with self._translate_errors(), connect_sse(self.client, "POST", **post) as source:
             self._check_stream(source.response)
-            return self._parse_stream(source.iter_sse(), on_chunk)
+            events = source.iter_sse()
+            answer = self._parse_stream(events, on_chunk)
+            _read_to_the_end(events)
+            return answer
 
     def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
         watchdog.watch_response(response)  # a cancel or the deadline shuts it
@@ -456,3 +462,20 @@ class HTTPProvider(Provider):
         # The class's name (a BUILTINS name), not the instance's: a Vertex AI provider
         # configured as "vertex-eu" is still priced by the catalog's vertexai entries.
         return price_of(model, usage, provider=type(self).name)
+
+
+#: What a stream may still send after the answer's last event before the connection is
+#: dropped rather than read on (normally nothing: the body's end).
+_EVENTS_AFTER_THE_ANSWER = 16
+
+
+def _read_to_the_end(events: Iterator[Any]) -> None:
+    """Read what follows the answer's last event (``[DONE]``, ``message_stop``): the end of
+    the chunked body. httpx gives a connection back to its client's pool only from a
+    response read to its end; one closed before is dropped, and the next model call would
+    connect (and shake hands over TLS) again."""
+    try:
+        for _ in islice(events, _EVENTS_AFTER_THE_ANSWER):
+            pass
+    except (httpx.HTTPError, httpx.StreamError):
+        pass  # the answer is whole; only this connection's reuse is lost
