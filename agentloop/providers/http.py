@@ -15,7 +15,6 @@ import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
-from itertools import islice
 from typing import Any
 
 import httpx
@@ -37,6 +36,7 @@ from .catalog import price_of
 from .common import with_parsed_json
 from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
 from .errors import error_for_status, redact, status_of_error
+from .lanes import Lanes, read_to_the_end
 from .response_cap import cap_response
 
 __all__ = ["HTTPProvider", "StreamDecoder", "StreamParser"]
@@ -106,6 +106,7 @@ class HTTPProvider(Provider):
         self._headers = dict(headers or {})
         self._transport = transport
         self._client: httpx.Client | None = None
+        self._lanes: Lanes | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -179,6 +180,31 @@ class HTTPProvider(Provider):
                 )
             return self._client
 
+    def _call_lanes(self) -> Lanes | None:
+        """The model calls' clients, one connection each (``lanes.py``); None with a
+        transport of the caller's (one object: the client is made over it)."""
+        if self._transport is not None:
+            return None
+        with self._lock:
+            if self._lanes is None:
+                limits = self._limits()
+                self._lanes = Lanes(
+                    limits, base_url=self.base_url, timeout=self._timeout_setting(),
+                    proxy=self.proxy(),
+                )  # fmt: skip
+            return self._lanes
+
+    @contextmanager
+    def _calling(self, post: dict[str, Any]) -> Iterator[httpx.Client]:
+        """The client one model call is sent through (and read from, inside the block)."""
+        lanes = self._call_lanes()
+        if lanes is None:
+            yield self.client
+            return
+        timeout = post.get("timeout") or self._timeout_setting()
+        with lanes.lane(timeout.pool) as client:
+            yield client
+
     def _limits(self) -> httpx.Limits:
         """``PROVIDERS[name]["max_connections"]``: the connections one process keeps open to
         the provider (httpx's default, 100, caps the calls in flight of a gevent worker)."""
@@ -205,11 +231,14 @@ class HTTPProvider(Provider):
         )
 
     def close(self) -> None:
-        """Close the HTTP client (a new one is made if the provider is used again)."""
+        """Close the HTTP clients (new ones are made if the provider is used again)."""
         with self._lock:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+            if self._lanes is not None:
+                self._lanes.close()
+                self._lanes = None
 
     # -- what subclasses provide -------------------------------------------------------------
     def auth_headers(self, api_key: str | None) -> dict[str, str]:
@@ -342,26 +371,27 @@ class HTTPProvider(Provider):
 
     def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
         post = self._post(request, on_chunk is not None)
-        if on_chunk is None:
-            with self._translate_errors(), self.client.stream("POST", **post) as response:
-                watchdog.watch_response(response)  # a cancel or the deadline shuts it
-                cap_response(response, self.name)
-                response.read()
-            return self._json_answer(response)
-        decoder = self.stream_decoder()
-        if decoder is not None:
-            with self._translate_errors(), self.client.stream("POST", **post) as response:
-                self._check_stream(response)
-                pieces = (event for piece in response.iter_bytes() for event in decoder(piece))
-                answer = self._parse_stream(pieces, on_chunk)
-                _read_to_the_end(pieces)
+        with self._translate_errors(), self._calling(post) as client:
+            if on_chunk is None:
+                with client.stream("POST", **post) as response:
+                    watchdog.watch_response(response)  # a cancel or the deadline shuts it
+                    cap_response(response, self.name)
+                    response.read()
+                return self._json_answer(response)
+            decoder = self.stream_decoder()
+            if decoder is not None:
+                with client.stream("POST", **post) as response:
+                    self._check_stream(response)
+                    pieces = (event for part in response.iter_bytes() for event in decoder(part))
+                    answer = self._parse_stream(pieces, on_chunk)
+                    read_to_the_end(pieces)
+                    return answer
+            with connect_sse(client, "POST", **post) as source:
+                self._check_stream(source.response)
+                events = source.iter_sse()
+                answer = self._parse_stream(events, on_chunk)
+                read_to_the_end(events)
                 return answer
-        with self._translate_errors(), connect_sse(self.client, "POST", **post) as source:
-            self._check_stream(source.response)
-            events = source.iter_sse()
-            answer = self._parse_stream(events, on_chunk)
-            _read_to_the_end(events)
-            return answer
 
     def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
         watchdog.watch_response(response)  # a cancel or the deadline shuts it
@@ -462,20 +492,3 @@ class HTTPProvider(Provider):
         # The class's name (a BUILTINS name), not the instance's: a Vertex AI provider
         # configured as "vertex-eu" is still priced by the catalog's vertexai entries.
         return price_of(model, usage, provider=type(self).name)
-
-
-#: What a stream may still send after the answer's last event before the connection is
-#: dropped rather than read on (normally nothing: the body's end).
-_EVENTS_AFTER_THE_ANSWER = 16
-
-
-def _read_to_the_end(events: Iterator[Any]) -> None:
-    """Read what follows the answer's last event (``[DONE]``, ``message_stop``): the end of
-    the chunked body. httpx gives a connection back to its client's pool only from a
-    response read to its end; one closed before is dropped, and the next model call would
-    connect (and shake hands over TLS) again."""
-    try:
-        for _ in islice(events, _EVENTS_AFTER_THE_ANSWER):
-            pass
-    except (httpx.HTTPError, httpx.StreamError):
-        pass  # the answer is whole; only this connection's reuse is lost

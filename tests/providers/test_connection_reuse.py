@@ -105,7 +105,7 @@ def test_streamed_answers_one_after_another_share_one_connection(replaying, api)
             answers.append(provider.request(request, on_chunk=chunks.append))
             assert chunks, "the answer was streamed"
     finally:
-        provider.client.close()
+        provider.close()
 
     assert answers[0] == answers[1] == answers[2]
     assert server.connections == 1

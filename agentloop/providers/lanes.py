@@ -1,0 +1,91 @@
+"""A provider's model calls as lanes: one httpx client per connection in flight.
+
+httpcore's connection pool looks at every connection it holds each time a request starts
+and each time a response ends: it polls each idle one for a close by the server, and counts
+the idle ones again for each of them. With hundreds of model calls in flight in one process
+(a ``gevent`` worker), one client's pool cost more CPU than the rest of the step
+(``bench/in_flight.py``). A lane is a client that holds one connection; a call takes an idle
+lane (or makes one) and gives it back, so the work per call is the same at any concurrency.
+
+At most ``size`` lanes are out at once (``PROVIDERS[name]["max_connections"]``): a call past
+that waits for one, as long as the pool timeout allows, then fails with ``httpx.PoolTimeout``
+like httpx's own pool. ``keep`` idle lanes stay, their connections alive for the next calls;
+the lanes share one TLS context (loading the CA bundle once).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+import httpx
+
+__all__ = ["Lanes", "read_to_the_end"]
+
+#: What a stream may still send after the answer's last event before the connection is
+#: dropped rather than read on (normally nothing: the body's end).
+_EVENTS_AFTER_THE_ANSWER = 16
+
+
+class Lanes:
+    """Clients of one connection each, within ``limits`` (``max_connections`` out at once,
+    ``max_keepalive_connections`` kept idle); ``client`` is ``httpx.Client``'s arguments."""
+
+    def __init__(self, limits: httpx.Limits, **client: Any) -> None:
+        self._client = {
+            **client,
+            "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            "verify": httpx.create_ssl_context(),  # the CA bundle, read once for every lane
+        }
+        self._keep = limits.max_keepalive_connections or 0
+        self._free = threading.BoundedSemaphore(limits.max_connections or 100)
+        self._lock = threading.Lock()
+        self._idle: list[httpx.Client] = []
+
+    @contextmanager
+    def lane(self, wait: float | None) -> Iterator[httpx.Client]:
+        """A client for one call (its response read or closed inside the block); waits up to
+        ``wait`` seconds (None: no limit) while every lane is out."""
+        if not self._free.acquire(timeout=wait):
+            raise httpx.PoolTimeout(f"no connection came free in {wait:g} s")
+        try:
+            with self._lock:
+                client = self._idle.pop() if self._idle else None
+            if client is None:
+                client = httpx.Client(**self._client)
+            try:
+                yield client
+            finally:
+                self._give_back(client)
+        finally:
+            self._free.release()
+
+    def _give_back(self, client: httpx.Client) -> None:
+        with self._lock:
+            if not client.is_closed and len(self._idle) < self._keep:
+                self._idle.append(client)  # the last in is the next out: its connection is warm
+                return
+        client.close()
+
+    def close(self) -> None:
+        """Close the idle lanes (the ones out close as they come back)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._keep = 0
+        for client in idle:
+            client.close()
+
+
+def read_to_the_end(events: Iterator[Any]) -> None:
+    """Read what follows a streamed answer's last event (``[DONE]``, ``message_stop``): the
+    end of the chunked body. httpx gives a connection back to its client only from a
+    response read to its end; one closed before is dropped, and the next model call would
+    connect (and shake hands over TLS) again."""
+    try:
+        for _ in islice(events, _EVENTS_AFTER_THE_ANSWER):
+            pass
+    except (httpx.HTTPError, httpx.StreamError):
+        pass  # the answer is whole; only this connection's reuse is lost

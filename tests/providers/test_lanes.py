@@ -1,0 +1,130 @@
+"""A provider's model calls go through lanes (agentloop/providers/lanes.py): one client and
+one connection per call in flight, at most ``max_connections`` at once, idle ones kept for
+the next calls. A real HTTP/1.1 server on localhost answers after a pause and counts the
+requests in progress and the connections it accepted."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from agentloop.exceptions import ProviderTimeout
+from agentloop.messages import Message, ModelRequest
+from agentloop.providers.openai import OpenAIProvider
+
+
+class _Slow(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # 25 calls connect at once
+
+    def __init__(self, pause: float) -> None:
+        super().__init__(("127.0.0.1", 0), _Answer)
+        self.pause = pause
+        self.lock = threading.Lock()
+        self.connections = self.in_progress = self.most_at_once = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.connections += 1
+        super().process_request(request, client_address)
+
+
+class _Answer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Slow
+
+    def do_POST(self) -> None:  # noqa: N802 - the handler's API
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.server.lock:
+            self.server.in_progress += 1
+            self.server.most_at_once = max(self.server.most_at_once, self.server.in_progress)
+        time.sleep(self.server.pause)
+        with self.server.lock:
+            self.server.in_progress -= 1
+        message = {"role": "assistant", "content": "ok"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1}
+        body = json.dumps({"choices": [choice], "usage": usage}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the handler's API
+        return None
+
+
+@pytest.fixture
+def slow() -> Iterator[_Slow]:
+    server = _Slow(pause=0.3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _provider(settings: Any, server: _Slow, **options: Any) -> OpenAIProvider:
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "PROVIDERS": {"lanes": options}}
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    return OpenAIProvider(name="lanes", base_url=url, api_key="test-key")
+
+
+def _calls_at_once(provider: OpenAIProvider, count: int) -> list[Any]:
+    request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
+    results: list[Any] = [None] * count
+
+    def call(index: int) -> None:
+        try:
+            results[index] = provider.request(request).content
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=call, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_no_more_calls_than_max_connections_are_in_flight_and_the_rest_wait(settings, slow):
+    provider = _provider(settings, slow, max_connections=2)
+    try:
+        assert _calls_at_once(provider, 5) == ["ok"] * 5
+    finally:
+        provider.close()
+    assert slow.most_at_once == 2
+    assert slow.connections == 2  # the waiting calls took the lanes the first ones gave back
+
+
+def test_a_call_waiting_longer_than_the_pool_timeout_fails_as_a_timeout(settings, slow):
+    provider = _provider(settings, slow, max_connections=1, timeout=httpx.Timeout(10, pool=0.05))
+    try:
+        results = _calls_at_once(provider, 2)
+    finally:
+        provider.close()
+    assert results.count("ok") == 1
+    (failed,) = [result for result in results if result != "ok"]
+    assert isinstance(failed, ProviderTimeout)
+    assert str(failed) == "lanes did not answer in time (PoolTimeout)"
+
+
+def test_idle_lanes_beyond_the_keep_alive_count_are_closed(settings, slow):
+    """Without ``max_connections``, httpx's defaults: 100 at once, 20 kept alive."""
+    provider = _provider(settings, slow)
+    try:
+        assert _calls_at_once(provider, 25) == ["ok"] * 25
+        assert slow.connections == 25
+        assert _calls_at_once(provider, 25) == ["ok"] * 25
+        assert slow.connections == 30  # 20 lanes kept their connections; 5 were made again
+    finally:
+        provider.close()
