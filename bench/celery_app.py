@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.background_settings")
 
@@ -42,6 +42,20 @@ if os.environ.get("BENCH_CANCEL_LOG"):
 def _announce_ready(**kwargs: Any) -> None:
     if os.environ.get("BENCH_WORKER_READY"):
         Path(os.environ["BENCH_WORKER_READY"]).touch()
+
+
+if os.environ.get("BENCH_PROFILE"):
+    # cProfile of the worker's main thread from ready to shutdown, written to the file it
+    # names: under -P gevent every step runs on that thread (its greenlets).
+    import cProfile
+
+    _profile = cProfile.Profile()
+    worker_ready.connect(lambda **kwargs: _profile.enable(), weak=False)
+
+    @worker_shutdown.connect
+    def _write_profile(**kwargs: Any) -> None:
+        _profile.disable()
+        _profile.dump_stats(os.environ["BENCH_PROFILE"])
 
 
 @app.task(name="bench.hop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)

@@ -214,6 +214,10 @@ def test_under_django_pool_a_wait_checks_the_connection_in_and_the_next_gets_it_
     assert len(set(summary["pids"])) == 1
     assert summary["during_ask"] == [{"held": False, "idle": 3, "size": 3}] * 3
     assert summary["answer"] == "a b"
+    # The claim's check-out is checked; the writes after each wait are not (they are tried
+    # again on a new connection if the one handed out was dropped).
+    assert summary["check_outs"] >= 3
+    assert summary["checks"] == 1
 
 
 # -- real workers, Django's pool -------------------------------------------------------------
@@ -334,7 +338,8 @@ def test_a_worker_waits_on_more_chats_than_its_pool_has_connections(
 @pytest.mark.subprocess
 def test_connections_the_server_closed_while_checked_in_are_replaced(celery_queue, tmp_path, user):
     """While every step waits on the model, the worker's pooled connections are killed by the
-    server: the steps take fresh ones (the pool checks at check-out) and lose nothing."""
+    server: the steps take fresh ones (a claim's check-out is checked by the pool; a write
+    after a wait that gets a dropped one is tried again on a new one) and lose nothing."""
     application = f"agentloop-in-flight-{uuid.uuid4().hex[:8]}"
     with FakeOpenAI(latency=1.5) as fake:
         worker = start_worker(

@@ -13,6 +13,7 @@ writes nothing more) and the chat is left for the next job.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +31,7 @@ __all__ = [
     "discard",
     "is_connection_fault",
     "retried",
+    "retrying",
     "unusable",
 ]
 
@@ -44,6 +46,16 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: the first wait before trying again on a new connection, and the longest.
 _FIRST_WAIT = 0.05
 _LONGEST_WAIT = 1.0
+
+#: set while this thread (greenlet, under gevent) runs work that ``retried`` tries again on
+#: a new connection after a fault.
+_here = threading.local()
+
+
+def retrying() -> bool:
+    """Whether the statement this thread runs now is tried again on a new connection if its
+    connection turns out dropped (``retried`` with a lease, outside a transaction)."""
+    return getattr(_here, "retrying", False)
 
 
 def is_connection_fault(error: BaseException) -> bool:
@@ -93,6 +105,8 @@ def retried(
     wait = _FIRST_WAIT
     failed = False
     while True:
+        outer = retrying()
+        _here.retrying = lease is not None and not connections[using].in_atomic_block
         try:
             if failed and landed is not None:
                 done = landed()
@@ -118,3 +132,5 @@ def retried(
             )
             time.sleep(wait)
             wait = min(wait * 2, _LONGEST_WAIT)
+        finally:
+            _here.retrying = outer

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import agentloop_settings
+from .reconnect import retrying
 
 __all__ = ["gives_back", "release_connection"]
 
@@ -39,6 +40,24 @@ def release_connection(using: str) -> None:
     connection.close()
     if pool is not None:
         _next_out(pool, raw)
+        _check_unless_retrying(pool)
+
+
+def _check_unless_retrying(pool: Any) -> None:
+    """With ``CONN_HEALTH_CHECKS`` the pool checks each connection it hands out (a round
+    trip). A step's writes after a wait are ``retried``: one on a connection the server
+    dropped is tried again on a new one, so the check is skipped for them (one round trip
+    fewer per step). Everything else, the claim included, is checked as before."""
+    check = getattr(pool, "_check", None)
+    if check is None or getattr(check, "agentloop_retrying", False):
+        return
+
+    def checked(conn: Any) -> None:
+        if not retrying():
+            check(conn)
+
+    checked.agentloop_retrying = True  # type: ignore[attr-defined]
+    pool._check = checked
 
 
 def _next_out(pool: Any, raw: Any) -> None:

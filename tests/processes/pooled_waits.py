@@ -4,7 +4,8 @@
 Gives the connection back five times, reading ``pg_backend_pid()`` between (which server
 process each check-out got), then runs a streamed ``ask()`` whose provider records, at the
 start of the model call and after each chunk, whether this thread holds a connection and
-how many of the pool's connections are idle. Prints ``SUMMARY {json}``.
+how many of the pool's connections are idle. Counts the connections the ask checked out
+and the pool's checks of them (``CONN_HEALTH_CHECKS``). Prints ``SUMMARY {json}``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ import django
 
 
 def main() -> None:
+    from psycopg_pool import ConnectionPool
+
+    checked = []
+    check = ConnectionPool.check_connection  # Django hands this to the pool it makes
+
+    def counted(conn: Any) -> None:
+        checked.append(conn)
+        check(conn)
+
+    ConnectionPool.check_connection = staticmethod(counted)  # type: ignore[method-assign]
     django.setup()
     from django.db import connection
 
@@ -61,8 +72,17 @@ def main() -> None:
 
     providers.register("watching", Watching())
     chat = Chat.objects.create(model="watching:m")
+    release_connection("default")
+    checks, requests = len(checked), pool.get_stats()["requests_num"]
     answer = chat.ask("Hi", stream=lambda chunk: None)
-    summary = {"pids": pids, "during_ask": seen, "answer": answer.content}
+    check_outs = pool.get_stats()["requests_num"] - requests
+    summary = {
+        "pids": pids,
+        "during_ask": seen,
+        "answer": answer.content,
+        "check_outs": check_outs,
+        "checks": len(checked) - checks,
+    }
     print("SUMMARY " + json.dumps(summary), flush=True)
 
 
