@@ -9,9 +9,6 @@ the APIs send them: ``Transfer-Encoding: chunked``, keep-alive, ``[DONE]`` or
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,6 +18,7 @@ from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.openai import OpenRouterProvider
 from agentloop.providers.openai_responses import OpenAIResponsesProvider
 from tests.providers.cassettes import Interaction, load, require_fixtures
+from tests.providers.local_servers import CountingServer, KeepAliveHandler, serving
 
 STREAMING = "can_use_tools_with_multi-turn_streaming_conversations"
 CASSETTES = {  # Chat Completions (OpenRouter's), the Responses API, Anthropic's Messages
@@ -30,29 +28,18 @@ CASSETTES = {  # Chat Completions (OpenRouter's), the Responses API, Anthropic's
 }
 
 
-class _Replaying(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, bodies: list[bytes]) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.bodies = bodies
-        self.connections = 0
-        self.lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.lock:
-            self.connections += 1
-        super().process_request(request, client_address)
+class _Replaying(CountingServer):
+    def __init__(self, body: bytes) -> None:
+        super().__init__(_Handler)
+        self.body = body
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _Handler(KeepAliveHandler):
     server: _Replaying
 
     def do_POST(self) -> None:  # noqa: N802 - the handler's API
         self.rfile.read(int(self.headers.get("content-length", 0)))
-        body = self.server.bodies[0]
+        body = self.server.body
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
@@ -63,25 +50,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
         self.wfile.write(b"0\r\n\r\n")
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the handler's API
-        return None
-
-
-@pytest.fixture
-def replaying() -> Iterator[Any]:
-    servers: list[_Replaying] = []
-
-    def start(interaction: Interaction) -> _Replaying:
-        server = _Replaying([interaction.response_text.encode()])
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
 
 def _first_stream(name: str) -> Interaction:
     require_fixtures()
@@ -89,13 +57,18 @@ def _first_stream(name: str) -> Interaction:
 
 
 @pytest.mark.parametrize("api", CASSETTES)
-def test_streamed_answers_one_after_another_share_one_connection(replaying, api):
+def test_streamed_answers_one_after_another_share_one_connection(api):
     provider_class, recording, path = CASSETTES[api]
     recorded = _first_stream(f"chat_function_calling_{recording}_{STREAMING}")
-    server = replaying(recorded)
-    provider = provider_class(
-        api_key="test-key", base_url=f"http://127.0.0.1:{server.server_address[1]}{path}"
-    )
+    with serving(_Replaying(recorded.response_text.encode())) as server:
+        provider = provider_class(api_key="test-key", base_url=f"{server.url}{path}")
+        answers = _three_streamed(provider)
+
+    assert answers[0] == answers[1] == answers[2]
+    assert server.connections == 1
+
+
+def _three_streamed(provider: Any) -> list[Any]:
     request = ModelRequest(model="m", messages=[Message(role="user", content="hi")], stream=True)
 
     answers = []
@@ -106,6 +79,4 @@ def test_streamed_answers_one_after_another_share_one_connection(replaying, api)
             assert chunks, "the answer was streamed"
     finally:
         provider.close()
-
-    assert answers[0] == answers[1] == answers[2]
-    assert server.connections == 1
+    return answers

@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -18,27 +17,17 @@ import pytest
 from agentloop.exceptions import ProviderTimeout
 from agentloop.messages import Message, ModelRequest
 from agentloop.providers.openai import OpenAIProvider
+from tests.providers.local_servers import CountingServer, KeepAliveHandler, serving
 
 
-class _Slow(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128  # 25 calls connect at once
-
+class _Slow(CountingServer):
     def __init__(self, pause: float) -> None:
-        super().__init__(("127.0.0.1", 0), _Answer)
+        super().__init__(_Answer)
         self.pause = pause
-        self.lock = threading.Lock()
-        self.connections = self.in_progress = self.most_at_once = 0
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.lock:
-            self.connections += 1
-        super().process_request(request, client_address)
+        self.in_progress = self.most_at_once = 0
 
 
-class _Answer(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _Answer(KeepAliveHandler):
     server: _Slow
 
     def do_POST(self) -> None:  # noqa: N802 - the handler's API
@@ -59,23 +48,16 @@ class _Answer(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the handler's API
-        return None
-
 
 @pytest.fixture
 def slow() -> Iterator[_Slow]:
-    server = _Slow(pause=0.3)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(_Slow(pause=0.3)) as server:
+        yield server
 
 
 def _provider(settings: Any, server: _Slow, **options: Any) -> OpenAIProvider:
     settings.AGENTLOOP = {**settings.AGENTLOOP, "PROVIDERS": {"lanes": options}}
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    return OpenAIProvider(name="lanes", base_url=url, api_key="test-key")
+    return OpenAIProvider(name="lanes", base_url=f"{server.url}/v1", api_key="test-key")
 
 
 def _calls_at_once(provider: OpenAIProvider, count: int) -> list[Any]:
