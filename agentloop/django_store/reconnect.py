@@ -13,7 +13,6 @@ writes nothing more) and the chat is left for the next job.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import InterfaceError, OperationalError, connections
 
 from ..exceptions import LeaseLostError
+from .waiting import mark_retried
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -31,7 +31,6 @@ __all__ = [
     "discard",
     "is_connection_fault",
     "retried",
-    "retrying",
     "unusable",
 ]
 
@@ -46,16 +45,6 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: the first wait before trying again on a new connection, and the longest.
 _FIRST_WAIT = 0.05
 _LONGEST_WAIT = 1.0
-
-#: set while this thread (greenlet, under gevent) runs work that ``retried`` tries again on
-#: a new connection after a fault.
-_here = threading.local()
-
-
-def retrying() -> bool:
-    """Whether the statement this thread runs now is tried again on a new connection if its
-    connection turns out dropped (``retried`` with a lease, outside a transaction)."""
-    return getattr(_here, "retrying", False)
 
 
 def is_connection_fault(error: BaseException) -> bool:
@@ -105,8 +94,7 @@ def retried(
     wait = _FIRST_WAIT
     failed = False
     while True:
-        outer = retrying()
-        _here.retrying = lease is not None and not connections[using].in_atomic_block
+        outer = mark_retried(lease is not None and not connections[using].in_atomic_block)
         try:
             if failed and landed is not None:
                 done = landed()
@@ -133,4 +121,4 @@ def retried(
             time.sleep(wait)
             wait = min(wait * 2, _LONGEST_WAIT)
         finally:
-            _here.retrying = outer
+            mark_retried(outer)

@@ -10,14 +10,25 @@ connection's prepared statements are lost), so by default ("auto") only a pool r
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .reconnect import retrying
 
-__all__ = ["gives_back", "release_connection"]
+__all__ = ["gives_back", "mark_retried", "release_connection"]
+
+#: whether the statements this thread (greenlet, under gevent) runs now are tried again on a
+#: new connection after a fault (``reconnect.retried``, with a lease, outside a transaction).
+_retried = threading.local()
+
+
+def mark_retried(on: bool) -> bool:
+    """Mark this thread's next statements as retried (or not); returns the mark before."""
+    before: bool = getattr(_retried, "on", False)
+    _retried.on = on
+    return before
 
 
 def gives_back(connection: Any) -> bool:
@@ -53,7 +64,7 @@ def _check_unless_retrying(pool: Any) -> None:
         return
 
     def checked(conn: Any) -> None:
-        if not retrying():
+        if not getattr(_retried, "on", False):
             check(conn)
 
     checked.agentloop_retrying = True  # type: ignore[attr-defined]
