@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from agentloop.models import Chat, ChatState
 from agentloop.testing import ScriptedProvider, block_network
 from tests import browsers, doc_blocks, mcp_servers, sse_reading, workers
 from tests.agents import register_agents_provider
+from tests.budget_helpers import PricedProvider
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +61,25 @@ def chat(user):
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="ada", password="pw")
+
+
+@pytest.fixture
+def viewer(client, django_user_model):
+    """The test client logged in as staff who may view chats but not change them."""
+    staff = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_chat"))
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
+def priced() -> Iterator[PricedProvider]:
+    """A scripted provider registered as "priced" whose every token costs
+    ``tests.budget_helpers.PRICE_PER_TOKEN`` (test_limits.py has a flat-priced one)."""
+    model = PricedProvider()
+    providers.register("priced", model)
+    yield model
+    providers.unregister("priced")
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ import itertools
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -618,15 +617,6 @@ def test_the_approve_action_leaves_chats_with_nothing_waiting_alone(admin_client
 
     assert response.status_code == 302
     assert ToolCall.objects.count() == 0
-
-
-@pytest.fixture
-def viewer(client, django_user_model):
-    """A staff user who may view chats but not change them."""
-    staff = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="view_chat"))
-    client.force_login(staff)
-    return client
 
 
 @pytest.mark.parametrize("action", ["cancel_chats", "resume_chats", "approve_pending"])

@@ -11,7 +11,6 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -154,14 +153,6 @@ def test_the_chat_list_links_to_the_inbox(admin_client):
 
 
 # -- permissions ----------------------------------------------------------------------------------
-@pytest.fixture
-def viewer(client, django_user_model):
-    staff = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="view_chat"))
-    client.force_login(staff)
-    return client
-
-
 def test_a_viewer_sees_the_inbox_without_forms_and_cannot_decide(viewer, calls):
     response = viewer.get(INBOX)
     assert listed(response) == [call.pk for call in calls]

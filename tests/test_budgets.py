@@ -27,17 +27,9 @@ from agentloop.exceptions import RateLimitError
 from agentloop.messages import TokenUsage
 from agentloop.models import Budget, BudgetReservation, BudgetSlot, Chat, ChatState, Usage
 from agentloop.testing import FunctionProvider, ScriptedProvider, reply, stream
-from tests.budget_helpers import PricedProvider, counters
+from tests.budget_helpers import counters
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def priced():
-    model = PricedProvider()
-    providers.register("priced", model)
-    yield model
-    providers.unregister("priced")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from agentloop.models import Chat, ChatState
@@ -124,14 +123,6 @@ def test_cancel_logs_only_the_chats_it_cancelled(admin_client):
     assert list(LogEntry.objects.values_list("object_id", "change_message")) == [
         (str(running[0].pk), "Cancellation requested.")
     ]
-
-
-@pytest.fixture
-def viewer(client, django_user_model):
-    staff = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="view_chat"))
-    client.force_login(staff)
-    return client
 
 
 @pytest.mark.parametrize("action", ["halt_chats", "switch_model"])

@@ -48,14 +48,6 @@ def limits(settings):
 
 
 @pytest.fixture
-def priced():
-    model = PricedProvider()
-    providers.register("priced", model)
-    yield model
-    providers.unregister("priced")
-
-
-@pytest.fixture
 def redis_prefix(settings):
     """The machine's Redis, under a key prefix of this test's own (deleted afterwards)."""
     redis = pytest.importorskip("redis")
