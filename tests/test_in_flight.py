@@ -205,6 +205,7 @@ def test_under_django_pool_a_wait_checks_the_connection_in_and_the_next_gets_it_
         env={
             "AGENTLOOP_TEST_DB_POOL": json.dumps(pool),
             "AGENTLOOP_TEST_SETTINGS": json.dumps(settings),
+            "AGENTLOOP_TEST_DB_APPLICATION": f"agentloop-pooled-waits-{uuid.uuid4().hex[:8]}",
         },
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -214,10 +215,19 @@ def test_under_django_pool_a_wait_checks_the_connection_in_and_the_next_gets_it_
     assert len(set(summary["pids"])) == 1
     assert summary["during_ask"] == [{"held": False, "idle": 3, "size": 3}] * 3
     assert summary["answer"] == "a b"
-    # The claim's check-out is checked; the writes after each wait are not (they are tried
-    # again on a new connection if the one handed out was dropped).
+    # No check-out of the ask is checked: the claim and the writes after each wait run once
+    # more on a new connection when the one handed out was dropped.
     assert summary["check_outs"] >= 3
-    assert summary["checks"] == 1
+    assert summary["checks"] == 0
+    # Every pooled connection dropped while idle: the next ask's claim got a dead one,
+    # unchecked, and ran again on a new one (checked: the pool drops the dead ones it meets).
+    assert summary["terminated"] == 3
+    assert summary["answer_after_termination"] == "a b"
+    assert summary["checks_after_termination"] >= 1
+    assert "A claim's connection was dropped; trying it once more on a new one" in done.stderr
+    assert summary["messages"] == [
+        ["user", "Hi"], ["assistant", "a b"], ["user", "Again"], ["assistant", "a b"],
+    ]  # fmt: skip
 
 
 # -- real workers, Django's pool -------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ from agentloop import events
 from agentloop.messages import TextDelta, ToolCallDelta
 from agentloop.models import Chat
 from agentloop.process import cancel_notices as _cancel_notices
-from agentloop.process.cancel_notices import RedisCancelListener, listen_locally
+from agentloop.process.cancel_notices import RedisCancelListener, covers, listen_locally
 from agentloop.process.event_publisher import publisher
 from agentloop.testing import stream
 from tests.helpers import wait_until
@@ -152,6 +153,82 @@ def test_a_forked_child_gets_a_subscriber_of_its_own(on_private_redis):
 
         assert os.waitstatus_to_exitcode(status) == 0
         hears_a_cancel(on_private_redis, parent_listener)  # the child left the parent's alone
+
+
+# -- a live subscription stands in for the throttled flag reads ----------------------------
+def test_a_notice_covers_its_run_only_while_the_subscription_stands(on_private_redis):
+    """From its registration on, a worker's notice covers its run (a cancel published later
+    reaches it), not before; a Redis that stops answering (paused: the connection looks
+    fine) or restarts ends it; after a restart only what comes after the new subscription is
+    covered."""
+
+    chat = Chat(pk=4343)
+    notice = listen_locally(chat)
+    before = time.monotonic()
+    with RedisCancelListener(chat, notice) as listener:
+        hears_a_cancel(on_private_redis, listener)  # subscribed and confirmed
+        now = time.monotonic()
+        assert covers(notice, now)
+        assert not covers(notice, before)  # registered after that
+
+        on_private_redis.pause()
+        try:
+            subscriber = _cancel_notices.subscriber()
+            wait_until(lambda: not covers(notice, now), "the silent Redis to end the cover")
+        finally:
+            on_private_redis.resume()
+        wait_until(lambda: covers(notice, now), "the answers to come back")
+
+        on_private_redis.restart()
+        hears_a_cancel(on_private_redis, listener)
+        assert not covers(notice, now)  # a cancel during the restart went unheard
+        assert covers(notice, time.monotonic())
+        assert subscriber.live_since is not None and subscriber.live_since > now
+    assert not covers(notice, time.monotonic())  # the run is over: its checkpoints poll
+
+
+def _flag_reads(chat: Chat, redis_url: str | None, settings: Any) -> tuple[str, int]:
+    """One background step of ``chat`` streaming 12 chunks 50 ms apart, with throttled
+    checkpoints due every 20 ms: its action and how many times it read the cancel flag."""
+    from django.test.utils import CaptureQueriesContext
+
+    from agentloop.runners import run_step
+
+    agentloop = {**settings.AGENTLOOP, "CANCEL_POLL_INTERVAL": 0.02}
+    agentloop.pop("REDIS_URL", None)
+    if redis_url is not None:
+        agentloop |= {"REDIS_URL": redis_url, "REDIS_PREFIX": "perprocess"}
+    settings.AGENTLOOP = agentloop
+    chat.ask_later("stream:12:0.05 hi")
+    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
+    if redis_url is not None:
+        _cancel_notices.subscriber()
+        wait_until(
+            lambda: _cancel_notices.subscriber().live_at(time.monotonic()), "the subscription"
+        )
+    with CaptureQueriesContext(connections["default"]) as queries:
+        action = run_step(chat.pk).action
+    reads = [q for q in queries if "halt_reason" in q["sql"] and q["sql"].startswith("SELECT")]
+    return action, len(reads)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_heard_by_a_live_subscription_reads_the_flag_at_forced_checkpoints_only(
+    redis_server, settings, user
+):
+    """Throttled checkpoints between streamed chunks read the cancel flag (a pool check-out
+    and a query each, 0.02 s apart here) unless the process's subscription covers the step:
+    then a cancel would set its notice, and they read nothing."""
+    polled = Chat.objects.create(model="rules:test", owner=user)
+    covered = Chat.objects.create(model="rules:test", owner=user)
+    try:
+        action, polls = _flag_reads(polled, None, settings)
+        covered_action, covered_polls = _flag_reads(covered, redis_server.url(), settings)
+    finally:
+        _cancel_notices.stop_subscribers()
+    assert action == covered_action == "done"
+    assert polls >= 5  # a read per 50 ms chunk, the throttle's 20 ms having passed
+    assert covered_polls == 0
 
 
 # -- one bounded event publisher per process -------------------------------------------------

@@ -40,8 +40,9 @@ from ..exceptions import LeaseLostError
 from .holders import holder_alive, holder_id
 from .lease_statements import attnames
 from .lease_statements import statement as _statements
+from .reconnect import CONNECTION_ERRORS, discard, unusable
 from .sql import PreparedUpdate
-from .waiting import release_connection
+from .waiting import mark_retried, release_connection
 
 __all__ = [
     "UNREAD",
@@ -272,12 +273,17 @@ def claim_row(
     token = secrets.token_hex(16)
     statement = _statements(chat_model, using)
     sent = time.monotonic()
-    row, prefetched = statement.run(
-        using, chat_pk, token, seconds, state, prefetch, in_flight=in_flight
-    )
+    row, prefetched = _claiming(
+        using, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
+                                     in_flight=in_flight)
+    )  # fmt: skip
     if row is None:
         held = statement.holder(using, chat_pk)
-        if held is None or not _gone(*held):
+        if held is not None and held[0] == token:
+            # Our own claim: it committed on a connection that dropped before its answer
+            # came, and ran again (``_claiming``). Take it as it stands now.
+            held = (token, "")
+        elif held is None or not _gone(*held):
             return None
         row, prefetched = statement.run(
             using, chat_pk, token, seconds, state, prefetch, taking_over=held[0],
@@ -285,15 +291,39 @@ def claim_row(
         )  # fmt: skip
         if row is None:
             return None  # someone else took it first
-        logger.warning(
-            "Chat %s: took over the lease of %s, a process on this host that is gone",
-            chat_pk,
-            held[1],
-        )
+        if held[1]:
+            logger.warning(
+                "Chat %s: took over the lease of %s, a process on this host that is gone",
+                chat_pk,
+                held[1],
+            )
     lease = Lease(chat_model, chat_pk, token, seconds, using)
     lease.renewed_at = sent
     lease.in_transaction = connections[using].in_atomic_block
     return lease, row, prefetched
+
+
+def _claiming(using: str, work: Any) -> Any:
+    """The claim's ``work()``, on a connection the pool hands out without its health check
+    (``CONN_HEALTH_CHECKS``: a round trip per check-out); when that connection turns out to
+    be dropped (a server restart, a pooler's idle timeout), once more on a new one, checked.
+    Running it again is safe: the claim's token is the same, and a claim that committed
+    before its answer was lost is found by it. A connection that can't be had at all (a pool
+    timeout, a refused connection) raises at once, as before; inside a caller's transaction
+    nothing is retried."""
+    if connections[using].in_atomic_block:
+        return work()
+    outer = mark_retried(True)
+    try:
+        return work()
+    except CONNECTION_ERRORS:
+        if connections[using].connection is None or not unusable(using):
+            raise  # never connected, or the statement failed, not the connection
+        discard(using)
+    finally:
+        mark_retried(outer)
+    logger.warning("A claim's connection was dropped; trying it once more on a new one")
+    return work()
 
 
 def claim(

@@ -13,17 +13,15 @@ writes nothing more) and the chat is left for the next job.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 
 from ..exceptions import LeaseLostError
 from .waiting import mark_retried
-
-if TYPE_CHECKING:
-    from .leases import Lease
 
 __all__ = [
     "CONNECTION_ERRORS",
@@ -37,6 +35,23 @@ __all__ = [
 logger = logging.getLogger("agentloop")
 
 T = TypeVar("T")
+
+
+class Held(Protocol):
+    """What ``retried`` needs of a lease (``leases.Lease``; named here by its shape, since
+    ``leases`` itself retries its claim with this module's helpers)."""
+
+    chat_pk: Any
+    lost: threading.Event
+
+    @property
+    def remaining(self) -> float: ...
+
+    @property
+    def margin(self) -> float: ...
+
+    def give_up_unreachable(self) -> None: ...
+
 
 #: what a dropped or refused connection, or a pool with none to give, raises (Django's own
 #: wrappers of the driver's errors; psycopg_pool's timeout is an OperationalError too).
@@ -79,7 +94,7 @@ def committed_message(record: Any, chat_pk: Any, using: str) -> Any | None:
 
 
 def retried(
-    lease: Lease | None,
+    lease: Held | None,
     using: str,
     work: Callable[[], T],
     *,

@@ -32,7 +32,7 @@ from ..engine.estimates import CallEstimate
 from ..engine.rate_limiting import RateLimiter
 from ..engine.store import Superseded
 from ..messages import Message, ToolCall, ToolCallState
-from ..process.cancel_notices import listen_locally
+from ..process.cancel_notices import covers, listen_locally
 from ..rate_limits import fleet_limiter
 from ..tools import Tool
 from .chat_row import ChatRow, transcript_select
@@ -258,6 +258,10 @@ class DjangoStore(ChatStore):
         return self.edits.fork(at, open_call_result)
 
     # -- cancels and halts ---------------------------------------------------------------
+    def notices_cover(self, since: float) -> bool:
+        # A worker's step, heard by its process's Redis subscriber (``RedisCancelListener``).
+        return covers(self.cancel_notice, since)
+
     def cancel_requested_at(self) -> datetime | None:
         return self.stopping.cancel_requested_at()
 

@@ -56,9 +56,10 @@ def release_connection(using: str) -> None:
 
 def _check_unless_retrying(pool: Any) -> None:
     """With ``CONN_HEALTH_CHECKS`` the pool checks each connection it hands out (a round
-    trip). A step's writes after a wait are ``retried``: one on a connection the server
-    dropped is tried again on a new one, so the check is skipped for them (one round trip
-    fewer per step). Everything else, the claim included, is checked as before."""
+    trip). A step's claim and its writes after a wait run once more on a new connection when
+    the one handed out was dropped (``leases._claiming``, ``reconnect.retried``), so the
+    check is skipped for them (two round trips fewer per step). Everything else is checked
+    as before."""
     check = getattr(pool, "_check", None)
     if check is None or getattr(check, "agentloop_retrying", False):
         return

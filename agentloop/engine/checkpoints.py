@@ -10,12 +10,20 @@ from .store import ChatStore
 __all__ = ["Checkpoints"]
 
 
+#: how often a throttled checkpoint reads the flag while the store's notices cover the run
+#: (``ChatStore.notices_cover``): only a backstop then, for a notice lost in a way the
+#: subscription didn't notice.
+COVERED_INTERVAL = 5.0
+
+
 class Checkpoints:
     """Reads the store's cancel flag; throttled reads cost nothing between polls.
 
     Forced checks (start of a verb, around each tool) always read. Throttled ones
     (before the model request, between streamed chunks) read at most once per
-    ``interval`` seconds, so a fast stream does not cost a query per chunk.
+    ``interval`` seconds, so a fast stream does not cost a query per chunk; while the
+    store's notices cover the run (a worker's Redis subscription), at most once per
+    ``COVERED_INTERVAL``: a cancel sets the notice, and the next checkpoint reads at once.
     """
 
     def __init__(self, store: ChatStore, interval: float) -> None:
@@ -35,8 +43,12 @@ class Checkpoints:
         database's thread; otherwise the check costs nothing and is skipped)."""
         notice = self.store.cancel_notice
         # A notice (same process, or a Redis message) makes the next check read at once.
-        noticed = notice is not None and notice.is_set()
-        return noticed or time.monotonic() - self._last_read >= self.interval
+        if notice is not None and notice.is_set():
+            return True
+        elapsed = time.monotonic() - self._last_read
+        if elapsed < self.interval:
+            return False
+        return elapsed >= COVERED_INTERVAL or not self.store.notices_cover(self._last_read)
 
     def check(self, *, force: bool = True) -> None:
         """Raise :class:`CancelledError` if cancellation was requested."""

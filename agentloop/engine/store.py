@@ -361,6 +361,12 @@ class ChatStore(ABC):
     def cancel_requested_at(self) -> datetime | None:
         """When cancellation was requested, or None. Called at every checkpoint."""
 
+    def notices_cover(self, since: float) -> bool:
+        """Whether every cancel requested after ``since`` (``time.monotonic()``) is sure to
+        set ``cancel_notice`` (a subscription that has stood since then): throttled
+        checkpoints then needn't read the flag between forced ones. False: they poll."""
+        return False
+
     @abstractmethod
     def request_cancel(self) -> bool:
         """Ask the run, wherever it runs, to stop (one write); False (and nothing set) when no

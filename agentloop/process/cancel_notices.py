@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from contextlib import suppress
 from typing import Any
@@ -30,6 +31,7 @@ from .redis_client import chat_key, chat_name
 __all__ = [
     "RedisCancelListener",
     "Subscriber",
+    "covers",
     "listen_locally",
     "notify",
     "notify_many",
@@ -50,10 +52,25 @@ class _Notice(threading.Event):
     """A weak-referenceable Event; ``cancelling`` when a cancel (not only a halt) set it."""
 
     cancelling = False
+    #: the subscriber that hears this chat's cancels for it (``RedisCancelListener``), and
+    #: the monotonic time it started to.
+    heard_by: Subscriber | None = None
+    heard_since = float("inf")
 
     def clear(self) -> None:
         self.cancelling = False
         super().clear()
+
+    def covers(self, since: float) -> bool:
+        """Whether a cancel of its chat requested after ``since`` sets this notice: it was
+        registered with a subscriber by then, whose subscription has stood since."""
+        heard_by = self.heard_by
+        return heard_by is not None and self.heard_since <= since and heard_by.live_at(since)
+
+
+def covers(notice: threading.Event | None, since: float) -> bool:
+    """``notice.covers(since)`` for a notice of this module's (False for any other Event)."""
+    return isinstance(notice, _Notice) and notice.covers(since)
 
 
 def _wake(notices: list[Any], cancel: bool) -> None:
@@ -137,12 +154,18 @@ class RedisCancelListener:
             with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned to
                 _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
             try:
-                subscriber()
+                heard_by = subscriber()
             except Exception:
                 logger.warning("Cancel notices unavailable; polling only", exc_info=True)
+            else:
+                if isinstance(self.notice, _Notice):
+                    self.notice.heard_since = time.monotonic()
+                    self.notice.heard_by = heard_by
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if isinstance(self.notice, _Notice):
+            self.notice.heard_by = None  # the run is over: its checkpoints poll again
         return None  # the notice is held weakly: it goes with its run
 
 
@@ -153,6 +176,10 @@ class Subscriber:
     #: seconds between tries to reach Redis again after it went away (doubling up to 5 s).
     retry_first = 0.2
     retry_max = 5.0
+    #: seconds between PINGs on the subscription when no message comes; it counts as live
+    #: only while a PING's answer came within ``stale_after`` (a connection can die silently).
+    ping_every = 1.0
+    stale_after = 3.0
 
     def __init__(self, url: str, channel_prefix: str) -> None:
         import redis  # the optional "redis" extra: only sites that configure Redis need it
@@ -161,34 +188,62 @@ class Subscriber:
         self.pattern = _glob_escape(channel_prefix) + "*"
         # A client of its own, so CLIENT LIST names the connection and its process.
         self.client = redis.Redis.from_url(url, socket_keepalive=True, client_name=_client_name())
-        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub = self.client.pubsub()
         self.subscribed = threading.Event()
+        #: monotonic times: since when the subscription has stood (None: not now), and when
+        #: Redis last answered on it (a message, a confirmation or a PING's answer).
+        self.live_since: float | None = None
+        self.confirmed_at = float("-inf")
         self._stop = threading.Event()
         self.thread = threading.Thread(
             target=self._run, name="agentloop-cancel-notices", daemon=True
         )
         self.thread.start()
 
+    def live_at(self, since: float) -> bool:
+        """Whether the subscription has stood since ``since`` and Redis answered on it lately:
+        a cancel published after ``since`` reaches this process."""
+        live_since = self.live_since
+        return (
+            live_since is not None
+            and live_since <= since
+            and time.monotonic() - self.confirmed_at < self.stale_after
+        )
+
     def _run(self) -> None:
         delay = self.retry_first
+        pinged = time.monotonic()
         while not self._stop.is_set():
             try:
                 if not self.subscribed.is_set():
                     self.pubsub.psubscribe(self.pattern)
                     self.subscribed.set()
-                message = self.pubsub.get_message(timeout=1.0)
+                if time.monotonic() - pinged >= self.ping_every:
+                    pinged = time.monotonic()
+                    self.pubsub.ping()
+                message = self.pubsub.get_message(timeout=self.ping_every)
             except Exception:
+                # Not live from here: a cancel published meanwhile is missed (the flag is
+                # still read at the next poll, and checkpoints poll again until it's back).
+                self.live_since = None
                 if self._stop.is_set():
                     return
-                # Redis went away: reconnect (redis-py subscribes again on connect); missed
-                # notices cost nothing, the flag is still read at the next poll.
+                # Redis went away: reconnect (redis-py subscribes again on connect).
                 log = logger.warning if delay == self.retry_first else logger.debug
                 log("Cancel notices: Redis unreachable; retrying", exc_info=True)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.retry_max)
                 continue
             delay = self.retry_first
-            if message and message.get("type") == "pmessage":
+            if not message:
+                continue
+            kind = message.get("type")
+            now = time.monotonic()
+            if kind == "psubscribe":  # confirmed, the first time or after a reconnect
+                self.live_since = now
+            if self.live_since is not None:
+                self.confirmed_at = now
+            if kind == "pmessage":
                 self._deliver(message["channel"], message.get("data"))
 
     def _deliver(self, channel: bytes | str, data: Any) -> None:

@@ -5,7 +5,10 @@ Gives the connection back five times, reading ``pg_backend_pid()`` between (whic
 process each check-out got), then runs a streamed ``ask()`` whose provider records, at the
 start of the model call and after each chunk, whether this thread holds a connection and
 how many of the pool's connections are idle. Counts the connections the ask checked out
-and the pool's checks of them (``CONN_HEALTH_CHECKS``). Prints ``SUMMARY {json}``.
+and the pool's checks of them (``CONN_HEALTH_CHECKS``). Then terminates the server processes
+of every idle pooled connection (from a connection of its own, as a server restart or a
+pooler's idle timeout would) and asks again: the claim, handed a dropped connection
+unchecked, runs once more on a new one. Prints ``SUMMARY {json}``.
 """
 
 from __future__ import annotations
@@ -76,12 +79,33 @@ def main() -> None:
     checks, requests = len(checked), pool.get_stats()["requests_num"]
     answer = chat.ask("Hi", stream=lambda chunk: None)
     check_outs = pool.get_stats()["requests_num"] - requests
+    ask_checks = len(checked) - checks
+    during_ask = list(seen)
+
+    import psycopg
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as killer:
+        terminated = killer.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name = %s",
+            [params.get("application_name", "")],
+        ).fetchone()[0]
+    checks = len(checked)
+    again = chat.ask("Again", stream=lambda chunk: None)
     summary = {
         "pids": pids,
-        "during_ask": seen,
+        "during_ask": during_ask,
         "answer": answer.content,
         "check_outs": check_outs,
-        "checks": len(checked) - checks,
+        "checks": ask_checks,
+        "terminated": terminated,
+        "answer_after_termination": again.content,
+        "checks_after_termination": len(checked) - checks,
+        "messages": list(chat.messages.values_list("role", "content")),
     }
     print("SUMMARY " + json.dumps(summary), flush=True)
 
