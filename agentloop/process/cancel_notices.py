@@ -52,6 +52,8 @@ class _Notice(threading.Event):
     """A weak-referenceable Event; ``cancelling`` when a cancel (not only a halt) set it."""
 
     cancelling = False
+    #: the chat it is registered for in ``_local`` ("": none yet).
+    key = ""
     #: the subscriber that hears this chat's cancels for it (``RedisCancelListener``), and
     #: the monotonic time it started to.
     heard_by: Subscriber | None = None
@@ -92,8 +94,9 @@ def listen_locally(chat: Any) -> threading.Event:
     """An Event set whenever this chat is cancelled from this process."""
     notice = _Notice()
     if chat.pk is not None:
+        notice.key = chat_key(chat)
         with _lock:
-            _local.setdefault(chat_key(chat), weakref.WeakSet()).add(notice)
+            _local.setdefault(notice.key, weakref.WeakSet()).add(notice)
             _prune()
     return notice
 
@@ -151,8 +154,9 @@ class RedisCancelListener:
 
     def __enter__(self) -> RedisCancelListener:
         if redis_client.redis_url():
-            with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned to
-                _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
+            if getattr(self.notice, "key", None) != self.key:  # else listen_locally did it
+                with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned
+                    _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
             try:
                 heard_by = subscriber()
             except Exception:
@@ -295,6 +299,9 @@ def subscriber() -> Subscriber:
     if url is None:
         raise ValueError("AGENTLOOP['REDIS_URL'] is not set")
     channel_prefix = _channel("")
+    found = _subscribers.get((url, channel_prefix))  # every step asks: no lock once it's there
+    if found is not None:
+        return found
     with _lock:
         found = _subscribers.get((url, channel_prefix))
         if found is None:

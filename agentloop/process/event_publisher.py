@@ -32,6 +32,10 @@ logger = logging.getLogger("agentloop.events")
 
 #: most events sent in one pipeline.
 BATCH = 500
+#: seconds the sender waits after the first event of a batch, so a burst (the chunks of many
+#: steps at once) goes in one pipeline: a pipeline of one event costs about four times the
+#: CPU per event of one of ten (redis-py), and a page sees its text 2 ms later.
+LINGER = 0.002
 #: seconds between two warnings about dropped events.
 WARN_EVERY = 60.0
 
@@ -126,6 +130,8 @@ class Publisher:
             with self._condition:
                 while not self._events:
                     self._condition.wait()
+            time.sleep(LINGER)
+            with self._condition:
                 batch = [self._events.popleft() for _ in range(min(BATCH, len(self._events)))]
                 for event in batch:
                     self._forget(event)

@@ -36,7 +36,7 @@ from .catalog import price_of
 from .common import with_parsed_json
 from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
 from .errors import error_for_status, redact, status_of_error
-from .lanes import Lanes, read_to_the_end
+from .lanes import Lanes, read_to_the_end, tls_context
 from .response_cap import cap_response
 
 __all__ = ["HTTPProvider", "StreamDecoder", "StreamParser"]
@@ -177,6 +177,7 @@ class HTTPProvider(Provider):
                     transport=self._transport,
                     limits=self._limits(),
                     proxy=self.proxy(),
+                    verify=tls_context(),
                 )
             return self._client
 
@@ -228,6 +229,7 @@ class HTTPProvider(Provider):
             timeout=self._timeout_setting(),
             transport=transport if isinstance(transport, httpx.AsyncBaseTransport) else None,
             proxy=self.proxy(),
+            verify=tls_context(),
         )
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ lane (or makes one) and gives it back, so the work per call is the same at any c
 At most ``size`` lanes are out at once (``PROVIDERS[name]["max_connections"]``): a call past
 that waits for one, as long as the pool timeout allows, then fails with ``httpx.PoolTimeout``
 like httpx's own pool. ``keep`` idle lanes stay, their connections alive for the next calls;
-the lanes share one TLS context (loading the CA bundle once).
+every client shares the process's TLS context (``tls_context``: the CA bundle loaded once).
 """
 
 from __future__ import annotations
@@ -23,11 +23,27 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Lanes", "read_to_the_end"]
+__all__ = ["Lanes", "read_to_the_end", "tls_context"]
 
 #: What a stream may still send after the answer's last event before the connection is
 #: dropped rather than read on (normally nothing: the body's end).
 _EVENTS_AFTER_THE_ANSWER = 16
+
+
+_tls: Any = None
+_tls_lock = threading.Lock()
+
+
+def tls_context() -> Any:
+    """This process's TLS context for provider clients, made on first use: reading the CA
+    bundle costs about 30 ms of CPU, once rather than for every client (an async model
+    call makes one)."""
+    global _tls
+    if _tls is None:
+        with _tls_lock:
+            if _tls is None:
+                _tls = httpx.create_ssl_context()
+    return _tls
 
 
 class Lanes:
@@ -38,7 +54,7 @@ class Lanes:
         self._client = {
             **client,
             "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            "verify": httpx.create_ssl_context(),  # the CA bundle, read once for every lane
+            "verify": tls_context(),  # the CA bundle, read once for every lane
         }
         self._keep = limits.max_keepalive_connections or 0
         self._free = threading.BoundedSemaphore(limits.max_connections or 100)

@@ -110,3 +110,35 @@ def test_idle_lanes_beyond_the_keep_alive_count_are_closed(settings, slow):
         assert slow.connections == 30  # 20 lanes kept their connections; 5 were made again
     finally:
         provider.close()
+
+
+def test_every_client_shares_one_tls_context_and_async_calls_make_none(settings, monkeypatch):
+    """Reading the CA bundle costs about 30 ms of CPU: once per process, not once per lane or
+    per async model call (each makes a client of its own)."""
+    import asyncio
+    import ssl
+
+    from agentloop.providers import lanes
+
+    loads: list[Any] = []
+    load = ssl.SSLContext.load_verify_locations
+
+    def counted(context: ssl.SSLContext, *args: Any, **kwargs: Any) -> Any:
+        loads.append(context)
+        return load(context, *args, **kwargs)
+
+    monkeypatch.setattr(lanes, "_tls", None)
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
+    with serving(_Slow(pause=0)) as server:
+        provider = _provider(settings, server)
+        try:
+
+            async def three() -> list[str]:
+                return [(await provider.arequest(request)).content for _ in range(3)]
+
+            assert asyncio.run(three()) == ["ok"] * 3
+            assert _calls_at_once(provider, 3) == ["ok"] * 3
+        finally:
+            provider.close()
+    assert loads == [lanes.tls_context()]  # the CA bundle, read once
