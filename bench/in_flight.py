@@ -1,7 +1,8 @@
 """Chats in flight: N chats waiting on a slow model at once in one ``celery worker``.
 
     python bench/in_flight.py --pool threads --concurrency 100 --chats 300 [--latency 1]
-    python bench/in_flight.py --matrix [--json out.json]
+    python bench/in_flight.py --matrix [--json out.json] [--broker amqp]
+    python bench/in_flight.py --pool gevent --concurrency 150 --workers 2 --chats 900
     python bench/in_flight.py --reconnect-cost
 
 A fake OpenAI-compatible server (bench/fake_openai.py: real HTTP, SSE, ``--latency`` seconds
@@ -9,7 +10,8 @@ per call) answers every chat the same way: it asks for the ``lookup`` tool, the 
 once), it answers "answer: <the tool's result>". So each chat is three jobs (model, tool,
 model) and two model calls. The ``--chats`` chats are created first, then enqueued at once;
 the wall time runs from the first publish to the last chat settled, against the
-latency-bound ideal ``ceil(N / C) x 2 x latency`` (C: the worker's concurrency).
+latency-bound ideal ``ceil(N / C) x 2 x latency`` (C: the worker's concurrency; with
+``--workers W``, W worker processes on one queue, say one per core, C is W times it).
 
 Sampled every 50 ms while they run: the worker's PostgreSQL backends (``pg_stat_activity``,
 by the worker's ``application_name``) and its resident memory (all its processes); every
@@ -129,6 +131,11 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+def process_trees(roots: list[int]) -> list[int]:
+    """Each of ``roots`` and its descendants."""
+    return [pid for root in roots for pid in process_tree(root)]
+
+
 def rss_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -196,6 +203,7 @@ def run(
     celery_defaults: bool = False,
     floor: bool = True,
     broker: str = "redis",
+    processes: int = 1,
 ) -> dict[str, Any]:
     from bench.fake_openai import FakeOpenAI
     from bench.workers import DEFAULT_AMQP_URL, setup, workers
@@ -225,27 +233,31 @@ def run(
         if db_pool_size:
             pool_options = {"min_size": min(2, db_pool_size), "max_size": db_pool_size}
             env["BENCH_DB_POOL"] = json.dumps({**pool_options, "timeout": 120})
-        worker: dict[str, Any] = {}
-        keep = lambda process: worker.update(process=process)  # noqa: E731
-        with workers(concurrency, agentloop, env=env, pool=pool, started=keep):
-            root = worker["process"].pid
+        started_workers: list[Any] = []
+        with workers(
+            concurrency, agentloop, env=env, pool=pool, started=started_workers.append,
+            processes=processes,
+        ):  # fmt: skip
+            roots = [process.pid for process in started_workers]
             # A warm-up at no latency: imports, the pool's connections, prepared statements.
             fake.latency = 0
-            _settle(_enqueue(Chat, min(concurrency, 20), "warm"), Chat, 120)
+            _settle(_enqueue(Chat, min(concurrency * processes, 20 * processes), "warm"), Chat, 120)
             Usage.objects.all().delete()
             Chat.objects.all().delete()
             fake.latency = latency
             fake.requests = fake.peak = 0
-            pids = process_tree(root)
+            pids = process_trees(roots)
             cpu_before = cpu_seconds(pids)
             peaks = {"backends": 0, "redis": 0, "rss": 0}
             pks = _create(Chat, chats)
             started = time.monotonic()
             _publish(Chat, pks)
             ticks = 0
-            deadline = started + max(120.0, 20 * math.ceil(chats / concurrency) * 2 * latency)
+            deadline = started + max(
+                120.0, 20 * math.ceil(chats / (concurrency * processes)) * 2 * latency
+            )
             while True:
-                pids = process_tree(root)
+                pids = process_trees(roots)
                 with connection.cursor() as cursor:
                     cursor.execute(
                         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
@@ -268,11 +280,11 @@ def run(
                     sys.exit(f"{len(pks) - idle} chats unfinished at the deadline")
                 time.sleep(TICK)
             wall = time.monotonic() - started
-            cpu = cpu_seconds(process_tree(root)) - cpu_before
-            processes = len(process_tree(root))
-            measured = _floor(chats, latency, root, max(120.0, 4 * wall)) if floor else None
+            cpu = cpu_seconds(process_trees(roots)) - cpu_before
+            worker_processes = len(process_trees(roots))
+            measured = _floor(chats, latency, roots, max(120.0, 4 * wall)) if floor else None
         exact = _check(Chat, pks)
-    ideal = math.ceil(chats / concurrency) * 2 * latency
+    ideal = math.ceil(chats / (concurrency * processes)) * 2 * latency
     floor_figures: dict[str, Any] = {}
     if floor:
         floor_wall, floor_cpu = measured or (None, None)
@@ -286,6 +298,7 @@ def run(
         "pool": pool,
         "broker": broker,
         "concurrency": concurrency,
+        "workers": processes,
         "chats": chats,
         "latency_s": latency,
         "db_pool_size": db_pool_size,
@@ -298,15 +311,18 @@ def run(
         "model_calls": fake.requests,
         "peak_model_calls_at_once": fake.peak,
         "peak_pg_backends": peaks["backends"],
-        "peak_redis_connections": peaks["redis"],
-        "worker_processes": processes,
+        "peak_redis_connections": peaks["redis"],  # all the workers' together
+        "redis_connections_per_worker": round(peaks["redis"] / processes, 1),
+        "worker_processes": worker_processes,
         "peak_rss_mib": round(peaks["rss"] / 2**20, 1),
         "cpu_ms_per_step": round(1000 * cpu / (3 * chats), 2),
         **floor_figures,
     }
 
 
-def _floor(chats: int, latency: float, root: int, timeout: float) -> tuple[float, float] | None:
+def _floor(
+    chats: int, latency: float, roots: list[int], timeout: float
+) -> tuple[float, float] | None:
     """The Celery floor in the same worker, after agentloop's run: ``chats`` chains of
     ``bench.paced_hop`` (a chat's three jobs, two of them waiting ``latency``, nothing of
     agentloop's), all published at once. Wall seconds from the first publish to the last
@@ -314,7 +330,7 @@ def _floor(chats: int, latency: float, root: int, timeout: float) -> tuple[float
     from bench.celery_app import paced_hop
 
     with tempfile.TemporaryDirectory() as finish_dir:
-        pids = process_tree(root)
+        pids = process_trees(roots)
         cpu_before = cpu_seconds(pids)
         started = time.monotonic()
         for chain in range(chats):
@@ -325,7 +341,7 @@ def _floor(chats: int, latency: float, root: int, timeout: float) -> tuple[float
                 return None
             time.sleep(TICK)
         wall = time.monotonic() - started
-        return wall, cpu_seconds(process_tree(root)) - cpu_before
+        return wall, cpu_seconds(process_trees(roots)) - cpu_before
 
 
 def _create(chat_model: Any, count: int, label: str = "q") -> list[int]:
@@ -513,6 +529,10 @@ def main() -> None:
     parser.add_argument("--pool", default="threads", choices=["prefork", "threads", "gevent"])
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--chats", type=int, default=300)
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="worker processes on one queue, each of --concurrency (one per core: the host)",
+    )  # fmt: skip
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--db-pool-size", type=int, default=10, help="per worker process")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
@@ -568,7 +588,7 @@ def main() -> None:
                 ] + (["--no-redis-events"] if args.no_redis_events else []) + (
                     ["--celery-defaults"] if args.celery_defaults else []
                 ) + (["--no-floor"] if args.no_floor else []) + [
-                    "--broker", args.broker
+                    "--broker", args.broker, "--workers", str(args.workers),
                 ]  # fmt: skip
                 subprocess.run(command, check=True)  # noqa: S603 - our own script
                 rows.extend(json.loads(Path(out.name).read_text()))
@@ -585,6 +605,7 @@ def main() -> None:
                 args.celery_defaults,
                 not args.no_floor,
                 args.broker,
+                args.workers,
             )
         )
         print(json.dumps(rows[-1]), flush=True)

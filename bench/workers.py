@@ -136,47 +136,55 @@ def workers(
     env: dict[str, str] | None = None,
     pool: str = "prefork",
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    processes: int = 1,
 ) -> Iterator[str]:
-    """One ``celery worker`` with ``concurrency`` processes (threads, greenlets: ``pool``) on a
-    fresh queue (yielded); ``started`` is given its process once it consumes."""
+    """``processes`` ``celery worker``s (one by default) with ``concurrency`` processes
+    (threads, greenlets: ``pool``) each, on one fresh queue (yielded); ``started`` is given
+    each worker's process once it consumes."""
     queue = f"agentloop-bench-{uuid.uuid4().hex[:8]}"
-    # A plain `kill` of the benchmark must stop its worker too (the finally below).
+    # A plain `kill` of the benchmark must stop its workers too (the finally below).
     signal.signal(signal.SIGTERM, lambda *args: sys.exit("terminated"))
     with tempfile.TemporaryDirectory() as tmp:
-        ready = Path(tmp) / "ready"
-        log = Path(tmp) / "worker.log"
-        process_env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "BENCH_QUEUE": queue,
-            "BENCH_WORKER_READY": str(ready),
-            "BENCH_AGENTLOOP": json.dumps(agentloop),
-            **(env or {}),
-        }
-        command = [
-            sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-            f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=WARNING",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{queue}@%h", "-Q", queue,
-        ]  # fmt: skip
-        with log.open("w") as output:
-            process = subprocess.Popen(  # noqa: S603
-                command, env=process_env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
+        running: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
         try:
+            for number in range(processes):
+                ready, log = Path(tmp) / f"ready-{number}", Path(tmp) / f"worker-{number}.log"
+                process_env = {
+                    **os.environ,
+                    "PYTHONPATH": str(ROOT),
+                    "BENCH_QUEUE": queue,
+                    "BENCH_WORKER_READY": str(ready),
+                    "BENCH_AGENTLOOP": json.dumps(agentloop),
+                    **(env or {}),
+                }
+                command = [
+                    sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
+                    f"--concurrency={concurrency}", f"--pool={pool}", "--loglevel=WARNING",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat",
+                    "-n", f"{queue}-{number}@%h", "-Q", queue,
+                ]  # fmt: skip
+                with log.open("w") as output:
+                    process = subprocess.Popen(  # noqa: S603
+                        command, env=process_env, cwd=ROOT, stdout=output,
+                        stderr=subprocess.STDOUT, start_new_session=True,
+                    )  # fmt: skip
+                running.append((process, ready, log))
             deadline = time.monotonic() + 60
-            while not ready.exists():
-                if process.poll() is not None or time.monotonic() > deadline:
-                    sys.exit(f"The Celery worker did not start:\n{log.read_text()}")
-                time.sleep(0.05)
+            for process, ready, log in running:
+                while not ready.exists():
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        sys.exit(f"The Celery worker did not start:\n{log.read_text()}")
+                    time.sleep(0.05)
             use_queue(queue)
             if started is not None:
-                started(process)
+                for process, _, _ in running:
+                    started(process)
             yield queue
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+            for process, _, _ in running:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+            for process, _, _ in running:
                 try:
                     process.wait(timeout=30)
                 except subprocess.TimeoutExpired:

@@ -160,6 +160,24 @@ def test_in_flight_answers_every_chat_within_the_workers_pool(
     assert row["cpu_ms_per_step"] > 0
 
 
+def test_in_flight_runs_several_worker_processes_on_one_queue(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "in_flight_workers.json"
+    run(
+        "in_flight.py", "--pool=threads", "--concurrency=2", "--workers=2", "--chats=6",
+        "--latency=0.3", "--db-pool-size=2", "--no-floor", f"--database-url={bench_database}",
+        f"--json={out}",
+    )  # fmt: skip
+
+    [row] = json.loads(out.read_text())
+    assert row["answered_exactly"] is True
+    assert row["workers"] == row["worker_processes"] == 2
+    assert row["ideal_s"] == 2 * 0.6  # 6 chats over 2 x 2 in flight: two rounds
+    assert row["model_calls"] == 12
+    assert 0 < row["peak_pg_backends"] <= 4  # a pool of 2 in each
+
+
 def test_bulk_control_runs_every_verb_in_batches(bench_database: str, tmp_path: Path) -> None:
     out = tmp_path / "bulk_control.json"
     run(
