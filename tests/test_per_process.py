@@ -25,7 +25,7 @@ from agentloop.process.cancel_notices import RedisCancelListener, covers, listen
 from agentloop.process.event_publisher import publisher
 from agentloop.testing import stream
 from tests.helpers import wait_until
-from tests.processes import start_script, summary
+from tests.processes import run_script, start_script, summary
 from tests.redis_server import RedisServer, private_redis
 
 #: generous bound of every wait (a loaded 2-core machine).
@@ -187,9 +187,12 @@ def test_a_notice_covers_its_run_only_while_the_subscription_stands(on_private_r
     assert not covers(notice, time.monotonic())  # the run is over: its checkpoints poll
 
 
-def _flag_reads(chat: Chat, redis_url: str | None, settings: Any) -> tuple[str, int]:
-    """One background step of ``chat`` streaming 12 chunks 50 ms apart, with throttled
-    checkpoints due every 20 ms: its action and how many times it read the cancel flag."""
+def _flag_reads(
+    chat: Chat, redis_url: str | None, settings: Any, *, in_process: bool = False
+) -> tuple[str, int]:
+    """One step of ``chat`` streaming 12 chunks 50 ms apart, with throttled checkpoints due
+    every 20 ms (a background job, or ``ask()`` in this process as a view runs it): how it
+    ended and how many times it read the cancel flag."""
     from django.test.utils import CaptureQueriesContext
 
     from agentloop.runners import run_step
@@ -199,36 +202,86 @@ def _flag_reads(chat: Chat, redis_url: str | None, settings: Any) -> tuple[str, 
     if redis_url is not None:
         agentloop |= {"REDIS_URL": redis_url, "REDIS_PREFIX": "perprocess"}
     settings.AGENTLOOP = agentloop
-    chat.ask_later("stream:12:0.05 hi")
-    Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() leaves it
     if redis_url is not None:
         _cancel_notices.subscriber()
         wait_until(
             lambda: _cancel_notices.subscriber().live_at(time.monotonic()), "the subscription"
         )
     with CaptureQueriesContext(connections["default"]) as queries:
-        action = run_step(chat.pk).action
+        if in_process:
+            action = chat.ask("stream:12:0.05 hi", stream=lambda chunk: None).status
+        else:
+            chat.ask_later("stream:12:0.05 hi")
+            Chat.objects.filter(pk=chat.pk).update(state="queued")  # as complete_later() does
+            action = run_step(chat.pk).action
     reads = [q for q in queries if "halt_reason" in q["sql"] and q["sql"].startswith("SELECT")]
     return action, len(reads)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_step_heard_by_a_live_subscription_reads_the_flag_at_forced_checkpoints_only(
-    redis_server, settings, user
+@pytest.mark.parametrize("in_process", [False, True], ids=["job", "ask"])
+def test_a_verb_heard_by_a_live_subscription_reads_the_flag_at_forced_checkpoints_only(
+    redis_server, settings, user, in_process
 ):
     """Throttled checkpoints between streamed chunks read the cancel flag (a pool check-out
-    and a query each, 0.02 s apart here) unless the process's subscription covers the step:
-    then a cancel would set its notice, and they read nothing."""
+    and a query each, 0.02 s apart here) unless the process's subscription hears the verb's
+    chat, a worker's step or a web request's ``ask()``: then a cancel would set its notice,
+    and they read nothing."""
     polled = Chat.objects.create(model="rules:test", owner=user)
     covered = Chat.objects.create(model="rules:test", owner=user)
     try:
-        action, polls = _flag_reads(polled, None, settings)
-        covered_action, covered_polls = _flag_reads(covered, redis_server.url(), settings)
+        ended, polls = _flag_reads(polled, None, settings, in_process=in_process)
+        covered_ended, covered_polls = _flag_reads(
+            covered, redis_server.url(), settings, in_process=in_process
+        )
     finally:
         _cancel_notices.stop_subscribers()
-    assert action == covered_action == "done"
+    assert ended == covered_ended == ("complete" if in_process else "done")
     assert polls >= 5  # a read per 50 ms chunk, the throttle's 20 ms having passed
     assert covered_polls == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_from_another_process_stops_an_ask_in_this_one_at_once(
+    on_private_redis, settings, user
+):
+    """A web request's streamed ``ask()`` hears a cancel made in another process (a Redis
+    message) and stops at the next chunk: the flag is polled only every 600 s here, and the
+    heartbeat, which reads it too, renews the lease every 200 s."""
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "CANCEL_POLL_INTERVAL": 600, "LEASE_SECONDS": 600}
+    chat = Chat.objects.create(model="rules:test", owner=user)
+    outcome: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            # Two minutes, streamed to the page, unless a cancel stops it.
+            chat.ask("stream:2400:0.05 long", stream=lambda chunk: None)
+        except Exception as exc:  # noqa: BLE001 - the outcome is the test's to judge
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        wait_until(
+            lambda: chat.messages.filter(role="assistant", status="partial").exists(),
+            "the answer to stream",
+        )
+        remote = {"REDIS_URL": on_private_redis.url(), "REDIS_PREFIX": "perprocess"}
+        done = run_script(
+            "cancel_chat.py", chat.pk, env={"AGENTLOOP_TEST_SETTINGS": json.dumps(remote)}
+        )
+        asking.join(DEADLINE)
+        stopped = not asking.is_alive()
+    finally:
+        if asking.is_alive():  # don't leave it streaming for two minutes
+            Chat.objects.get(pk=chat.pk).cancel()
+            asking.join(DEADLINE)
+    assert summary(done.stdout) == {"cancelled": True}, done.stderr
+    assert stopped  # by the other process's cancel, not by this test's own
+    assert type(outcome.get("error")).__name__ == "CancelledError"
+    assert chat.usage_records.get().status == "cancelled"
 
 
 # -- one bounded event publisher per process -------------------------------------------------

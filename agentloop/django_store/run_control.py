@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
+from ..process.cancel_notices import hear, stop_hearing
 from .chat_row import ChatRow
 from .config import Config
 from .leases import UNREAD, Lease, attnames, claim_row, heartbeats, renewal
@@ -142,6 +143,8 @@ class RunControl:
         self._flag = self.row.chat.cancel_requested_at
         lease.notice = self.cancel_notice
         heartbeats.start(lease)
+        if self.cancel_notice is not None:
+            hear(self.row.chat, self.cancel_notice)  # a cancel from anywhere sets the notice
 
     def _refresh(self, values: Any) -> None:
         """The chat as the claim read it: changes made by other processes are seen."""
@@ -379,6 +382,7 @@ class RunControl:
     def _forget_lease(self) -> None:
         if self.lease is not None:
             self.lease.forget()
+            stop_hearing(self.cancel_notice)
         self.lease, self._depth = None, 0
         self._flag = UNREAD  # a flag read for this verb says nothing to the next
 

@@ -259,7 +259,7 @@ class DjangoStore(ChatStore):
 
     # -- cancels and halts ---------------------------------------------------------------
     def notices_cover(self, since: float) -> bool:
-        # A worker's step, heard by its process's Redis subscriber (``RedisCancelListener``).
+        # A verb heard by its process's Redis subscriber from its claim on (``hear``).
         return covers(self.cancel_notice, since)
 
     def cancel_requested_at(self) -> datetime | None:

@@ -32,9 +32,11 @@ __all__ = [
     "RedisCancelListener",
     "Subscriber",
     "covers",
+    "hear",
     "listen_locally",
     "notify",
     "notify_many",
+    "stop_hearing",
     "stop_subscribers",
     "subscriber",
 ]
@@ -54,8 +56,8 @@ class _Notice(threading.Event):
     cancelling = False
     #: the chat it is registered for in ``_local`` ("": none yet).
     key = ""
-    #: the subscriber that hears this chat's cancels for it (``RedisCancelListener``), and
-    #: the monotonic time it started to.
+    #: the subscriber that hears this chat's cancels for it (``hear``), and the monotonic
+    #: time it started to.
     heard_by: Subscriber | None = None
     heard_since = float("inf")
 
@@ -143,34 +145,50 @@ def notify_many(chat_model: Any, pks: list[Any], *, halt: bool = False) -> None:
             )
 
 
+def hear(chat: Any, notice: threading.Event) -> None:
+    """While this process runs a verb of ``chat`` (from its claim to its release), have the
+    process's one subscriber hear the chat's cancels and set ``notice``: with
+    ``AGENTLOOP["REDIS_URL"]`` set, in a worker and in a web process alike (no connection or
+    thread of its own). Until ``stop_hearing``, the notice covers the run (``covers``)."""
+    if not redis_client.redis_url():
+        return
+    key = chat_key(chat)
+    if getattr(notice, "key", None) != key:  # else listen_locally registered it already
+        with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned to
+            _local.setdefault(key, weakref.WeakSet()).add(notice)
+    try:
+        heard_by = subscriber()
+    except Exception:
+        logger.warning("Cancel notices unavailable; polling only", exc_info=True)
+        return
+    if isinstance(notice, _Notice):
+        notice.heard_since = time.monotonic()
+        notice.heard_by = heard_by
+
+
+def stop_hearing(notice: threading.Event | None) -> None:
+    """The verb ``hear`` was for is over: its notice covers nothing more (the next verb's
+    checkpoints poll until it hears again)."""
+    if isinstance(notice, _Notice):
+        notice.heard_by = None
+
+
 class RedisCancelListener:
-    """While a worker runs a step, makes sure this process's one subscriber hears cancels of
-    its chat and sets ``notice`` (no connection or thread of its own)."""
+    """``hear`` and ``stop_hearing`` around a block: while it runs, this process's one
+    subscriber hears cancels of ``chat`` and sets ``notice``."""
 
     def __init__(self, chat: Any, notice: threading.Event) -> None:
+        self.chat = chat
         self.key = chat_key(chat)
         self.channel = _channel(self.key)
         self.notice = notice
 
     def __enter__(self) -> RedisCancelListener:
-        if redis_client.redis_url():
-            if getattr(self.notice, "key", None) != self.key:  # else listen_locally did it
-                with _lock, suppress(TypeError):  # a plain Event can't be held weakly: not fanned
-                    _local.setdefault(self.key, weakref.WeakSet()).add(self.notice)
-            try:
-                heard_by = subscriber()
-            except Exception:
-                logger.warning("Cancel notices unavailable; polling only", exc_info=True)
-            else:
-                if isinstance(self.notice, _Notice):
-                    self.notice.heard_since = time.monotonic()
-                    self.notice.heard_by = heard_by
+        hear(self.chat, self.notice)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if isinstance(self.notice, _Notice):
-            self.notice.heard_by = None  # the run is over: its checkpoints poll again
-        return None  # the notice is held weakly: it goes with its run
+        stop_hearing(self.notice)
 
 
 class Subscriber:

@@ -24,7 +24,6 @@ from ..django_store.store import transcript_select
 from ..engine.retries import backoff
 from ..events import publish_chunk
 from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError
-from ..process.cancel_notices import RedisCancelListener
 from .base import Job
 from .sending import send
 
@@ -157,8 +156,8 @@ def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
     """What the step's end means for the job (the store recorded it on the chat)."""
     chat_id = chat.pk
     try:
-        with RedisCancelListener(chat, store.cancel_notice):
-            result = conversation.advance(stream=_publisher(chat))
+        # The store hears the chat's cancels from its claim on (``cancel_notices.hear``).
+        result = conversation.advance(stream=_publisher(chat))
     except LeaseLostError:
         if store.last_release is not None and store.last_release.state == "unreachable":
             logger.warning("Chat %s: the database could not be reached in time; the step "
