@@ -13,9 +13,9 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
@@ -219,18 +219,20 @@ class HTTPProvider(Provider):
             )
         return httpx.Limits(max_connections=size, max_keepalive_connections=size)
 
-    def _async_client(self) -> httpx.AsyncClient:
-        """A client for one async request. An AsyncClient belongs to the event loop it
-        first ran on, and a provider serves many loops (each ``async_to_sync`` call, each
-        test): one per request, closed with it, is always right."""
-        transport = self._transport
-        return httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=self._timeout_setting(),
-            transport=transport if isinstance(transport, httpx.AsyncBaseTransport) else None,
-            proxy=self.proxy(),
-            verify=tls_context(),
-        )
+    @asynccontextmanager
+    async def _async_calling(self) -> AsyncIterator[httpx.AsyncClient]:
+        """``_calling`` for an async call (a caller's transport is async here: ``arequest``)."""
+        lanes = self._call_lanes()
+        if lanes is not None:
+            async with lanes.alane() as client:
+                yield client
+            return
+        transport = cast(httpx.AsyncBaseTransport, self._transport)
+        async with httpx.AsyncClient(
+            base_url=self.base_url, timeout=self._timeout_setting(), transport=transport,
+            proxy=self.proxy(), verify=tls_context(),
+        ) as client:  # fmt: skip
+            yield client
 
     def close(self) -> None:
         """Close the HTTP clients (new ones are made if the provider is used again)."""
@@ -407,7 +409,7 @@ class HTTPProvider(Provider):
     ) -> ModelResponse:
         post = self._post(request, on_chunk is not None)
         with self._translate_errors():
-            async with self._async_client() as client:
+            async with self._async_calling() as client:
                 if on_chunk is None:
                     async with client.stream("POST", **post) as response:
                         cap_response(response, self.name)

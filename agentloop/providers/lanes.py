@@ -11,13 +11,16 @@ At most ``size`` lanes are out at once (``PROVIDERS[name]["max_connections"]``):
 that waits for one, as long as the pool timeout allows, then fails with ``httpx.PoolTimeout``
 like httpx's own pool. ``keep`` idle lanes stay, their connections alive for the next calls;
 every client shares the process's TLS context (``tls_context``: the CA bundle loaded once).
+Async calls take lanes of their event loop (``alane``), kept until the loop shuts down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from itertools import islice
 from typing import Any
 
@@ -60,6 +63,12 @@ class Lanes:
         self._free = threading.BoundedSemaphore(limits.max_connections or 100)
         self._lock = threading.Lock()
         self._idle: list[httpx.Client] = []
+        # Async lanes: an AsyncClient belongs to the loop it first ran on, so idle ones are
+        # kept per loop, and closed as the loop shuts down its async generators (``keepers``).
+        self._async_idle: weakref.WeakKeyDictionary[Any, list[httpx.AsyncClient]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._keepers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     @contextmanager
     def lane(self, wait: float | None) -> Iterator[httpx.Client]:
@@ -79,6 +88,30 @@ class Lanes:
         finally:
             self._free.release()
 
+    @asynccontextmanager
+    async def alane(self) -> AsyncIterator[httpx.AsyncClient]:
+        """``lane`` for an async call, from the running loop's own lanes; up to ``keep`` idle
+        ones per loop stay open until it shuts down (``asyncio.run``, asgiref's
+        ``async_to_sync`` and ASGI servers do as they end)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            idle = self._async_idle.get(loop)
+            if new_loop := idle is None:
+                idle = self._async_idle[loop] = []
+        if new_loop:
+            keeper = _closing_at_shutdown(idle)  # the loop's shutdown closes what it kept
+            await keeper.__anext__()
+            with self._lock:
+                self._keepers[loop] = keeper  # held: a collected one would close them now
+        client = idle.pop() if idle else httpx.AsyncClient(**self._client)
+        try:
+            yield client
+        finally:
+            if not client.is_closed and len(idle) < self._keep:
+                idle.append(client)
+            else:
+                await client.aclose()
+
     def _give_back(self, client: httpx.Client) -> None:
         with self._lock:
             if not client.is_closed and len(self._idle) < self._keep:
@@ -87,12 +120,22 @@ class Lanes:
         client.close()
 
     def close(self) -> None:
-        """Close the idle lanes (the ones out close as they come back)."""
+        """Close the idle lanes (the ones out close as they come back; async ones kept by a
+        loop close with it)."""
         with self._lock:
             idle, self._idle = self._idle, []
             self._keep = 0
         for client in idle:
             client.close()
+
+
+async def _closing_at_shutdown(idle: list[httpx.AsyncClient]) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        clients, idle[:] = list(idle), []
+        for client in clients:
+            await client.aclose()
 
 
 def read_to_the_end(events: Iterator[Any]) -> None:

@@ -1,6 +1,7 @@
 """Local HTTP/1.1 servers for the provider tests that need a real connection (keep-alive,
 no Nagle delay, as the APIs' servers): :class:`CountingServer` counts the TCP connections
-it accepts; :func:`serving` runs one on a thread for the length of a block."""
+it accepts and those closed; :func:`serving` runs one on a thread for the length of a
+block."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ S = TypeVar("S", bound="CountingServer")
 
 
 class CountingServer(ThreadingHTTPServer):
-    """Serves ``handler`` on a free port of 127.0.0.1; ``connections`` accepted so far."""
+    """Serves ``handler`` on a free port of 127.0.0.1; ``connections`` accepted so far, and
+    ``closed``: those whose client has gone (its handler returned)."""
 
     daemon_threads = True
     request_queue_size = 128  # many calls may connect at once
@@ -23,6 +25,7 @@ class CountingServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), handler)
         self.lock = threading.Lock()
         self.connections = 0
+        self.closed = 0
 
     @property
     def url(self) -> str:
@@ -32,6 +35,11 @@ class CountingServer(ThreadingHTTPServer):
         with self.lock:
             self.connections += 1
         super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        with self.lock:
+            self.closed += 1
 
 
 class KeepAliveHandler(BaseHTTPRequestHandler):

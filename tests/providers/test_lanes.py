@@ -142,3 +142,30 @@ def test_every_client_shares_one_tls_context_and_async_calls_make_none(settings,
         finally:
             provider.close()
     assert loads == [lanes.tls_context()]  # the CA bundle, read once
+
+
+def test_async_calls_on_one_loop_keep_their_connections_until_the_loop_ends(settings):
+    """An AsyncClient belongs to its loop: each loop's calls share its kept connections (a
+    TCP and TLS handshake per call otherwise), which close as the loop shuts down."""
+    import asyncio
+
+    from tests.helpers import wait_until
+
+    request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
+    with serving(_Slow(pause=0.05)) as server:
+        provider = _provider(settings, server)
+
+        async def calls() -> list[str]:
+            at_once = await asyncio.gather(*(provider.arequest(request) for _ in range(3)))
+            one_by_one = [await provider.arequest(request) for _ in range(4)]
+            return [answer.content for answer in (*at_once, *one_by_one)]
+
+        try:
+            assert asyncio.run(calls()) == ["ok"] * 7
+            assert server.connections == 3  # three at once; the four after took them again
+            wait_until(lambda: server.closed == 3, "the loop's connections to close with it")
+            assert asyncio.run(calls()) == ["ok"] * 7  # a new loop: connections of its own
+            assert server.connections == 6
+            wait_until(lambda: server.closed == 6, "the second loop's connections to close")
+        finally:
+            provider.close()
