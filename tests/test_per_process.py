@@ -373,6 +373,66 @@ def test_a_full_queue_drops_chunks_before_messages(on_private_redis, chat, setti
     assert kinds.count("tool_call_delta") < 10  # in flight at the pause, and the queue's
 
 
+def test_events_discarded_while_the_sender_lingers_leave_it_sending(monkeypatch):
+    """A chat deleted in the 2 ms the sender waits for a batch to gather takes every queued
+    event with it: the sender finds nothing to send, and goes on with the next events."""
+    from agentloop.process import event_publisher
+    from agentloop.process.event_publisher import Publisher
+
+    class Recording:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+        def publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
+            self.sent.extend(batch)
+
+    monkeypatch.setattr(event_publisher, "LINGER", 0.3)  # wide enough to discard within
+    backend, sender = Recording(), Publisher()
+    sender.put(backend, "deleted", "chunk", {"text": "gone"}, size=10)
+    time.sleep(0.1)  # the sender woke for it, and lingers
+    sender.discard(backend, "deleted")
+    time.sleep(0.4)  # it found the queue empty
+    sender.put(backend, "kept", "message", {"id": 1}, size=10)
+
+    assert sender.flush(DEADLINE)
+    assert backend.sent == [("kept", "message", {"id": 1})]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_sender_that_died_is_started_again_by_the_next_event(monkeypatch):
+    """A bug that kills the sending thread costs the batch it held, not every later event."""
+    from agentloop.process.event_publisher import Publisher
+
+    class Recording:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+        def publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
+            self.sent.extend(batch)
+
+    backend, sender = Recording(), Publisher()
+    real_forget = Publisher._forget
+    faults = iter([RuntimeError("a bug in the sender")])
+
+    def forget_once_failing(self: Publisher, event: Any) -> None:
+        fault = next(faults, None)
+        if fault is not None:
+            raise fault
+        real_forget(self, event)
+
+    monkeypatch.setattr(Publisher, "_forget", forget_once_failing)
+    sender.put(backend, "chat", "chunk", {"text": "lost with the thread"}, size=10)
+    first = sender._thread
+    assert first is not None
+    first.join(DEADLINE)
+    assert not first.is_alive()
+
+    sender.put(backend, "chat", "message", {"id": 1}, size=10)
+    assert sender._thread is not first
+    assert sender.flush(DEADLINE)
+    assert backend.sent == [("chat", "message", {"id": 1})]
+
+
 def read_all(chat: Chat) -> list[dict[str, Any]]:
     """Every event of the chat's stream (a read returns at most ``events.READ_COUNT``)."""
     backend, found, after = events.get_backend(), [], None

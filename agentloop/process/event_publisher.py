@@ -119,7 +119,9 @@ class Publisher:
 
     # -- the sending thread ------------------------------------------------------------------
     def _start(self) -> None:
-        if self._thread is None:
+        # a sender that died (a bug, not Redis: send errors are caught) is started again,
+        # so one fault can't stop a process's live events for good
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._run, name="agentloop-event-publisher", daemon=True
             )
@@ -133,6 +135,8 @@ class Publisher:
             time.sleep(LINGER)
             with self._condition:
                 batch = [self._events.popleft() for _ in range(min(BATCH, len(self._events)))]
+                if not batch:  # discarded meanwhile (their chat was deleted)
+                    continue
                 for event in batch:
                     self._forget(event)
                 self._in_flight = batch
