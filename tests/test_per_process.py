@@ -7,6 +7,7 @@ real worker processes (``tests/processes/concurrent_steps.py``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -114,6 +115,31 @@ def test_the_subscriber_hears_cancels_again_after_redis_restarts(on_private_redi
         on_private_redis.restart()
 
         hears_a_cancel(on_private_redis, listener)
+
+
+def test_a_redis_outage_is_one_warning_line_for_the_subscriber(on_private_redis, caplog):
+    """An operator restarting Redis sees one line saying what failed, no traceback."""
+    chat = Chat(pk=4343)
+    notice = listen_locally(chat)
+    with RedisCancelListener(chat, notice) as listener:
+        hears_a_cancel(on_private_redis, listener)
+        caplog.set_level(logging.WARNING, logger="agentloop")
+        on_private_redis.stop()
+
+        def warned() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith("Cancel notices:")]
+
+        try:
+            wait_until(warned, "the subscriber's warning")
+        finally:
+            on_private_redis.start()
+        hears_a_cancel(on_private_redis, listener)
+
+    (record,) = warned()  # once per outage, however many tries it took
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    message = record.getMessage()
+    assert "\n" not in message
+    assert "ConnectionError" in message and "retrying" in message, message
 
 
 def hears_a_cancel(server: RedisServer, listener: RedisCancelListener) -> None:

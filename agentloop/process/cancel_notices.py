@@ -244,15 +244,21 @@ class Subscriber:
                     pinged = time.monotonic()
                     self.pubsub.ping()
                 message = self.pubsub.get_message(timeout=self.ping_every)
-            except Exception:
+            except Exception as exc:
                 # Not live from here: a cancel published meanwhile is missed (the flag is
                 # still read at the next poll, and checkpoints poll again until it's back).
                 self.live_since = None
                 if self._stop.is_set():
                     return
-                # Redis went away: reconnect (redis-py subscribes again on connect).
-                log = logger.warning if delay == self.retry_first else logger.debug
-                log("Cancel notices: Redis unreachable; retrying", exc_info=True)
+                # Redis went away: reconnect (redis-py subscribes again on connect). One
+                # line per outage (a Redis restart is not a bug); the traceback at debug.
+                if delay == self.retry_first:
+                    logger.warning(
+                        "Cancel notices: Redis unreachable (%s: %s); retrying, and reading "
+                        "cancels from the database meanwhile",
+                        type(exc).__name__, str(exc).strip().split("\n", 1)[0],
+                    )  # fmt: skip
+                logger.debug("Cancel notices: Redis unreachable", exc_info=True)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.retry_max)
                 continue
