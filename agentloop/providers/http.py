@@ -220,11 +220,12 @@ class HTTPProvider(Provider):
         return httpx.Limits(max_connections=size, max_keepalive_connections=size)
 
     @asynccontextmanager
-    async def _async_calling(self) -> AsyncIterator[httpx.AsyncClient]:
+    async def _async_calling(self, post: dict[str, Any]) -> AsyncIterator[httpx.AsyncClient]:
         """``_calling`` for an async call (a caller's transport is async here: ``arequest``)."""
         lanes = self._call_lanes()
         if lanes is not None:
-            async with lanes.alane() as client:
+            timeout = post.get("timeout") or self._timeout_setting()
+            async with lanes.alane(timeout.pool) as client:
                 yield client
             return
         transport = cast(httpx.AsyncBaseTransport, self._transport)
@@ -409,7 +410,7 @@ class HTTPProvider(Provider):
     ) -> ModelResponse:
         post = self._post(request, on_chunk is not None)
         with self._translate_errors():
-            async with self._async_calling() as client:
+            async with self._async_calling(post) as client:
                 if on_chunk is None:
                     async with client.stream("POST", **post) as response:
                         cap_response(response, self.name)

@@ -11,7 +11,8 @@ At most ``size`` lanes are out at once (``PROVIDERS[name]["max_connections"]``):
 that waits for one, as long as the pool timeout allows, then fails with ``httpx.PoolTimeout``
 like httpx's own pool. ``keep`` idle lanes stay, their connections alive for the next calls;
 every client shares the process's TLS context (``tls_context``: the CA bundle loaded once).
-Async calls take lanes of their event loop (``alane``), kept until the loop shuts down.
+Async calls take lanes of their event loop (``alane``), kept until the loop shuts down, and
+``size`` bounds each loop's async calls as it bounds the process's sync ones.
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ class Lanes:
             "verify": tls_context(),  # the CA bundle, read once for every lane
         }
         self._keep = limits.max_keepalive_connections or 0
-        self._free = threading.BoundedSemaphore(limits.max_connections or 100)
+        self._size = limits.max_connections or 100
+        self._free = threading.BoundedSemaphore(self._size)
         self._lock = threading.Lock()
         self._idle: list[httpx.Client] = []
         # Async lanes: an AsyncClient belongs to the loop it first ran on, so idle ones are
         # kept per loop, and closed as the loop shuts down its async generators (``keepers``).
         self._async_idle: weakref.WeakKeyDictionary[Any, list[httpx.AsyncClient]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._async_free: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
         self._keepers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -89,28 +94,39 @@ class Lanes:
             self._free.release()
 
     @asynccontextmanager
-    async def alane(self) -> AsyncIterator[httpx.AsyncClient]:
-        """``lane`` for an async call, from the running loop's own lanes; up to ``keep`` idle
-        ones per loop stay open until it shuts down (``asyncio.run``, asgiref's
-        ``async_to_sync`` and ASGI servers do as they end)."""
+    async def alane(self, wait: float | None = None) -> AsyncIterator[httpx.AsyncClient]:
+        """``lane`` for an async call, from the running loop's own lanes: at most ``size``
+        out at once per loop (waiting up to ``wait`` seconds, None: no limit); up to
+        ``keep`` idle ones per loop stay open until it shuts down (``asyncio.run``,
+        asgiref's ``async_to_sync`` and ASGI servers do as they end)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             idle = self._async_idle.get(loop)
             if new_loop := idle is None:
                 idle = self._async_idle[loop] = []
+                self._async_free[loop] = asyncio.Semaphore(self._size)
+            free = self._async_free[loop]
         if new_loop:
             keeper = _closing_at_shutdown(idle)  # the loop's shutdown closes what it kept
             await keeper.__anext__()
             with self._lock:
                 self._keepers[loop] = keeper  # held: a collected one would close them now
-        client = idle.pop() if idle else httpx.AsyncClient(**self._client)
         try:
-            yield client
+            async with asyncio.timeout(wait):
+                await free.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout(f"no connection came free in {wait:g} s") from None
+        try:
+            client = idle.pop() if idle else httpx.AsyncClient(**self._client)
+            try:
+                yield client
+            finally:
+                if not client.is_closed and len(idle) < self._keep:
+                    idle.append(client)
+                else:
+                    await client.aclose()
         finally:
-            if not client.is_closed and len(idle) < self._keep:
-                idle.append(client)
-            else:
-                await client.aclose()
+            free.release()
 
     def _give_back(self, client: httpx.Client) -> None:
         with self._lock:
