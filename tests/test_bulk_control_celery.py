@@ -69,9 +69,13 @@ def test_a_bulk_halt_stops_the_chats_in_flight_and_resume_sends_them_on(backgrou
 def test_a_bulk_cancel_stops_a_streaming_worker_at_once_through_the_notices(background, user):
     # A read of the flag comes every 30 s: only the notice can stop the stream early.
     background.start_worker("w1", CANCEL_POLL_INTERVAL=30, PARTIAL_SAVE_INTERVAL=0.05)
+    # The queued chats come first in pk order, so the first batch flags them before the
+    # second stops the stream: the one worker reaches them already cancelled. (Made after
+    # them, the streaming chat would share the first batch with one of them, and the worker
+    # could start the other before the second batch lands.)
+    queued = [new_chat(user) for _ in range(2)]
     streaming = new_chat(user)
     streaming.ask_later("stream:400:0.05").complete_later()
-    queued = [new_chat(user) for _ in range(2)]
     for chat in queued:
         chat.ask_later("stream:400:0.05").complete_later()
     background.wait(
