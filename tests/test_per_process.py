@@ -399,21 +399,24 @@ def test_a_full_queue_drops_chunks_before_messages(on_private_redis, chat, setti
     assert kinds.count("tool_call_delta") < 10  # in flight at the pause, and the queue's
 
 
+class _Recording:
+    """An event backend that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+    def publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
+        self.sent.extend(batch)
+
+
 def test_events_discarded_while_the_sender_lingers_leave_it_sending(monkeypatch):
     """A chat deleted in the 2 ms the sender waits for a batch to gather takes every queued
     event with it: the sender finds nothing to send, and goes on with the next events."""
     from agentloop.process import event_publisher
     from agentloop.process.event_publisher import Publisher
 
-    class Recording:
-        def __init__(self) -> None:
-            self.sent: list[tuple[str, str, dict[str, Any]]] = []
-
-        def publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
-            self.sent.extend(batch)
-
     monkeypatch.setattr(event_publisher, "LINGER", 0.3)  # wide enough to discard within
-    backend, sender = Recording(), Publisher()
+    backend, sender = _Recording(), Publisher()
     sender.put(backend, "deleted", "chunk", {"text": "gone"}, size=10)
     time.sleep(0.1)  # the sender woke for it, and lingers
     sender.discard(backend, "deleted")
@@ -429,14 +432,7 @@ def test_a_sender_that_died_is_started_again_by_the_next_event(monkeypatch):
     """A bug that kills the sending thread costs the batch it held, not every later event."""
     from agentloop.process.event_publisher import Publisher
 
-    class Recording:
-        def __init__(self) -> None:
-            self.sent: list[tuple[str, str, dict[str, Any]]] = []
-
-        def publish_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
-            self.sent.extend(batch)
-
-    backend, sender = Recording(), Publisher()
+    backend, sender = _Recording(), Publisher()
     real_forget = Publisher._forget
     faults = iter([RuntimeError("a bug in the sender")])
 

@@ -78,20 +78,44 @@ def _calls_at_once(provider: OpenAIProvider, count: int) -> list[Any]:
     return results
 
 
-def test_no_more_calls_than_max_connections_are_in_flight_and_the_rest_wait(settings, slow):
+def _async_calls_at_once(provider: OpenAIProvider, count: int) -> list[Any]:
+    import asyncio
+
+    request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
+
+    async def calls() -> list[Any]:
+        answers = await asyncio.gather(
+            *(provider.arequest(request) for _ in range(count)), return_exceptions=True
+        )
+        return [a if isinstance(a, BaseException) else a.content for a in answers]
+
+    return asyncio.run(calls())
+
+
+@pytest.fixture(params=["sync", "async"])
+def calls_at_once(request: pytest.FixtureRequest) -> Any:
+    """Calls at once from threads, or from coroutines on one loop (an ASGI process's)."""
+    return _calls_at_once if request.param == "sync" else _async_calls_at_once
+
+
+def test_no_more_calls_than_max_connections_are_in_flight_and_the_rest_wait(
+    settings, slow, calls_at_once
+):
     provider = _provider(settings, slow, max_connections=2)
     try:
-        assert _calls_at_once(provider, 5) == ["ok"] * 5
+        assert calls_at_once(provider, 5) == ["ok"] * 5
     finally:
         provider.close()
     assert slow.most_at_once == 2
     assert slow.connections == 2  # the waiting calls took the lanes the first ones gave back
 
 
-def test_a_call_waiting_longer_than_the_pool_timeout_fails_as_a_timeout(settings, slow):
+def test_a_call_waiting_longer_than_the_pool_timeout_fails_as_a_timeout(
+    settings, slow, calls_at_once
+):
     provider = _provider(settings, slow, max_connections=1, timeout=httpx.Timeout(10, pool=0.05))
     try:
-        results = _calls_at_once(provider, 2)
+        results = calls_at_once(provider, 2)
     finally:
         provider.close()
     assert results.count("ok") == 1
@@ -169,40 +193,3 @@ def test_async_calls_on_one_loop_keep_their_connections_until_the_loop_ends(sett
             wait_until(lambda: server.closed == 6, "the second loop's connections to close")
         finally:
             provider.close()
-
-
-def _async_calls_at_once(provider: OpenAIProvider, count: int) -> list[Any]:
-    import asyncio
-
-    request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
-
-    async def calls() -> list[Any]:
-        answers = await asyncio.gather(
-            *(provider.arequest(request) for _ in range(count)), return_exceptions=True
-        )
-        return [a if isinstance(a, BaseException) else a.content for a in answers]
-
-    return asyncio.run(calls())
-
-
-def test_async_calls_on_a_loop_are_bounded_by_max_connections_too(settings, slow):
-    """500 coroutines on one loop (an ASGI process) don't open 500 sockets: the rest wait."""
-    provider = _provider(settings, slow, max_connections=2)
-    try:
-        assert _async_calls_at_once(provider, 5) == ["ok"] * 5
-    finally:
-        provider.close()
-    assert slow.most_at_once == 2
-    assert slow.connections == 2
-
-
-def test_an_async_call_waiting_longer_than_the_pool_timeout_fails_as_a_timeout(settings, slow):
-    provider = _provider(settings, slow, max_connections=1, timeout=httpx.Timeout(10, pool=0.05))
-    try:
-        results = _async_calls_at_once(provider, 2)
-    finally:
-        provider.close()
-    assert results.count("ok") == 1
-    (failed,) = [result for result in results if result != "ok"]
-    assert isinstance(failed, ProviderTimeout)
-    assert str(failed) == "lanes did not answer in time (PoolTimeout)"
