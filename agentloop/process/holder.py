@@ -24,6 +24,9 @@ class PerProcess(Generic[T]):
 
     def get(self) -> T:
         """This process's object, made now if it has none."""
+        value = self._value
+        if value is not None:  # every step asks: no lock once it is made
+            return value
         with self._lock:
             if self._value is None:
                 self._value = self._make()
