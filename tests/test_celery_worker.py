@@ -12,6 +12,7 @@ fails the run: CI must run these.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -24,6 +25,21 @@ from tests.tools import charge_card_slowly, step_one, step_three, step_two, wait
 from tests.workers import Background, new_chat, settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
+
+
+# -- (0) the message a job is ----------------------------------------------------------------
+def test_a_job_message_shows_its_arguments_as_celery_would(background, user, redis_client):
+    # The runner writes the shown arguments itself (Celery's safe repr costs more): they
+    # must read as Celery's own would, in `celery inspect`, Flower and the worker's log.
+    chat = new_chat(user)
+    chat.ask_later("hello").complete_later()
+
+    raw = redis_client.lrange(background.queue, 0, -1)
+    assert len(raw) == 1
+    headers = json.loads(raw[0])["headers"]
+    assert headers["task"] == "agentloop.step_chat"
+    assert headers["argsrepr"] == repr((chat.pk, "agentloop.Chat", 0))
+    assert headers["kwargsrepr"] == "{}"
 
 
 # -- (1) a multi-round tool conversation ---------------------------------------------------

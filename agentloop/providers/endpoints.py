@@ -64,22 +64,38 @@ def proxy_secrets(value: object) -> tuple[str, ...]:
 
 def _checked(value: object, where: str, schemes: tuple[str, ...], example: str) -> str:
     """``value`` when it is a URL of one of ``schemes`` with a host; else a one-line error."""
-    kind = type(value).__name__
-    shown = repr(masked(value)) if isinstance(value, str) else f"a value of type {kind}"
-    error = ConfigurationError(
-        f"{where} must be a URL ({', '.join(s + '://' for s in schemes)}) naming a host, "
-        f"such as {example!r}, not {shown}"
-    )
+    # Every model call reads its provider's endpoint: a URL that passed is not parsed again.
+    if isinstance(value, str) and (value, schemes) in _PASSED:
+        return value
     if not isinstance(value, str) or any(c.isspace() for c in value):
-        raise error
+        raise _not_a_url(value, where, schemes, example)
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError:
-        raise error from None
+        raise _not_a_url(value, where, schemes, example) from None
     if parts.scheme.lower() not in schemes or not parts.hostname:
-        raise error
+        raise _not_a_url(value, where, schemes, example)
+    if len(_PASSED) >= _PASSED_KEPT:  # settings that change at run time (tests) stay bounded
+        _PASSED.clear()
+    _PASSED.add((value, schemes))
     return value
+
+
+#: the (URL, schemes) pairs :func:`_checked` passed, at most ``_PASSED_KEPT``.
+_PASSED: set[tuple[str, tuple[str, ...]]] = set()
+_PASSED_KEPT = 256
+
+
+def _not_a_url(
+    value: object, where: str, schemes: tuple[str, ...], example: str
+) -> ConfigurationError:
+    kind = type(value).__name__
+    shown = repr(masked(value)) if isinstance(value, str) else f"a value of type {kind}"
+    return ConfigurationError(
+        f"{where} must be a URL ({', '.join(s + '://' for s in schemes)}) naming a host, "
+        f"such as {example!r}, not {shown}"
+    )
 
 
 def configured_url(

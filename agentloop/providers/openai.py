@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from functools import lru_cache
 from typing import Any, ClassVar
 from urllib.parse import urlparse
 
@@ -95,6 +96,12 @@ def _arguments_text(arguments: Any) -> str | None:
     return json_text(arguments)
 
 
+@lru_cache(maxsize=64)
+def _host(url: str) -> str:
+    """The host of a (checked) base URL; asked on every model call for the dialect."""
+    return urlparse(url).hostname or ""
+
+
 class OpenAIProvider(HTTPProvider):
     """OpenAI Chat Completions; any OpenAI-compatible server by ``base_url``.
 
@@ -164,9 +171,8 @@ class OpenAIProvider(HTTPProvider):
             return configured
         if key in self.dialect:
             return self.dialect[key]
-        host = urlparse(self.base_url).hostname or ""
-        defaults = _OPENAI_DIALECT if host == "api.openai.com" else _COMPATIBLE_DIALECT
-        return defaults[key]
+        openai = _host(self.base_url) == "api.openai.com"
+        return (_OPENAI_DIALECT if openai else _COMPATIBLE_DIALECT)[key]
 
     def option_for(self, key: str, model: str) -> Any:
         """A dialect option for one model: :meth:`option` here; a host whose models differ in a
