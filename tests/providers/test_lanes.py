@@ -25,6 +25,10 @@ class _Slow(CountingServer):
         super().__init__(_Answer)
         self.pause = pause
         self.in_progress = self.most_at_once = 0
+        # With ``hold`` set, no answer goes before that many requests came in (or 10 s passed):
+        # calls "at once" then are, however slowly a loaded machine starts their threads.
+        self.hold = self.arrived = 0
+        self.all_in = threading.Condition(self.lock)
 
 
 class _Answer(KeepAliveHandler):
@@ -35,6 +39,9 @@ class _Answer(KeepAliveHandler):
         with self.server.lock:
             self.server.in_progress += 1
             self.server.most_at_once = max(self.server.most_at_once, self.server.in_progress)
+            self.server.arrived += 1
+            self.server.all_in.notify_all()
+            self.server.all_in.wait_for(lambda: self.server.arrived >= self.server.hold, 10)
         time.sleep(self.server.pause)
         with self.server.lock:
             self.server.in_progress -= 1
@@ -128,8 +135,10 @@ def test_idle_lanes_beyond_the_keep_alive_count_are_closed(settings, slow):
     """Without ``max_connections``, httpx's defaults: 100 at once, 20 kept alive."""
     provider = _provider(settings, slow)
     try:
+        slow.hold = 25
         assert _calls_at_once(provider, 25) == ["ok"] * 25
         assert slow.connections == 25
+        slow.arrived = 0
         assert _calls_at_once(provider, 25) == ["ok"] * 25
         assert slow.connections == 30  # 20 lanes kept their connections; 5 were made again
     finally:
