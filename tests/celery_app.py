@@ -16,7 +16,11 @@ then pointed at the test run's broker and queue from the environment:
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
-within seconds, not the Redis transport's default hour.
+within seconds, not the Redis transport's default hour. The sweep's lock (one per Redis
+database, taken for a few milliseconds each second by every worker) expires after 2 s, not
+kombu's 5 minutes: the suite SIGKILLs its workers at every test's end, and a kill inside the
+sweep would leave the lock held, so no worker would deliver a dead one's job again for the
+next 5 minutes of tests.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ app.conf.update(
         "visibility_timeout": VISIBILITY_TIMEOUT,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": 2,
     },
     task_default_queue=os.environ.get("AGENTLOOP_TEST_QUEUE", "agentloop-tests"),
     task_ignore_result=True,

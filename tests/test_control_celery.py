@@ -35,8 +35,10 @@ def test_a_tool_halting_in_a_worker_stops_the_chat_before_the_next_model_call(ba
         ("tool", "5", "call_1_0_1"),
     ]
     assert len(background.model_calls()) == 1
+    # The stop is recorded under the lease, which the job's release gives up just after.
     background.wait(lambda: "stopped" in worker.outcomes(), "the job to report stopped")
-    assert chat.lease_token == ""
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token) == (ChatState.STOPPED, "")
 
 
 def test_a_deferred_result_submitted_here_resumes_the_worker_chat_to_the_end(background, user):
