@@ -60,9 +60,14 @@ MATRIX = (
     ("gevent", 1000, 1000),
 )
 TICK = 0.05
-#: The worker's Celery settings for few Redis connections (docs/background.md, "Choosing a
-#: pool"): one pooled broker connection for publishing, no remote control (its pidbox).
-WORKER_CELERY = {"BROKER_POOL_LIMIT": 1, "WORKER_ENABLE_REMOTE_CONTROL": False}
+#: The worker's Celery settings (docs/running-at-scale.md, "Choosing a pool"): one pooled
+#: broker connection for publishing, no remote control (its pidbox), for few Redis
+#: connections; one result backend object for the process, not one made per greenlet.
+WORKER_CELERY = {
+    "BROKER_POOL_LIMIT": 1,
+    "WORKER_ENABLE_REMOTE_CONTROL": False,
+    "RESULT_BACKEND_THREAD_SAFE": True,
+}
 
 
 @tool
@@ -545,7 +550,8 @@ def main() -> None:
     parser.add_argument(
         "--celery-defaults",
         action="store_true",
-        help="the worker without WORKER_CELERY (Celery's broker pool of 10, remote control)",
+        help="the worker without WORKER_CELERY (Celery's broker pool of 10, remote control, a "
+        "result backend per thread)",
     )
     parser.add_argument(
         "--broker", default="redis", choices=["redis", "amqp"],

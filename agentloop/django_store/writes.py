@@ -107,6 +107,7 @@ class StepWrites:
         self.finish_fields = [
             call_meta.get_field(name) for name in ("state", "error", "finished_at")
         ]
+        self.finish_types = [_type(field, connection) for field in self.finish_fields]
         self._releases: dict[tuple[str, ...], str] = {}
         self._release_saving: dict[tuple[str, ...], Saving] = {}
 
@@ -219,10 +220,11 @@ class StepWrites:
         quote = self.connection.ops.quote_name
         inserted = values.row(m, record)
         finished = [state, error, timezone.now()]
+        columns = zip(self.finish_fields, self.finish_types, finished, strict=True)
         sets = ", ".join(
             f"{quote(field.column)} = "
-            + values.add(save_value(field, value, self.connection), _type(field, self.connection))
-            for field, value in zip(self.finish_fields, finished, strict=True)
+            + values.add(save_value(field, value, self.connection), sql_type)
+            for field, sql_type, value in columns
         )
         values.params.append(key)
         return (
