@@ -79,3 +79,18 @@ def paced_hop(finish_dir: str, chain: int, remaining: int, latency: float) -> No
         paced_hop.apply_async((finish_dir, chain, remaining - 1, latency))
     else:
         (Path(finish_dir) / str(chain)).touch()
+
+
+@app.task(name="bench.library_hop", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def library_hop(finish_dir: str, chat_pk: int, remaining: int) -> None:
+    """One of a chat's three jobs done with the libraries alone (bench/library_floor.py:
+    psycopg's pool, httpx, redis-py), then the next enqueued as agentloop's runner does; the
+    last marks its chain finished in ``finish_dir``."""
+    from bench.library_floor import hop as library_job  # Django is set up by then
+
+    library_job(chat_pk, remaining)
+    if remaining > 1:
+        args = (finish_dir, chat_pk, remaining - 1)
+        library_hop.apply_async(args, argsrepr=repr(args), kwargsrepr="{}")
+    else:
+        (Path(finish_dir) / str(chat_pk)).touch()

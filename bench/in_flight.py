@@ -287,8 +287,10 @@ def run(
             wall = time.monotonic() - started
             cpu = cpu_seconds(process_trees(roots)) - cpu_before
             worker_processes = len(process_trees(roots))
+            exact = _check(Chat, pks)  # before the libraries' floor adds rows to these chats
+            model_calls, peak_calls = fake.requests, fake.peak  # and calls to the server
             measured = _floor(chats, latency, roots, max(120.0, 4 * wall)) if floor else None
-        exact = _check(Chat, pks)
+            library = _library_floor(pks, roots, max(120.0, 4 * wall)) if floor else None
     ideal = math.ceil(chats / (concurrency * processes)) * 2 * latency
     floor_figures: dict[str, Any] = {}
     if floor:
@@ -299,6 +301,15 @@ def run(
             "floor_cpu_ms_per_job": round(1000 * floor_cpu / (3 * chats), 2) if floor_cpu else None,
             "wall_over_floor": round(wall / floor_wall, 2) if floor_wall else None,
         }
+        library_wall, library_cpu = library or (None, None)
+        floor_figures.update({
+            "library_floor_wall_s": round(library_wall, 2) if library_wall else "unfinished",
+            "library_floor_ratio": round(library_wall / ideal, 2) if library_wall else None,
+            "library_floor_cpu_ms_per_job": (
+                round(1000 * library_cpu / (3 * chats), 2) if library_cpu else None
+            ),
+            "wall_over_library_floor": round(wall / library_wall, 2) if library_wall else None,
+        })  # fmt: skip
     return {
         "pool": pool,
         "broker": broker,
@@ -313,8 +324,8 @@ def run(
         "ideal_s": ideal,
         "ratio": round(wall / ideal, 2),
         "answered_exactly": exact,
-        "model_calls": fake.requests,
-        "peak_model_calls_at_once": fake.peak,
+        "model_calls": model_calls,
+        "peak_model_calls_at_once": peak_calls,
         "peak_pg_backends": peaks["backends"],
         "peak_redis_connections": peaks["redis"],  # all the workers' together
         "redis_connections_per_worker": round(peaks["redis"] / processes, 1),
@@ -347,6 +358,35 @@ def _floor(
             time.sleep(TICK)
         wall = time.monotonic() - started
         return wall, cpu_seconds(process_trees(roots)) - cpu_before
+
+
+def _library_floor(pks: list[int], roots: list[int], timeout: float) -> tuple[float, float] | None:
+    """The libraries' floor in the same worker, after the Celery floor: a chain of
+    ``bench.library_hop`` per chat of agentloop's run (bench/library_floor.py: the SQL, the
+    two streamed model calls, an event to Redis and the next job, per job, with nothing of
+    agentloop's), all published at once; as :func:`_floor` measures."""
+    from agentloop.models import Message
+    from bench.celery_app import library_hop
+
+    rows_before = Message.objects.filter(chat_id__in=pks).count()
+    with tempfile.TemporaryDirectory() as finish_dir:
+        pids = process_trees(roots)
+        cpu_before = cpu_seconds(pids)
+        started = time.monotonic()
+        for pk in pks:
+            args = (finish_dir, pk, 3)
+            library_hop.apply_async(args, argsrepr=repr(args), kwargsrepr="{}")
+        while len(os.listdir(finish_dir)) < len(pks):
+            if time.monotonic() - started > timeout:
+                print(f"the libraries' floor did not finish in {timeout:.0f} s", file=sys.stderr)
+                return None
+            time.sleep(TICK)
+        wall = time.monotonic() - started
+        cpu = cpu_seconds(process_trees(roots)) - cpu_before
+    written = Message.objects.filter(chat_id__in=pks).count() - rows_before
+    if written != 3 * len(pks):  # each job wrote its message
+        sys.exit(f"the libraries' floor wrote {written} messages, not {3 * len(pks)}")
+    return wall, cpu
 
 
 def _create(chat_model: Any, count: int, label: str = "q") -> list[int]:

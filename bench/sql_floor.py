@@ -13,6 +13,23 @@ from typing import Any
 import psycopg
 
 
+def floor_sql(message_table: str, chat_table: str, columns: list[str]) -> tuple[str, str, str]:
+    """The floor's SELECT of a transcript, INSERT of a step's message and UPDATE of its chat
+    (``%s`` parameters: the chat; chat, role, content, model, finish reason, time; time, chat)."""
+    names = ", ".join(f'"{name}"' for name in columns)
+    select = f'SELECT {names} FROM "{message_table}" WHERE "chat_id" = %s ORDER BY "id"'
+    insert = (
+        f'INSERT INTO "{message_table}" ("chat_id", "role", "content", "status", "is_error", '
+        '"parsed", "model", "finish_reason", "thinking", "provider_data", "attachments", '
+        '"created_at") '
+        "VALUES (%s, %s, %s, 'complete', false, NULL, %s, %s, '', '{}'::jsonb, "
+        "'[]'::jsonb, %s) "
+        'RETURNING "id"'
+    )
+    update = f'UPDATE "{chat_table}" SET "updated_at" = %s WHERE "id" = %s'
+    return select, insert, update
+
+
 class Floor:
     """The least SQL a persisted step needs, on a psycopg connection of its own."""
 
@@ -30,17 +47,7 @@ class Floor:
         self.connection = psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor)
         self.cursor = self.connection.cursor()
         self.statements = 0
-        names = ", ".join(f'"{name}"' for name in columns)
-        self.select = f'SELECT {names} FROM "{message_table}" WHERE "chat_id" = %s ORDER BY "id"'
-        self.insert = (
-            f'INSERT INTO "{message_table}" ("chat_id", "role", "content", "status", "is_error", '
-            '"parsed", "model", "finish_reason", "thinking", "provider_data", "attachments", '
-            '"created_at") '
-            "VALUES (%s, %s, %s, 'complete', false, NULL, %s, %s, '', '{}'::jsonb, "
-            "'[]'::jsonb, %s) "
-            'RETURNING "id"'
-        )
-        self.update = f'UPDATE "{chat_table}" SET "updated_at" = %s WHERE "id" = %s'
+        self.select, self.insert, self.update = floor_sql(message_table, chat_table, columns)
 
     def _execute(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         self.statements += 1

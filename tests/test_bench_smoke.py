@@ -158,6 +158,9 @@ def test_in_flight_answers_every_chat_within_the_workers_pool(
     assert 0 < row["peak_pg_backends"] <= 2
     assert row["peak_rss_mib"] > 0
     assert row["cpu_ms_per_step"] > 0
+    # Both floors ran in the same worker (the libraries' one checks it wrote 3 rows a chat).
+    assert row["floor_ratio"] > 0 and row["floor_cpu_ms_per_job"] > 0
+    assert row["library_floor_ratio"] > 0 and row["library_floor_cpu_ms_per_job"] > 0
 
 
 def test_in_flight_runs_several_worker_processes_on_one_queue(
