@@ -3,18 +3,21 @@
 ``bench.library_hop`` (bench/celery_app.py) does, per job, what agentloop's step does at the
 least, through the same libraries and the same servers, with none of agentloop's code: a
 connection from a psycopg pool of the worker's pool size to SELECT the chat's transcript,
-given back; for the two model jobs, a streamed POST to the fake server through one
-``httpx.Client`` read with httpx-sse (the fake's latency); a connection again to BEGIN,
-INSERT the job's message, UPDATE the chat, COMMIT (bench/sql_floor.py's statements); one
-``XADD`` of an event to Redis; the next job enqueued with Celery. Its wall time against the
-ideal is what Celery, httpx, psycopg and redis-py allow in this shape in one process; its CPU
-per job is what they cost there.
+given back; for the two model jobs, a streamed POST to the fake server (the fake's latency)
+on an ``httpx.Client`` of one connection kept between calls, read with httpx-sse; a
+connection again to BEGIN, INSERT the job's message, UPDATE the chat, COMMIT
+(bench/sql_floor.py's statements); one ``XADD`` of an event to Redis; the next job enqueued
+with Celery. Its wall time against the ideal is what Celery, httpx, psycopg and redis-py
+allow in this shape in one process; its CPU per job is what they cost there.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import os
+import ssl
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -64,25 +67,42 @@ def _resources() -> dict[str, Any]:
                     timeout=120,
                     open=True,
                 ),  # fmt: skip
-                http=httpx.Client(
+                http=functools.partial(
+                    httpx.Client,
                     base_url=base_url,
-                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000),
+                    limits=httpx.Limits(max_connections=1),
                     headers={"Authorization": "Bearer x"},
+                    verify=ssl.create_default_context(),  # one for all, as agentloop's lanes
                 ),
+                idle=collections.deque(),
                 redis=redis.Redis.from_url(settings.AGENTLOOP["REDIS_URL"]),
                 sql=floor_sql(Message._meta.db_table, Chat._meta.db_table, columns),
             )
         return _parts
 
 
-def _model_call(http: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """A streamed chat completion from the fake server: the message its chunks make."""
+def _model_call(parts: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed chat completion from the fake server: the message its chunks make. Each
+    call takes an idle client of one connection, or makes one, and gives it back after (as
+    agentloop's lanes do: one client's pool of hundreds costs work per call growing with
+    them)."""
     from httpx_sse import connect_sse
 
+    try:
+        http = parts["idle"].pop()
+    except IndexError:
+        http = parts["http"]()
     body = {"model": "fake", "stream": True, "messages": messages, "tools": [_TOOL]}
+    try:
+        return _streamed(connect_sse(http, "POST", "/chat/completions", json=body))
+    finally:
+        parts["idle"].append(http)
+
+
+def _streamed(sse: Any) -> dict[str, Any]:  # the SSE events into the message
     content: list[str] = []
     calls: list[dict[str, Any]] = []
-    with connect_sse(http, "POST", "/chat/completions", json=body) as source:
+    with sse as source:
         source.response.raise_for_status()
         for event in source.iter_sse():
             if event.data == "[DONE]":
@@ -102,7 +122,7 @@ def hop(chat_pk: int, remaining: int) -> None:
         rows = connection.execute(select, (chat_pk,)).fetchall()
     question = f"chat {chat_pk}, {len(rows)} rows"
     if remaining == 3:
-        message = _model_call(parts["http"], [{"role": "user", "content": question}])
+        message = _model_call(parts, [{"role": "user", "content": question}])
         role, content = "assistant", message["content"]
     elif remaining == 2:
         role, content = "tool", f"value of {question}"
@@ -114,7 +134,7 @@ def hop(chat_pk: int, remaining: int) -> None:
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "c1", "content": f"value of {question}"},
         ]
-        role, content = "assistant", _model_call(parts["http"], messages)["content"]
+        role, content = "assistant", _model_call(parts, messages)["content"]
     now = datetime.now(UTC)
     with parts["pool"].connection() as connection, connection.transaction():
         connection.execute(insert, (chat_pk, role, content, "fake", "stop", now)).fetchone()
