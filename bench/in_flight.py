@@ -19,7 +19,10 @@ by the worker's ``application_name``) and its resident memory (all its processes
 ``redis-server`` this script starts, the broker and agentloop's ``REDIS_URL``). At the
 end: the worker's CPU time (user + system, all its processes) per step, and a check that
 every chat was answered exactly (its four messages, two usage rows, and 2 x N model calls
-at the server).
+at the server). Then, in the same worker, two floors, each timed the same way: Celery's
+(``bench.paced_hop``: a chat's three jobs that only wait) and the libraries'
+(``bench.library_hop``, bench/library_floor.py: the same jobs done with psycopg's pool,
+httpx and redis-py alone, with none of agentloop's code).
 
 The database is PostgreSQL (``--database-url``, default ``agentloop_bench_inflight``),
 with Django's connection pool (``--db-pool-size``, 0: none) and ``RELEASE_CONNECTIONS``
@@ -598,7 +601,9 @@ def main() -> None:
         help="Celery's broker: the private redis-server, or RabbitMQ on localhost",
     )  # fmt: skip
     parser.add_argument(
-        "--no-floor", action="store_true", help="skip the Celery floor (bench.paced_hop) after"
+        "--no-floor",
+        action="store_true",
+        help="skip the floors after agentloop's run (bench.paced_hop, bench.library_hop)",
     )
     parser.add_argument("--reconnect-cost", action="store_true")
     parser.add_argument("--reconnect-probe", type=int, help=argparse.SUPPRESS)
