@@ -66,7 +66,7 @@ def _resources() -> dict[str, Any]:
                     max_size=pool_size,
                     timeout=120,
                     open=True,
-                ),  # fmt: skip
+                ),
                 http=functools.partial(
                     httpx.Client,
                     base_url=base_url,
