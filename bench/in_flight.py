@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -297,22 +298,10 @@ def run(
     ideal = math.ceil(chats / (concurrency * processes)) * 2 * latency
     floor_figures: dict[str, Any] = {}
     if floor:
-        floor_wall, floor_cpu = measured or (None, None)
         floor_figures = {
-            "floor_wall_s": round(floor_wall, 2) if floor_wall else "unfinished",
-            "floor_ratio": round(floor_wall / ideal, 2) if floor_wall else None,
-            "floor_cpu_ms_per_job": round(1000 * floor_cpu / (3 * chats), 2) if floor_cpu else None,
-            "wall_over_floor": round(wall / floor_wall, 2) if floor_wall else None,
+            **_floor_figures("floor", measured, wall, ideal, 3 * chats),
+            **_floor_figures("library_floor", library, wall, ideal, 3 * chats),
         }
-        library_wall, library_cpu = library or (None, None)
-        floor_figures.update({
-            "library_floor_wall_s": round(library_wall, 2) if library_wall else "unfinished",
-            "library_floor_ratio": round(library_wall / ideal, 2) if library_wall else None,
-            "library_floor_cpu_ms_per_job": (
-                round(1000 * library_cpu / (3 * chats), 2) if library_cpu else None
-            ),
-            "wall_over_library_floor": round(wall / library_wall, 2) if library_wall else None,
-        })  # fmt: skip
     return {
         "pool": pool,
         "broker": broker,
@@ -339,57 +328,75 @@ def run(
     }
 
 
-def _floor(
-    chats: int, latency: float, roots: list[int], timeout: float
-) -> tuple[float, float] | None:
-    """The Celery floor in the same worker, after agentloop's run: ``chats`` chains of
-    ``bench.paced_hop`` (a chat's three jobs, two of them waiting ``latency``, nothing of
-    agentloop's), all published at once. Wall seconds from the first publish to the last
-    chain's end, and the worker's CPU seconds meanwhile; None if it took over ``timeout``."""
-    from bench.celery_app import paced_hop
+def _floor_figures(
+    name: str, measured: tuple[float, float] | None, wall: float, ideal: float, jobs: int
+) -> dict[str, Any]:
+    """A floor's figures beside agentloop's run, under keys named after it."""
+    floor_wall, floor_cpu = measured or (None, None)
+    return {
+        f"{name}_wall_s": round(floor_wall, 2) if floor_wall else "unfinished",
+        f"{name}_ratio": round(floor_wall / ideal, 2) if floor_wall else None,
+        f"{name}_cpu_ms_per_job": round(1000 * floor_cpu / jobs, 2) if floor_cpu else None,
+        f"wall_over_{name}": round(wall / floor_wall, 2) if floor_wall else None,
+    }
 
+
+def _timed_chains(
+    name: str, start: Callable[[str], int], roots: list[int], timeout: float
+) -> tuple[float, float] | None:
+    """Wall seconds from ``start(finish_dir)`` (which publishes the chains and says how
+    many) to the last chain's file in ``finish_dir``, and the worker's CPU seconds
+    meanwhile; None if it took over ``timeout``."""
     with tempfile.TemporaryDirectory() as finish_dir:
-        pids = process_trees(roots)
-        cpu_before = cpu_seconds(pids)
+        cpu_before = cpu_seconds(process_trees(roots))
         started = time.monotonic()
-        for chain in range(chats):
-            paced_hop.apply_async((finish_dir, chain, 3, latency))
-        while len(os.listdir(finish_dir)) < chats:
+        chains = start(finish_dir)
+        while len(os.listdir(finish_dir)) < chains:
             if time.monotonic() - started > timeout:
-                print(f"the Celery floor did not finish in {timeout:.0f} s", file=sys.stderr)
+                print(f"the {name} did not finish in {timeout:.0f} s", file=sys.stderr)
                 return None
             time.sleep(TICK)
         wall = time.monotonic() - started
         return wall, cpu_seconds(process_trees(roots)) - cpu_before
 
 
+def _floor(
+    chats: int, latency: float, roots: list[int], timeout: float
+) -> tuple[float, float] | None:
+    """The Celery floor in the same worker, after agentloop's run: ``chats`` chains of
+    ``bench.paced_hop`` (a chat's three jobs, two of them waiting ``latency``, nothing of
+    agentloop's), all published at once; timed by :func:`_timed_chains`."""
+    from bench.celery_app import paced_hop
+
+    def start(finish_dir: str) -> int:
+        for chain in range(chats):
+            paced_hop.apply_async((finish_dir, chain, 3, latency))
+        return chats
+
+    return _timed_chains("Celery floor", start, roots, timeout)
+
+
 def _library_floor(pks: list[int], roots: list[int], timeout: float) -> tuple[float, float] | None:
     """The libraries' floor in the same worker, after the Celery floor: a chain of
     ``bench.library_hop`` per chat of agentloop's run (bench/library_floor.py: the SQL, the
     two streamed model calls, an event to Redis and the next job, per job, with nothing of
-    agentloop's), all published at once; as :func:`_floor` measures."""
+    agentloop's), all published at once; timed as :func:`_floor`. Exits unless each job
+    wrote its message."""
     from agentloop.models import Message
     from bench.celery_app import library_hop
 
-    rows_before = Message.objects.filter(chat_id__in=pks).count()
-    with tempfile.TemporaryDirectory() as finish_dir:
-        pids = process_trees(roots)
-        cpu_before = cpu_seconds(pids)
-        started = time.monotonic()
+    def start(finish_dir: str) -> int:
         for pk in pks:
             args = (finish_dir, pk, 3)
             library_hop.apply_async(args, argsrepr=repr(args), kwargsrepr="{}")
-        while len(os.listdir(finish_dir)) < len(pks):
-            if time.monotonic() - started > timeout:
-                print(f"the libraries' floor did not finish in {timeout:.0f} s", file=sys.stderr)
-                return None
-            time.sleep(TICK)
-        wall = time.monotonic() - started
-        cpu = cpu_seconds(process_trees(roots)) - cpu_before
+        return len(pks)
+
+    rows_before = Message.objects.filter(chat_id__in=pks).count()
+    measured = _timed_chains("libraries' floor", start, roots, timeout)
     written = Message.objects.filter(chat_id__in=pks).count() - rows_before
-    if written != 3 * len(pks):  # each job wrote its message
+    if measured and written != 3 * len(pks):
         sys.exit(f"the libraries' floor wrote {written} messages, not {3 * len(pks)}")
-    return wall, cpu
+    return measured
 
 
 def _create(chat_model: Any, count: int, label: str = "q") -> list[int]:

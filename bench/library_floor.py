@@ -38,7 +38,10 @@ _parts: dict[str, Any] = {}
 
 
 def _resources() -> dict[str, Any]:
-    # Made on the first job of each worker process (after prefork's fork), once.
+    # Made on the first job of each worker process (after prefork's fork), once; the lock
+    # only until then (every job asks).
+    if _parts:
+        return _parts
     with _made:
         if not _parts:
             import httpx
