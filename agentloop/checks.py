@@ -25,6 +25,7 @@ from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
 from .providers.vertex import VertexAIProvider
 from .runners import Runner, runner_name
+from .runners.pools import check_database_reuse
 from .runners.sending import BUILTINS as RUNNERS
 
 
@@ -110,6 +111,8 @@ _SECONDS_RULES = {
 #: E014: ``agentloop.budgets.checks``, registered with these).
 _CHECKED_APART = frozenset({"BUDGETS", "BUDGET_SUBJECT", "RATE_LIMITS"})
 BUDGET_CHECKS = (check_budgets, check_rate_limits)
+#: E020: ``agentloop.runners.pools``, registered with it.
+RUNNER_CHECKS = (check_database_reuse,)
 
 
 @register(Tags.compatibility)

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULTS",
     "AgentloopSettings",
     "BudgetLimits",
+    "ModelPrice",
     "RateLimit",
     "Settings",
     "agentloop_settings",
@@ -125,6 +126,33 @@ def _rate_limit_keys(value: dict[str, Any]) -> dict[str, Any]:
 _RateLimits = Annotated[dict[str, RateLimit], AfterValidator(_rate_limit_keys)]
 
 
+class ModelPrice(BaseModel):
+    """One ``AGENTLOOP["PRICES"]`` entry: a model's prices in US dollars per million tokens,
+    written as ``models.json`` writes them. Only input and output are required: cache reads
+    cost ``cached_input_price`` (else input's), cache writes ``cache_write_price`` (else
+    input's), those kept an hour ``cache_write_1h_price`` (else the 5-minute price)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_price: _Dollars
+    output_price: _Dollars
+    cached_input_price: _Dollars | None = None
+    cache_write_price: _Dollars | None = None
+    cache_write_1h_price: _Dollars | None = None
+
+
+def _price_keys(value: dict[str, Any]) -> dict[str, Any]:
+    for key in value:
+        provider, colon, model = key.partition(":")
+        if not (provider and colon and model):
+            raise ValueError(f"{key!r} is not 'provider:model'")
+    return value
+
+
+#: {"<provider>:<model>": ModelPrice}.
+_Prices = Annotated[dict[str, ModelPrice], AfterValidator(_price_keys)]
+
+
 class Settings(BaseModel):
     """The ``AGENTLOOP`` dict, typed: each key, its type and its default."""
 
@@ -142,6 +170,9 @@ class Settings(BaseModel):
     #: keep-alive comments included); past it the call is aborted with ProviderTimeout (a
     #: transient error). ``PROVIDERS[name]["call_timeout"]`` sets one provider's. None: none.
     MODEL_CALL_TIMEOUT: _Seconds | None = 600.0
+    #: seconds one guardrail may take to decide (a guardrail's own ``timeout=`` wins); past
+    #: it the guardrail fails closed (GuardrailError). None: no limit.
+    GUARDRAIL_TIMEOUT: _Interval | None = 30.0
     #: model calls in flight at once per process: {"openai": 50, "anthropic:claude-opus-4": 10,
     #: "default": 100}; a model's limit, then its provider's (else "default"). {}: no limit.
     MODEL_CONCURRENCY: _Concurrency = Field(default_factory=dict)
@@ -182,6 +213,13 @@ class Settings(BaseModel):
     #: largest event data (bytes of JSON) an event stream sends whole; a larger event is sent
     #: with its texts cut to fit and "truncated": true (the rows keep everything).
     EVENTS_MAX_BYTES: Annotated[int, Field(strict=True, ge=1024)] = 256 * 1024
+    #: live streams (event streams and useChat streams) one user may have open at once, across
+    #: the processes sharing REDIS_URL (per process without Redis); past it a 429. None: no cap.
+    EVENTS_STREAMS_PER_USER: _PositiveInt | None = 10
+    #: largest JSON a view reads from a person (a useChat body, edited tool arguments), bytes.
+    JSON_MAX_BYTES: _PositiveInt = 2_621_440
+    #: deepest nesting (arrays and objects inside each other) of that JSON.
+    JSON_MAX_DEPTH: _PositiveInt = 100
     #: how background steps run: "celery", "embedded" (in-process threads), "django_tasks"
     #: (Django 6's tasks framework, settings.TASKS) or "auto" (Celery when its app has a
     #: broker configured, else embedded).
@@ -255,6 +293,11 @@ class Settings(BaseModel):
     #: seconds a background step waits in place for a rate limit; a longer wait ends the step
     #: and its job is sent again when the limit has room (no worker slot is held).
     RATE_LIMIT_WAIT: _Seconds = 5.0
+    #: prices of models per million tokens, by "provider:model" (the provider's name as
+    #: configured, or its kind: "vertexai", "azure", "bedrock"): {"azure:gpt-5-nano":
+    #: {"input_price": "0.05", "output_price": "0.40"}}. They win over the model catalog
+    #: and genai-prices (docs/budgets.md).
+    PRICES: _Prices = Field(default_factory=dict)
 
 
 #: every key and its default value.

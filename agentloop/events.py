@@ -9,7 +9,6 @@ what it can do with flags (``keeps_events``), not by its class.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -22,7 +21,7 @@ from django.apps import apps
 
 from .conf import agentloop_settings
 from .messages import TextDelta, ToolCallDelta
-from .process import redis_client
+from .process import redis_client, stream_reader
 from .process.event_publisher import publisher
 from .process.redis_client import chat_key
 
@@ -38,6 +37,7 @@ __all__ = [
     "delete_events",
     "erase_events",
     "flush",
+    "forget_messages",
     "get_backend",
     "message_payload",
     "publish_chunk",
@@ -70,9 +70,12 @@ def message_payload(message: Any) -> dict[str, Any]:
         payload["thinking"] = (
             "" if payload.get("blocked") is not None else (getattr(message, "thinking", "") or "")
         )
-        # An answer just saved carries its call rows (the store sets them): no query.
+        # An answer just saved carries its call rows (the store sets them): no query. A
+        # blocked answer's calls (never run) are not shown either.
         calls = getattr(message, "_agentloop_tool_calls", None)
-        if calls is None:
+        if payload.get("blocked") is not None:
+            calls = []
+        elif calls is None:
             calls = message.tool_calls.all()
         payload["tool_calls"] = [
             {"id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
@@ -126,6 +129,11 @@ class EventBackend(ABC):
         for key in keys:
             self.delete(key)
 
+    def drop_messages(self, key: str, message_ids: list[Any]) -> None:
+        """Forget the ``message`` events of rows ``message_ids`` of the chat named ``key``
+        (their text was erased from the rows); default: nothing is kept, nothing to do."""
+        return None
+
     def aconnect(self) -> Any:
         """A connection for :meth:`aread` in the running event loop (None: none needed).
 
@@ -155,6 +163,7 @@ class RedisEvents(EventBackend):
     keeps_events = True
 
     def __init__(self, url: str, maxlen: int = 1000, ttl: int | None = None) -> None:
+        self.url = url
         self.client = redis_client.client(url)
         self.maxlen = maxlen
         #: seconds a stream lives after its latest event (None: until its chat is deleted).
@@ -194,19 +203,17 @@ class RedisEvents(EventBackend):
         return self.events_of(answer)
 
     def aconnect(self) -> Any:
-        return redis_client.async_client()
+        """A subscription to the event loop's one shared reader (``process.stream_reader``):
+        however many streams are open, the loop reads them on one Redis connection."""
+        return stream_reader.subscribe(self.url, READ_COUNT)
 
     async def aread(
         self, key: str, after: str | None, timeout: float, connection: Any = None
     ) -> list[Event]:
-        """XREAD BLOCK on ``connection`` (from :meth:`aconnect`), awaited: blocks no thread."""
-        try:
-            answer: Any = await connection.xread(**self._xread_args(key, after, timeout))
-        except Exception as exc:
-            self._erased(exc)
-            await asyncio.sleep(timeout)
-            return []
-        return self.events_of(answer)
+        """The events after ``after``, from the shared reader (``connection``, from
+        :meth:`aconnect`), awaited: blocks no thread (an erased chat's tombstone: none)."""
+        entries = await connection.read(self.stream(key), after, timeout)
+        return self.events_of([(self.stream(key), entries)])
 
     @staticmethod
     def _erased(exc: Exception) -> None:
@@ -237,6 +244,29 @@ class RedisEvents(EventBackend):
             for key in keys[start : start + 1000]:
                 pipeline.set(self.stream(key), self.TOMBSTONE, ex=max(1, ttl))
             pipeline.execute()
+
+    def drop_messages(self, key: str, message_ids: list[Any]) -> None:
+        """XDEL the stream's ``message`` events of those rows, read a part at a time (a
+        tombstone, or no stream, has none)."""
+        stream, wanted = self.stream(key), {str(pk) for pk in message_ids}
+        found: list[bytes] = []
+        lower = "-"
+        while True:
+            try:
+                entries: Any = self.client.xrange(stream, min=lower, max="+", count=READ_COUNT)
+            except Exception as exc:
+                self._erased(exc)
+                return
+            for event_id, fields in entries:
+                event = json.loads(fields[b"event"])
+                data = event.get("data") or {}
+                if event.get("type") == "message" and str(data.get("id")) in wanted:
+                    found.append(event_id)
+            if len(entries) < READ_COUNT:
+                break
+            lower = "(" + entries[-1][0].decode()
+        if found:
+            self.client.xdel(stream, *found)
 
     def latest_id(self, key: str, type_: str) -> str:
         """The id of the latest kept event of ``type_`` ("0-0" when there is none)."""
@@ -368,6 +398,14 @@ def erase_events(chat_keys: list[str], ttl: int) -> None:
     for key in chat_keys:
         publisher().discard(backend, backend.destination(key))
     backend.erase(chat_keys, ttl)
+
+
+def forget_messages(messages_by_chat: dict[str, list[Any]]) -> None:
+    """Forget the ``message`` events of some rows whose text was erased, by chat (named by
+    ``chat_key``): a page that reconnects reads the rows as they are now."""
+    backend = get_backend()
+    for key, message_ids in messages_by_chat.items():
+        backend.drop_messages(key, message_ids)
 
 
 def delete_events(chat: Any) -> None:

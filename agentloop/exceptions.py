@@ -9,8 +9,9 @@
     │   ├── LimitReachedError       a per-turn limit stopped the turn before a model call
     │   │   └── BudgetExceededError a budget or quota of the chat's subject stopped it
     │   └── GuardrailBlockedError   a guardrail blocked the user's message, an answer or a tool call
-    ├── GuardrailError              a guardrail raised, or returned no decision (fails closed)
+    ├── GuardrailError              a guardrail raised, returned no decision or took too long
     ├── RateLimitWaiting            a background step waits for a fleet rate limit (sent again)
+    ├── PlaceWaiting                a background chat waits in line for a chats-in-flight place
     ├── PendingToolCallsError       ask_later() while tool calls still wait for results
     ├── EditError                   edit(), regenerate() or fork() named a message they can't act on
     ├── ConcurrentWriteError        another process wrote the same step first
@@ -69,6 +70,7 @@ __all__ = [
     "MCPServerError",
     "NeedsInput",
     "PendingToolCallsError",
+    "PlaceWaiting",
     "ProviderError",
     "ProviderTimeout",
     "RateLimitError",
@@ -135,9 +137,9 @@ class GuardrailBlockedError(ChatStoppedError):
 
 
 class GuardrailError(AgentloopError):
-    """A guardrail raised, or returned something that is not a decision: it fails closed
-    (what it judged is not sent on; the chat is marked failed). A guardrail that can't be
-    loaded is a ``ConfigurationError``."""
+    """A guardrail raised, returned something that is not a decision, or did not decide
+    within its time limit: it fails closed (what it judged is not sent on; the chat is
+    marked failed). A guardrail that can't be loaded is a ``ConfigurationError``."""
 
 
 class BudgetExceededError(LimitReachedError):
@@ -163,6 +165,18 @@ class RateLimitWaiting(AgentloopError):  # noqa: N818 - a wait, not a failure
         super().__init__(f"{reason} (about {seconds:.1f} s)")
         self.seconds = seconds
         #: what the chat waits for, e.g. "rate limit: openai requests per minute".
+        self.reason = reason
+
+
+class PlaceWaiting(AgentloopError):  # noqa: N818 - a wait, not a failure
+    """A background chat found every place of its subject's ``chats_in_flight`` quota taken:
+    it ends before its model call (nothing is sent or charged) and waits in line, queued,
+    with no job in flight; the chat that frees a place sends its job, in the order the
+    chats came. ``chat.waiting_for`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        #: what the chat waits for, e.g. "budget: 1 chat in flight reached for owner 42".
         self.reason = reason
 
 

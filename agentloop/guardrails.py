@@ -6,8 +6,9 @@ and returns a decision: :data:`PASS`, :class:`Block` (with a reason) or :class:`
 
 - **input**: a user message, before the model call that answers it (with
   ``run_in_parallel=True``: during that call, which is abandoned when the guardrail blocks);
-- **output**: a final answer (one that asks for no tools), before it is kept;
-- **tool**: a tool call, before it runs.
+- **output**: each answer's text (a final answer, or the words that come with tool calls),
+  before it is kept;
+- **tool**: a tool call, before a person is asked to approve it and before it runs.
 
 ::
 
@@ -21,19 +22,23 @@ and returns a decision: :data:`PASS`, :class:`Block` (with a reason) or :class:`
 
     chat.with_guardrails(no_card_numbers)   # a persisted chat keeps its import path
 
-A guardrail must return a decision: anything else (``None`` included), or an exception it
-raises, fails closed (``GuardrailError``; the chat is marked failed). docs/guardrails.md has
-the whole story: what is kept, what the model sees, where outcomes show.
+A guardrail must return a decision: anything else (``None`` included), an exception it
+raises, or no decision within its time limit (``timeout=``, else
+``AGENTLOOP["GUARDRAIL_TIMEOUT"]``) fails closed (``GuardrailError``; the chat is marked
+failed). docs/guardrails.md has the whole story: what is kept, what the model sees, where
+outcomes show.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, overload
 
+from .conf import agentloop_settings
 from .exceptions import ConfigurationError
 from .importing import import_path_of, load_by_path
 from .messages import Message, ToolCall
@@ -112,9 +117,10 @@ Decision = Pass | Block | Replace
 class GuardrailContext:
     """What a guardrail judges, and where.
 
-    ``text`` is the user's message (input), the answer (output), or the call's arguments
-    as JSON (tool); a guardrail before it may have replaced it. ``message`` is that user
-    message or answer (for a tool call: the answer that asked for it); ``tool_call`` the
+    ``text`` is the user's message (input), the answer's text (output), or the call's
+    arguments as JSON (tool); a guardrail before it may have replaced it. ``message`` is
+    that user message or answer, with the tool calls it asks for (for a tool call: the
+    answer that asked for it); ``tool_call`` the
     call, its ``name`` and ``arguments``; ``transcript`` the finished messages before
     (untrusted text, like ``text``). ``chat`` is the persisted ``Chat`` (or the in-memory
     chat); ``background`` is True in a worker's job."""
@@ -148,6 +154,9 @@ class Guardrail:
     run_in_parallel: bool = False
     #: tool guardrails: only the calls of these tools (None: every call).
     tools: frozenset[str] | None = None
+    #: seconds it may take to decide; past them it fails closed (None:
+    #: ``AGENTLOOP["GUARDRAIL_TIMEOUT"]``).
+    timeout: float | None = None
 
     #: the decorated function (None for a subclass overriding ``check``).
     function: Check | None = None
@@ -160,6 +169,7 @@ class Guardrail:
         name: str | None = None,
         run_in_parallel: bool | None = None,
         tools: Iterable[str] | None = None,
+        timeout: float | None = None,
     ) -> None:
         stage = stage or getattr(type(self), "stage", None)
         if stage not in STAGES:
@@ -185,7 +195,9 @@ class Guardrail:
             self.run_in_parallel = bool(run_in_parallel)
         if tools is not None:
             self.tools = frozenset([tools] if isinstance(tools, str) else map(str, tools))
-        _check_options(stage, self.name, self.run_in_parallel, self.tools)
+        if timeout is not None:
+            self.timeout = timeout
+        _check_options(stage, self.name, self.run_in_parallel, self.tools, self.timeout)
 
     def __repr__(self) -> str:
         parallel = " parallel" if self.run_in_parallel else ""
@@ -208,14 +220,34 @@ class Guardrail:
         """A tool guardrail judges ``call`` (it names no tools, or names this call's)."""
         return self.tools is None or call.name in self.tools
 
+    def time_limit(self) -> float | None:
+        """Seconds it may take to decide: its own ``timeout``, else
+        ``AGENTLOOP["GUARDRAIL_TIMEOUT"]`` (None: no limit)."""
+        if self.timeout is not None:
+            return float(self.timeout)
+        limit = agentloop_settings.GUARDRAIL_TIMEOUT
+        return None if limit is None else float(limit)
 
-def _check_options(stage: str, name: str, run_in_parallel: bool, tools: Any) -> None:
+
+def _check_options(
+    stage: str, name: str, run_in_parallel: bool, tools: Any, timeout: Any = None
+) -> None:
     if run_in_parallel and stage != "input":
         raise ConfigurationError(
             f"Guardrail {name!r}: only input guardrails run in parallel with the model call."
         )
     if tools is not None and stage != "tool":
         raise ConfigurationError(f"Guardrail {name!r}: only tool guardrails take tools=.")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigurationError(
+            f"Guardrail {name!r}: timeout= is a positive number of seconds (None: "
+            f"AGENTLOOP['GUARDRAIL_TIMEOUT']), not {timeout!r}."
+        )
 
 
 def _decorator(stage: Stage) -> Any:
@@ -225,15 +257,22 @@ def _decorator(stage: Stage) -> Any:
         name: str | None = None,
         run_in_parallel: bool = False,
         tools: Iterable[str] | None = None,
+        timeout: float | None = None,
     ) -> Any:
         def make(target: Check) -> Guardrail:
             return Guardrail(
-                target, stage=stage, name=name, run_in_parallel=run_in_parallel, tools=tools
+                target,
+                stage=stage,
+                name=name,
+                run_in_parallel=run_in_parallel,
+                tools=tools,
+                timeout=timeout,
             )
 
         if function is not None:
             return make(function)
-        _check_options(stage, name or "", run_in_parallel, tools)  # wrong ones fail at once
+        # Wrong options fail at once.
+        _check_options(stage, name or "", run_in_parallel, tools, timeout)
         return make
 
     return decorate
@@ -243,22 +282,26 @@ def _decorator(stage: Stage) -> Any:
 def input_guardrail(function: Check, /) -> Guardrail: ...
 @overload
 def input_guardrail(
-    *, name: str | None = None, run_in_parallel: bool = False
+    *, name: str | None = None, run_in_parallel: bool = False, timeout: float | None = None
 ) -> Callable[[Check], Guardrail]: ...
 def input_guardrail(function: Check | None = None, /, **options: Any) -> Any:
     """Make ``function(context)`` an input guardrail: it judges each user message before
     the model call that answers it; ``run_in_parallel=True`` judges during that call,
-    which is abandoned (its stream closed) when the guardrail does not pass."""
+    which is abandoned (its stream closed) when the guardrail does not pass. ``timeout``:
+    seconds it may take (default ``AGENTLOOP["GUARDRAIL_TIMEOUT"]``)."""
     return _decorator("input")(function, **options)
 
 
 @overload
 def output_guardrail(function: Check, /) -> Guardrail: ...
 @overload
-def output_guardrail(*, name: str | None = None) -> Callable[[Check], Guardrail]: ...
+def output_guardrail(
+    *, name: str | None = None, timeout: float | None = None
+) -> Callable[[Check], Guardrail]: ...
 def output_guardrail(function: Check | None = None, /, **options: Any) -> Any:
-    """Make ``function(context)`` an output guardrail: it judges each final answer (one
-    that asks for no tools) before it is kept."""
+    """Make ``function(context)`` an output guardrail: it judges the text of each answer (a
+    final answer, or the words that come with tool calls) before it is kept. ``timeout``:
+    seconds it may take (default ``AGENTLOOP["GUARDRAIL_TIMEOUT"]``)."""
     return _decorator("output")(function, **options)
 
 
@@ -266,11 +309,12 @@ def output_guardrail(function: Check | None = None, /, **options: Any) -> Any:
 def tool_guardrail(function: Check, /) -> Guardrail: ...
 @overload
 def tool_guardrail(
-    *, name: str | None = None, tools: Iterable[str] | None = None
+    *, name: str | None = None, tools: Iterable[str] | None = None, timeout: float | None = None
 ) -> Callable[[Check], Guardrail]: ...
 def tool_guardrail(function: Check | None = None, /, **options: Any) -> Any:
     """Make ``function(context)`` a tool guardrail: it judges each tool call (of the tools
-    named in ``tools``, or every call) before it runs."""
+    named in ``tools``, or every call) before a person is asked to approve it and before it
+    runs. ``timeout``: seconds it may take (default ``AGENTLOOP["GUARDRAIL_TIMEOUT"]``)."""
     return _decorator("tool")(function, **options)
 
 

@@ -9,15 +9,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
+from collections.abc import Mapping
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationInfo,
+    field_validator,
+)
 
 from .attachments import Attachment
+from .storable import storable_json
 
 __all__ = [
+    "MAX_COST",
+    "MAX_TOKENS",
     "Caching",
     "Chunk",
     "GuardrailOutcome",
@@ -34,9 +49,14 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallState",
     "ToolDefinition",
+    "checked_cost",
     "chunk_adapter",
     "messages_adapter",
+    "reported_tokens",
+    "token_count",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: "summary" is a compaction's summary of older messages: kept in the transcript, sent to
 #: providers by the engine as context (see ``engine.compaction``), never as its own role.
@@ -122,8 +142,11 @@ class ToolCall(BaseModel):
     key: Any = None
 
     def arguments_digest(self) -> str:
-        """A stable digest of the arguments: an approval holds for exactly these."""
-        canonical = json.dumps(self.arguments, sort_keys=True, separators=(",", ":"), default=str)
+        """A stable digest of the arguments: an approval holds for exactly these. They are
+        digested as stored (``storable_json``), so the arguments read back digest alike."""
+        canonical = json.dumps(
+            storable_json(self.arguments), sort_keys=True, separators=(",", ":"), default=str
+        )
         return hashlib.sha256(f"{self.name}\n{canonical}".encode()).hexdigest()
 
 
@@ -195,13 +218,93 @@ Chunk = Annotated[TextDelta | ToolCallDelta | ThinkingDelta, Field(discriminator
 chunk_adapter: TypeAdapter[TextDelta | ToolCallDelta | ThinkingDelta] = TypeAdapter(Chunk)
 
 
+# -- numbers a provider reports: read at one boundary -------------------------------------------
+#: the most tokens counted for one attempt: what a usage row holds (an ``integer`` column on
+#: PostgreSQL), far beyond any model's window. A larger count is counted as this.
+MAX_TOKENS = 2**31 - 1
+#: the largest cost recorded for one attempt (``Usage.cost``: 14 digits, 8 of them decimal).
+#: A larger one is recorded as this: too much rather than nothing against a budget.
+MAX_COST = Decimal("999999.99999999")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def token_count(value: Any, name: str = "tokens") -> int:
+    """A token count (``name``) as a provider reported it, made safe: a whole number from 0
+    to :data:`MAX_TOKENS`. None (not reported) is 0; a count that is negative, not a
+    number, NaN or beyond :data:`MAX_TOKENS` is logged as a warning and counted as 0 (as
+    :data:`MAX_TOKENS` when too large); a fraction is rounded up. Never a credit, never
+    a row that can't be written."""
+    if value is None:
+        return 0
+    number: float | int
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float | str | Decimal):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+    else:
+        number = math.nan
+    if isinstance(number, float):
+        if math.isnan(number):
+            logger.warning("A provider reported %s=%s: counted as 0.", name, _shown(value))
+            return 0
+        if math.isinf(number):
+            number = MAX_TOKENS + 1 if number > 0 else -1
+        else:
+            number = math.ceil(number)
+    if number < 0:
+        logger.warning("A provider reported %s=%s: counted as 0.", name, _shown(value))
+        return 0
+    if number > MAX_TOKENS:
+        logger.warning("A provider reported %s=%s: counted as %d.", name, _shown(value), MAX_TOKENS)
+        return MAX_TOKENS
+    return number
+
+
+def reported_tokens(data: Any, key: str) -> int:
+    """The token count ``data[key]`` a provider reported, made safe (:func:`token_count`);
+    0 when ``data`` is not an object."""
+    return token_count(data.get(key), key) if isinstance(data, Mapping) else 0
+
+
+def checked_cost(amount: Any, model: str = "") -> Decimal | None:
+    """The cost of one attempt (of ``model``), made safe: None (unknown) as it is; a cost
+    that is negative, NaN or not a number is logged as a warning and unknown (None: never
+    a credit), one beyond :data:`MAX_COST` (infinite included) is logged and
+    :data:`MAX_COST`."""
+    if amount is None:
+        return None
+    of = f" of {model}" if model else ""
+    try:
+        if isinstance(amount, bool):
+            raise TypeError(amount)
+        value = amount if isinstance(amount, Decimal) else Decimal(str(amount))
+    except (InvalidOperation, TypeError, ValueError):
+        logger.warning("The cost%s is not a number (%s): recorded as unknown.", of, _shown(amount))
+        return None
+    if value.is_nan() or value < 0:
+        logger.warning("The cost%s is %s: recorded as unknown.", of, _shown(amount))
+        return None
+    if value > MAX_COST:
+        logger.warning("The cost%s is %s: recorded as %s.", of, _shown(amount), MAX_COST)
+        return MAX_COST
+    return value
+
+
 class TokenUsage(BaseModel):
     """Tokens one provider attempt used.
 
     ``input_tokens`` is the whole prompt, cache reads and writes included (as OpenAI counts
     it); ``cache_read_tokens`` and ``cache_write_tokens`` say how much of it the provider
     read from, or wrote to, its prompt cache. ``cached_tokens`` is the older name of
-    ``cache_read_tokens``, still accepted and readable.
+    ``cache_read_tokens``, still accepted and readable. Each count is made safe as it is
+    read (:func:`token_count`).
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -215,6 +318,19 @@ class TokenUsage(BaseModel):
     #: of ``cache_write_tokens``, those written for an hour (Anthropic prices them higher).
     cache_write_1h_tokens: int = 0
     reasoning_tokens: int = 0
+
+    @field_validator(
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "cache_write_1h_tokens",
+        "reasoning_tokens",
+        mode="before",
+    )
+    @classmethod
+    def _safe_count(cls, value: Any, info: ValidationInfo) -> int:
+        return token_count(value, info.field_name or "tokens")
 
     @property
     def cached_tokens(self) -> int:

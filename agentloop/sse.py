@@ -43,7 +43,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
 from .permissions import can_view_chat
-from .stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive
+from .stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive, shared_reads
 
 __all__ = [
     "CUT_MARK",
@@ -216,6 +216,8 @@ class ChatEventReader:
         self.gone = False
         self._state: dict[str, Any] | None = None
         self._streaming: Event | None = None
+        #: when the stream began: it shares no read made before (``shared_reads``).
+        self.began = time.monotonic()
 
     @property
     def keeps_events(self) -> bool:
@@ -263,6 +265,20 @@ class ChatEventReader:
         return frames
 
     def _read_state(self) -> bytes | None:
+        # Shared with the process's other streams of this chat (one read per half interval).
+        key = ("events", self.chat_model._meta.label_lower, self.chat_pk)
+        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
+        state = shared_reads.get(key, max_age, self._chat_state, self.began)
+        if state is None:
+            self.gone = True
+            return None
+        if state == self._state:
+            return None
+        self._state = state
+        return format_event("state", state, max_bytes=self.max_bytes)
+
+    def _chat_state(self) -> dict[str, Any] | None:
+        """The chat's state as a page is told it (None: the chat is gone); one or two queries."""
         call_model = self.chat_model._meta.get_field("tool_calls").related_model
         waiting = call_model.objects.filter(chat_id=OuterRef("pk"), state="waiting")
         row = (
@@ -280,7 +296,6 @@ class ChatEventReader:
             .first()
         )
         if row is None:
-            self.gone = True
             return None
         pending: list[dict[str, Any]] = []
         if row["has_waiting"]:
@@ -301,10 +316,7 @@ class ChatEventReader:
             # starts and ends between two polls (idle -> ... -> idle) still shows as a change.
             "changed_at": row["updated_at"].isoformat() if row["updated_at"] else None,
         }
-        if state == self._state:
-            return None
-        self._state = state
-        return format_event("state", state, max_bytes=self.max_bytes)
+        return state
 
 
 def _settings() -> tuple[float, float]:

@@ -11,11 +11,32 @@ ASGI response holds none).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
-from typing import Any
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Hashable,
+    Iterator,
+    Mapping,
+)
+from typing import Any, TypeVar
 
-__all__ = ["KEEPALIVE", "SEND", "SLEEP", "Pace", "Step", "adrive", "drive"]
+__all__ = [
+    "KEEPALIVE",
+    "SEND",
+    "SLEEP",
+    "Pace",
+    "SharedReads",
+    "Step",
+    "adrive",
+    "drive",
+    "shared_reads",
+]
+
+T = TypeVar("T")
 
 #: the step that writes its bytes to the client.
 SEND = "send"
@@ -43,6 +64,40 @@ class Pace:
             self.quiet_since = time.monotonic()
         if not keeps_events:
             yield SLEEP, max(0.0, next_poll - time.monotonic())
+
+
+class SharedReads:
+    """What the open streams of a process read of the same chat, read once for all of them
+    while it is younger than ``max_age`` seconds: a hundred streams of one chat make the
+    queries of one. Values are shared: readers must not change them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[Hashable, tuple[float, Any]] = {}
+
+    def get(self, key: Hashable, max_age: float, read: Callable[[], T], since: float) -> T:
+        """The value read under ``key`` less than ``max_age`` seconds ago and not before
+        ``since`` (a ``time.monotonic()``: a stream takes nothing read before it began, such
+        as a state from before the message it follows), else ``read()``'s (two streams may
+        read at once; the later one is kept)."""
+        started = time.monotonic()
+        with self._lock:
+            found = self._values.get(key)
+        if found is not None and found[0] >= since and started - found[0] < max_age:
+            value: T = found[1]
+            return value
+        value = read()
+        with self._lock:
+            # Timed from before the read: it shows the chat as it was then, at the latest.
+            self._values[key] = (started, value)
+            if len(self._values) > 1000:  # streams come and go: drop what has aged
+                for old in [k for k, (at, _) in self._values.items() if started - at >= max_age]:
+                    del self._values[old]
+        return value
+
+
+#: the reads this process's streams share.
+shared_reads = SharedReads()
 
 
 def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:

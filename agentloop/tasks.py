@@ -3,7 +3,9 @@
 Also a worker bootstep, added to every worker that imports this module: when the worker's
 connection to the broker comes back after a loss, it sends again the jobs of chats queued
 before the loss (a broker restarted without persistence lost them), so chats in flight go
-on without waiting for the sweeper.
+on without waiting for the sweeper. And a check at the worker's start: a ``threads`` or
+``gevent`` worker whose settings would run Django's connection pool dry logs why
+(agentloop.E020, ``agentloop.runners.pools``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.db import connections
 
 from .runners import Job, run_job
 from .runners.celery import STEP_TASK
+from .runners.pools import starving_reuse
 from .runners.sweeper import resend_queued, resume_stalled
 
 __all__ = [
@@ -114,3 +117,14 @@ def _add_reconnect_step(sender: Any, **kwargs: Any) -> None:
     steps = sender.app.steps["consumer"]
     if ResendAfterReconnect not in steps:
         steps.add(ResendAfterReconnect)
+
+
+@worker_init.connect
+def _say_if_connections_starve(sender: Any, **kwargs: Any) -> None:
+    # The worker's pool is known here (``-P threads`` on its command line), not to
+    # ``manage.py check`` (agentloop.E020 sees only CELERY_WORKER_POOL).
+    problem = starving_reuse(sender.pool_cls, sender.app.conf)
+    if problem:
+        logger.error(
+            "%s Remove CELERY_DB_REUSE_MAX from this worker's settings (agentloop.E020).", problem
+        )

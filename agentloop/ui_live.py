@@ -25,7 +25,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from .conf import agentloop_settings
 from .events import Event, chat_key, database_events, get_backend
 from .sse import ReaderAccess
-from .stream_drivers import SEND, Pace, Step, adrive, drive
+from .stream_drivers import SEND, Pace, Step, adrive, drive, shared_reads
 from .ui_messages import row_payload
 from .ui_stream import DONE, HEADERS, UIStreamTranslator, encode
 
@@ -66,6 +66,8 @@ class RunFollower:
         self.state: dict[str, Any] = {"state": "queued"}
         #: the chat is gone, or its reader may no longer see it: the stream stops.
         self.gone = False
+        #: when the stream began (after what the view wrote): it shares no read made before.
+        self.began = time.monotonic()
 
     @property
     def keeps_events(self) -> bool:
@@ -139,14 +141,24 @@ class RunFollower:
         return not self.gone
 
     def _read_state(self) -> dict[str, Any]:
+        # Shared with the process's other streams of this chat (one read per half interval).
+        key = ("usechat", self.chat_model._meta.label_lower, self.chat_pk)
+        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
+        row = shared_reads.get(key, max_age, self._chat_state, self.began)
+        if row is None:
+            self.gone = True
+            return {}
+        return row
+
+    def _chat_state(self) -> dict[str, Any] | None:
+        """The chat's state, error and calls waiting for a person (None: the chat is gone)."""
         row = (
             self.chat_model.objects.filter(pk=self.chat_pk)
             .values("state", "error", "stop_reason")
             .first()
         )
         if row is None:
-            self.gone = True
-            return {}
+            return None
         row["pending"] = []
         if row["state"] == "waiting":
             call_model = self.chat_model._meta.get_field("tool_calls").related_model

@@ -32,6 +32,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .storable import storable_text
+
 __all__ = [
     "DONE",
     "HEADERS",
@@ -68,7 +70,8 @@ _ERROR_CHARACTERS = 500
 def encode(chunk: Chunk) -> bytes:
     """One part as an SSE event: ``data: <JSON>`` and a blank line."""
     body = json.dumps(chunk, ensure_ascii=False, separators=(",", ":"), default=str)
-    return b"data: " + body.encode() + b"\n\n"
+    # A lone surrogate (model text) has no UTF-8: shown as U+FFFD, as it is stored.
+    return b"data: " + storable_text(body).encode() + b"\n\n"
 
 
 def user_message_id(pk: Any) -> str:

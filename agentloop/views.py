@@ -12,12 +12,19 @@ the history as ``UIMessage`` objects.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
@@ -30,8 +37,10 @@ from .exceptions import (
     PendingToolCallsError,
     ToolCallNotWaitingError,
 )
+from .json_input import JSONInputError, parse_json, request_json
 from .permissions import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
 from .sse import ReaderAccess, resume_point, stream_response
+from .stream_slots import hold, take_slot, too_many_streams
 from .ui_live import IN_FLIGHT, RunFollower, ui_stream_response
 from .ui_messages import row_payload, turn_rows, ui_messages
 from .ui_stream import UIStreamTranslator, answer_message_id, encode, error_line, parse_chat_request
@@ -97,11 +106,9 @@ def approve_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespon
     object posted as ``arguments`` (edited; 400 when the tool's ``Params`` refuse it)."""
     posted = request.POST.get("arguments", "").strip()
     try:
-        arguments = json.loads(posted) if posted else None
-    except ValueError:
-        return HttpResponse(
-            "arguments must be a JSON object.", status=400, content_type="text/plain"
-        )
+        arguments = parse_json(posted, "arguments") if posted else None
+    except JSONInputError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
     try:
         return _decide(
             request,
@@ -184,7 +191,25 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
     chat = await sync_to_async(get_chat_for_view)(request, pk)
-    return stream_response(request, chat)
+    return await sync_to_async(_streaming)(request, lambda: stream_response(request, chat))
+
+
+def _streaming(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """``start()``'s response, holding one of the user's live stream slots while it streams
+    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
+    ``start()`` writes anything. A response that doesn't stream gives its slot back at once."""
+    slot = take_slot(request.user.pk)
+    if slot is None:
+        return too_many_streams()
+    try:
+        response = start()
+    except BaseException:
+        slot.release()
+        raise
+    if not isinstance(response, StreamingHttpResponse):
+        slot.release()
+        return response
+    return hold(response, slot)
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
@@ -201,16 +226,20 @@ def usechat(request: HttpRequest) -> HttpResponseBase:
     responses decided, as the approve and deny views do) and the chat runs in the
     background; the answer is streamed as it is saved, to the end of the run."""
     try:
-        body = json.loads(request.body or b"null")
-    except ValueError:
-        return _refused("The request must be JSON.", 400)
+        body = request_json(request)
+    except JSONInputError as exc:
+        return _refused(str(exc), 400)
     asked = parse_chat_request(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-    started = _start_run(request, asked)
-    if isinstance(started, HttpResponse):
-        return started
-    return ui_stream_response(request, started)
+
+    def start() -> HttpResponseBase:
+        started = _start_run(request, asked)
+        if isinstance(started, HttpResponse):
+            return started
+        return ui_stream_response(request, started)
+
+    return _streaming(request, start)
 
 
 def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
@@ -265,10 +294,14 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
 def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-    follower = _resume_run(request, pk)
-    if follower is None:
-        return HttpResponse(status=204)
-    return ui_stream_response(request, follower)
+
+    def start() -> HttpResponseBase:
+        follower = _resume_run(request, pk)
+        if follower is None:
+            return HttpResponse(status=204)
+        return ui_stream_response(request, follower)
+
+    return _streaming(request, start)
 
 
 def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:

@@ -5,8 +5,11 @@ echoes the message) and scripted chats can both use them."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from agentloop.guardrails import (
@@ -200,3 +203,137 @@ def no_offshore(context: GuardrailContext) -> Decision:
     if arguments.get("to") == "offshore" or arguments.get("invoice") == "INV-0":
         return Block("not to that account")
     return PASS
+
+
+# -- answers that call tools, time limits and cancels (tests/test_guardrail_limits.py) ---------
+@output_guardrail
+def no_launch_codes(context: GuardrailContext) -> Decision:
+    """Blocks an answer that gives a secret away, whether or not it also calls a tool."""
+    _saw(context)
+    if "SECRET" in context.text:
+        return Block("the answer gives a secret away")
+    return PASS
+
+
+@output_guardrail
+def hide_codes(context: GuardrailContext) -> Decision:
+    """Replaces four-digit codes in an answer's text."""
+    if re.search(r"\b\d{4}\b", context.text):
+        return Replace(text=re.sub(r"\b\d{4}\b", "[code]", context.text))
+    return PASS
+
+
+class Holds:
+    """What the holding guardrails below wait for and report: ``release`` (a test sets it
+    once the run ended, so that their threads end too), ``entered`` (one started),
+    ``returned`` (one returned its decision), ``cancelled`` (the async ones whose task was
+    cancelled). Each test gets fresh ones (``release_holds``): a thread a test left behind
+    reports to its own test's."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.returned = threading.Event()
+        self.cancelled: list[str] = []
+
+
+HOLDS = Holds()
+
+
+def _hold(context: GuardrailContext) -> Decision:
+    holds = HOLDS
+    _saw(context)
+    holds.entered.set()
+    holds.release.wait(60)
+    holds.returned.set()
+    return PASS
+
+
+@input_guardrail(timeout=0.2)
+def stalls(context: GuardrailContext) -> Decision:
+    """Holds well past its own time limit (0.2 s)."""
+    return _hold(context)
+
+
+@input_guardrail
+def stalls_under_the_setting(context: GuardrailContext) -> Decision:
+    """Holds with no time limit of its own (``AGENTLOOP["GUARDRAIL_TIMEOUT"]`` bounds it)."""
+    return _hold(context)
+
+
+@input_guardrail(timeout=120)
+def holds_input(context: GuardrailContext) -> Decision:
+    """Holds a user message (until ``HOLDS.release``, or a minute); a cancel comes first."""
+    return _hold(context)
+
+
+@output_guardrail(timeout=120)
+def holds_output(context: GuardrailContext) -> Decision:
+    """Holds an answer; a cancel comes first."""
+    return _hold(context)
+
+
+@tool_guardrail(timeout=120)
+def holds_tool_calls(context: GuardrailContext) -> Decision:
+    """Holds a tool call; a cancel comes first."""
+    return _hold(context)
+
+
+@output_guardrail(timeout=0.2)
+async def stalls_async(context: GuardrailContext) -> Decision:
+    """An ``async def`` guardrail holding past its time limit (its task is cancelled)."""
+    holds = HOLDS
+    holds.entered.set()
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        holds.cancelled.append(context.guardrail)
+        raise
+    holds.returned.set()
+    return PASS
+
+
+@input_guardrail(timeout=120)
+def holds_for_the_flag(context: GuardrailContext) -> Decision:
+    """In a worker process: logs that it started, holds until $AGENTLOOP_TEST_FLAG exists (at
+    most 2 minutes, as the held tools do), then logs that it returned."""
+    _log_guardrail("holds_for_the_flag:started")
+    flag = os.environ.get("AGENTLOOP_TEST_FLAG")
+    deadline = time.monotonic() + 120
+    while flag and not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _log_guardrail("holds_for_the_flag:returned")
+    return PASS
+
+
+def _log_guardrail(line: str) -> None:
+    """Append to $AGENTLOOP_TEST_RUN_LOG (the run log the tools of tests/tools.py write)."""
+    path = os.environ.get("AGENTLOOP_TEST_RUN_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(line + "\n")
+
+
+def release_holds() -> None:
+    """Let held guardrails return, and give the next test fresh ``HOLDS``."""
+    global HOLDS
+    HOLDS.release.set()
+    HOLDS = Holds()
+
+
+@tool_guardrail(tools=["transfer"])
+def round_down(context: GuardrailContext) -> Decision:
+    """Rounds a transfer's amount down to a multiple of ten (it counts its calls in SEEN)."""
+    assert context.tool_call is not None
+    _saw(context)
+    amount = int(context.tool_call.arguments.get("amount", 0))
+    if amount % 10:
+        return Replace(arguments={**context.tool_call.arguments, "amount": amount - amount % 10})
+    return PASS
+
+
+@input_guardrail(run_in_parallel=True, timeout=120)
+def holds_in_parallel(context: GuardrailContext) -> Decision:
+    """Holds while the model call is in flight and after its answer came; a cancel comes
+    first."""
+    return _hold(context)

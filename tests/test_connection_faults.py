@@ -22,7 +22,7 @@ from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.runners import run_step
 from agentloop.testing import tool_call
 from tests.helpers import transcript
-from tests.tools import drop_connection, lose_reply, step_one
+from tests.tools import OUTAGES, drop_connection, lose_reply, outlast_the_lease, step_one
 from tests.workers import new_chat, settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,6 +80,36 @@ def test_a_tool_whose_connection_drops_runs_once_and_its_result_is_written(scrip
     assert chat.state == ChatState.IDLE
     assert chat.lease_token == ""
     assert chat.error == ""
+
+
+@postgresql
+def test_a_result_computed_while_connections_are_refused_past_the_lease_is_written_once(
+    scripted, user, run_log, settings
+):
+    """Issue 41, defect 13: the tool's result can't be written before the lease runs out
+    (the database refuses connections for twice the lease). It is written once connections
+    come back, since no other process could take the chat meanwhile; the tool runs once."""
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "LEASE_SECONDS": 2}
+    scripted.add(tool_call("outlast_the_lease", id="call_1"), "all done")
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_tools(outlast_the_lease)
+
+    try:
+        answer = chat.ask("go")
+    finally:
+        for outage in OUTAGES:
+            outage.join(30)  # connections are allowed again, whatever the step did
+
+    assert answer.content == "all done"
+    assert runs(run_log) == ["outlast_the_lease"]
+    chat = Chat.objects.get(pk=chat.pk)
+    assert transcript(chat, "role", "content") == [
+        ("user", "go"),
+        ("assistant", ""),
+        ("tool", "computed during the outage"),
+        ("assistant", "all done"),
+    ]
+    assert_one_result_per_call(chat)
+    assert (chat.state, chat.lease_token) == (ChatState.IDLE, "")
 
 
 @postgresql

@@ -19,9 +19,12 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentloop import data
+from agentloop import data, events
+from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.events import chat_key, get_backend
-from agentloop.models import Batch, BatchItem, Chat, Message, ToolCall, Usage
+from agentloop.models import Batch, BatchItem, Budget, Chat, Message, ToolCall, Usage
+from agentloop.testing import tool_call
+from tests.tools import ask_manager, transfer
 
 pytestmark = pytest.mark.django_db
 
@@ -218,6 +221,86 @@ def test_decisions_on_other_owners_chats_keep_the_decision_but_not_who_made_it(u
     call = ToolCall.objects.get(chat=theirs)
     assert (call.decision, call.decided_by_id) == ("approved", None)
     assert report.decisions_unattributed == 1
+
+
+def waiting_on(scripted, owner, *tools_and_calls) -> tuple[Chat, list[ToolCall]]:
+    """A chat of ``owner`` stopped at calls waiting for a person (``tool_call(...)`` each)."""
+    chat = Chat.objects.create(model="scripted:test", owner=owner).with_tools(transfer, ask_manager)
+    scripted.add(list(tools_and_calls))
+    chat.ask("Pay Bob")
+    return chat, list(ToolCall.objects.filter(chat=chat).order_by("id"))
+
+
+def test_the_owners_words_on_other_owners_chats_are_erased_the_decisions_kept(
+    user, other, scripted
+):
+    theirs, (pay, ask) = waiting_on(
+        scripted, other, tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"),
+        tool_call("ask_manager", {"question": "Which account?"}, id="q1"),
+    )  # fmt: skip
+    theirs.deny(pay.pk, reason="Ada's IBAN is DE89 3704", by=user)
+    theirs.answer(ask.pk, "Ada's savings, at 1 Main St", by=user)
+    untouched = list(theirs.messages.exclude(role="tool").values_list("pk", "content"))
+
+    report = data.erase_owner(user)
+
+    pay.refresh_from_db()
+    ask.refresh_from_db()
+    assert (pay.decision, pay.decision_reason, pay.decided_by_id) == ("denied", "[erased]", None)
+    assert (ask.decision, ask.decided_by_id) == ("answered", None)
+    results = dict(theirs.messages.filter(role="tool").values_list("tool_call_id", "content"))
+    assert results == {
+        pay.pk: f"{DENIED_RESULT} Reason: [erased]",
+        ask.pk: "[erased]",
+    }
+    # Nothing else of their chat changed.
+    assert list(theirs.messages.exclude(role="tool").values_list("pk", "content")) == untouched
+    assert (report.decisions_unattributed, report.words_erased) == (2, 2)
+    assert "2 with their words erased" in str(report)
+
+
+def test_the_words_of_another_decider_stay(user, other, scripted, django_user_model):
+    carol = django_user_model.objects.create_user(username="carol")
+    theirs, (pay,) = waiting_on(scripted, other, tool_call("transfer", {"amount": 5, "to": "b"}))
+    theirs.deny(pay.pk, reason="Carol says no", by=carol)
+
+    data.erase_owner(user)
+
+    pay.refresh_from_db()
+    assert (pay.decision_reason, pay.decided_by_id) == ("Carol says no", carol.pk)
+    assert theirs.messages.get(role="tool").content.endswith("Reason: Carol says no")
+
+
+def test_the_erased_words_leave_the_other_chats_event_stream(user, other, scripted, redis_events):
+    theirs, (pay,) = waiting_on(scripted, other, tool_call("transfer", {"amount": 5, "to": "b"}))
+    theirs.deny(pay.pk, reason="Ada's IBAN is DE89 3704", by=user)
+    assert events.flush()
+    stream = get_backend().stream(chat_key(theirs))
+    before = redis_events.xrange(stream)
+    assert any(b"DE89 3704" in fields[b"event"] for _, fields in before)
+
+    data.erase_owner(user)
+
+    after = redis_events.xrange(stream)
+    assert not any(b"DE89 3704" in fields[b"event"] for _, fields in after)
+    # Only the denial's result went: the chat's other events stay for its pages.
+    assert len(after) == len(before) - 1
+
+
+def test_erasing_deletes_the_owners_budget_row_only(user, other):
+    for person in (user, other):
+        Budget.objects.create(
+            subject=f"auth.user:{person.pk}", label=f"owner {person.pk}",
+            cost_per_day=Decimal("5.00"), day_cost=12_000_000,
+        )  # fmt: skip
+    Budget.objects.create(subject="teams.team:1", label="team 1")  # not the owner's own
+
+    report = data.erase_owner(user)
+
+    assert sorted(Budget.objects.values_list("subject", flat=True)) == [
+        f"auth.user:{other.pk}", "teams.team:1",
+    ]  # fmt: skip
+    assert report.budgets_deleted == 1
 
 
 def test_erasing_a_waiting_chat_cancels_its_run_first(user):

@@ -20,6 +20,7 @@ SAMPLES = [
     None,
     "",
     "text",
+    "a NUL \x00 and a lone \ud800 surrogate",  # made storable alike (agentloop.storable)
     gettext_lazy("lazy text"),
     MessageStatus.COMPLETE,
     True,
@@ -32,6 +33,7 @@ SAMPLES = [
     {"a": [1, 2]},
     [],
     ["x"],
+    {"key \x00": ["\udc00", float("nan")]},
     datetime(2026, 12, 1, 12, 30, tzinfo=UTC),
 ]
 

@@ -10,6 +10,7 @@ Celery workers in tests/test_guardrails_celery.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from asgiref.sync import async_to_sync
 
 import agentloop
 from agentloop import signals
+from agentloop.events import message_payload
 from agentloop.exceptions import ConfigurationError, GuardrailBlockedError, GuardrailError
 from agentloop.guardrails import (
     PASS,
@@ -28,7 +30,8 @@ from agentloop.guardrails import (
     output_guardrail,
 )
 from agentloop.models import Chat, ChatState, ToolCall, Usage
-from agentloop.testing import ScriptedProvider, tool_call
+from agentloop.testing import ScriptedProvider, reply, tool_call
+from agentloop.ui_messages import ui_messages
 from tests import guardrail_checks as checks
 from tests.helpers import transcript
 from tests.tools import add, charge_card
@@ -372,7 +375,7 @@ def test_a_replacing_output_guardrail_keeps_the_new_text_and_the_old_one_in_its_
     assert row.guardrails[0]["original"] == "damn right"
 
 
-def test_output_guardrails_judge_final_answers_only(chat, scripted):
+def test_output_guardrails_skip_an_answer_with_no_text(chat, scripted):
     chat.with_guardrails(checks.no_leaks).with_tools(add)
     scripted.add(tool_call("add", {"a": 1, "b": 2}), "3")
 
@@ -380,6 +383,57 @@ def test_output_guardrails_judge_final_answers_only(chat, scripted):
 
     assert checks.seen() == ["no_leaks:3"]
     assert chat.messages.filter(role="assistant").first().guardrails == []
+
+
+def test_output_guardrails_judge_the_text_of_an_answer_that_calls_tools(chat, scripted, run_log):
+    chat.with_guardrails(checks.no_launch_codes).with_tools(charge_card)
+    scripted.add(reply("The SECRET launch code is 0000.", tool_call("charge_card", {"amount": 5})))
+
+    with pytest.raises(GuardrailBlockedError, match="no_launch_codes: the answer gives a secret"):
+        chat.ask("What is the code?")
+
+    assert runs(run_log) == []  # the calls of a blocked answer never run
+    answer = chat.messages.get(role="assistant")
+    assert (answer.status, outcomes(answer)) == (
+        "blocked",
+        [("no_launch_codes", "output", "blocked")],
+    )
+    assert list(chat.tool_calls.values_list("state", flat=True)) == ["cancelled"]
+    chat.refresh_from_db()
+    assert (chat.state, chat.pending_approvals()) == (ChatState.STOPPED, [])
+    # Nothing of it is shown: not its text, not its calls.
+    assert "SECRET" not in json.dumps(ui_messages(chat))
+    assert "charge_card" not in json.dumps(ui_messages(chat))
+    payload = message_payload(answer)
+    assert (payload["content"], payload["tool_calls"]) == ("", [])
+
+
+def test_after_a_blocked_answer_that_called_tools_the_chat_goes_on(chat, scripted, run_log):
+    chat.with_guardrails(checks.no_launch_codes).with_tools(charge_card)
+    scripted.add(reply("The SECRET code.", tool_call("charge_card", {"amount": 5})))
+    with pytest.raises(GuardrailBlockedError):
+        chat.ask("What is the code?")
+    scripted.add("I can't share that.")
+
+    assert chat.ask("Then what?").content == "I can't share that."  # no call left pending
+
+    assert [(m.role, m.content) for m in scripted.requests[-1].messages] == [
+        ("user", "What is the code?"),
+        ("user", "Then what?"),
+    ]
+    assert runs(run_log) == []
+
+
+def test_a_replaced_text_of_an_answer_that_calls_tools_keeps_its_calls(chat, scripted):
+    chat.with_guardrails(checks.hide_codes).with_tools(add)
+    scripted.add(reply("Code 1234: adding.", tool_call("add", {"a": 1, "b": 2})), "3")
+
+    assert chat.ask("Add them").content == "3"
+
+    asking = chat.messages.filter(role="assistant").first()
+    assert (asking.content, asking.status) == ("Code [code]: adding.", "complete")
+    assert asking.guardrails[0]["original"] == "Code 1234: adding."
+    assert transcript(chat, "role", "content")[2] == ("tool", "3")  # the call ran
 
 
 def test_a_streamed_answer_that_is_blocked_leaves_one_blocked_row(chat, scripted):
@@ -692,26 +746,90 @@ def test_a_background_subagent_a_guardrail_stops_releases_its_waiting_parent(
 
 
 # -- tool guardrails with people in the loop, deferred tools, async verbs -----------------------
-def test_a_tool_guardrail_judges_an_approved_call_when_it_is_about_to_run(chat, scripted, run_log):
+def test_a_tool_guardrail_blocks_a_call_before_a_person_is_asked(chat, scripted, run_log):
     from tests.tools import transfer
 
     chat.with_guardrails(checks.no_offshore).with_tools(transfer)
-    scripted.add(tool_call("transfer", {"amount": 5, "to": "offshore"}, id="t1"))
-    chat.ask("Send 5 offshore")
-    assert chat.is_waiting()  # held for approval first: the guardrail has not judged yet
-    assert ToolCall.objects.get(chat=chat).guardrails == []
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "offshore"}, id="t1"), "It was blocked.")
+
+    assert chat.ask("Send 5 offshore").content == "It was blocked."
+
+    assert chat.pending_approvals() == []  # nobody was asked to approve what would not run
+    assert runs(run_log) == []
+    call = ToolCall.objects.get(chat=chat)
+    assert (call.decision, call.state, outcomes(call)) == (
+        "",
+        "failed",
+        [("no_offshore", "tool", "blocked")],
+    )
+    assert transcript(chat, "role", "content")[2] == (
+        "tool",
+        "Blocked by guardrail no_offshore: not to that account; the tool was not run.",
+    )
+
+
+def test_a_call_is_put_to_a_person_as_the_guardrails_left_it_and_not_judged_again(
+    chat, scripted, run_log
+):
+    from tests.tools import transfer
+
+    chat.with_guardrails(checks.round_down).with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 57, "to": "bob"}, id="t1"), "Done.")
+    chat.ask("Send 57 to bob")
+
+    (held,) = chat.pending_approvals()
+    assert held.arguments == {"amount": 50, "to": "bob"}  # what the person approves runs
+    row = ToolCall.objects.get(chat=chat)
+    assert (row.state, outcomes(row)) == ("waiting", [("round_down", "tool", "replaced")])
+    assert row.guardrails[0]["original"] == {"amount": 57, "to": "bob"}
 
     chat.approve("t1")
-    scripted.add("It was blocked.")
-    assert chat.complete().content == "It was blocked."
+    assert Chat.objects.get(pk=chat.pk).complete().content == "Done."
+
+    assert runs(run_log) == ["transfer"]
+    assert transcript(chat, "role", "content")[2] == ("tool", "sent 50 to bob")
+    assert len(checks.seen()) == 1  # judged once, before the person was asked
+    assert outcomes(ToolCall.objects.get(chat=chat)) == [("round_down", "tool", "replaced")]
+
+
+def test_arguments_an_approver_edited_are_judged_again(chat, scripted, run_log):
+    from tests.tools import transfer
+
+    chat.with_guardrails(checks.no_offshore).with_tools(transfer)
+    scripted.add(tool_call("transfer", {"amount": 5, "to": "bob"}, id="t1"), "It was blocked.")
+    chat.ask("Send 5 to bob")
+    assert outcomes(ToolCall.objects.get(chat=chat)) == [("no_offshore", "tool", "passed")]
+
+    chat.approve("t1", arguments={"amount": 5, "to": "offshore"})
+    assert Chat.objects.get(pk=chat.pk).complete().content == "It was blocked."
 
     assert runs(run_log) == []
     call = ToolCall.objects.get(chat=chat)
     assert (call.decision, call.state, outcomes(call)) == (
         "approved",
         "failed",
-        [("no_offshore", "tool", "blocked")],
+        [("no_offshore", "tool", "passed"), ("no_offshore", "tool", "blocked")],
     )
+
+
+def test_an_in_memory_chat_judges_a_call_before_a_person_is_asked(scripted, run_log):
+    from tests.tools import transfer
+
+    memory = agentloop.chat("scripted:test").with_tools(transfer)
+    memory.with_guardrails(checks.round_down, checks.no_offshore)
+    scripted.add(
+        tool_call("transfer", {"amount": 5, "to": "offshore"}, id="t0"),
+        tool_call("transfer", {"amount": 57, "to": "bob"}, id="t1"),
+        "Sent.",
+    )
+    memory.ask("Send 5 offshore")  # blocked: the model hears why and asks for another
+
+    (held,) = memory.pending_approvals()
+    assert (held.id, held.arguments) == ("t1", {"amount": 50, "to": "bob"})
+    memory.approve("t1")
+    assert memory.complete().content == "Sent."
+    assert runs(run_log) == ["transfer"]
+    assert [entry.split(":")[0] for entry in checks.seen()] == ["round_down", "round_down"]
 
 
 def test_a_deferred_call_is_judged_before_it_is_handed_out(chat, scripted):

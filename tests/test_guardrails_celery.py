@@ -1,7 +1,8 @@
 """Guardrails on real ``celery worker`` processes: the worker loads them from the chat's
 import paths and they act as in this process (a block stops the job's chat, a replacement is
 what the model is sent, a tool block is the model's error result, a parallel guardrail's block
-abandons the call, a failing one fails the chat with its error).
+abandons the call, a failing one fails the chat with its error), and a cancel stops a job
+while a guardrail decides, without waiting for it.
 
 Workers, queues and the ``rules`` provider (its answer echoes the message; "tools:..." asks
 for tool rounds) are the Celery tests' (tests/workers.py, the ``background`` fixture).
@@ -111,3 +112,20 @@ def test_a_guardrail_failing_in_a_worker_fails_the_chat_with_its_error(backgroun
     )
     assert transcript(chat, "role", "content", "status") == [("user", "boom", "complete")]
     assert background.model_calls() == []
+
+
+def test_a_cancel_stops_a_workers_job_while_a_guardrail_decides(background, user):
+    # The guardrail holds until killed (a flag file nobody creates; its timeout is 120 s).
+    worker = background.start_worker("w1", flag=True)
+    chat = new_chat(user).with_guardrails(checks.holds_for_the_flag)
+    chat.ask_later("Hello").complete_later()
+    background.wait(lambda: "holds_for_the_flag:started" in background.runs(), "the guardrail")
+
+    assert Chat.objects.get(pk=chat.pk).cancel() is True  # as the cancel view does
+
+    background.wait(lambda: "cancelled" in worker.outcomes(), "the job to end cancelled")
+    assert "holds_for_the_flag:returned" not in background.runs()  # it did not wait for it
+    chat.refresh_from_db()
+    assert (chat.state, chat.lease_token, chat.cancel_requested_at) == (ChatState.IDLE, "", None)
+    assert background.model_calls() == []
+    assert transcript(chat, "role", "status") == [("user", "complete")]  # kept, to judge again

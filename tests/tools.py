@@ -273,6 +273,36 @@ def lose_reply() -> str:
     return "reply lost"
 
 
+#: how long ``outlast_the_lease`` has the database refuse connections (seconds): longer
+#: than the lease of the tests that call it.
+OUTAGE = 4.0
+#: the threads of its outages (a test joins them before its database is flushed).
+OUTAGES: list[threading.Thread] = []
+
+
+@tool
+def outlast_the_lease() -> str:
+    """Logs its run, then has the test database refuse connections for ``OUTAGE`` seconds
+    (every open one dropped, the step's too) and returns during that: its result's write
+    can't be made before the step's lease runs out."""
+    # Function-local: the fault helpers need psycopg, present only on PostgreSQL runs.
+    from tests.db_faults import refusing_connections
+
+    _log_run("outlast_the_lease")
+    started = threading.Event()
+
+    def outage() -> None:
+        with refusing_connections():
+            started.set()
+            time.sleep(OUTAGE)
+
+    thread = threading.Thread(target=outage, daemon=True)
+    OUTAGES.append(thread)
+    thread.start()
+    started.wait(30)
+    return "computed during the outage"
+
+
 @tool
 def lookup(key: str) -> str:
     """Looks a key up (the tool of tests/test_in_flight.py's chats: instant, deterministic).

@@ -31,6 +31,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import agentloop_settings
 from ..exceptions import ToolCallNotWaitingError
+from ..json_input import ADMIN_JSON_FIELDS
 from ..messages import ToolCallState
 from ..models import Chat
 from .actions import (
@@ -104,6 +105,7 @@ class ChatAdmin(admin.ModelAdmin):
     # Counting 10,000+ rows twice per page is waste: show "n results" of the filter only.
     show_full_result_count = False
     raw_id_fields = ("owner",)
+    formfield_overrides = ADMIN_JSON_FIELDS  # JSON typed in: bounded, a form error past it
     readonly_fields = (
         "state", "subagent_of", "fork_of", "forks", "cancel_requested_at", "lease_expires_at",
         "lease_holder", "created_at", "edited_at",

@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import agentloop_settings
+from ..django_store.releases import IN_LINE
 from ..engine.tool_runner import BLOCKED_PREFIX
 from ..messages import MessageStatus, ToolCallState
 from ..models import ChatState
@@ -31,7 +32,8 @@ def holding(queryset: QuerySet[Any], reason: str | None) -> QuerySet[Any]:
 
 
 class WaitingFilter(admin.SimpleListFilter):
-    """Chats held by a person or a subagent, by what holds them."""
+    """Chats held by a person or a subagent, or waiting in the background (a rate limit, a
+    place of a chats-in-flight quota), by what holds them."""
 
     title = _("waiting for")
     parameter_name = "waiting_for"
@@ -42,6 +44,7 @@ class WaitingFilter(admin.SimpleListFilter):
             ("question", _("an answer")),
             ("subagent", _("a subagent")),
             ("rate_limit", _("a rate limit")),
+            ("place", _("a place (chats in flight)")),
             ("any", _("anything")),
         ]
 
@@ -49,8 +52,11 @@ class WaitingFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return None
+        queued = queryset.filter(state=ChatState.QUEUED)
         if value == "rate_limit":  # a background step re-sent for when the limit has room
-            return queryset.filter(state=ChatState.QUEUED).exclude(waiting_for="")
+            return queued.exclude(waiting_for="").exclude(waiting_for__endswith=IN_LINE)
+        if value == "place":  # in line for a place of a chats-in-flight quota
+            return queued.filter(waiting_for__endswith=IN_LINE)
         # By the tool calls, not the chat's state: a chat driven in-process that stopped at
         # an approval keeps its state ("idle") while its call waits.
         return holding(queryset, None if value == "any" else value)

@@ -40,6 +40,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
+from ..json_input import JSONInputError, check_json_bounds
 from .actions import DEFAULT_DENY_REASON
 from .relations import related_model
 
@@ -329,7 +330,10 @@ class ApprovalInbox:
             return f"Approved tool call {label} from the inbox."
         if decision == "approve_edited":
             try:
+                check_json_bounds(draft["arguments"], gettext("The arguments"))
                 arguments = json.loads(draft["arguments"])
+            except JSONInputError as exc:
+                raise _Incomplete(str(exc)) from None
             except ValueError as exc:
                 raise _Incomplete(
                     gettext("The arguments are not JSON: %(error)s.") % {"error": exc}

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 
+from ..json_input import ADMIN_JSON_FIELDS
 from ..models import Message, ToolCall, Usage
 from .usage_charts import charts_view
 
@@ -20,6 +21,7 @@ class ToolCallAdmin(admin.ModelAdmin):
     list_select_related = ("chat",)
     search_fields = ("name", "call_id")
     raw_id_fields = ("chat", "message", "decided_by")
+    formfield_overrides = ADMIN_JSON_FIELDS  # JSON typed in: bounded, a form error past it
     show_full_result_count = False
 
 
@@ -57,4 +59,5 @@ class MessageAdmin(admin.ModelAdmin):
     list_filter = ("role", "status")
     list_select_related = ("chat",)
     raw_id_fields = ("chat", "tool_call")
+    formfield_overrides = ADMIN_JSON_FIELDS
     show_full_result_count = False

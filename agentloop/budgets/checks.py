@@ -1,18 +1,24 @@
 """System checks of budgets and rate limits: ``BUDGETS`` (agentloop.E012), ``BUDGET_SUBJECT``
-(agentloop.E013) and ``RATE_LIMITS`` (agentloop.E014), one error per wrong entry."""
+(agentloop.E013) and ``RATE_LIMITS`` (agentloop.E014), one error per wrong entry; and a
+warning per model with no known price while a cost budget is set (agentloop.W012)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError
+from django.db.models import Q
 from pydantic import BaseModel, ValidationError
 
-from ..conf import BudgetLimits, RateLimit
+from .. import providers
+from ..conf import BudgetLimits, RateLimit, get_chat_model
 from ..importing import load_by_path
+from ..messages import TokenUsage
+from .rows import budget_model
 
-__all__ = ["check_budgets", "check_rate_limits"]
+__all__ = ["check_budgets", "check_prices", "check_rate_limits", "unpriced"]
 
 #: what each budget may hold (check agentloop.E012).
 _BUDGET_RULES = {
@@ -117,3 +123,90 @@ def check_rate_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
             _entry_problems(RateLimit, entry, f"AGENTLOOP['RATE_LIMITS'][{key!r}]", _RATE_RULES)
         )
     return [Error(problem, hint=hint, id="agentloop.E014") for problem in problems]
+
+
+#: the models whose chats a database check looks at, at most.
+_CHAT_MODELS = 200
+
+
+def unpriced(model: str) -> str | None:
+    """The "provider:model" key of ``model`` ("provider:model", or a model id a provider
+    prefix names) when no price is known for it: neither ``AGENTLOOP["PRICES"]``, the
+    catalog nor genai-prices has one; None when one is, or when its provider can't be made
+    here (its own check says why)."""
+    try:
+        name, model_id = providers.split_model(model)
+        provider = providers.get(name)
+        cost = provider.cost(model_id, TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000))
+    except Exception:
+        return None
+    return f"{name}:{model_id}" if cost is None else None
+
+
+def _configured_models(chosen: dict[str, Any]) -> dict[str, str]:
+    """The models the settings name, each with where: ``DEFAULT_MODEL``, and the
+    "provider:model" keys of ``RATE_LIMITS`` and ``MODEL_CONCURRENCY``."""
+    found = {str(chosen.get("DEFAULT_MODEL") or "gpt-4.1-mini"): "DEFAULT_MODEL"}
+    for setting in ("RATE_LIMITS", "MODEL_CONCURRENCY"):
+        keys = chosen.get(setting)
+        for key in keys if isinstance(keys, dict) else ():
+            if isinstance(key, str) and ":" in key.strip(":"):
+                found.setdefault(key, setting)
+    return found
+
+
+def _cost_budget(chosen: dict[str, Any]) -> bool:
+    """``BUDGETS`` sets a cost limit every subject gets."""
+    budgets = chosen.get("BUDGETS")
+    return isinstance(budgets, dict) and any(
+        budgets.get(limit) is not None for limit in ("cost_per_day", "cost_per_month")
+    )
+
+
+def _unpriced_warning(key: str, where: str) -> Warning:
+    return Warning(
+        f"A cost budget is set, but model {key!r} ({where}) has no known price: its calls "
+        "cost $0 against every cost budget.",
+        hint=f'Give its price in AGENTLOOP["PRICES"][{key!r}], install the "prices" extra '
+        '(genai-prices), or hold it with a tokens budget: see "Prices" in docs/budgets.md.',
+        obj=key,
+        id="agentloop.W012",
+    )
+
+
+@register(Tags.compatibility)
+def check_prices(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when ``BUDGETS`` sets a cost limit and a model the settings name has no known
+    price (agentloop.W012); with ``--database``, also for each model the chats use while a
+    cost limit is set there or on a subject's ``Budget`` row."""
+    chosen = getattr(settings, "AGENTLOOP", None)
+    if not isinstance(chosen, dict):
+        return []
+    models: dict[str, str] = {}
+    if _cost_budget(chosen):
+        models.update(_configured_models(chosen))
+    databases = kwargs.get("databases") or []
+    if databases and "BUDGETS" in chosen:
+        for using in databases:
+            models.update(_chat_models(chosen, using))
+    warnings: list[CheckMessage] = []
+    for model, where in models.items():
+        key = unpriced(model)
+        if key is not None:
+            warnings.append(_unpriced_warning(key, where))
+    return warnings
+
+
+def _chat_models(chosen: dict[str, Any], using: str) -> dict[str, str]:
+    """The models the chats on ``using`` use, when a cost limit holds there (the settings'
+    or a subject's own); none when the tables can't be read yet (before ``migrate``)."""
+    try:
+        rows = budget_model()._default_manager.using(using)
+        own = rows.filter(Q(cost_per_day__isnull=False) | Q(cost_per_month__isnull=False))
+        if not (_cost_budget(chosen) or own.exists()):
+            return {}
+        chats = get_chat_model()._default_manager.using(using).exclude(model="")
+        used = chats.order_by().values_list("model", flat=True).distinct()[:_CHAT_MODELS]
+        return {str(model): "used by chats" for model in used}
+    except DatabaseError:
+        return {}

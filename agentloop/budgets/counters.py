@@ -8,18 +8,30 @@ the row's lock; the second sees the first's reservation and finds no room. Subje
 in key order (no two calls deadlock), all in one transaction: a subject without room
 leaves the others untouched. A ``BudgetReservation`` row per subject remembers the amount,
 so that the charge (in the usage row's transaction) gives back exactly what is still held,
-and a reservation whose process died expires (:func:`release_expired`).
+and a reservation whose process died expires (:func:`release_expired`). Its expiry is set and
+judged by the database's clock, as a lease's is: a process whose clock is behind or ahead
+neither makes a reservation that expires at once nor calls a live one expired.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    DateTimeField,
+    ExpressionWrapper,
+    F,
+    Q,
+    Value,
+    When,
+)
+from django.db.models.functions import Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
@@ -28,7 +40,7 @@ from ..engine.estimates import CallEstimate
 from ..exceptions import BudgetExceededError
 from .limits import Limits, limits_of, reached
 from .money import units
-from .periods import this_day, this_month
+from .periods import day_now, month_now
 from .rows import budget_model, reservation_model
 from .slots import take_slot
 from .subjects import Subject
@@ -53,6 +65,8 @@ class Reservation:
     tokens: int
     #: (BudgetReservation key, subject key) per subject.
     rows: list[tuple[Any, str]] = field(default_factory=list)
+    #: the subjects with a chats-in-flight quota: the chat holds (or waits for) a place.
+    places: list[str] = field(default_factory=list)
 
     @property
     def subjects(self) -> list[str]:
@@ -62,12 +76,13 @@ class Reservation:
 _INT = BigIntegerField()
 
 
-def _current(counter: str, period: str, start: date) -> Any:
-    """A counter's value for the period starting ``start`` (0 once the period has passed)."""
+def _current(counter: str, period: str, start: Any) -> Any:
+    """A counter's value for the period starting ``start`` (an expression: the database's
+    day or month; 0 once the period has passed)."""
     return Case(When(**{period: start}, then=F(counter)), default=Value(0), output_field=_INT)
 
 
-def _room(limits: Limits, day: date, month: date, cost: int, tokens: int) -> Q:
+def _room(limits: Limits, day: Any, month: Any, cost: int, tokens: int) -> Q:
     """Where a row has room for ``cost`` and ``tokens`` more under ``limits``."""
     condition = Q()
     starts = {"day": day, "month": month}
@@ -84,15 +99,18 @@ def _room(limits: Limits, day: date, month: date, cost: int, tokens: int) -> Q:
     return condition
 
 
-def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: str) -> Reservation:
+def reserve(
+    subjects: list[Subject], estimate: CallEstimate, chat: Any, using: str, *, wait: bool = False
+) -> Reservation:
     """Reserve ``estimate`` for a model call of ``chat`` against every subject's budget, and
     a place of each subject's chats-in-flight quota, or none of them: raises
-    ``BudgetExceededError`` (naming the first limit without room) when one has none."""
+    ``BudgetExceededError`` (naming the first limit without room) when one has none.
+    ``wait``: a chat that finds no place queues for one (its place in line is kept)."""
     cost, tokens = units(estimate.cost), estimate.tokens
-    day, month = this_day(), this_month()
+    day, month = day_now(), month_now()  # by the database's clock, as the charge's
     reservation = Reservation(uuid.uuid4().hex, cost, tokens)
-    expires_at = timezone.now() + timedelta(seconds=agentloop_settings.BUDGET_RESERVATION_SECONDS)
     budgets = budget_model()._default_manager.using(using)
+    no_place: BudgetExceededError | None = None
     with transaction.atomic(using=using):
         _quick_commit(using)
         rows = _rows(subjects, using)
@@ -110,32 +128,52 @@ def reserve(subjects: list[Subject], estimate: CallEstimate, chat: Any, using: s
                 room, subject=subject.key
             ).update(**grown):
                 continue  # the room was held by calls whose processes died
-            _refuse(subject, using, day, month, cost, tokens)
+            _refuse(subject, using, cost, tokens)
         for subject in subjects:  # each row is locked by its UPDATE above
             quota = limits_of(rows[subject.key]).chats_in_flight
-            if quota is not None and not take_slot(subject.key, quota, chat, using):
-                raise BudgetExceededError(
+            if quota is None:
+                continue
+            reservation.places.append(subject.key)
+            if not take_slot(subject.key, quota, chat, using, wait=wait):
+                no_place = BudgetExceededError(
                     reached("chats_in_flight", quota, subject.label),
                     subject=subject.label,
                     limit="chats_in_flight",
                 )
-        chat_name = f"{chat._meta.label_lower}:{chat.pk}"
-        reservations = reservation_model()
-        made = reservations._default_manager.using(using).bulk_create(
-            [
-                reservations(
-                    budget_id=subject.key,
-                    token=reservation.token,
-                    chat=chat_name,
-                    cost=cost,
-                    tokens=tokens,
-                    expires_at=expires_at,
-                )  # fmt: skip
-                for subject in subjects
-            ]
-        )
-        reservation.rows = [(row.pk, str(row.budget_id)) for row in made]
+                break
+        if no_place is not None:
+            # Nothing is reserved, but the chat's place in line is kept (committed).
+            budgets.filter(subject__in=[subject.key for subject in subjects]).update(
+                reserved_cost=F("reserved_cost") - cost,
+                reserved_tokens=F("reserved_tokens") - tokens,
+            )
+        else:
+            chat_name = f"{chat._meta.label_lower}:{chat.pk}"
+            reservations = reservation_model()
+            made = reservations._default_manager.using(using).bulk_create(
+                [
+                    reservations(
+                        budget_id=subject.key,
+                        token=reservation.token,
+                        chat=chat_name,
+                        cost=cost,
+                        tokens=tokens,
+                        expires_at=expiry(),
+                    )  # fmt: skip
+                    for subject in subjects
+                ]
+            )
+            reservation.rows = [(row.pk, str(row.budget_id)) for row in made]
+    if no_place is not None:
+        raise no_place
     return reservation
+
+
+def expiry() -> ExpressionWrapper:
+    """A new reservation's expiry: ``BUDGET_RESERVATION_SECONDS`` from now by the database's
+    clock (never this process's, which may be behind or ahead of the others')."""
+    seconds = timedelta(seconds=agentloop_settings.BUDGET_RESERVATION_SECONDS)
+    return ExpressionWrapper(Now() + Value(seconds), output_field=DateTimeField())
 
 
 def _quick_commit(using: str) -> None:
@@ -171,17 +209,18 @@ def _rows(subjects: list[Subject], using: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _refuse(subject: Subject, using: str, day: date, month: date, cost: int, tokens: int) -> None:
+def _refuse(subject: Subject, using: str, cost: int, tokens: int) -> None:
     """Raise ``BudgetExceededError`` for the first of the subject's limits without room (read
-    again: the row as it is now)."""
-    row = budget_model()._default_manager.using(using).get(subject=subject.key)
+    again: the row as it is now, with the database's day and month)."""
+    rows = budget_model()._default_manager.using(using)
+    row = rows.annotate(db_day=day_now(), db_month=month_now()).get(subject=subject.key)
     limits = limits_of(row)
     need = {"cost": cost, "tokens": tokens}
     for limit, period, counter, reserved, part in _COUNTED:
         value = limits.value(limit)
         if value is None:
             continue
-        start = day if period == "day" else month
+        start = row.db_day if period == "day" else row.db_month
         spent = getattr(row, counter) if getattr(row, period) == start else 0
         ceiling = units(value) if part == "cost" else int(value)
         if spent + getattr(row, reserved) + need[part] > ceiling:
@@ -206,7 +245,7 @@ def charge(
             # Only the deleter gives the amount back: an expired reservation was already.
             if rows.filter(pk=key).delete()[0]:
                 held[reserved_for] = (reservation.cost, reservation.tokens)
-    day, month = this_day(), this_month()
+    day, month = day_now(), month_now()  # by the database's clock, never this process's
     budgets = budget_model()._default_manager.using(using)
     for subject in subjects:  # in key order
         given_cost, given_tokens = held.get(subject.key, (0, 0))
@@ -232,8 +271,9 @@ def charge(
 def release_expired(using: str = "default", *, subject: str | None = None) -> int:
     """Give back what reservations past their expiry still hold (their processes died
     mid-call; a call still running past it is charged exactly all the same). Returns how
-    many were released. The sweeper runs it; a reservation with no room runs it first."""
-    rows = reservation_model()._default_manager.using(using).filter(expires_at__lt=timezone.now())
+    many were released. The sweeper runs it; a reservation with no room runs it first.
+    Expiry is judged by the database's clock, as it was set."""
+    rows = reservation_model()._default_manager.using(using).filter(expires_at__lt=Now())
     if subject is not None:
         rows = rows.filter(budget_id=subject)
     released = 0

@@ -10,7 +10,8 @@ from typing import Any
 from ..conf import agentloop_settings
 from ..engine import UsageRecord
 from ..engine.estimates import CallEstimate
-from . import counters, statements
+from ..exceptions import BudgetExceededError
+from . import counters, slots, statements
 from .limits import budgets_on
 from .money import units
 from .subjects import Subject, subjects_of
@@ -24,6 +25,11 @@ class ChatBudgets:
     def __init__(self, chat: Any) -> None:
         self.chat = chat
         self._subjects: list[Subject] | None = None
+        #: the subjects whose chats-in-flight quota this chat holds a place of (or waits for
+        #: one), as this process's reservations found; freed when its run ends.
+        self.places: set[str] = set()
+        #: the last reservation found no place: the chat waits in line (background).
+        self.in_line = False
 
     @property
     def using(self) -> str:
@@ -35,9 +41,11 @@ class ChatBudgets:
             self._subjects = subjects_of(self.chat)
         return self._subjects
 
-    def reserve(self, estimate: CallEstimate) -> counters.Reservation | None:
+    def reserve(self, estimate: CallEstimate, *, wait: bool = False) -> counters.Reservation | None:
         """Reserve ``estimate`` (``BudgetExceededError`` when a subject has no room); None
-        when budgets are off or no subject counts the chat."""
+        when budgets are off or no subject counts the chat. ``wait`` (a background step): a
+        chat that finds no place of a chats-in-flight quota queues for one."""
+        self.in_line = False
         if not budgets_on() or self.chat.pk is None:
             return None
         subjects = self.subjects()
@@ -52,7 +60,29 @@ class ChatBudgets:
             quick = statements.reserve_at_once(subjects[0], estimate, self.chat, self.using)
             if quick is not None:
                 return quick
-        return counters.reserve(subjects, estimate, self.chat, self.using)
+        try:
+            reservation = counters.reserve(subjects, estimate, self.chat, self.using, wait=wait)
+        except BudgetExceededError as exc:
+            if exc.limit == "chats_in_flight":
+                self.places.update(subject.key for subject in subjects)
+                self.in_line = wait
+            raise
+        self.places.update(reservation.places)
+        return reservation
+
+    def released(self, state: str) -> list[tuple[str, str]]:
+        """After the chat's release as ``state``: the chats in line whose turn came (their
+        jobs are to be sent), as (chat model label, chat key). A run that ended frees its
+        places; a chat that just queued for one looks whether a place freed meanwhile."""
+        if not self.places:
+            return []
+        subjects = sorted(self.places)
+        if state not in ("queued", "running"):
+            slots.leave(subjects, self.chat, self.using)
+            self.places.clear()
+        elif not self.in_line:
+            return []  # it goes on holding its places
+        return slots.due(subjects, self.using)
 
     def charges(self, usage: UsageRecord) -> bool:
         """Writing ``usage`` charges a budget (its reservation, or a subject counting it)."""

@@ -53,7 +53,14 @@ class Spend:
 def chats_in_flight(subjects: Iterable[str], using: str = "default") -> dict[str, int]:
     """How many chats of each subject run now, holding a place of its quota (a constant number
     of queries: one, plus one per chat model)."""
-    places = slot_model()._default_manager.using(using).filter(budget_id__in=list(subjects))
+    places = (
+        slot_model()
+        ._default_manager.using(using)
+        .filter(
+            budget_id__in=list(subjects),
+            waiting_since__isnull=True,  # not those in line
+        )
+    )
     by_model: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for budget, label, key in places.values_list("budget_id", "chat_label", "chat_key"):
         by_model[label].append((str(budget), key))

@@ -3,9 +3,10 @@ exists and that has no chats-in-flight quota.
 
 - :func:`reserve_at_once`: the reservation as one statement, the subject's conditional
   UPDATE and the reservation's INSERT selecting from it (its commit doesn't wait for the WAL
-  flush: see :func:`agentloop.budgets.counters.reserve`). No row back: no room, no row yet,
-  or a quota; the transaction form (``counters.reserve``) then decides, and says which
-  limit.
+  flush: see :func:`agentloop.budgets.counters.reserve`). Its expiry is the database's
+  clock plus ``BUDGET_RESERVATION_SECONDS``, computed in the statement, as a lease's is. No row
+  back: no room, no row yet, or a quota; the transaction form (``counters.reserve``) then
+  decides, and says which limit.
 - :func:`charge_parts`: the charge as parts of the step's one-statement write (a
   data-modifying CTE behind the lease's guard ``g``: ``agentloop.django_store.writes``):
   the reservation's DELETE, and the counters' UPDATE giving back what the DELETE found.
@@ -18,7 +19,6 @@ identifiers from the models' metadata go into the text; values are always parame
 from __future__ import annotations
 
 import uuid
-from datetime import date, timedelta
 from typing import Any
 
 from django.db import connections
@@ -28,7 +28,7 @@ from ..conf import agentloop_settings
 from ..engine.estimates import CallEstimate
 from .counters import Reservation
 from .money import units
-from .periods import this_day, this_month
+from .periods import day_sql, month_sql, zone_name
 from .rows import budget_model, reservation_model
 from .subjects import Subject
 
@@ -76,7 +76,8 @@ def reserve_at_once(
     n = _names(using)
     defaults = agentloop_settings.BUDGETS
     cost, tokens = units(estimate.cost), estimate.tokens
-    day, month = this_day(), this_month()
+    # This day and month by the database's clock, as the charge counts them.
+    starts = {"day": day_sql("%s"), "month": month_sql("%s")}
     params: list[Any] = []
     rooms = []
     for limit, period, counter, reserved, part in _COUNTED:
@@ -86,12 +87,13 @@ def reserve_at_once(
             own = f"CAST(ROUND({own} * 100000000) AS bigint)"
             default = None if default is None else units(default)
         ceiling = f"COALESCE({own}, CAST(%s AS bigint))"
-        spent = f"CASE WHEN {n[period]} = %s THEN {n[counter]} ELSE 0 END + {n[reserved]}"
+        spent = f"CASE WHEN {n[period]} = {starts[period]} THEN {n[counter]} ELSE 0 END"
+        spent += f" + {n[reserved]}"
         rooms.append(f"({ceiling} IS NULL OR {spent} + %s <= {ceiling})")
         need = cost if part == "cost" else tokens
-        params += [default, day if period == "day" else month, need, default]
+        params += [default, zone_name(), need, default]
     reservation = Reservation(uuid.uuid4().hex, cost, tokens)
-    expires_at = timezone.now() + timedelta(seconds=agentloop_settings.BUDGET_RESERVATION_SECONDS)
+    seconds = float(agentloop_settings.BUDGET_RESERVATION_SECONDS)
     chat_name = f"{chat._meta.label_lower}:{chat.pk}"
     sql = (
         "WITH q AS (SELECT set_config('synchronous_commit', 'off', true)), "  # noqa: S608
@@ -101,12 +103,14 @@ def reserve_at_once(
         f"{' AND '.join(rooms)} RETURNING {n['subject']}), "
         f"r AS (INSERT INTO {n['reservation']} ({n['r_budget']}, {n['r_token']}, {n['r_chat']}, "
         f"{n['r_cost']}, {n['r_tokens']}, {n['r_expires_at']}) "
-        f"SELECT {n['subject']}, %s, %s, %s, %s, %s FROM u RETURNING {n['r_id']}) "
+        # The expiry by the database's clock, never this process's.
+        f"SELECT {n['subject']}, %s, %s, %s, %s, clock_timestamp() + %s * INTERVAL '1 second' "
+        f"FROM u RETURNING {n['r_id']}) "
         "SELECT r.* FROM r CROSS JOIN q"
     )
     now = timezone.now()
     values = [cost, tokens, now, subject.key, *params,
-              reservation.token, chat_name, cost, tokens, expires_at]  # fmt: skip
+              reservation.token, chat_name, cost, tokens, seconds]  # fmt: skip
     with connections[using].cursor() as cursor:
         cursor.execute(sql, values)
         row = cursor.fetchone()
@@ -122,7 +126,6 @@ def charge_parts(
     """The charge of an attempt with ``reservation`` as CTE parts behind the guard ``g``;
     ``add(value, sql_type)`` writes a value as a parameter, in the statement's order."""
     n = _names(using)
-    day, month = this_day(), this_month()
     ids = ", ".join(add(key, "bigint") for key, _ in reservation.rows)
     deleted = (
         f"bd AS (DELETE FROM {n['reservation']} WHERE {n['r_id']} IN ({ids}) "  # noqa: S608
@@ -135,15 +138,16 @@ def charge_parts(
         for part in ("cost", "tokens")
     }
     sets = [
-        _counter(n, "day_cost", "day", day, cost, add),
-        _counter(n, "day_tokens", "day", day, tokens, add),
-        _counter(n, "month_cost", "month", month, cost, add),
-        _counter(n, "month_tokens", "month", month, tokens, add),
+        _counter(n, "day_cost", "day", cost, add),
+        _counter(n, "day_tokens", "day", tokens, add),
+        _counter(n, "month_cost", "month", cost, add),
+        _counter(n, "month_tokens", "month", tokens, add),
         f"{n['reserved_cost']} = {n['reserved_cost']} - {given['cost']}",
         f"{n['reserved_tokens']} = {n['reserved_tokens']} - {given['tokens']}",
         f"{n['updated_at']} = {add(timezone.now(), 'timestamp with time zone')}",
-        f"{n['day']} = {add(day, 'date')}",
-        f"{n['month']} = {add(month, 'date')}",
+        # This day and month by the database's clock, never this process's.
+        f"{n['day']} = {day_sql(add(zone_name(), 'varchar'))}",
+        f"{n['month']} = {month_sql(add(zone_name(), 'varchar'))}",
     ]
     subjects = ", ".join(add(subject, "varchar") for subject in reservation.subjects)
     charged = (
@@ -153,11 +157,10 @@ def charge_parts(
     return [deleted, charged]
 
 
-def _counter(
-    n: dict[str, str], counter: str, period: str, start: date, amount: int, add: Any
-) -> str:
-    """``counter = <its value this period> + amount``."""
-    return (
-        f"{n[counter]} = CASE WHEN {n[period]} = {add(start, 'date')} THEN {n[counter]} "
-        f"ELSE 0 END + {add(amount, 'bigint')}"
-    )
+def _counter(n: dict[str, str], counter: str, period: str, amount: int, add: Any) -> str:
+    """``counter = <its value this period> + amount``, the period's start by the database's
+    clock (parameters added in the text's order)."""
+    starts = day_sql if period == "day" else month_sql
+    start = starts(add(zone_name(), "varchar"))
+    plus = add(amount, "bigint")
+    return f"{n[counter]} = CASE WHEN {n[period]} = {start} THEN {n[counter]} ELSE 0 END + {plus}"

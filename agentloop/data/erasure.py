@@ -7,9 +7,11 @@ time, each batch in one transaction that locks its rows first (``rows.delete_cha
 step still running (a tool that doesn't stop at a cancel) writes nothing more: its next
 write finds no row. Usage rows are kept for accounting with the owner, chat, message and
 error text removed, or deleted (``keep_usage=False``). Decisions the owner made on other
-people's chats keep the decision but not who made it. Event streams are replaced by
-tombstones. What stays outside the database (the traces a tracing backend already
-received, the provider's own logs) is not agentloop's to erase.
+people's chats keep the decision but not who made it, nor their words: a denial's reason
+and an answer to a question become :data:`ERASED`, in the rows and in those chats' live
+event streams. The owner's ``Budget`` row (limits and spend) goes. Event streams of the
+erased chats are replaced by tombstones. What stays outside the database (the traces a
+tracing backend already received, the provider's own logs) is not agentloop's to erase.
 """
 
 from __future__ import annotations
@@ -18,13 +20,22 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
+from ..engine.tool_runner import DENIED_RESULT
+from ..events import forget_messages
+from ..models.budgets import Budget
+from ..process.redis_client import chat_name
 from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
 
-__all__ = ["ErasureReport", "erase_owner"]
+__all__ = ["ERASED", "ErasureReport", "erase_owner"]
+
+#: what stands where an erased owner's words were in other owners' chats.
+ERASED = "[erased]"
 
 #: chats deleted per transaction (each with its subagent chats).
 BATCH = 100
@@ -49,6 +60,10 @@ class ErasureReport:
     usage_without_chat: int = 0
     #: tool calls of other owners' chats this owner decided: ``decided_by`` cleared.
     decisions_unattributed: int = 0
+    #: of those, the ones whose reason or answer (the owner's words) became ``ERASED``.
+    words_erased: int = 0
+    #: the owner's ``Budget`` rows deleted (with their reservations and places in flight).
+    budgets_deleted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +79,8 @@ class ErasureReport:
             f"Owner {self.owner}: {gone.chats} chats, {gone.messages} messages, "
             f"{gone.tool_calls} tool calls deleted; {usage}; {self.cancelled} runs cancelled "
             f"first ({self.fenced} still running, fenced); {self.decisions_unattributed} "
-            "decisions on other chats unattributed."
+            f"decisions on other chats unattributed ({self.words_erased} with their words "
+            f"erased); {self.budgets_deleted} budget rows deleted."
         )
 
 
@@ -106,12 +122,44 @@ def erase_owner(
         report.usage_without_chat = leftover.update(owner=None, message=None, error="")
     else:
         report.usage_without_chat = leftover.delete()[0]
+    report.words_erased = _erase_words(models, pk, using)
     report.decisions_unattributed = (
         models.tool_call._default_manager.using(using)
         .filter(decided_by_id=pk)
         .update(decided_by=None)
     )
+    subject = f"{get_user_model()._meta.label_lower}:{pk}"  # budgets.owner_subject's key
+    _, gone = Budget._default_manager.using(using).filter(subject=subject).delete()
+    report.budgets_deleted = gone.get(Budget._meta.label, 0)
     return report
+
+
+def _erase_words(models: ChatModels, pk: Any, using: str) -> int:
+    """Replace what the owner wrote on other owners' calls (a denial's reason, an answer)
+    with :data:`ERASED`, in the call, in its result and in its chat's event stream; how many
+    calls. The decision itself stays: the chat's history still reads as it ran."""
+    calls = models.tool_call._default_manager.using(using).filter(decided_by_id=pk)
+    denied = calls.filter(decision="denied").exclude(decision_reason="")
+    answered = calls.filter(decision="answered")
+    results = models.message._default_manager.using(using).filter(role="tool")
+    with transaction.atomic(using=using):
+        denials = list(denied.values_list("pk", "chat_id"))
+        answers = list(answered.values_list("pk", "chat_id"))
+        denied.filter(pk__in=[call for call, _ in denials]).update(decision_reason=ERASED)
+        rewritten = list(
+            results.filter(tool_call_id__in=[call for call, _ in denials + answers]).values_list(
+                "pk", "chat_id"
+            )
+        )
+        results.filter(tool_call_id__in=[call for call, _ in denials]).update(
+            content=f"{DENIED_RESULT} Reason: {ERASED}"
+        )
+        results.filter(tool_call_id__in=[call for call, _ in answers]).update(content=ERASED)
+    by_chat: dict[str, list[Any]] = {}
+    for message, chat in rewritten:
+        by_chat.setdefault(chat_name(models.chat, chat), []).append(message)
+    forget_messages(by_chat)
+    return len(denials) + len(answers)
 
 
 def _cancel_runs(models: ChatModels, pks: list[Any], using: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, Q, Value, When
+from django.db.models import Case, CharField, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
 from ..engine.store import SUPERSEDED_DECISION, Superseded
@@ -127,7 +127,11 @@ class Edits:
             # Never run, decided or swept afterwards: a held call is decided "superseded".
             self._calls().filter(pk__in=[call[0] for call in found]).update(
                 state=ToolCallState.CANCELLED,
-                decision=Case(When(held, then=Value(SUPERSEDED_DECISION)), default=F("decision")),
+                decision=Case(
+                    When(held, then=Value(SUPERSEDED_DECISION)),
+                    default=F("decision"),
+                    output_field=CharField(),  # the column's field is a subclass (fields.py)
+                ),
                 decided_at=Case(
                     When(held, then=Value(now, output_field=DateTimeField())),
                     default=F("decided_at"),

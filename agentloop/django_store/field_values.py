@@ -7,8 +7,10 @@ a step's write prepares about forty values. For the field classes of Django's ow
 row of a step has (text, booleans, integers, floats, aware datetimes, JSON), and for the
 value types those calls would return unchanged or hand to the backend's own adapter, the
 result is worked out here directly: the same value, or the same adapter call
-(``connection.ops``). Anything else, a field of a subclass included, goes to the field's own
-``get_db_prep_save``.
+(``connection.ops``). The storable fields of agentloop's models (``fields``) are done here
+too: their text through ``storable_text``, their JSON through ``storable_json``, as their
+own ``get_prep_value`` does. Anything else, a field of another subclass included, goes to
+the field's own ``get_db_prep_save``.
 
 Reading, a chat row has a dozen JSON columns that nearly always hold ``[]`` or ``{}``:
 :func:`quick_json_converters` has those decoded without the JSON decoder.
@@ -23,6 +25,9 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import Col
 
+from ..storable import storable_json, storable_text
+from .fields import StorableCharField, StorableJSONField, StorableTextField
+
 __all__ = [
     "EMPTY_ARRAY",
     "EMPTY_OBJECT",
@@ -33,7 +38,9 @@ __all__ = [
 ]
 
 # What a field of exactly one of these classes does with a value of the usual type.
-_TEXT, _BOOL, _FLOAT, _INT, _DATETIME, _JSON, _RELATED, _OTHER = range(8)
+_TEXT, _BOOL, _FLOAT, _INT, _DATETIME, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON, _OTHER = (
+    range(10)
+)
 _KINDS: dict[type[Any], int] = {
     models.CharField: _TEXT,
     models.TextField: _TEXT,
@@ -49,7 +56,12 @@ _KINDS: dict[type[Any], int] = {
     models.JSONField: _JSON,
     models.ForeignKey: _RELATED,
     models.OneToOneField: _RELATED,
+    StorableCharField: _STORABLE_TEXT,
+    StorableTextField: _STORABLE_TEXT,
+    StorableJSONField: _STORABLE_JSON,
 }
+#: the JSON fields read back with Django's own decoder (``quick_json_converters``).
+_PLAIN_JSON = (models.JSONField, StorableJSONField)
 
 
 def _kind(field: Any) -> int:
@@ -60,12 +72,15 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
     """``field.get_db_prep_save(value, connection)``."""
     kind_of_value = type(value)
     if value is None:
-        if kind in (_TEXT, _BOOL, _FLOAT, _JSON, _RELATED):
+        if kind in (_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON):
             return None  # each returns None as it is
         if kind == _INT:
             return connection.ops.adapt_integerfield_value(None, internal)
         if kind == _DATETIME:
             return connection.ops.adapt_datetimefield_value(None)
+    elif kind == _STORABLE_TEXT:  # first: most columns of agentloop's rows are these
+        if kind_of_value is str:
+            return storable_text(value)
     elif kind == _TEXT:
         if kind_of_value is str:
             return value
@@ -84,6 +99,8 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
             return connection.ops.adapt_datetimefield_value(value)
     elif kind == _JSON and kind_of_value in (dict, list):
         return connection.ops.adapt_json_value(value, field.encoder)
+    elif kind == _STORABLE_JSON and kind_of_value in (dict, list):
+        return connection.ops.adapt_json_value(storable_json(value), field.encoder)
     return field.get_db_prep_save(value, connection)
 
 
@@ -128,7 +145,7 @@ class Saving:
         values = []
         for field, attname, kind, internal in self._specs:
             value = getattr(instance, attname)
-            if kind == _JSON and not value and field.encoder is None:
+            if (kind == _JSON or kind == _STORABLE_JSON) and not value and field.encoder is None:
                 if type(value) is dict:
                     values.append(EMPTY_OBJECT)
                     continue
@@ -153,7 +170,7 @@ def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[
     for index, (functions, expression) in converters.items():
         field: Any = getattr(expression, "target", None)
         plain = (
-            type(field) is models.JSONField
+            type(field) in _PLAIN_JSON
             and field.decoder is None
             and type(expression) is Col
             and functions == [field.from_db_value]

@@ -111,6 +111,16 @@ class Lease:
         self.unreachable = True
         self.lost.set()
 
+    def held_again(self, renewed_at: float) -> None:
+        """A write conditional on this lease's token renewed it after it was given up as
+        unreachable (a computed result's, ``reconnect.retried``'s ``keep``): no other process
+        took the chat meanwhile, so it is held again, renewed from ``renewed_at``."""
+        self.renewed_at = renewed_at
+        if self.unreachable:
+            self.unreachable = False
+            self.lost.clear()
+            heartbeats.start(self)
+
     @classmethod
     def take(
         cls, chat_model: Any, chat_pk: Any, seconds: float | None = None, using: str = "default"
@@ -247,7 +257,8 @@ def _gone(token: str, holder: str) -> bool:
         return False
     if holder == holder_id():
         held = _HELD.get(token)
-        return held is None or held.lost.is_set()
+        # Given up as unreachable, a step may still be writing its result (``held_again``).
+        return held is None or (held.lost.is_set() and not held.unreachable)
     return holder_alive(holder) is False
 
 
@@ -478,7 +489,8 @@ def _give_up_if_expiring(lease: Lease) -> None:
         heartbeats.stop(lease)
         logger.error(
             "Chat %s: the lease could not be renewed before it expires; the step is "
-            "abandoned and writes nothing more",
+            "abandoned and writes nothing more (but a result it computed, if the database "
+            "comes back before another process takes the chat)",
             lease.chat_pk,
         )
 

@@ -8,6 +8,12 @@ closes it, waits a little and tries again. A write whose statement may have comm
 before its answer was lost is looked for first (``landed``), so nothing is written twice.
 When the lease would expire before the work succeeds, the lease is marked lost (the step
 writes nothing more) and the chat is left for the next job.
+
+A computed result (a tool's, a model's answer) is not given up that way: its write goes on
+being tried past the lease's expiry, for up to ``RESULT_OUTLASTS_LEASE`` seconds more. Its
+statement is conditional on the lease's token, so it lands only if no other process took
+the chat meanwhile (while the database is out of reach, none can); then the lease is held
+again and the step goes on. Nothing else runs meanwhile: the lease counts as given up.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .waiting import mark_retried
 
 __all__ = [
     "CONNECTION_ERRORS",
+    "RESULT_OUTLASTS_LEASE",
     "committed_message",
     "discard",
     "is_connection_fault",
@@ -50,6 +57,9 @@ class Held(Protocol):
     @property
     def margin(self) -> float: ...
 
+    @property
+    def unreachable(self) -> bool: ...
+
     def give_up_unreachable(self) -> None: ...
 
 
@@ -60,6 +70,9 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 #: the first wait before trying again on a new connection, and the longest.
 _FIRST_WAIT = 0.05
 _LONGEST_WAIT = 1.0
+#: seconds past its lease's expiry a computed result's write goes on being tried (``retried``'s
+#: ``keep``): a database outage shorter than the lease plus this loses no result.
+RESULT_OUTLASTS_LEASE = 300.0
 
 
 def is_connection_fault(error: BaseException) -> bool:
@@ -99,13 +112,17 @@ def retried(
     work: Callable[[], T],
     *,
     landed: Callable[[], T | None] | None = None,
+    keep: bool = False,
 ) -> T:
     """``work()``; after a connection fault, again on a new connection until it succeeds or
     ``lease`` would expire (then ``LeaseLostError``: the lease is marked lost).
 
     ``landed`` (for a write) says whether a failed try committed after all, its result then
     standing for the write's; it runs before each new try. Inside a caller's transaction,
-    without a lease, or on an error that left the connection usable, nothing is retried."""
+    without a lease, or on an error that left the connection usable, nothing is retried.
+    ``keep`` (a computed result's write, conditional on the lease's token): past the lease's
+    expiry the lease is given up (nothing else runs) but this goes on being tried, for up to
+    ``RESULT_OUTLASTS_LEASE`` seconds more, unless the lease was taken over."""
     wait = _FIRST_WAIT
     failed = False
     while True:
@@ -123,11 +140,21 @@ def retried(
             failed = True
             left = lease.remaining - lease.margin
             if lease.lost.is_set() or left <= wait:
-                lease.give_up_unreachable()
-                raise LeaseLostError(
-                    f"Chat {lease.chat_pk}: the database could not be reached before the "
-                    f"lease ran out ({exc}); this step writes nothing more."
-                ) from exc
+                taken = lease.lost.is_set() and not lease.unreachable
+                if not keep or taken or left + RESULT_OUTLASTS_LEASE <= wait:
+                    lease.give_up_unreachable()
+                    raise LeaseLostError(
+                        f"Chat {lease.chat_pk}: the database could not be reached before the "
+                        f"lease ran out ({exc}); this step writes nothing more."
+                    ) from exc
+                if not lease.lost.is_set():
+                    logger.warning(
+                        "Chat %s: the database is still out of reach as the lease runs out; "
+                        "the result is written once it is back, unless another process took "
+                        "the chat meanwhile",
+                        lease.chat_pk,
+                    )
+                lease.give_up_unreachable()  # nothing else of the step runs meanwhile
             logger.warning(
                 "Chat %s: database connection failed (%s); trying again on a new one",
                 lease.chat_pk,

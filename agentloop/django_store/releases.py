@@ -19,14 +19,17 @@ from ..exceptions import (
     ConcurrentWriteError,
     EditError,
     PendingToolCallsError,
+    PlaceWaiting,
     ProviderError,
     RateLimitWaiting,
     ToolCallNotWaitingError,
 )
 from .reconnect import is_connection_fault
 
-__all__ = ["Release", "one_line", "release_fields"]
+__all__ = ["IN_LINE", "Release", "one_line", "release_fields"]
 
+#: how ``waiting_for`` ends for a chat in line for a place of a chats-in-flight quota.
+IN_LINE = "(waiting for a place)"
 #: the longest error a chat shows (one line).
 _ERROR_CHARS = 500
 
@@ -70,6 +73,12 @@ def _release_fields(
             "error": "",
         }
         return waiting, Release("queued", retry_in=failure.seconds)
+    if isinstance(failure, PlaceWaiting) and background:
+        # Not a failure: in line for a place of a chats-in-flight quota, with no job in
+        # flight; the chat that frees a place sends its job (agentloop.budgets.slots).
+        in_line = {"state": "queued", "retry_at": None, "error": "",
+                   "waiting_for": f"{failure.reason[:170]} {IN_LINE}"}  # fmt: skip
+        return in_line, Release("queued")
     if failure is None:
         # A verb called in-process on a chat queued for the background (its job found it
         # busy and left) hands the rest back to the background.

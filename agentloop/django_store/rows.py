@@ -67,6 +67,10 @@ MESSAGE_COLUMNS = (
     "tool_calls__decision",
     "tool_calls__decision_digest",
     "tool_calls__handoff",
+    # Read for a call judged before a person was asked: approved as it was, it is not
+    # judged again; edited, it is (nearly always "[]" and NULL).
+    "tool_calls__guardrails",
+    "tool_calls__original_arguments",
 )
 
 
@@ -82,6 +86,8 @@ JSON_COLUMNS = frozenset(
         "tool_calls__arguments",
         "tool_calls__provider_data",
         "tool_calls__handoff",
+        "tool_calls__guardrails",
+        "tool_calls__original_arguments",
     )
 )
 _MESSAGE_STATUS = {status.value: status for status in MessageStatus}
@@ -150,7 +156,8 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
          provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
          call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
-         decision, decision_digest, handoff) = row  # fmt: skip
+         decision, decision_digest, handoff, call_guardrails,
+         original_arguments) = row  # fmt: skip
         if last is None or last_key != key:
             # Rows are our own: built without validation, as ``trusted`` builds them.
             values = {
@@ -193,10 +200,10 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                         "question": question or None,
                         "decision": decision or None,
                         "decision_digest": decision_digest or None,
-                        # Edited arguments are only written by a decision, and a call's
-                        # guardrail outcomes before it runs: neither is read back.
-                        "original_arguments": None,
-                        "guardrails": [],
+                        "original_arguments": _json(original_arguments, None),
+                        "guardrails": (
+                            [] if call_guardrails in (None, "[]") else _guardrails(call_guardrails)
+                        ),
                         "handoff": _json(handoff, None),
                         "key": call_key,
                     },

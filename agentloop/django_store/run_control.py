@@ -159,9 +159,11 @@ class RunControl:
             self.config.forget()
 
     # -- writing under the claim -----------------------------------------------------------
-    def _lease_for_write(self) -> Lease | None:
+    def _lease_for_write(self, keep: bool = False) -> Lease | None:
+        """The lease a write is made under; ``keep`` (a computed result's write) goes on
+        with a lease given up only because the database was out of reach."""
         lease = self.lease
-        if lease is not None and lease.lost.is_set():
+        if lease is not None and lease.lost.is_set() and not (keep and lease.unreachable):
             raise LeaseLostError(f"The lease on chat {self.row.chat.pk} was lost.")
         self._prefetched = None  # a transcript read with the claim is stale after a write
         return lease
@@ -232,13 +234,17 @@ class RunControl:
         release: str | None,
         body: Callable[[str, Values], str],
         record: Any,
+        *,
+        keep: bool = False,
     ) -> list[Any]:
         """Run ``body``'s statement behind the lease's renewal (or release, with ``release``
         the next move); its rows. Raises ``LeaseLostError`` (nothing written) when the lease
         is no longer ours. On a dropped connection it runs again on a new one while the
         lease is valid, unless it committed after all (``record``, its message, is there;
-        None: the statement is the same twice, as an UPDATE is)."""
-        lease = self._lease_for_write()
+        None: the statement is the same twice, as an UPDATE is). ``keep``, for a computed
+        result: tried past the lease's expiry too, as long as no one took the chat
+        (``reconnect.retried``); once it lands, the lease is held again."""
+        lease = self._lease_for_write(keep)
         assert lease is not None  # noqa: S101 - step_writes checked it
         using = self.row.db
         released: tuple[dict[str, Any], Release] | None = None
@@ -275,12 +281,13 @@ class RunControl:
                     return None  # run again: it changes nothing more the second time
                 return landed_rows(self.row, record, release is not None)
 
-            rows = retried(lease, using, run, landed=landed)
+            rows = retried(lease, using, run, landed=landed, keep=keep)
         if not rows:
+            lease.unreachable = False  # reached, and taken over
             lease.lost.set()
             raise LeaseLostError(f"The lease on chat {self.row.chat.pk} was lost.")
         if released is None:
-            lease.renewed_at = sent[0]
+            lease.held_again(sent[0])
             # The renewal read the cancel flag and a halt asked for elsewhere: free checkpoints.
             self._flag = lease.observe(rows[0][0], rows[0][1])
             return rows

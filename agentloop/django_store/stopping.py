@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, DateTimeField, Exists, F, Q, Value, When
+from django.db.models import Case, CharField, DateTimeField, Exists, F, Q, Value, When
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -128,7 +128,11 @@ class Stopping:
                     pk__in=[call.key for call in unanswered]
                 ).exclude(state__in=[ToolCallState.SUCCEEDED, ToolCallState.FAILED]).update(
                     state=ToolCallState.CANCELLED,
-                    decision=Case(When(held, then=Value("cancelled")), default=F("decision")),
+                    decision=Case(
+                        When(held, then=Value("cancelled")),
+                        default=F("decision"),
+                        output_field=CharField(),  # the column's field is a subclass (fields.py)
+                    ),
                     decided_at=Case(
                         When(held, then=Value(timezone.now(), output_field=DateTimeField())),
                         default=F("decided_at"),
@@ -153,7 +157,11 @@ class Stopping:
                 .exclude(state__in=["queued", "running"])
                 .update(
                     cancel_requested_at=None,
-                    state=Case(When(state="waiting", then=Value("idle")), default=F("state")),
+                    state=Case(
+                        When(state="waiting", then=Value("idle")),
+                        default=F("state"),
+                        output_field=CharField(),  # the column's field is a subclass (fields.py)
+                    ),
                     updated_at=now,
                 )
             )

@@ -55,12 +55,21 @@ T = TypeVar("T")
 class DjangoStore(ChatStore):
     """Keeps one chat row's transcript; the models come from its related managers."""
 
-    def __init__(self, chat: Any, *, send_next: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        chat: Any,
+        *,
+        send_next: Callable[[], None] | None = None,
+        send_job: Callable[[str, str], None] | None = None,
+    ) -> None:
         """``chat``: a row of a model built on ``AbstractChat``. ``send_next`` sends the
         chat's next background job: the store calls it when a verb run in-process (or a
-        message queued to a free chat) leaves the chat queued for the background. The store
-        sends nothing itself: its owner knows the runners."""
+        message queued to a free chat) leaves the chat queued for the background;
+        ``send_job(chat model label, chat key)`` sends another chat's, when this one frees
+        a place of a chats-in-flight quota that chat waits in line for. The store sends
+        nothing itself: its owner knows the runners."""
         self.chat = chat
+        self.send_job = send_job
         self.cancel_notice = listen_locally(chat)
         self.row = ChatRow(chat)
         self.config = Config(self.row)
@@ -124,6 +133,14 @@ class DjangoStore(ChatStore):
 
     def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
         self.control.release(next_move, failure=failure)
+        released = self.control.last_release
+        if released is None or released.state in ("lost", "unreachable"):
+            return
+        # Places of a chats-in-flight quota it freed (or that freed while it queued for one):
+        # the next chats in line go.
+        for chat_label, chat_key in self.budgets.released(released.state):
+            if self.send_job is not None:
+                self.send_job(chat_label, chat_key)
 
     # -- transcript ----------------------------------------------------------------------
     def load_transcript(self) -> list[Message]:
@@ -176,7 +193,9 @@ class DjangoStore(ChatStore):
 
     # -- budgets and rate limits ---------------------------------------------------------
     def reserve(self, estimate: CallEstimate) -> Any:
-        return self.budgets.reserve(estimate)
+        # A background step's chat queues for a chats-in-flight place; a verb in-process
+        # can't wait in line (its caller waits for it): it stops.
+        return self.budgets.reserve(estimate, wait=self.control.background)
 
     def rate_limiter(self) -> RateLimiter | None:
         return fleet_limiter()

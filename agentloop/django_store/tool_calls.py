@@ -273,7 +273,8 @@ class ToolCalls:
         def body(guard: str, values: Values) -> str:
             return writes.result(guard, values, record, state, error or "", call.key)
 
-        rows = self.control.at_once(writes, release, body, record)
+        # A computed result: written when the database comes back, never run again for it.
+        rows = self.control.at_once(writes, release, body, record, keep=True)
         inserted(record, rows[0][GUARD], self.row.db)
         message.key = record.pk
         return record

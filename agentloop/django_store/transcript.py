@@ -266,7 +266,8 @@ class Transcript:
         def body(guard: str, values: Values) -> str:
             return writes.answer(guard, values, record, call_rows, usage_row, charge)
 
-        rows = self.control.at_once(writes, release, body, record)
+        # A computed answer: written when the database comes back, never asked for again.
+        rows = self.control.at_once(writes, release, body, record, keep=True)
         inserted(record, rows[0][GUARD], self.row.db)
         if calls:
             keys = {row[GUARD + 2]: row[GUARD + 1] for row in rows}

@@ -6,8 +6,10 @@ looking at the run's cancel; a background step that would wait longer than
 ``RATE_LIMIT_WAIT`` ends instead (``RateLimitWaiting``: its job is sent again when the
 limit has room). Last, the store reserves the estimate against the budgets of the chat's
 subjects (``ChatStore.reserve``); a budget with no room stops the turn
-(``BudgetExceededError``, the chat ``stopped`` with the reason). The usage row of the
-attempt settles the reservation to the exact cost.
+(``BudgetExceededError``, the chat ``stopped`` with the reason), except a background step's
+chat finding every place of a chats-in-flight quota taken: it waits in line
+(``PlaceWaiting``: the chat stays queued, and its job is sent when a place frees). The usage
+row of the attempt settles the reservation to the exact cost.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import agentloop_settings
-from ..exceptions import BudgetExceededError, ProviderTimeout, RateLimitWaiting
+from ..exceptions import BudgetExceededError, PlaceWaiting, ProviderTimeout, RateLimitWaiting
 from ..messages import ModelRequest
 from ..providers.base import Provider
 from .checkpoints import Checkpoints
@@ -57,6 +59,8 @@ class Admission:
         try:
             return self.store.reserve(estimate)
         except BudgetExceededError as exc:
+            if exc.limit == "chats_in_flight" and self.store.background:
+                raise PlaceWaiting(exc.reason) from exc  # not a stop: it queued for a place
             self.store.record_stop(exc.reason)
             self._emit("budget_exceeded", exc)
             self._emit("stopped", exc.reason)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 
 from . import tracing
+from .checkpoints import Checkpoints
 from .effects import (
     AwaitJudging,
     Effects,
@@ -37,7 +38,7 @@ from .effects import (
     StartJudging,
     WaitAny,
 )
-from .guarding import Judging, ajudge, judge
+from .judging import SLICE, AsyncWatch, Judging, Watch, ajudge, judge
 from .sending import asend, send
 from .store import ChatStore
 from .tool_execution import aexecute_tool, execute_tool
@@ -129,13 +130,11 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                     done, _ = wait(effect.handles, return_when=FIRST_COMPLETED)
                     value = [(future, future.result()) for future in done]
                 elif isinstance(effect, Judge):
-                    value = judge(effect.panels)
+                    value = judge(effect.panels, effect.wrap, _watch(effect.checkpoints))
                 elif isinstance(effect, StartJudging):
                     value = _start_judging(effect)
                 elif isinstance(effect, AwaitJudging):
-                    value = effect.judging.wait()
-                    if effect.state is not None and effect.judging.passed:
-                        effect.state.release()
+                    value = _await_judging(effect)
                 else:  # pragma: no cover - an effect this driver doesn't know is a bug
                     raise TypeError(f"unknown effect {effect!r}")
             except BaseException as exc:
@@ -146,13 +145,31 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
             pool.shutdown()
 
 
+def _watch(checkpoints: Checkpoints | None) -> Watch | None:
+    """The cancel checkpoint looked at while guardrails decide (throttled: the notice at
+    once, the flag as often as a stream would read it)."""
+    return None if checkpoints is None else partial(checkpoints.check, force=False)
+
+
+def _await_judging(effect: AwaitJudging) -> list[Any]:
+    """Wait for the verdicts of guardrails judging meanwhile, looking at the cancel."""
+    judging = effect.judging
+    while not judging.settled_within(SLICE):
+        if effect.checkpoints is not None:
+            effect.checkpoints.check(force=False)
+    if effect.state is not None and judging.passed:
+        effect.state.release()
+    return judging.verdicts
+
+
 def _start_judging(effect: StartJudging) -> Judging:
-    """Judge on a thread of its own while the verb goes on (the model call)."""
+    """Judge on a thread of its own while the verb goes on (the model call); the verb
+    looks at the cancel (the call's watch, then ``AwaitJudging``), not this thread."""
     judging = effect.judging
 
     def run() -> None:
         try:
-            judging.settle(judge(effect.judge.panels))
+            judging.settle(judge(effect.judge.panels, effect.judge.wrap))
         except BaseException as exc:  # never left unsettled: the verb waits for it
             judging.settle_failed(exc)
 
@@ -209,13 +226,16 @@ async def _perform(effect: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> 
         tasks.difference_update(done)
         return [(task, task.result()) for task in done]
     if isinstance(effect, Judge):
-        return await ajudge(effect.panels, effect.wrap, thread_sensitive=True)
+        return await ajudge(effect.panels, effect.wrap, _awatch(effect.checkpoints, phase))
     if isinstance(effect, StartJudging):
         return _astart_judging(effect, tasks)
     if isinstance(effect, AwaitJudging):
         judging = effect.judging
+        watch = _awatch(effect.checkpoints, phase)
         if judging.task is not None and not judging.settled:
-            await asyncio.wait([judging.task])
+            while not (await asyncio.wait([judging.task], timeout=SLICE))[0]:
+                if watch is not None:
+                    await watch()
             tasks.discard(judging.task)
         verdicts = judging.wait()  # settled by now: no wait
         if effect.state is not None and judging.passed:
@@ -230,8 +250,7 @@ def _astart_judging(effect: StartJudging, tasks: set[asyncio.Future[Any]]) -> Ju
 
     async def run() -> None:
         try:
-            judging.settle(await ajudge(effect.judge.panels, effect.judge.wrap,
-                                        thread_sensitive=False))  # fmt: skip
+            judging.settle(await ajudge(effect.judge.panels, effect.judge.wrap))
         except asyncio.CancelledError as exc:  # the verb ended first: settled, and cancelled
             judging.settle_failed(exc)
             raise
@@ -241,6 +260,18 @@ def _astart_judging(effect: StartJudging, tasks: set[asyncio.Future[Any]]) -> Ju
     judging.task = asyncio.ensure_future(run())
     tasks.add(judging.task)
     return judging
+
+
+def _awatch(checkpoints: Checkpoints | None, phase: Any) -> AsyncWatch | None:
+    """``_watch`` from a coroutine: the flag, when due, is read as a database phase."""
+    if checkpoints is None:
+        return None
+
+    async def watch() -> None:
+        if checkpoints.due():
+            await phase(partial(checkpoints.check, force=False))
+
+    return watch
 
 
 async def _run_tool(tool: RunTool, *, thread_sensitive: bool) -> Any:

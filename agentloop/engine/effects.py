@@ -19,7 +19,8 @@ from ..providers.base import Provider
 
 if TYPE_CHECKING:  # the stream state imports the store; only its type is named here
     from .checkpoints import Checkpoints
-    from .guarding import Judging, Panel
+    from .guarding import Panel
+    from .judging import Judging
     from .streaming import StreamState
 
 __all__ = [
@@ -95,11 +96,14 @@ class WaitAny:
 
 @dataclass
 class Judge:
-    """Run guardrails on ``panels`` (:mod:`.guarding`), in order. Returns their verdicts."""
+    """Run guardrails on ``panels`` (:mod:`.guarding`), in order, each within its time
+    limit. Returns their verdicts; a cancel seen meanwhile (``checkpoints``) raises."""
 
     panels: list[Panel]
     #: wraps a sync check run on a thread of its own (the Django store closes connections).
     wrap: Callable[[Callable[[], Any]], Callable[[], Any]]
+    #: the run's checkpoints, looked at while a check decides (None: no cancel is watched).
+    checkpoints: Checkpoints | None = None
 
 
 @dataclass
@@ -113,7 +117,9 @@ class StartJudging:
 @dataclass
 class AwaitJudging:
     """Wait for ``judging``'s verdicts; when they pass, a stream ``state`` held meanwhile
-    gets its chunks. Returns the verdicts."""
+    gets its chunks. Returns the verdicts; a cancel seen meanwhile (``checkpoints``)
+    raises."""
 
     judging: Judging
     state: StreamState | None = None
+    checkpoints: Checkpoints | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from ..conf import agentloop_settings
-from ..messages import ModelRequest, TokenUsage
+from ..messages import ModelRequest, TokenUsage, checked_cost
 from ..providers.base import Provider
 from .compaction import estimate_tokens
 
@@ -31,6 +31,10 @@ class CallEstimate:
     output_tokens: int
     #: the price of the estimate; None when the provider doesn't know the model's prices.
     cost: Decimal | None
+
+    def __post_init__(self) -> None:
+        # What a budget reserves: a provider's price is checked as a usage row's is.
+        object.__setattr__(self, "cost", checked_cost(self.cost, self.model))
 
     @property
     def tokens(self) -> int:

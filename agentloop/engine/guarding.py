@@ -1,42 +1,32 @@
-"""Running a chat's guardrails (:mod:`agentloop.guardrails`) and what their verdicts do.
+"""A chat's guardrails (:mod:`agentloop.guardrails`) and what their verdicts do.
 
 A stage's guardrails judge a case (a user message, an answer, a tool call) in order: each
 sees the text as the one before left it (a replacement carries on), and the first that does
-not pass ends the judging. Judging is an effect (:mod:`.effects`): the driver runs the
-checks, sync or ``async def`` (``Judge``), or starts them while the model call is in flight
-and waits for them after it (``StartJudging``, ``AwaitJudging``; a :class:`Judging` tells
-the call to stop as soon as its verdict will not let the call stand). What the verdicts do
-(the outcomes kept on the message or call, a replaced text, a block that stops the chat, an
-error that fails it) is :class:`Guards`'.
+not pass ends the judging. A :class:`Panel` is a stage's guardrails with the case they judge;
+its :class:`Verdict` fills as they decide. Running the checks is an effect (:mod:`.effects`)
+the driver performs with :mod:`.judging` (each check bounded by its time limit and the run's
+cancel). What the verdicts do (the outcomes kept on the message or call, a replaced text, a
+block that stops the chat, an error that fails it) is :class:`Guards`'.
 """
 
 from __future__ import annotations
 
-import inspect
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
-
-from asgiref.sync import async_to_sync, sync_to_async
 
 from ..exceptions import GuardrailBlockedError, GuardrailError
 from ..guardrails import Block, Guardrail, GuardrailContext, Pass, Replace
-from ..messages import GuardrailOutcome, Message, MessageStatus, ToolCall
+from ..messages import GuardrailOutcome, Message, MessageStatus, ModelResponse, ToolCall
 from .store import ChatStore
 from .transcript import finished
 
 __all__ = [
     "Case",
     "Guards",
-    "Judged",
-    "Judging",
     "Panel",
     "Verdict",
-    "ajudge",
-    "judge",
     "stop_reason",
     "unjudged_inputs",
 ]
@@ -195,116 +185,6 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-async def _awaited(value: Any) -> Any:
-    return await value
-
-
-def judge(panels: list[Panel]) -> list[Verdict]:
-    """Judge each panel's case in order, until one does not pass (sync: an ``async def``
-    check runs to completion on an event loop of its own)."""
-    verdicts = []
-    for panel in panels:
-        for guardrail in panel.guardrails:
-            started = time.monotonic()
-            try:
-                decision = guardrail.check(panel.context(guardrail))
-                if inspect.isawaitable(decision):
-                    decision = async_to_sync(_awaited)(decision)
-            except Exception as exc:
-                panel.fail(guardrail, exc, started)
-                break
-            if not panel.take(guardrail, decision, started):
-                break
-        verdicts.append(panel.verdict)
-        if not panel.verdict.passed:
-            break
-    return verdicts
-
-
-async def ajudge(
-    panels: list[Panel],
-    wrap: Callable[[Callable[[], Any]], Callable[[], Any]],
-    *,
-    thread_sensitive: bool,
-) -> list[Verdict]:
-    """``judge`` from a coroutine: ``async def`` checks awaited on this loop, sync ones on a
-    thread (the verb's database thread with ``thread_sensitive``, else one of their own,
-    wrapped by ``wrap``)."""
-    verdicts = []
-    for panel in panels:
-        for guardrail in panel.guardrails:
-            started = time.monotonic()
-            context = panel.context(guardrail)
-            try:
-                if guardrail.is_async():
-                    decision = await guardrail.check(context)  # type: ignore[misc]
-                else:
-                    work = partial(guardrail.check, context)
-                    run = work if thread_sensitive else wrap(work)
-                    decision = await sync_to_async(run, thread_sensitive=thread_sensitive)()
-                if inspect.isawaitable(decision):
-                    decision = await decision
-            except Exception as exc:
-                panel.fail(guardrail, exc, started)
-                break
-            if not panel.take(guardrail, decision, started):
-                break
-        verdicts.append(panel.verdict)
-        if not panel.verdict.passed:
-            break
-    return verdicts
-
-
-class Judging:
-    """Input guardrails judging while the model call is in flight (``run_in_parallel``)."""
-
-    def __init__(self, panels: list[Panel]) -> None:
-        self.panels = panels
-        #: set once the verdict will not let the call stand (a block, a replacement, an
-        #: error): the call in flight is abandoned (see agentloop.engine.sending).
-        self.stopped = threading.Event()
-        self._settled = threading.Event()
-        self.verdicts: list[Verdict] = []
-        #: the task judging (the async driver's), cancelled when the verb ends first.
-        self.task: Any = None
-        #: the verb has applied the verdicts (``Guards.settle_input``).
-        self.applied = False
-
-    def settle(self, verdicts: list[Verdict]) -> None:
-        self.verdicts = verdicts
-        if not all(verdict.clean for verdict in verdicts):
-            self.stopped.set()
-        self._settled.set()
-
-    def settle_failed(self, error: BaseException) -> None:
-        """The judging itself broke (not a guardrail's own failure): fail closed."""
-        panel = self.panels[0]
-        if panel.verdict.error is None:
-            panel.fail(panel.guardrails[0], error, time.monotonic())
-        self.settle([panel.verdict])
-
-    @property
-    def settled(self) -> bool:
-        return self._settled.is_set()
-
-    @property
-    def passed(self) -> bool:
-        """Settled, and every case passed as it was."""
-        return self._settled.is_set() and not self.stopped.is_set()
-
-    def wait(self) -> list[Verdict]:
-        self._settled.wait()
-        return self.verdicts
-
-
-class Judged(Exception):  # noqa: N818 - an outcome, never seen outside the verb
-    """The input guardrails judging during the model call did not let it stand."""
-
-    def __init__(self, verdicts: list[Verdict]) -> None:
-        super().__init__("the input guardrails did not pass the message")
-        self.verdicts = verdicts
-
-
 def unjudged_inputs(transcript: list[Message]) -> list[Message]:
     """The user messages the next model call answers that input guardrails have not passed:
     those after the latest finished answer (usually one), oldest first."""
@@ -367,6 +247,18 @@ class Guards:
             return []
         cases = [Case("input", m.content, message=m) for m in unjudged_inputs(transcript)]
         return self.panels(guardrails, cases, transcript, parallel=parallel)
+
+    def answer_panels(
+        self, response: ModelResponse, model: str, transcript: list[Message]
+    ) -> list[Panel]:
+        """Panels for an answer's text: every text a model shows is judged before it is
+        kept, a final answer (even an empty one) and the words that come with tool calls
+        (none without output guardrails, or for calls that come with no text)."""
+        if not self.output or not (response.content or not response.tool_calls):
+            return []
+        answer = Message(role="assistant", content=response.content,
+                         tool_calls=response.tool_calls, model=response.model or model)  # fmt: skip
+        return self.panels(self.output, [Case("output", answer.content, answer)], transcript)
 
     def tool_guardrails(self, call: ToolCall) -> list[Guardrail]:
         return [guardrail for guardrail in self.tool if guardrail.applies_to(call)]

@@ -23,7 +23,6 @@ from ..messages import (
     MessageStatus,
     ModelRequest,
     ModelResponse,
-    TokenUsage,
     ToolCallState,
 )
 from ..providers.base import Provider
@@ -34,7 +33,8 @@ from .checkpoints import Checkpoints
 from .compaction import window
 from .config import ChatConfig
 from .effects import AwaitJudging, Effects, Judge, Send, Sleep, StartJudging
-from .guarding import Case, Guards, Judged, Judging, Verdict
+from .guarding import Guards, Verdict
+from .judging import ABANDONED, UNJUDGED, Judged, Judging, unkept_usage
 from .retries import retry_delay
 from .sending import CallAbandoned
 from .store import ChatStore, UsageRecord
@@ -61,28 +61,6 @@ class PreparedCall:
     model_id: str
     request: ModelRequest
     transcript: list[Message]
-
-
-def _abandoned(
-    prepared: PreparedCall,
-    started: float,
-    response: ModelResponse | None = None,
-    *,
-    reservation: Any = None,
-) -> UsageRecord:
-    """The usage of a call the input guardrails did not let stand (what the provider
-    reported, when it answered first); it settles the call's budget ``reservation``."""
-    usage = response.usage if response is not None else None
-    return UsageRecord(
-        provider=prepared.provider_name,
-        model=prepared.model_id,
-        status="cancelled",
-        usage=usage or TokenUsage(),
-        cost=prepared.provider.cost(prepared.model_id, usage) if usage is not None else None,
-        error="abandoned: the input guardrails did not pass the message",
-        duration_ms=int((time.monotonic() - started) * 1000),
-        reservation=reservation,
-    )
 
 
 def falls_back(error: BaseException) -> bool:
@@ -239,6 +217,9 @@ class ModelCalls:
             message.guardrails = list(verdict.outcomes)
             if not verdict.passed:
                 message.status = MessageStatus.BLOCKED  # kept for the record, never sent
+                for call in message.tool_calls:
+                    # Asked for by a blocked answer: never run, never held for a person.
+                    call.state = ToolCallState.CANCELLED
         if cost is None:
             cost = prepared.provider.cost(prepared.model_id, response.usage)
         usage = UsageRecord(
@@ -262,11 +243,13 @@ class ModelCalls:
     ) -> Effects[Any]:
         """One model call of ``run`` (fallbacks, one compaction on a context-length error);
         the answer is saved and added to ``transcript``. The chat's input guardrails judge
-        the user's message first (or meanwhile), its output guardrails a final answer."""
+        the user's message first (or meanwhile), its output guardrails the answer's text."""
         guards = Guards(self.store, self._emit, self.owner)
+        checkpoints = run.checkpoints
         panels = guards.input_panels(transcript, guards.input)
         if panels:  # the user's message is judged before anything is sent
-            guards.settle_input(panels, (yield Judge(panels, self.store.wrap_thread)))
+            judge = Judge(panels, self.store.wrap_thread, checkpoints)
+            guards.settle_input(panels, (yield judge))
         prepared = self.prepare_model_call(transcript, stream=stream is not None)
         panels = guards.input_panels(transcript, guards.parallel, parallel=True)
         judging = Judging(panels) if panels else None
@@ -277,7 +260,8 @@ class ModelCalls:
         except ProviderError:
             if judging is not None and not judging.applied:
                 # The call failed for good while they judged: a block still stops the chat.
-                guards.settle_input(judging.panels, (yield AwaitJudging(judging)))
+                verdicts = yield AwaitJudging(judging, checkpoints=checkpoints)
+                guards.settle_input(judging.panels, verdicts)
             raise
 
     def _generate(
@@ -340,12 +324,14 @@ class ModelCalls:
             guards.settle_input(judging.panels, judging.verdicts)
         duration_ms = int((time.monotonic() - started) * 1000)
         verdict = None
-        if guards.output and not response.tool_calls:  # a final answer: judged before kept
-            answer = Message(role="assistant", content=response.content,
-                             model=response.model or prepared.model_id)  # fmt: skip
-            case = Case("output", answer.content, answer)
-            (verdict,) = yield Judge(guards.panels(guards.output, [case], transcript),
-                                     self.store.wrap_thread)  # fmt: skip
+        panels = guards.answer_panels(response, prepared.model_id, transcript)
+        if panels:  # the answer's text is judged before it is kept
+            try:
+                (verdict,) = yield Judge(panels, self.store.wrap_thread, run.checkpoints)
+            except CancelledError as exc:
+                self._record_cancel_unjudged(exc, prepared, response, started,
+                                             partial_key, reservation)  # fmt: skip
+                raise
             if verdict.passed and verdict.text is not None:
                 response = response.model_copy(update={"content": verdict.text, "parsed": None})
         stands = verdict is None or verdict.passed
@@ -423,8 +409,10 @@ class ModelCalls:
                 raise
             except CallAbandoned:
                 assert judging is not None  # noqa: S101 - only a judged call is abandoned
-                self.store.record_usage(_abandoned(prepared, started, reservation=reservation))
-                raise Judged((yield AwaitJudging(judging))) from None
+                unkept = unkept_usage(provider, provider_name, model_id, started, None,
+                                      why=ABANDONED, reservation=reservation)  # fmt: skip
+                self.store.record_usage(unkept)
+                raise Judged((yield AwaitJudging(judging, checkpoints=checkpoints))) from None
             except Exception as exc:
                 failed = failed_usage(provider_name, model_id, exc, started)
                 failed.reservation = reservation
@@ -440,15 +428,31 @@ class ModelCalls:
                     self.store.fail_partial(state.partial_key)
                 raise
             if judging is not None:
-                verdicts = yield AwaitJudging(judging, state)  # passed: the held chunks go out
+                try:  # passed: the held chunks go out
+                    verdicts = yield AwaitJudging(judging, state, checkpoints)
+                except CancelledError as exc:
+                    self._record_cancel_unjudged(exc, prepared, response, started,
+                                                 state.partial_key, reservation)  # fmt: skip
+                    raise
                 if not judging.passed:
                     # The answer came first; the verdict drops it (its usage is kept).
-                    self.store.record_usage(
-                        _abandoned(prepared, started, response, reservation=reservation)
-                    )
+                    self.store.record_usage(unkept_usage(provider, provider_name, model_id,
+                                                         started, response, why=ABANDONED,
+                                                         reservation=reservation))  # fmt: skip
                     raise Judged(verdicts)
             return response, state.partial_key, started, reservation
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _record_cancel_unjudged(self, exc: CancelledError, prepared: PreparedCall,
+                                response: ModelResponse, started: float, partial_key: Any,
+                                reservation: Any) -> None:  # fmt: skip
+        """A cancel came while guardrails judged an answer: the call's usage is kept, its
+        unjudged text is not (a streamed partial row ends cancelled, with no text)."""
+        usage = unkept_usage(prepared.provider, prepared.provider_name, prepared.model_id,
+                             started, response, why=UNJUDGED, reservation=reservation)  # fmt: skip
+        blank = Message(role="assistant", content="", model=prepared.model_id)
+        partial = None if partial_key is None else blank
+        self._record_cancel(exc, partial=partial, partial_key=partial_key, usage=usage)
 
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:
         """The assistant message for a response: unique call ids, parsed structured output."""

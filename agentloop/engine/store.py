@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
-from ..messages import Message, TokenUsage, ToolCall, ToolCallState
+from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
 from .config import ChatConfig
 from .estimates import CallEstimate
 from .rate_limiting import RateLimiter, memory_limiter
@@ -71,6 +71,10 @@ class UsageRecord:
     duration_ms: int | None = None
     #: what ``ChatStore.reserve`` returned for this attempt: the write of this row settles it.
     reservation: Any = None
+
+    def __post_init__(self) -> None:
+        # The one place a cost becomes a usage row and a budget's charge: never a credit.
+        self.cost = checked_cost(self.cost, self.model)
 
 
 @dataclass

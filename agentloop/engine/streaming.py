@@ -19,7 +19,7 @@ from .checkpoints import Checkpoints
 from .store import ChatStore
 
 if TYPE_CHECKING:  # the judging's type only (guarding imports the store too)
-    from .guarding import Judging
+    from .judging import Judging
 
 __all__ = ["StreamCallback", "StreamState"]
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import CancelledError, GuardrailError
+from ..guardrails import Guardrail
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
 from ..tools import (
@@ -47,6 +48,19 @@ BLOCKED_PREFIX = "Blocked by guardrail "
 STOPPED_RESULT = "Not run: {reason} stopped the chat."
 
 Emit = Callable[..., None]
+
+
+def _passed_before_approval(call: ToolCall, guardrails: list[Guardrail]) -> bool:
+    """``call`` was approved with the arguments ``guardrails`` let through before the person
+    was asked (each of them passed it, or replaced its arguments): judged already."""
+    if call.decision != "approved" or call.original_arguments is not None:
+        return False
+    passed = {
+        outcome.guardrail
+        for outcome in call.guardrails
+        if outcome.stage == "tool" and outcome.decision in ("passed", "replaced")
+    }
+    return all(guardrail.name in passed for guardrail in guardrails)
 
 
 class ToolRunner:
@@ -253,15 +267,17 @@ class ToolRunner:
 
     # -- tool guardrails ----------------------------------------------------------------
     def _judge(self, call: ToolCall) -> Effects[Verdict | None]:
-        """What the tool guardrails decide about ``call`` (None: none judge it), kept on
-        the call; arguments one replaced are the call's from now on."""
+        """What the tool guardrails decide about ``call`` (None: none judge it now), kept
+        on the call; arguments one replaced are the call's from now on. A call they passed
+        before a person was asked, approved as it was, is not judged again; one whose
+        arguments the approver edited is, and keeps both verdicts."""
         guardrails = self.guards.tool_guardrails(call) if self.guards is not None else []
-        if not guardrails or self.guards is None:
+        if not guardrails or self.guards is None or _passed_before_approval(call, guardrails):
             return None
         text = json.dumps(call.arguments, ensure_ascii=False, default=str)
         case = Case("tool", text, message=self.asking, tool_call=call)
         panels = self.guards.panels(guardrails, [case], self.transcript)
-        (verdict,) = yield Judge(panels, self.store.wrap_thread)
+        (verdict,) = yield Judge(panels, self.store.wrap_thread, self.checkpoints)
         if verdict.passed and verdict.arguments is not None:
             problem = arguments_problem(self.tools[call.name], verdict.arguments)
             if problem is not None:
@@ -271,7 +287,9 @@ class ToolRunner:
                     f"{call.name!r} with ones its tool refuses: {problem}"
                 )
                 replaced.decision, replaced.reason = "error", str(verdict.error)
-        call.guardrails = list(verdict.outcomes)
+        # After an edit, the verdict before the person was asked stays on record.
+        earlier = call.guardrails if call.original_arguments is not None else []
+        call.guardrails = [*earlier, *verdict.outcomes]
         if verdict.passed and verdict.arguments is not None:
             call.arguments = verdict.arguments
         return verdict
@@ -303,8 +321,10 @@ class ToolRunner:
         return ToolOutcome(text, is_error=True)
 
     def _refuse(self, call: ToolCall, refusal: ToolOutcome, last: bool) -> Effects[None]:
-        """Save a refusal; a deferred call (run outside) is judged before it is held."""
-        if refusal.wait_reason == "deferred":
+        """Save a refusal; a call held for a person's approval, or a deferred one (run
+        outside), is judged before it is held: a call a guardrail blocks is never put to a
+        person, and one it rewrites is put with the arguments it would run with."""
+        if refusal.wait_reason in ("approval", "deferred"):
             verdict = yield from self._judge(call)
             if self._judged(call, verdict, release=self._then(call) if last else None):
                 return
@@ -420,7 +440,12 @@ class ToolRunner:
                 if stopped is not None:
                     self._save(call, stopped)
                     continue
-                if self._judged(call, (yield from self._judge(call))) or not self._start(call):
+                try:
+                    verdict = yield from self._judge(call)
+                except CancelledError as exc:  # while a guardrail judged it: it does not run
+                    cancelled = exc
+                    break
+                if self._judged(call, verdict) or not self._start(call):
                     continue
                 running[(yield Launch(self._execute(call), size))] = call
             if not running:

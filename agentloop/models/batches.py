@@ -8,6 +8,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from .chat import Chat
 from .messages import Message
 
@@ -43,11 +44,11 @@ class BatchQuerySet(models.QuerySet["Batch"]):
 class AbstractBatch(models.Model):
     """One provider batch: the next model call of many chats, sent together."""
 
-    provider = models.CharField(_("provider"), max_length=100)
+    provider = StorableCharField(_("provider"), max_length=100)
     #: the model of every request, or blank when the batch mixes models.
-    model = models.CharField(_("model"), max_length=200, blank=True)
-    provider_batch_id = models.CharField(_("provider batch id"), max_length=200, blank=True)
-    status = models.CharField(
+    model = StorableCharField(_("model"), max_length=200, blank=True)
+    provider_batch_id = StorableCharField(_("provider batch id"), max_length=200, blank=True)
+    status = StorableCharField(
         _("status"), max_length=20, choices=BatchStatus.choices, default=BatchStatus.CREATED
     )
     #: chats whose answers ask for tools run them and go into the next batch.
@@ -56,10 +57,10 @@ class AbstractBatch(models.Model):
     processing_count = models.PositiveIntegerField(_("processing"), default=0)
     succeeded_count = models.PositiveIntegerField(_("succeeded"), default=0)
     failed_count = models.PositiveIntegerField(_("failed"), default=0)
-    error = models.TextField(_("error"), blank=True)
-    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    error = StorableTextField(_("error"), blank=True)
+    provider_data = StorableJSONField(_("provider data"), default=dict, blank=True)
     #: one poller at a time: a claim (token + expiry) taken with a conditional UPDATE.
-    claim_token = models.CharField(_("claim token"), max_length=32, blank=True, editable=False)
+    claim_token = StorableCharField(_("claim token"), max_length=32, blank=True, editable=False)
     claimed_until = models.DateTimeField(_("claimed until"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     submitted_at = models.DateTimeField(_("submitted at"), null=True, blank=True)
@@ -128,9 +129,9 @@ class BatchItem(models.Model):
     chat = models.ForeignKey(
         Chat, verbose_name=_("chat"), on_delete=models.CASCADE, related_name="batch_items"
     )
-    custom_id = models.CharField(_("custom id"), max_length=64)
-    model = models.CharField(_("model"), max_length=200)
-    status = models.CharField(
+    custom_id = StorableCharField(_("custom id"), max_length=64)
+    model = StorableCharField(_("model"), max_length=200)
+    status = StorableCharField(
         _("status"),
         max_length=20,
         choices=BatchItemStatus.choices,
@@ -155,7 +156,7 @@ class BatchItem(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
-    error = models.TextField(_("error"), blank=True)
+    error = StorableTextField(_("error"), blank=True)
     #: set when the chat was cancelled while the request waited: its answer is discarded.
     cancelled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)

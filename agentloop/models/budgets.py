@@ -15,6 +15,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..django_store.fields import StorableCharField
+
 
 def _limit(verbose_name: Any, help_text: Any) -> models.DecimalField:
     return models.DecimalField(
@@ -39,9 +41,9 @@ class Budget(models.Model):
     give a subject limits of its own."""
 
     #: the subject's key: "auth.user:42", "teams.team:7", or the string a hook returned.
-    subject = models.CharField(_("subject"), max_length=255, unique=True)
+    subject = StorableCharField(_("subject"), max_length=255, unique=True)
     #: how the subject is shown: "owner 42", "team 7".
-    label = models.CharField(_("label"), max_length=200, blank=True)
+    label = StorableCharField(_("label"), max_length=200, blank=True)
     cost_per_day = _limit(_("cost per day (USD)"), _DEFAULT)
     cost_per_month = _limit(_("cost per month (USD)"), _DEFAULT)
     tokens_per_day = models.PositiveBigIntegerField(
@@ -91,9 +93,9 @@ class BudgetReservation(models.Model):
         related_name="reservations",
     )
     #: the call's reservation (one per subject it counts against).
-    token = models.CharField(_("token"), max_length=32)
+    token = StorableCharField(_("token"), max_length=32)
     #: the chat making the call: "agentloop.chat:42".
-    chat = models.CharField(_("chat"), max_length=200)
+    chat = StorableCharField(_("chat"), max_length=200)
     cost = models.BigIntegerField(_("cost (1e-8 USD)"), default=0)
     tokens = models.BigIntegerField(_("tokens"), default=0)
     expires_at = models.DateTimeField(_("expires at"))
@@ -108,8 +110,9 @@ class BudgetReservation(models.Model):
 
 
 class BudgetSlot(models.Model):
-    """A chat holding a place of its subject's ``chats_in_flight`` quota. The place is free
-    again once the chat no longer runs (taken back by the next chat that asks for one)."""
+    """A chat holding a place of its subject's ``chats_in_flight`` quota, or waiting in line
+    for one (``waiting_since`` set; the line is in the order of the rows' keys). The place is
+    free again once the chat no longer runs (taken back by the next chat in line)."""
 
     budget = models.ForeignKey(
         Budget,
@@ -119,9 +122,11 @@ class BudgetSlot(models.Model):
         related_name="slots",
     )
     #: the chat's model label and key ("agentloop.chat", "42").
-    chat_label = models.CharField(_("chat model"), max_length=100)
-    chat_key = models.CharField(_("chat key"), max_length=64)
+    chat_label = StorableCharField(_("chat model"), max_length=100)
+    chat_key = StorableCharField(_("chat key"), max_length=64)
     taken_at = models.DateTimeField(_("taken at"), default=timezone.now)
+    #: when a background chat found every place taken and queued for one; null: it holds one.
+    waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("chat in flight")

@@ -17,6 +17,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..agents import subagents
+from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.releases import IN_LINE
 from ..django_store.sql import PreparedUpdate, get_by_pk
 from ..django_store.store import DjangoStore
 from ..engine import Conversation
@@ -131,49 +133,49 @@ class AbstractChat(ConversationDelegations, models.Model):
     """A chat whose configuration and state live on its row; the verbs run the loop."""
 
     owner = _owner_field(db_index=True)
-    title = models.CharField(_("title"), max_length=200, blank=True)
-    model = models.CharField(_("model"), max_length=200, blank=True)
-    provider = models.CharField(_("provider"), max_length=100, blank=True)
-    tools = models.JSONField(_("tools (import paths)"), default=list, blank=True)
-    tool_options = models.JSONField(_("tool options"), default=dict, blank=True)
+    title = StorableCharField(_("title"), max_length=200, blank=True)
+    model = StorableCharField(_("model"), max_length=200, blank=True)
+    provider = StorableCharField(_("provider"), max_length=100, blank=True)
+    tools = StorableJSONField(_("tools (import paths)"), default=list, blank=True)
+    tool_options = StorableJSONField(_("tool options"), default=dict, blank=True)
     temperature = models.FloatField(_("temperature"), null=True, blank=True)
     max_output_tokens = models.PositiveIntegerField(_("max output tokens"), null=True, blank=True)
-    provider_options = models.JSONField(_("provider options"), default=dict, blank=True)
-    headers = models.JSONField(_("headers"), default=dict, blank=True)
-    output_schema = models.JSONField(_("output schema"), null=True, blank=True)
-    schema_path = models.CharField(_("schema import path"), max_length=300, blank=True)
-    limits = models.JSONField(_("limits per turn"), default=dict, blank=True)
+    provider_options = StorableJSONField(_("provider options"), default=dict, blank=True)
+    headers = StorableJSONField(_("headers"), default=dict, blank=True)
+    output_schema = StorableJSONField(_("output schema"), null=True, blank=True)
+    schema_path = StorableCharField(_("schema import path"), max_length=300, blank=True)
+    limits = StorableJSONField(_("limits per turn"), default=dict, blank=True)
     #: ``with_caching``: {"ttl", "key"}; null when the chat asked for no prompt caching.
-    caching = models.JSONField(_("prompt caching"), null=True, blank=True)
+    caching = StorableJSONField(_("prompt caching"), null=True, blank=True)
     #: ``with_thinking``: {"effort", "budget_tokens"}; null: the model's default.
-    thinking = models.JSONField(_("thinking"), null=True, blank=True)
+    thinking = StorableJSONField(_("thinking"), null=True, blank=True)
     #: ``with_context_window``: the model's context window in tokens; null: the catalog's.
     context_window = models.PositiveIntegerField(_("context window"), null=True, blank=True)
     #: ``with_compaction``: {"at", "keep_recent", "model"}; null: no compaction.
-    compaction = models.JSONField(_("compaction"), null=True, blank=True)
+    compaction = StorableJSONField(_("compaction"), null=True, blank=True)
     #: ``with_fallbacks``: models tried in order when the chat's model fails for the step.
-    fallbacks = models.JSONField(_("fallback models"), default=list, blank=True)
+    fallbacks = StorableJSONField(_("fallback models"), default=list, blank=True)
     #: ``with_guardrails``: the chat's guardrails (import paths), each stage's in order.
-    guardrails = models.JSONField(
+    guardrails = StorableJSONField(
         _("guardrails (import paths)"), default=list, db_default=[], blank=True
     )
-    agent_path = models.CharField(_("agent import path"), max_length=300, blank=True)
+    agent_path = StorableCharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
-    agent_inputs = models.JSONField(_("agent inputs"), default=dict, blank=True)
+    agent_inputs = StorableJSONField(_("agent inputs"), default=dict, blank=True)
     #: digest of the agent configuration last applied (see ``agentloop.agents.following``).
-    agent_digest = models.CharField(
+    agent_digest = StorableCharField(
         _("agent configuration digest"), max_length=64, blank=True, editable=False
     )
-    state = models.CharField(
+    state = StorableCharField(
         _("state"), max_length=20, choices=ChatState.choices, default=ChatState.IDLE
     )
-    stop_reason = models.CharField(_("stop reason"), max_length=300, blank=True)
+    stop_reason = StorableCharField(_("stop reason"), max_length=300, blank=True)
     #: ``halt(reason)`` asked while a run was in progress: applied before its next model call.
-    halt_reason = models.CharField(_("halt requested"), max_length=250, blank=True)
+    halt_reason = StorableCharField(_("halt requested"), max_length=250, blank=True)
     #: what went wrong, in one line a user may see (no traceback, no paths).
-    error = models.TextField(_("error"), blank=True)
+    error = StorableTextField(_("error"), blank=True)
     #: the traceback behind ``error``, for the admin and the log only.
-    error_detail = models.TextField(_("error details"), blank=True, editable=False)
+    error_detail = StorableTextField(_("error details"), blank=True, editable=False)
     #: failed attempts of the current step (transient provider errors, in the background);
     #: kept across re-enqueues, reset by a step that goes through.
     attempts = models.PositiveIntegerField(_("attempts of the current step"), default=0)
@@ -182,23 +184,23 @@ class AbstractChat(ConversationDelegations, models.Model):
     #: what the chat's next step waits for ("rate limit: openai requests per minute"), until
     #: ``retry_at`` in the background; "" when it waits for nothing. A database default too,
     #: so code deployed before this column (a rolling deploy) still creates chats.
-    waiting_for = models.CharField(
+    waiting_for = StorableCharField(
         _("waiting for"), max_length=200, blank=True, default="", db_default="", editable=False
     )
     #: user messages sent while a run held the chat (``ask_later(if_busy="queue")``): each
     #: is added and answered, in order, once the run is over.
-    inbox = models.JSONField(_("queued messages"), default=list, blank=True, editable=False)
+    inbox = StorableJSONField(_("queued messages"), default=list, blank=True, editable=False)
     #: the current turn's OpenTelemetry trace context (W3C headers), so every job of the
     #: turn joins its trace (``AGENTLOOP["TRACING"]``); replaced when a turn starts.
-    trace_context = models.JSONField(_("trace context"), default=dict, blank=True, editable=False)
+    trace_context = StorableJSONField(_("trace context"), default=dict, blank=True, editable=False)
     cancel_requested_at = models.DateTimeField(_("cancel requested at"), null=True, blank=True)
     #: the one worker allowed to write (see agentloop.django_store.leases).
-    lease_token = models.CharField(_("lease token"), max_length=64, blank=True, editable=False)
+    lease_token = StorableCharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     #: the process holding the lease, "<host>/<boot>:<pid>:<start time>": a claimant on the
     #: same host takes the chat at once when that process is gone. A database default too, so
     #: code deployed before this column (a rolling deploy) still creates chats.
-    lease_holder = models.CharField(
+    lease_holder = StorableCharField(
         _("lease holder"), max_length=255, blank=True, default="", db_default="", editable=False
     )
     #: when a message was last edited or an answer regenerated (rows superseded); null: never.
@@ -220,7 +222,7 @@ class AbstractChat(ConversationDelegations, models.Model):
         """The engine driving this chat (one per instance; callbacks live on it)."""
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
-            store = DjangoStore(self, send_next=self._send_next)
+            store = DjangoStore(self, send_next=self._send_next, send_job=self._send_job)
             cached = Conversation(store, owner=self)
             connect_chat_events(self, cached)
             self.__dict__["_conversation"] = cached
@@ -239,6 +241,11 @@ class AbstractChat(ConversationDelegations, models.Model):
         message never inherits a cancel.
         """
         cancelled = self.conversation.cancel()
+        if cancelled and self.state == ChatState.QUEUED and self.waiting_for.endswith(IN_LINE):
+            # In line for a chats-in-flight place (as loaded), it has no job in flight to see
+            # the cancel: one is sent (should it have left the line meanwhile, a second job
+            # finds it held or moved on).
+            enqueue(self.pk, self._meta.label, using=self._state.db)
         if cancelled and self.state not in (ChatState.QUEUED, ChatState.RUNNING):
             # No worker will come back to record this cancel (its "cancelled" hook does that
             # for a run): the subagents it waits for that wait for a person are cancelled now.
@@ -298,6 +305,11 @@ class AbstractChat(ConversationDelegations, models.Model):
     def _send_next(self) -> None:
         """Send this chat's next background job (after the current transaction commits)."""
         enqueue(self.pk, self._meta.label, using=self._state.db or "default")
+
+    def _send_job(self, model_label: str, chat_key: str) -> None:
+        """Send a step of another chat (of this database): one whose turn in line for a
+        place of a chats-in-flight quota came when this one freed it."""
+        enqueue(chat_key, model_label, using=self._state.db or "default")
 
     def complete_later(self) -> AbstractChat:
         """Run the conversation in the background, one step per job, from the next commit.

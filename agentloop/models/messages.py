@@ -7,6 +7,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from ..messages import MessageStatus, ToolCallState
 from .chat import Chat
 
@@ -50,23 +51,23 @@ class MessageQuerySet(models.QuerySet["AbstractMessage"]):
 class AbstractMessage(models.Model):
     """One message of a transcript."""
 
-    role = models.CharField(_("role"), max_length=20, choices=Role.choices)
-    content = models.TextField(_("content"), blank=True)
-    status = models.CharField(
+    role = StorableCharField(_("role"), max_length=20, choices=Role.choices)
+    content = StorableTextField(_("content"), blank=True)
+    status = StorableCharField(
         _("status"), max_length=20, choices=MESSAGE_STATUS_CHOICES, default=MessageStatus.COMPLETE
     )
     is_error = models.BooleanField(_("is an error result"), default=False)
-    parsed = models.JSONField(_("structured output"), null=True, blank=True)
-    model = models.CharField(_("model"), max_length=200, blank=True)
-    finish_reason = models.CharField(_("finish reason"), max_length=50, blank=True)
+    parsed = StorableJSONField(_("structured output"), null=True, blank=True)
+    model = StorableCharField(_("model"), max_length=200, blank=True)
+    finish_reason = StorableCharField(_("finish reason"), max_length=50, blank=True)
     #: the model's readable thinking behind an answer (model text: escape it when shown).
-    thinking = models.TextField(_("thinking"), blank=True)
-    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    thinking = StorableTextField(_("thinking"), blank=True)
+    provider_data = StorableJSONField(_("provider data"), default=dict, blank=True)
     #: images and documents sent with the message (``Attachment`` as JSON; data in base64).
-    attachments = models.JSONField(_("attachments"), default=list, blank=True)
+    attachments = StorableJSONField(_("attachments"), default=list, blank=True)
     #: what input (a user message) or output (an answer) guardrails decided about it
     #: (``GuardrailOutcome`` as JSON).
-    guardrails = models.JSONField(
+    guardrails = StorableJSONField(
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
     )
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
@@ -87,23 +88,23 @@ class AbstractMessage(models.Model):
 class AbstractToolCall(models.Model):
     """A tool call the model asked for, and how running it went."""
 
-    call_id = models.CharField(_("provider call id"), max_length=200)
-    name = models.CharField(_("tool name"), max_length=200)
-    arguments = models.JSONField(_("arguments"), default=dict, blank=True)
+    call_id = StorableCharField(_("provider call id"), max_length=200)
+    name = StorableCharField(_("tool name"), max_length=200)
+    arguments = StorableJSONField(_("arguments"), default=dict, blank=True)
     #: the model's arguments, when the approver edited them (``arguments`` is what ran).
-    original_arguments = models.JSONField(_("original arguments"), null=True, blank=True)
-    state = models.CharField(
+    original_arguments = StorableJSONField(_("original arguments"), null=True, blank=True)
+    state = StorableCharField(
         _("state"), max_length=20, choices=TOOL_CALL_STATE_CHOICES, default=ToolCallState.PENDING
     )
-    error = models.TextField(_("error"), blank=True)
-    provider_data = models.JSONField(_("provider data"), default=dict, blank=True)
+    error = StorableTextField(_("error"), blank=True)
+    provider_data = StorableJSONField(_("provider data"), default=dict, blank=True)
     #: why a waiting call waits: approval, question or subagent.
-    wait_reason = models.CharField(_("waits for"), max_length=20, blank=True)
-    question = models.TextField(_("question"), blank=True)
+    wait_reason = StorableCharField(_("waits for"), max_length=20, blank=True)
+    question = StorableTextField(_("question"), blank=True)
     #: a person's decision: approved, denied or answered; bound to ``decision_digest``.
-    decision = models.CharField(_("decision"), max_length=20, blank=True)
-    decision_digest = models.CharField(_("arguments digest"), max_length=64, blank=True)
-    decision_reason = models.TextField(_("decision reason"), blank=True)
+    decision = StorableCharField(_("decision"), max_length=20, blank=True)
+    decision_digest = StorableCharField(_("arguments digest"), max_length=64, blank=True)
+    decision_reason = StorableTextField(_("decision reason"), blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         verbose_name=_("decided by"),
@@ -115,9 +116,9 @@ class AbstractToolCall(models.Model):
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
     #: the handoff this call made: {"from": <agent path or "">, "to": <agent path>,
     #: "inputs": {...}} (``Agent.as_handoff``, ``ToolContext.hand_off``); null: none.
-    handoff = models.JSONField(_("handoff"), null=True, blank=True, editable=False)
+    handoff = StorableJSONField(_("handoff"), null=True, blank=True, editable=False)
     #: what tool guardrails decided before it ran (``GuardrailOutcome`` as JSON).
-    guardrails = models.JSONField(
+    guardrails = StorableJSONField(
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
     )
     #: when the call began to wait (``APPROVAL_TIMEOUT`` counts from then).

@@ -5,12 +5,14 @@ from __future__ import annotations
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from ..django_store.fields import StorableCharField
+
 
 class RateLimitBucket(models.Model):
     """One token bucket of ``AGENTLOOP["RATE_LIMITS"]`` ("openai/requests"): its level, and
     when it had it (seconds since the epoch, by the database's clock on PostgreSQL)."""
 
-    key = models.CharField(_("bucket"), max_length=255, unique=True)
+    key = StorableCharField(_("bucket"), max_length=255, unique=True)
     level = models.FloatField(_("level"))
     stamp = models.FloatField(_("level at (epoch seconds)"))
 

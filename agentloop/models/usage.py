@@ -12,6 +12,7 @@ from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ..django_store.fields import StorableCharField, StorableTextField
 from .chat import Chat
 from .indexes import IncludingOnPostgres
 from .messages import Message
@@ -64,9 +65,9 @@ class UsageQuerySet(models.QuerySet["AbstractUsage"]):
 class AbstractUsage(models.Model):
     """One provider attempt: tokens, cost when the price is known, and how it ended."""
 
-    provider = models.CharField(_("provider"), max_length=100, blank=True)
-    model = models.CharField(_("model"), max_length=200, blank=True)
-    status = models.CharField(_("status"), max_length=20, choices=UsageStatus.choices)
+    provider = StorableCharField(_("provider"), max_length=100, blank=True)
+    model = StorableCharField(_("model"), max_length=200, blank=True)
+    status = StorableCharField(_("status"), max_length=20, choices=UsageStatus.choices)
     input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
     output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
     #: prompt tokens read from the provider's cache (part of ``input_tokens``).
@@ -75,7 +76,7 @@ class AbstractUsage(models.Model):
     cache_write_tokens = models.PositiveIntegerField(_("cache write tokens"), default=0)
     reasoning_tokens = models.PositiveIntegerField(_("reasoning tokens"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
-    error = models.TextField(_("error"), blank=True)
+    error = StorableTextField(_("error"), blank=True)
     duration_ms = models.PositiveIntegerField(_("duration (ms)"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
 

@@ -14,7 +14,7 @@ from django.db import connections
 
 from ..conf import agentloop_settings
 
-__all__ = ["async_client", "chat_key", "chat_name", "client", "key", "prefix", "redis_url"]
+__all__ = ["chat_key", "chat_name", "client", "key", "prefix", "redis_url"]
 
 _clients: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -38,13 +38,6 @@ def client(url: str | None = None) -> Any:
 
             found = _clients[url] = redis.Redis.from_url(url)
         return found
-
-
-def async_client() -> Any:
-    """A new ``redis.asyncio`` client of ``REDIS_URL`` (per event loop; the caller closes it)."""
-    import redis.asyncio  # the optional "redis" extra, as in client()
-
-    return redis.asyncio.Redis.from_url(str(redis_url()))
 
 
 def prefix() -> str:

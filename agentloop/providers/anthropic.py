@@ -32,6 +32,7 @@ from ..messages import (
     TokenUsage,
     ToolCall,
     ToolCallDelta,
+    reported_tokens,
 )
 from .base import ChunkCallback
 from .caching import add_anthropic_breakpoints
@@ -480,15 +481,15 @@ class AnthropicProvider(HTTPProvider):
     def _usage(usage: Mapping[str, Any]) -> TokenUsage:
         # Anthropic counts cache reads and writes apart from ``input_tokens``; ours is the
         # whole prompt (as OpenAI reports it), with the reads and writes also counted apart.
-        cache_read = int(usage.get("cache_read_input_tokens") or 0)
-        cache_write = int(usage.get("cache_creation_input_tokens") or 0)
+        cache_read = reported_tokens(usage, "cache_read_input_tokens")
+        cache_write = reported_tokens(usage, "cache_creation_input_tokens")
         written = usage.get("cache_creation") or {}
         details = usage.get("output_tokens_details") or {}
         return TokenUsage(
-            input_tokens=int(usage.get("input_tokens") or 0) + cache_read + cache_write,
-            output_tokens=int(usage.get("output_tokens") or 0),
+            input_tokens=reported_tokens(usage, "input_tokens") + cache_read + cache_write,
+            output_tokens=reported_tokens(usage, "output_tokens"),
             cache_read_tokens=cache_read,
             cache_write_tokens=cache_write,
-            cache_write_1h_tokens=int(written.get("ephemeral_1h_input_tokens") or 0),
-            reasoning_tokens=int(details.get("thinking_tokens") or 0),
+            cache_write_1h_tokens=reported_tokens(written, "ephemeral_1h_input_tokens"),
+            reasoning_tokens=reported_tokens(details, "thinking_tokens"),
         )

@@ -34,6 +34,7 @@ from ..messages import ModelRequest, ModelResponse, TokenUsage
 from .azure_auth import EntraTokens, credential_from
 from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
+from .errors import call_errors
 from .http import HTTPProvider
 from .openai import OpenAIProvider
 from .openai_responses import OpenAIResponsesProvider
@@ -182,10 +183,11 @@ class _AzureConnection(HTTPProvider):
             return {"Authorization": f"Bearer {tokens.token()}"}
         return {"api-key": api_key} if api_key else {}
 
-    def _secrets(self) -> tuple[str, ...]:
+    def credential_secrets(self) -> tuple[str, ...]:
+        """The Entra ID token last fetched, if any."""
         tokens = self._tokens if self._shared is None else self._shared._tokens
         token = tokens.cached() if tokens is not None else None
-        return super()._secrets() + ((token,) if token else ())
+        return (token,) if token else ()
 
     async def arequest(
         self, request: ModelRequest, *, on_chunk: AsyncChunkCallback | None = None
@@ -194,7 +196,8 @@ class _AzureConnection(HTTPProvider):
         if tokens is not None and not tokens.fresh():
             # A token fetch blocks (a call to Entra ID, or the Azure CLI): on a thread, so the
             # event loop runs on; the request then finds the token cached.
-            await sync_to_async(tokens.token, thread_sensitive=False)()
+            with call_errors(self.name, self._secrets):
+                await sync_to_async(tokens.token, thread_sensitive=False)()
         return await super().arequest(request, on_chunk=on_chunk)
 
 
@@ -297,7 +300,7 @@ class AzureProvider(Provider):
         """Azure's own price for ``model`` (the catalog's ``clouds`` entries of ``azure``),
         never another vendor's: Azure meters differ by deployment type and region. The class's
         name, not the instance's: a provider configured under another name is Azure too."""
-        return price_of(model, usage, provider=type(self).name)
+        return price_of(model, usage, provider=type(self).name, configured=self.name)
 
     def close(self) -> None:
         """Close both routes' HTTP clients."""

@@ -5,6 +5,8 @@
 ``models`` are the vendors' own APIs' entries, by model id. ``clouds`` are entries for a model
 served through a cloud provider (Vertex AI, Azure AI Foundry), whose prices are the cloud's: a
 call through that provider is priced by those entries only, never at another API's rates.
+A price the catalog lacks may come from genai-prices, and ``AGENTLOOP["PRICES"]`` overrides
+any (:mod:`.prices`; :func:`price_of`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from ..conf import ModelPrice
 from ..messages import TokenUsage
+from .prices import configured_price, genai_price
 
 __all__ = ["ModelInfo", "accepts", "cloud_providers", "lookup", "price_of", "thinks"]
 
@@ -151,34 +155,49 @@ def thinks(model: str) -> bool | None:
     return accepts(model, "thinking")
 
 
-def price_of(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:
-    """The cost of ``usage`` on ``model``; None when the price isn't known.
+def price_of(
+    model: str, usage: TokenUsage, provider: str | None = None, configured: str | None = None
+) -> Decimal | None:
+    """The cost of ``usage`` on ``model`` through a provider of kind ``provider``
+    (configured under the name ``configured``); None when the price isn't known.
 
-    ``input_tokens`` is the whole prompt: its cache reads are priced at the cached-input
-    price, its cache writes at the write price of their lifetime (input price when the
-    catalog has none, as OpenAI bills them), the rest at the input price.
+    Prices come from ``AGENTLOOP["PRICES"]`` first, then the catalog, then genai-prices when
+    it is installed (:mod:`.prices`). ``input_tokens`` is the whole prompt: its cache reads
+    are priced at the cached-input price, its cache writes at the write price of their
+    lifetime (input price when none is given, as OpenAI bills them), the rest at the input
+    price.
     """
-    info = lookup(model, provider)
-    if info is None or info.input_price is None or info.output_price is None:
+    rates: ModelInfo | ModelPrice | None = configured_price(model, provider, configured)
+    if rates is None:
+        rates = lookup(model, provider)
+        if rates is None or rates.input_price is None or rates.output_price is None:
+            return genai_price(model, usage, provider)
+    return _cost(rates, usage)
+
+
+def _cost(rates: ModelInfo | ModelPrice, usage: TokenUsage) -> Decimal | None:
+    """``usage`` at ``rates`` (per million tokens)."""
+    input_price, output_price = rates.input_price, rates.output_price
+    if input_price is None or output_price is None:
         return None
     # Counts a provider got wrong never make a negative share of plain input.
     read = min(usage.cache_read_tokens, usage.input_tokens)
     written = min(usage.cache_write_tokens, usage.input_tokens - read)
     written_1h = min(usage.cache_write_1h_tokens, written)
-    read_price = info.cached_input_price
-    write_price = info.cache_write_price
-    write_1h_price = info.cache_write_1h_price
+    read_price = rates.cached_input_price
+    write_price = rates.cache_write_price
+    write_1h_price = rates.cache_write_1h_price
     if read_price is None:
-        read_price = info.input_price
+        read_price = input_price
     if write_price is None:
-        write_price = info.input_price
+        write_price = input_price
     if write_1h_price is None:
         write_1h_price = write_price
     total = (
-        Decimal(usage.input_tokens - read - written) * info.input_price
+        Decimal(usage.input_tokens - read - written) * input_price
         + Decimal(read) * read_price
         + Decimal(written - written_1h) * write_price
         + Decimal(written_1h) * write_1h_price
-        + Decimal(usage.output_tokens) * info.output_price
+        + Decimal(usage.output_tokens) * output_price
     ) / _MILLION
     return total.quantize(Decimal("0.00000001"))

@@ -1,6 +1,7 @@
 """Where an HTTP provider's requests go: its endpoint (``endpoint_url``, or the older name
 ``base_url``) and the proxy they pass through (``proxy``), checked when used, with a
-proxy's password kept out of every repr, log line and error message.
+proxy's password kept out of every repr and configuration error (an error from a call is
+redacted by :mod:`.redaction`).
 
 Both names of the endpoint are read for every provider family. Given both at one level
 (the constructor, or one provider's settings) they must agree: two different addresses
@@ -10,15 +11,14 @@ guessing would send the API key to a host nobody chose, so it is refused.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import re
 from collections.abc import Callable
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from ..exceptions import ConfigurationError
 
-__all__ = ["configured_url", "masked", "proxy_secrets", "proxy_url", "shown_address"]
+__all__ = ["configured_url", "masked", "proxy_url", "shown_address"]
 
 _ENDPOINT_SCHEMES = ("http", "https")
 # SOCKS needs httpx's "socks" extra (socksio).
@@ -41,25 +41,6 @@ def masked(url: str) -> str:
         return _USERINFO.sub(r"\1***@", url)
     host = parts.netloc.rpartition("@")[2]
     return parts._replace(netloc=f"{user}:***@{host}").geturl()
-
-
-def proxy_secrets(value: object) -> tuple[str, ...]:
-    """The forms of a proxy URL's credentials an error could repeat: the password (or a
-    lone user, which may be a token) as written and decoded, and the
-    ``Proxy-Authorization`` header's token. Never raises."""
-    if not isinstance(value, str) or "@" not in value:
-        return ()
-    try:
-        parts = urlsplit(value)
-        user, password = parts.username, parts.password
-    except ValueError:
-        return ()
-    secret = password or user
-    if not secret:
-        return ()
-    token = f"{unquote(user or '')}:{unquote(password or '')}".encode()
-    forms = (secret, unquote(secret), base64.b64encode(token).decode("ascii"))
-    return tuple(dict.fromkeys(forms))
 
 
 def _checked(value: object, where: str, schemes: tuple[str, ...], example: str) -> str:

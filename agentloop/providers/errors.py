@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import email.utils
 import json
-import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
+
+import httpx
 
 from ..exceptions import (
     AuthenticationError,
@@ -17,20 +19,15 @@ from ..exceptions import (
     ProviderTimeout,
     RateLimitError,
     ServerError,
+    StreamInterruptedError,
 )
+from .redaction import hide_url_credentials_in_logs, redact, redact_error, secrets_sent
 
-__all__ = ["error_for_status", "parse_retry_after", "redact", "status_of_error"]
+__all__ = ["Sent", "call_errors", "error_for_status", "parse_retry_after", "status_of_error"]
 
-_SECRET_PATTERNS = (
-    re.compile(r"(sk-(?:ant-|proj-|or-)?)[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"(AIza)[A-Za-z0-9_\-]{20,}"),
-    re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]{8,}", re.IGNORECASE),
-    re.compile(r"((?:api[_-]?key|key|token)=)[^&\s\"']+", re.IGNORECASE),
-    re.compile(
-        r"((?:\"|')(?:api[_-]?key|x-api-key|x-goog-api-key)(?:\"|')\s*:\s*(?:\"|'))[^\"']+",
-        re.IGNORECASE,
-    ),  # fmt: skip
-)
+#: given a request's arguments (``url``, ``headers``) as they go out, returns them: the
+#: credentials they carry are then redacted from the call's errors (:func:`call_errors`).
+Sent = Callable[[dict[str, Any]], dict[str, Any]]
 
 # Phrases vendors use when the conversation doesn't fit the model.
 _CONTEXT_MARKERS = (
@@ -45,16 +42,6 @@ _CONTEXT_MARKERS = (
 )
 
 _MAX_BODY = 2000
-
-
-def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """``text`` without API keys: known key shapes and the given secrets are masked."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda match: match.group(1) + "[redacted]", text)
-    return text
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -121,7 +108,8 @@ def error_for_status(
     headers: Mapping[str, str] | None = None,
     secrets: tuple[str, ...] = (),
 ) -> ProviderError:
-    """The ProviderError for an HTTP error response (never raised here, returned)."""
+    """The ProviderError for an HTTP error response (never raised here, returned), its
+    body and message redacted (:func:`.redaction.redact`, with ``secrets``)."""
     body = redact(body, secrets)[:_MAX_BODY]
     detail = _error_message(body)
     message = f"{provider} returned HTTP {status}: {detail}"
@@ -141,3 +129,37 @@ def error_for_status(
     else:
         kind = BadRequestError
     return kind(message, status=status, body=body, retry_after=retry_after)
+
+
+@contextmanager
+def call_errors(provider: str, secrets: Callable[[], Iterable[str]]) -> Iterator[Sent]:
+    """The boundary a provider call's errors leave by: httpx's errors become ProviderErrors,
+    and every ProviderError (its message, body and the exceptions it was raised from) is
+    redacted with ``secrets()`` and the credentials of each request given to the ``sent``
+    it yields, whichever family and code path built it."""
+    hide_url_credentials_in_logs()  # httpx logs each URL, an endpoint's password included
+    posts: list[dict[str, Any]] = []
+
+    def sent(post: dict[str, Any]) -> dict[str, Any]:
+        posts.append(post)
+        return post
+
+    try:
+        try:
+            yield sent
+        except httpx.TimeoutException as exc:
+            raise ProviderTimeout(
+                f"{provider} did not answer in time ({type(exc).__name__})"
+            ) from exc
+        except httpx.RemoteProtocolError as exc:
+            raise StreamInterruptedError(f"{provider} closed the connection early: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ServerError(f"Could not reach {provider}: {exc}") from exc
+    except ProviderError as error:
+        carried = (
+            secret
+            for post in posts
+            for secret in secrets_sent(post.get("headers") or {}, str(post.get("url") or ""))
+        )
+        redact_error(error, (*secrets(), *carried))
+        raise

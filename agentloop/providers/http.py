@@ -15,28 +15,22 @@ import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, cast, final
 
 import httpx
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 
 from ..conf import agentloop_settings
-from ..exceptions import (
-    ConfigurationError,
-    InvalidResponseError,
-    ProviderError,
-    ProviderTimeout,
-    ServerError,
-    StreamInterruptedError,
-)
+from ..exceptions import ConfigurationError, InvalidResponseError, ProviderError
 from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
 from . import watchdog
 from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
 from .common import with_parsed_json
-from .endpoints import configured_url, proxy_secrets, proxy_url, shown_address
-from .errors import error_for_status, redact, status_of_error
+from .endpoints import configured_url, proxy_url, shown_address
+from .errors import call_errors, error_for_status, status_of_error
 from .lanes import Lanes, read_to_the_end, tls_context
+from .redaction import redact, secrets_sent, url_secrets
 from .response_cap import cap_response
 
 __all__ = ["HTTPProvider", "StreamDecoder", "StreamParser"]
@@ -153,14 +147,33 @@ class HTTPProvider(Provider):
             )
         return key or None
 
+    @final
     def _secrets(self) -> tuple[str, ...]:
-        # A proxy's password is redacted like the key wherever an error could repeat it.
-        secrets = proxy_secrets(self._proxy or self._setting("proxy"))
+        """What no error may repeat (see :mod:`.redaction`): the key, the endpoint's and the
+        proxy's credentials, those in the ``headers`` setting, and the family's own
+        (:meth:`credential_secrets`). Final, so no family can leave one out."""
         try:
             key = self.api_key()
         except ConfigurationError:
-            return secrets
-        return (key, *secrets) if key else secrets
+            key = None
+        try:
+            endpoint = self.base_url
+        except ConfigurationError:
+            endpoint = ""
+        configured = {**(self._setting("headers") or {}), **self._headers}
+        found = (
+            key or "",
+            *url_secrets(self._proxy or self._setting("proxy")),
+            *url_secrets(endpoint),
+            *secrets_sent(configured),
+            *self.credential_secrets(),
+        )
+        return tuple(dict.fromkeys(secret for secret in found if secret))
+
+    def credential_secrets(self) -> tuple[str, ...]:
+        """The family's secrets an error could repeat beyond those (an OAuth token, AWS
+        keys), as already fetched, never raising; none here."""
+        return ()
 
     def _timeout_setting(self) -> httpx.Timeout:
         timeout = self._timeout or self._setting("timeout") or _DEFAULT_TIMEOUT
@@ -375,28 +388,30 @@ class HTTPProvider(Provider):
         return self.sign(post)
 
     def _answer(self, request: ModelRequest, on_chunk: ChunkCallback | None) -> ModelResponse:
-        post = self._post(request, on_chunk is not None)
-        with self._translate_errors(), self._calling(post) as client:
-            if on_chunk is None:
-                with client.stream("POST", **post) as response:
-                    watchdog.watch_response(response)  # a cancel or the deadline shuts it
-                    cap_response(response, self.name)
-                    response.read()
-                return self._json_answer(response)
-            decoder = self.stream_decoder()
-            if decoder is not None:
-                with client.stream("POST", **post) as response:
-                    self._check_stream(response)
-                    pieces = (event for part in response.iter_bytes() for event in decoder(part))
-                    answer = self._parse_stream(pieces, on_chunk)
-                    read_to_the_end(pieces)
+        with call_errors(self.name, self._secrets) as sent:
+            post = sent(self._post(request, on_chunk is not None))
+            with self._calling(post) as client:
+                if on_chunk is None:
+                    with client.stream("POST", **post) as response:
+                        watchdog.watch_response(response)  # a cancel or the deadline shuts it
+                        cap_response(response, self.name)
+                        response.read()
+                    return self._json_answer(response)
+                decoder = self.stream_decoder()
+                if decoder is not None:
+                    with client.stream("POST", **post) as response:
+                        self._check_stream(response)
+                        parts = response.iter_bytes()
+                        pieces = (event for part in parts for event in decoder(part))
+                        answer = self._parse_stream(pieces, on_chunk)
+                        read_to_the_end(pieces)
+                        return answer
+                with connect_sse(client, "POST", **post) as source:
+                    self._check_stream(source.response)
+                    events = source.iter_sse()
+                    answer = self._parse_stream(events, on_chunk)
+                    read_to_the_end(events)
                     return answer
-            with connect_sse(client, "POST", **post) as source:
-                self._check_stream(source.response)
-                events = source.iter_sse()
-                answer = self._parse_stream(events, on_chunk)
-                read_to_the_end(events)
-                return answer
 
     def _check_stream(self, response: httpx.Response) -> None:  # watch, cap, raise its error
         watchdog.watch_response(response)  # a cancel or the deadline shuts it
@@ -408,8 +423,8 @@ class HTTPProvider(Provider):
     async def _aanswer(
         self, request: ModelRequest, on_chunk: AsyncChunkCallback | None
     ) -> ModelResponse:
-        post = self._post(request, on_chunk is not None)
-        with self._translate_errors():
+        with call_errors(self.name, self._secrets) as sent:
+            post = sent(self._post(request, on_chunk is not None))
             async with self._async_calling(post) as client:
                 if on_chunk is None:
                     async with client.stream("POST", **post) as response:
@@ -477,23 +492,8 @@ class HTTPProvider(Provider):
             self.name, response.status_code, response.text, response.headers, self._secrets()
         )
 
-    @contextmanager
-    def _translate_errors(self) -> Iterator[None]:
-        try:
-            yield
-        except httpx.TimeoutException as exc:
-            raise ProviderTimeout(
-                f"{self.name} did not answer in time ({type(exc).__name__})"
-            ) from exc
-        except httpx.RemoteProtocolError as exc:
-            raise StreamInterruptedError(f"{self.name} closed the connection early: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise ServerError(
-                f"Could not reach {self.name}: {redact(str(exc), self._secrets())}"
-            ) from exc
-
     # -- prices ----------------------------------------------------------------------------------
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        # The class's name (a BUILTINS name), not the instance's: a Vertex AI provider
-        # configured as "vertex-eu" is still priced by the catalog's vertexai entries.
-        return price_of(model, usage, provider=type(self).name)
+        # The class's name (a BUILTINS name): a Vertex AI provider configured as "vertex-eu"
+        # is priced by the catalog's vertexai entries, unless PRICES names "vertex-eu:...".
+        return price_of(model, usage, provider=type(self).name, configured=self.name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..messages import Thinking, TokenUsage
+from ..messages import Thinking, TokenUsage, reported_tokens
 
 __all__ = ["DETAILS_KEY", "ReasoningDetails", "reasoning_fields", "usage_from"]
 
@@ -81,9 +81,9 @@ def usage_from(data: Any) -> TokenUsage:
     prompt_details = data.get("prompt_tokens_details") or {}
     completion_details = data.get("completion_tokens_details") or {}
     return TokenUsage(
-        input_tokens=int(data.get("prompt_tokens") or 0),
-        output_tokens=int(data.get("completion_tokens") or 0),
-        cache_read_tokens=int(prompt_details.get("cached_tokens") or 0),
-        cache_write_tokens=int(prompt_details.get("cache_write_tokens") or 0),
-        reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        input_tokens=reported_tokens(data, "prompt_tokens"),
+        output_tokens=reported_tokens(data, "completion_tokens"),
+        cache_read_tokens=reported_tokens(prompt_details, "cached_tokens"),
+        cache_write_tokens=reported_tokens(prompt_details, "cache_write_tokens"),
+        reasoning_tokens=reported_tokens(completion_details, "reasoning_tokens"),
     )

@@ -61,6 +61,7 @@ from ..messages import (
     ToolCall,
     ToolCallDelta,
     ToolDefinition,
+    reported_tokens,
 )
 from .base import ChunkCallback
 from .catalog import thinks
@@ -71,9 +72,9 @@ from .common import (
     strict_json_schema,
     tool_call_from_text,
 )
-from .errors import redact
 from .http import HTTPProvider, StreamParser
 from .model_options import temperature_for, thinking_for
+from .redaction import redact
 from .thinking import replays_to, stamped
 
 __all__ = ["OUTPUT_KEY", "OpenAIResponsesProvider"]
@@ -203,12 +204,13 @@ def _kept_item(item: Mapping[str, Any]) -> dict[str, Any] | None:
 def _usage(usage: Mapping[str, Any] | None) -> TokenUsage:
     if not usage:
         return TokenUsage()
+    input_details = usage.get("input_tokens_details")
     return TokenUsage(
-        input_tokens=usage.get("input_tokens") or 0,
-        output_tokens=usage.get("output_tokens") or 0,
-        cache_read_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
-        cache_write_tokens=(usage.get("input_tokens_details") or {}).get("cache_write_tokens") or 0,
-        reasoning_tokens=(usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0,
+        input_tokens=reported_tokens(usage, "input_tokens"),
+        output_tokens=reported_tokens(usage, "output_tokens"),
+        cache_read_tokens=reported_tokens(input_details, "cached_tokens"),
+        cache_write_tokens=reported_tokens(input_details, "cache_write_tokens"),
+        reasoning_tokens=reported_tokens(usage.get("output_tokens_details"), "reasoning_tokens"),
     )
 
 

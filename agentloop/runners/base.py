@@ -52,6 +52,12 @@ class Runner(ABC):
         """Hand ``job`` over to be run; raise if it could not be sent (the caller then marks
         the chat for the sweeper)."""
 
+    def lost_jobs(self) -> bool:
+        """Whether the jobs sent so far may have been lost since the sweeper last asked (a
+        broker that restarted without its data): the sweeper then sends the jobs of every
+        queued chat again. False unless the runner can tell (Celery on a Redis broker)."""
+        return False
+
     def send_many(self, jobs: list[Job]) -> None:
         """Hand many jobs over (a set-based verb's batch); raise if some could not be sent
         (the caller then marks them all for the sweeper). One ``send`` each unless the runner

@@ -11,10 +11,13 @@ from celery import current_app
 
 from .base import Job, Runner
 
-__all__ = ["STEP_TASK", "CeleryRunner"]
+__all__ = ["BROKER_MARK", "STEP_TASK", "CeleryRunner"]
 
 #: the registered name of the step task (``agentloop.tasks.step_chat``).
 STEP_TASK = "agentloop.step_chat"
+#: a key the sweeper keeps in a Redis broker: when it is gone, so is every job the broker
+#: held (a restart without persistence, a flush).
+BROKER_MARK = "agentloop:broker-mark"
 
 
 class CeleryRunner(Runner):
@@ -27,6 +30,16 @@ class CeleryRunner(Runner):
         # or sends by name when this process has not loaded the task.
         signature = current_app.signature(STEP_TASK, args=job.args)
         signature.apply_async(countdown=job.countdown, **_reprs(job))
+
+    def lost_jobs(self) -> bool:
+        """On a Redis broker: whether the sweeper's mark is gone (set again here). A worker
+        that reconnects to a restarted broker re-sends what it lost (``agentloop.tasks``);
+        one started afresh, or one that died, doesn't: the sweeper finds out by this."""
+        with current_app.connection_for_write() as connection:
+            if getattr(connection.transport, "driver_type", "") != "redis":
+                return False  # RabbitMQ keeps its durable queues across restarts
+            client = connection.default_channel.client
+            return bool(client.set(BROKER_MARK, "1", nx=True))
 
     def send_many(self, jobs: list[Job]) -> None:
         # One producer (one broker connection, taken from the pool once) for the batch.

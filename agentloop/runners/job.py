@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 from django.apps import apps
@@ -23,7 +24,7 @@ from ..django_store.releases import one_line
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
 from ..events import publish_chunk
-from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError
+from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError, PlaceWaiting
 from .base import Job
 from .sending import send
 
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 Action = Literal[
     "again",  # more to do: enqueue the next step
     "done",  # complete
-    "waiting",  # held by a person or a subagent
+    "waiting",  # held by a person or a subagent, or in line for a chats-in-flight place
     "busy",  # another process holds the lease; it carries on
     "retry",  # transient provider error: try the same step later (the chat counts attempts)
     "failed",  # permanent error (or too many attempts) stored on the chat
@@ -130,7 +131,7 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
         wait = backoff(attempt, outage=True)
         return StepOutcome("unreachable", retry_in=wait, error=one_line(exc))
     lease, chat, transcript = claimed
-    outcome = _advance(chat, lease, transcript)
+    outcome = _advance(chat, lease, transcript, chat.updated_at)
     if outcome.action == "unreachable":
         # Given up before the lease ran out: the next job can take the chat once it has.
         wait = max(backoff(attempt, outage=True), lease.remaining + 0.1)
@@ -138,21 +139,22 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     return outcome
 
 
-def _advance(chat: Any, lease: Any, transcript: Any) -> StepOutcome:
-    """The step itself, on the chat and lease the job's claim took."""
+def _advance(chat: Any, lease: Any, transcript: Any, claimed_at: Any) -> StepOutcome:
+    """The step itself, on the chat and lease the job's claim took (at ``claimed_at``, the
+    ``updated_at`` the claim wrote)."""
     conversation = chat.conversation
     store = conversation.store
     store.background = True
     store.adopt(lease, transcript)
     try:
-        return _advanced(chat, store, conversation)
+        return _advanced(chat, store, conversation, claimed_at)
     finally:
         # However the step ended (its release failed too, say), its lease is not renewed
         # any more: it expires, or was released.
         lease.forget()
 
 
-def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
+def _advanced(chat: Any, store: Any, conversation: Any, claimed_at: Any) -> StepOutcome:
     """What the step's end means for the job (the store recorded it on the chat)."""
     chat_id = chat.pk
     try:
@@ -163,7 +165,7 @@ def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
             logger.warning("Chat %s: the database could not be reached in time; the step "
                            "wrote nothing more and is tried again", chat_id)  # fmt: skip
             return StepOutcome("unreachable")
-        return _after_a_lost_lease(type(chat), chat_id)
+        return _after_a_lost_lease(type(chat), chat_id, claimed_at)
     except CancelledError:
         release = store.last_release
         if release is not None and release.state == "queued":
@@ -171,6 +173,9 @@ def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
         return StepOutcome("cancelled")
     except ChatStoppedError as exc:  # a limit, a guardrail's block
         return StepOutcome("stopped", error=exc.reason)
+    except PlaceWaiting:
+        # In line for a chats-in-flight place: no job until one frees (its holder sends it).
+        return StepOutcome("waiting")
     except Exception:
         # The store released the chat as failed (or queued for a retry) with a one-line
         # error; the traceback went to the log.
@@ -185,18 +190,28 @@ def _advanced(chat: Any, store: Any, conversation: Any) -> StepOutcome:
     if release is None:  # pragma: no cover - every verb releases what it claimed
         return StepOutcome("again" if result.next_move in ("tools", "generate") else "done")
     if release.state == "lost":
-        return _after_a_lost_lease(type(chat), chat_id)
+        return _after_a_lost_lease(type(chat), chat_id, claimed_at)
     return StepOutcome(_BY_STATE.get(release.state, "done"))
 
 
-def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
+def _after_a_lost_lease(chat_model: Any, chat_id: Any, claimed_at: Any) -> StepOutcome:
     """Our lease is gone and this job wrote nothing after that. Usually another worker took
-    the chat over and carries on; but a claim the database lost (a crash before its commit
-    reached the disk) leaves the chat in flight with no lease at all: send its next job now
-    rather than leave it to the sweeper."""
+    the chat over, or a person freed it (``agentloop unlock``), and its next job carries on.
+    But a claim the database lost (a crash before its commit reached the disk) leaves the
+    chat in flight with no lease at all: send its next job now rather than leave it to the
+    sweeper.
+
+    Told apart by the row's ``updated_at``: a lost claim leaves it no newer than the one
+    the claim wrote (``claimed_at``); a release, a takeover or an unlock since writes a
+    newer one (an unlock, and every claim on PostgreSQL, by the database's clock)."""
     try:
         orphaned = chat_model._default_manager.filter(
-            pk=chat_id, lease_token="", state__in=("queued", "running")
+            pk=chat_id,
+            lease_token="",
+            state__in=("queued", "running"),
+            # A microsecond on: SQLite compares the stored text, which the claim wrote
+            # with its time zone and the ORM without.
+            updated_at__lt=claimed_at + timedelta(microseconds=1),
         ).exists()
     except CONNECTION_ERRORS:
         orphaned = False  # the sweeper finds it if so
@@ -205,7 +220,11 @@ def _after_a_lost_lease(chat_model: Any, chat_id: Any) -> StepOutcome:
             "Chat %s: the database lost this job's claim; sending its step again", chat_id
         )
         return StepOutcome("again")
-    logger.warning("Chat %s: lease lost mid-step; another worker continues", chat_id)
+    logger.warning(
+        "Chat %s: lease lost mid-step (taken over, or freed by hand); this job writes "
+        "nothing more and the chat's next job carries on",
+        chat_id,
+    )
     return StepOutcome("lost")
 
 

@@ -134,8 +134,8 @@ def send(job: Job) -> None:
 
 
 def mark_unsent(chat_id: Any, model_label: str = "agentloop.Chat") -> bool:
-    """Date a queued, unheld chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run
-    finds it stalled (one UPDATE); False when the chat isn't queued and free any more."""
+    """Date a queued chat back by ``STALE_QUEUED_SECONDS``, so the sweeper's next run finds
+    it stalled once no one holds it (one UPDATE); False when the chat isn't queued any more."""
     return bool(_mark_unsent([chat_id], model_label))
 
 
@@ -143,7 +143,9 @@ def _mark_unsent(chat_ids: list[Any], model_label: str) -> int:
     chat_model: Any = apps.get_model(model_label)
     # The database's clock, as the sweeper's query reads it.
     stale = Now() - timedelta(seconds=agentloop_settings.STALE_QUEUED_SECONDS + 1)
-    unsent = chat_model._default_manager.filter(pk__in=chat_ids, state="queued", lease_token="")
+    # Held or not: the sweeper takes a chat only once its lease is free or expired, and a
+    # holder that releases it queued sends its next job itself (dating it anew).
+    unsent = chat_model._default_manager.filter(pk__in=chat_ids, state="queued")
     try:
         return int(unsent.update(updated_at=stale))
     except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -10,11 +11,14 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..budgets.counters import release_expired
+from ..budgets.slots import due, waiting_subjects
 from ..conf import agentloop_settings
 from .approval_timeouts import deny_timed_out_approvals
-from .sending import enqueue
+from .sending import enqueue, runner
 
 __all__ = ["free_chat", "resend_queued", "resume_stalled", "stalled_chats"]
+
+logger = logging.getLogger(__name__)
 
 
 def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
@@ -38,14 +42,43 @@ def stalled_chats(model_label: str = "agentloop.Chat") -> Any:
 
 def resume_stalled(model_label: str = "agentloop.Chat") -> list[Any]:
     """Deny approvals past ``APPROVAL_TIMEOUT`` (their background chats go on), give back
-    the budget reservations of model calls whose processes died, then enqueue a step for
-    each stalled chat; returns the stalled chats' primary keys."""
+    the budget reservations of model calls whose processes died, send again the jobs of the
+    queued chats if the broker lost its jobs since the last run, send the chats in line for
+    a chats-in-flight place whose turn came (should the chat that freed it have died before
+    sending them), then enqueue a step for each stalled chat; returns the primary keys of
+    the chats whose jobs were sent again and of the stalled chats."""
     deny_timed_out_approvals(model_label)
     release_expired()
+    resent = _resend_if_jobs_lost(model_label)
+    for chat_label, chat_key in due(waiting_subjects()):
+        enqueue(chat_key, chat_label)
     ids = list(stalled_chats(model_label).values_list("pk", flat=True))
     for chat_id in ids:
         enqueue(chat_id, model_label)
-    return ids
+    return [*resent, *ids]
+
+
+def _resend_if_jobs_lost(model_label: str) -> list[Any]:
+    """When the runner says its queue lost the jobs sent to it (a Redis broker restarted
+    without its data), send every queued chat's job again (``resend_queued``), whatever the
+    workers saw: one that reconnected re-sent them itself, but one started afresh knows of
+    nothing lost. A job that comes twice is harmless (its copy ends 'busy' or 'skipped')."""
+    try:
+        lost = runner().lost_jobs()
+    except Exception:
+        # The broker is out of reach: the next run asks again.
+        logger.warning("Could not ask the broker whether it kept its jobs", exc_info=True)
+        return []
+    if not lost:
+        return []
+    sent = resend_queued(0.0, model_label)
+    if sent:
+        logger.warning(
+            "The broker lost its jobs (restarted without its data): re-sent the jobs of %d "
+            "queued chat(s)",
+            len(sent),
+        )
+    return sent
 
 
 def free_chat(chat_id: Any, model_label: str = "agentloop.Chat") -> str | None:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from agentloop.models import Chat
+from tests.faults import invariants
 from tests.faults.parts import record_recovery
 
 pytestmark = [
@@ -82,4 +83,72 @@ def test_a_job_sent_while_the_broker_is_down_is_sent_by_the_next_sweep(faults, u
     faults.sweep()
 
     faults.wait(faults.all_settled, "the chat to complete after one sweep")
+    faults.check()
+
+
+#: how long the broker stays down in the supervised scenario (issue 41's report: 4 s).
+LONGER_OUTAGE = 4.0
+#: how soon after the broker is back the chat must complete: a few sweeper periods and a
+#: worker's restart, far below STALE_QUEUED_SECONDS (300 s), the wait of a job lost unseen.
+SOON = 30.0
+
+
+def test_a_job_lost_while_the_broker_is_down_is_sent_by_a_sweep_whatever_the_worker_did(
+    faults, user
+):
+    """Issue 41, defect 12 (the documented setup): the broker is killed while a 1 s tool runs
+    and is back 4 s later; a supervisor restarts the worker whenever it exits; the sweeper
+    runs every 2 s. The step ends during the outage, so its next job can't be sent; then the
+    worker dies (its consumer shut down on an acknowledgement it couldn't make, in the
+    report: here it is killed), and the worker started afresh doesn't re-send what a
+    reconnecting one would. The chat goes on within a few sweeps."""
+    supervised = [faults.workers.start("w1")]
+
+    def restart_if_exited() -> None:
+        worker = supervised[-1]
+        if worker.process.poll() is not None:
+            supervised.append(faults.workers.start(f"w{len(supervised) + 1}", wait=False))
+
+    faults.send(user, "tools:nap")
+    faults.wait(lambda: "nap" in ran(faults), "the tool to start")
+
+    faults.redis.kill()
+    time.sleep(LONGER_OUTAGE)  # the outage itself; the step ends in it
+    supervised[-1].kill()  # it dies before the broker is back; the supervisor restarts it
+    faults.redis.start()
+    back = time.monotonic()
+    faults.sweep_every = SWEEP_EVERY
+
+    def settled() -> bool:
+        restart_if_exited()
+        return faults.all_settled()
+
+    faults.wait(settled, "the chat to complete soon after the broker came back", timeout=SOON)
+    record_recovery("broker restart mid-tool, worker restarted", time.monotonic() - back)
+    faults.check()
+
+
+def ran(faults) -> list[str]:
+    return [name for *_, name in invariants.runs(faults.workers.run_log)]
+
+
+def test_jobs_a_restarted_broker_lost_are_sent_by_the_next_sweep_though_no_worker_saw_it(
+    faults, user
+):
+    """Issue 41, defect 12: chats queued with their jobs in the broker, and no worker that
+    saw the broker go (none ran, or the one that did died with it): a worker started afresh
+    re-sends nothing. The sweeper sees that the broker lost its data and sends the queued
+    chats' jobs again at its next run, not STALE_QUEUED_SECONDS (300 s) later."""
+    faults.sweep()  # the sweeper's run before the restart
+    chats = [faults.send(user, f"tools:lookup chat-{i}") for i in range(3)]
+
+    faults.redis.kill()  # every job goes with it; no worker is connected to see it
+    faults.redis.start()
+    faults.workers.start("w1")  # a fresh worker: its first connection, nothing to re-send
+    back = time.monotonic()
+    faults.sweep_every = SWEEP_EVERY
+
+    faults.wait(faults.all_settled, "the chats to complete after a sweep", timeout=SOON)
+    record_recovery("broker restart, no worker connected", time.monotonic() - back)
+    assert all(chat.tool_calls.count() == 1 for chat in chats)
     faults.check()

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.faults import invariants
 from tests.faults.parts import record_recovery, refuse_connections, terminate_backends
 
 pytestmark = [
@@ -69,3 +70,31 @@ def test_a_database_refusing_connections_for_seconds_loses_nothing(faults, user)
     )
     record_recovery("database refused connections", time.monotonic() - back)
     faults.check()
+
+
+def test_a_tool_result_computed_during_an_outage_longer_than_the_lease_is_written_not_rerun(
+    faults, user
+):
+    """Issue 41, defect 13: the database refuses connections while a tool (idempotent, the
+    default) runs, and for longer than the lease: its result can't be written before the
+    lease runs out. It is written once the database is back (no other process could take
+    the chat meanwhile), and the tool is not run a second time for it."""
+    outage = 6.0  # seconds: longer than the lease, so it runs out during the outage
+    faults.workers.start("w1", LEASE_SECONDS=5)
+    chat = faults.send(user, "tools:nap")
+    faults.wait(lambda: nap_runs(faults) == 1, "the tool to start")
+
+    with refuse_connections():
+        time.sleep(outage)  # the tool (1 s) ends during the outage
+    back = time.monotonic()
+    faults.sweep_every = SWEEP_EVERY
+
+    faults.wait(faults.all_settled, "the chat to complete", timeout=RECOVERY_DEADLINE)
+    record_recovery("database refused connections past the lease", time.monotonic() - back)
+    assert nap_runs(faults) == 1, faults.report()
+    assert chat.tool_calls.get().result.content == "napped"
+    faults.check()
+
+
+def nap_runs(faults) -> int:
+    return sum(1 for *_, name in invariants.runs(faults.workers.run_log) if name == "nap")

@@ -406,7 +406,9 @@ def test_cost_of_a_profile_uses_the_base_models_catalog_entry(
 ) -> None:
     asked: list[str] = []
 
-    def price(model: str, usage: TokenUsage, provider: str | None = None) -> Decimal | None:
+    def price(
+        model: str, usage: TokenUsage, provider: str | None = None, configured: str | None = None
+    ) -> Decimal | None:
         asked.append(model)
         return Decimal("1.5") if model == "amazon.nova-2-lite-v1:0" else None
 

@@ -17,6 +17,7 @@ from agentloop.models import Chat, Usage
 from agentloop.providers import catalog
 from agentloop.providers.catalog import ModelInfo, accepts, lookup, price_of, thinks
 from agentloop.providers.openai import OpenAIProvider
+from tests.price_sources import without_genai_prices  # noqa: F401 (a fixture)
 from tests.providers.wire import Recorder, chat_completion, serving
 
 RAW = json.loads(resources.files("agentloop.providers").joinpath("models.json").read_text())
@@ -333,6 +334,7 @@ def test_cloud_entries_are_unique():
     assert len(keys) == len(set(keys))
 
 
+@pytest.mark.usefixtures("without_genai_prices")  # the catalog alone (tests/test_prices.py)
 def test_a_call_through_vertex_ai_takes_the_vertex_entry_not_the_gemini_apis():
     usage = TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000)
 
@@ -358,6 +360,7 @@ def test_a_cloud_entry_takes_the_models_flags_from_its_vendor_entry():
     )
 
 
+@pytest.mark.usefixtures("without_genai_prices")  # the catalog alone (tests/test_prices.py)
 def test_a_call_through_a_cloud_is_never_priced_at_the_vendor_apis_rates():
     usage = TokenUsage(input_tokens=1_000_000, output_tokens=1_000_000)
     priced = [entry["id"] for entry in PRICED if entry["provider"] == "openai"]
@@ -377,6 +380,7 @@ def test_azure_entries_are_clouds_entries_not_prefixed_model_ids():
     assert {entry["id"] for entry in CLOUDS if entry["provider"] == "azure"} >= {"gpt-5-nano"}
 
 
+@pytest.mark.usefixtures("without_genai_prices")  # the catalog alone (tests/test_prices.py)
 def test_a_cloud_provider_configured_under_another_name_is_priced_as_that_cloud():
     from agentloop.providers.vertex import VertexAIProvider
 

@@ -22,6 +22,7 @@ from django.test import override_settings
 from agentloop.exceptions import AuthenticationError, ConfigurationError, RateLimitError
 from agentloop.messages import Message, ModelRequest
 from agentloop.providers.vertex import VertexAIProvider
+from tests.price_sources import without_genai_prices  # noqa: F401 (a fixture)
 from tests.providers.cassettes import CLOUD, Interaction, cached
 from tests.providers.vertex_wire import (
     ACCESS_TOKEN,
@@ -39,9 +40,6 @@ from tests.providers.wire import shown
 
 BASIC = "chat_basic_chat_functionality_vertexai_gemini-2_5-flash_can_have_a_basic_conversation"
 MODEL = "gemini-2.5-flash"
-pytestmark = pytest.mark.skipif(
-    not CLOUD.is_dir(), reason=f"the recorded cloud traffic is not at {CLOUD}"
-)
 
 
 def recorded() -> tuple[Interaction, Interaction]:
@@ -316,6 +314,7 @@ def test_no_batch_api():
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("without_genai_prices")  # the catalog's price only: none
 def test_a_chat_on_vertex_ai_keeps_usage_and_no_token(user):
     from agentloop.models import Chat
     from tests.providers.wire import registered

@@ -15,8 +15,9 @@ import httpx
 from ...exceptions import BatchError, InvalidResponseError, ProviderError
 from ...messages import ModelRequest, ModelResponse, TokenUsage
 from ..base import Provider
-from ..errors import redact
+from ..errors import call_errors
 from ..http import HTTPProvider
+from ..redaction import redact
 
 __all__ = [
     "CANCELLED",
@@ -131,9 +132,10 @@ class HTTPBatchAPI(BatchAPI):
         sent.update(provider._setting("headers") or {})
         sent.update(provider._headers)
         sent.update(headers or {})
-        with provider._translate_errors():
+        with call_errors(provider.name, provider._secrets) as sending:
+            sending({"url": url, "headers": sent})
             response = provider.client.request(method, url, headers=sent, **kwargs)
-        provider._raise_for_status(response)
+            provider._raise_for_status(response)
         return response
 
     def json(self, response: httpx.Response) -> Any:

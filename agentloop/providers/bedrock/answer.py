@@ -15,6 +15,7 @@ from ...messages import (
     TokenUsage,
     ToolCall,
     ToolCallDelta,
+    reported_tokens,
 )
 from ..base import ChunkCallback
 from ..common import json_text, tool_call_from_text
@@ -38,16 +39,16 @@ def usage_of(usage: Mapping[str, Any]) -> TokenUsage:
     """Converse counts cache reads and writes apart from ``inputTokens``; ours is the whole
     prompt, with the reads and writes also counted apart (1-hour writes from
     ``cacheDetails``)."""
-    read = int(usage.get("cacheReadInputTokens") or 0)
-    written = int(usage.get("cacheWriteInputTokens") or 0)
+    read = reported_tokens(usage, "cacheReadInputTokens")
+    written = reported_tokens(usage, "cacheWriteInputTokens")
     written_1h = sum(
-        int(detail.get("inputTokens") or 0)
+        reported_tokens(detail, "inputTokens")
         for detail in usage.get("cacheDetails") or ()
         if isinstance(detail, dict) and detail.get("ttl") == "1h"
     )
     return TokenUsage(
-        input_tokens=int(usage.get("inputTokens") or 0) + read + written,
-        output_tokens=int(usage.get("outputTokens") or 0),
+        input_tokens=reported_tokens(usage, "inputTokens") + read + written,
+        output_tokens=reported_tokens(usage, "outputTokens"),
         cache_read_tokens=read,
         cache_write_tokens=written,
         cache_write_1h_tokens=min(written_1h, written),

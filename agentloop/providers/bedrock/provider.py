@@ -18,8 +18,9 @@ from ...messages import ModelRequest, ModelResponse, TokenUsage
 from ..base import ChunkCallback
 from ..catalog import price_of
 from ..common import json_text
-from ..errors import error_for_status, redact
+from ..errors import error_for_status
 from ..http import HTTPProvider, StreamDecoder, StreamParser
+from ..redaction import redact
 from .answer import Answer
 from .mapping import request_body
 from .signing import AWSAuth, require_botocore
@@ -116,13 +117,18 @@ class BedrockProvider(HTTPProvider):
             return str(explicit).rstrip("/")
         return f"https://bedrock-runtime.{self.region()}.amazonaws.com"
 
-    def _secrets(self) -> tuple[str, ...]:
-        found = list(super()._secrets())
+    def credential_secrets(self) -> tuple[str, ...]:
+        """The AWS secret key and session token, once a request was signed with them (never
+        resolving the credentials chain for an error; the SigV4 headers a request carried
+        are redacted from its errors as sent)."""
+        auth = self._auth
+        if auth is None or not auth.signed:
+            return ()
         try:
-            credentials = self.auth.credentials()
+            credentials = auth.credentials()
         except ProviderError:
-            return tuple(found)
-        found += [credentials.secret_key or "", credentials.token or ""]
+            return ()
+        found = (credentials.secret_key or "", credentials.token or "")
         return tuple(secret for secret in found if secret)
 
     # -- HTTP --------------------------------------------------------------------------------
@@ -218,6 +224,10 @@ class BedrockProvider(HTTPProvider):
 
     # -- prices ------------------------------------------------------------------------------------
     def cost(self, model: str, usage: TokenUsage) -> Decimal | None:
-        """The catalog's price of the model (a geographic profile: its base model's)."""
-        found = price_of(model, usage, provider=self.name)
-        return found if found is not None else price_of(base_model(model), usage, self.name)
+        """The model's price (``AGENTLOOP["PRICES"]``, the catalog, genai-prices: see
+        ``price_of``); a geographic profile without one takes its base model's."""
+        kind, name = type(self).name, self.name
+        found = price_of(model, usage, provider=kind, configured=name)
+        if found is None:
+            found = price_of(base_model(model), usage, provider=kind, configured=name)
+        return found

@@ -40,10 +40,11 @@ def require_botocore() -> ModuleType:
 
 
 class _HideCanonicalRequest(logging.Filter):
-    """botocore logs each canonical request at DEBUG, session token included: drop it."""
+    """botocore logs each canonical request at DEBUG, session token included, and each
+    request's signature: drop them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("CanonicalRequest", "StringToSign"))
+        return not str(record.msg).startswith(("CanonicalRequest", "StringToSign", "Signature"))
 
 
 _filter_lock = threading.Lock()
@@ -73,6 +74,8 @@ class AWSAuth:
         self._profile = profile
         self._session = session
         self._lock = threading.Lock()
+        #: whether a request was signed (so credentials were resolved and sent).
+        self.signed = False
 
     def __repr__(self) -> str:  # never the credentials
         return f"<AWSAuth region={self._region!r} profile={self._profile!r}>"
@@ -123,4 +126,5 @@ class AWSAuth:
             method="POST", url=url, data=content, headers=dict(headers)
         )
         botocore.auth.SigV4Auth(self.credentials(), SERVICE, region).add_auth(request)
+        self.signed = True
         return dict(request.headers.items())

@@ -20,8 +20,9 @@ from ...exceptions import (
 )
 from ...messages import ModelRequest, ModelResponse
 from ..base import ChunkCallback
-from ..errors import error_for_status, redact
+from ..errors import error_for_status
 from ..http import HTTPProvider, StreamParser
+from ..redaction import redact
 from .mapping import Answer, request_body
 
 __all__ = ["GeminiBase"]

@@ -23,6 +23,7 @@ from ...messages import (
     ToolCall,
     ToolCallDelta,
     ToolDefinition,
+    reported_tokens,
 )
 from ..base import ChunkCallback
 from ..common import (
@@ -248,12 +249,12 @@ def _usage(metadata: Mapping[str, Any]) -> TokenUsage:
     # Thinking is billed as output: it counts in output_tokens and again, apart, in
     # reasoning_tokens (as OpenAI reports reasoning). Tool-use prompt tokens (search,
     # code execution) are prompt tokens too.
-    thoughts = int(metadata.get("thoughtsTokenCount") or 0)
+    thoughts = reported_tokens(metadata, "thoughtsTokenCount")
     return TokenUsage(
-        input_tokens=int(metadata.get("promptTokenCount") or 0)
-        + int(metadata.get("toolUsePromptTokenCount") or 0),
-        output_tokens=int(metadata.get("candidatesTokenCount") or 0) + thoughts,
-        cached_tokens=int(metadata.get("cachedContentTokenCount") or 0),
+        input_tokens=reported_tokens(metadata, "promptTokenCount")
+        + reported_tokens(metadata, "toolUsePromptTokenCount"),
+        output_tokens=reported_tokens(metadata, "candidatesTokenCount") + thoughts,
+        cached_tokens=reported_tokens(metadata, "cachedContentTokenCount"),
         reasoning_tokens=thoughts,
     )
 

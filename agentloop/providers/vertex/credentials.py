@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from ...exceptions import AuthenticationError, ConfigurationError, ServerError
-from ..errors import redact
+from ..redaction import redact
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials

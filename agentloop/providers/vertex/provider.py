@@ -9,6 +9,7 @@ from typing import Any
 from ...exceptions import ConfigurationError, InvalidResponseError
 from ...messages import ModelRequest, ModelResponse
 from ..base import AsyncChunkCallback
+from ..errors import call_errors
 from ..gemini import GeminiBase
 from .credentials import GoogleCredentials
 
@@ -136,7 +137,9 @@ class VertexAIProvider(GeminiBase):
     def auth_headers(self, api_key: str | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._google.token()}"}
 
-    def _secrets(self) -> tuple[str, ...]:
+    def credential_secrets(self) -> tuple[str, ...]:
+        """The OAuth token and the credentials' own secrets (the proxy's, the key's and the
+        headers' are every family's: ``HTTPProvider._secrets``)."""
         return self._google.secrets()
 
     def _resource(self, model: str) -> str:
@@ -155,7 +158,8 @@ class VertexAIProvider(GeminiBase):
     ) -> ModelResponse:
         """``request()`` for async verbs; a token refresh (blocking HTTP in google-auth) runs
         on a thread first, so the event loop only ever reads a fresh token."""
-        await asyncio.to_thread(self._google.token)
+        with call_errors(self.name, self._secrets):  # a refused refresh is redacted too
+            await asyncio.to_thread(self._google.token)
         return await super().arequest(request, on_chunk=on_chunk)
 
     # -- counting tokens -----------------------------------------------------------------------
@@ -165,10 +169,10 @@ class VertexAIProvider(GeminiBase):
         body = self.build_body(request, stream=False)
         counted = {k: v for k, v in body.items() if k in ("contents", "systemInstruction", "tools")}
         path = f"/{self.api_version}/{self._resource(request.model)}:countTokens"
-        headers = self._headers_for(request)
-        with self._translate_errors():
-            response = self.client.post(path, json=counted, headers=headers)
-        self._raise_for_status(response)
+        with call_errors(self.name, self._secrets) as sent:
+            post = sent({"url": path, "json": counted, "headers": self._headers_for(request)})
+            response = self.client.post(**post)
+            self._raise_for_status(response)
         try:
             total = response.json()["totalTokens"]
         except (ValueError, KeyError, TypeError) as exc:

@@ -1,0 +1,60 @@
+"""The text and JSON fields of agentloop's models: each value made storable on its way in.
+
+The one place where text becomes storable (``agentloop.storable``) is where Django builds a
+column's value for the database, ``get_prep_value``: every write goes through it (``save``,
+``create``, ``update``, ``bulk_create``, the admin's forms, and the store's own statements,
+whose values ``field_values`` prepares the same way), so no path writes around it, and a
+lookup's value is made storable alike (a filter finds what was stored).
+
+In migrations these are Django's own fields (``deconstruct``): what they change is the
+value, not the column, so no migration was needed and none is (a project's concrete models
+built from the abstract ones included). As with any field subclass, an expression that mixes
+one of these columns with a plain ``Value("...")`` (a ``Case``, a ``Coalesce``) names its
+``output_field``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from ..storable import storable_json, storable_text
+
+__all__ = ["StorableCharField", "StorableJSONField", "StorableTextField"]
+
+
+class StorableCharField(models.CharField):
+    """A ``CharField`` whose text is made storable (``storable_text``)."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        return storable_text(value) if isinstance(value, str) else value
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.CharField", args, kwargs
+
+
+class StorableTextField(models.TextField):
+    """A ``TextField`` whose text is made storable (``storable_text``)."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        return storable_text(value) if isinstance(value, str) else value
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.TextField", args, kwargs
+
+
+class StorableJSONField(models.JSONField):
+    """A ``JSONField`` whose strings (keys too) are made storable and whose non-finite
+    numbers are stored as null (``storable_json``)."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        return storable_json(super().get_prep_value(value))
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.JSONField", args, kwargs
