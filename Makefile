@@ -11,7 +11,10 @@ TEST_PROCESSES ?= 3
 # don't depend on it). CI runs all on one database and db on the other, per Python.
 SQLITE_TESTS ?= all
 POSTGRES_TESTS ?= all
-PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile $(if $(filter db,$(1)),-m database)
+# TEST_REPORTS=folder: each run writes its JUnit XML there (python scripts/test_times.py reads them).
+TEST_REPORTS ?=
+PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile $(if $(filter db,$(1)),-m database) \
+	$(if $(TEST_REPORTS),--junitxml=$(TEST_REPORTS)/$(2).xml)
 QUICK = not subprocess and not worker and not browser and not install
 
 # Each run's lines are prefixed with its database; either failing fails the recipe.
@@ -39,18 +42,18 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy agentloop
 
-# The whole suite on SQLite and, side by side, on PostgreSQL: always under CI=true (where an
-# unreachable server must fail the run, not skip it), otherwise when it answers.
-test: lint
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-sqlite test-postgres
+# The linters and the whole suite on SQLite and, side by side, on PostgreSQL: always under
+# CI=true (where an unreachable server must fail the run, not skip it), otherwise when it answers.
+test: venv
+	$(MAKE) --no-print-directory -j3 lint test-sqlite test-postgres
 
 # DATABASE_URL emptied so an exported one can't redirect the SQLite run.
 test-sqlite: venv
-	DATABASE_URL= $(call PYTEST,$(SQLITE_TESTS)) 2>&1 | sed -u 's/^/[sqlite] /'
+	DATABASE_URL= $(call PYTEST,$(SQLITE_TESTS),sqlite) 2>&1 | sed -u 's/^/[sqlite] /'
 
 test-postgres: venv
 	if [ "$${CI:-}" = true ] || bash scripts/services.sh check-postgres; then \
-		DATABASE_URL=$(PG_URL) $(call PYTEST,$(POSTGRES_TESTS)) 2>&1 | sed -u 's/^/[postgres] /'; \
+		DATABASE_URL=$(PG_URL) $(call PYTEST,$(POSTGRES_TESTS),postgres) 2>&1 | sed -u 's/^/[postgres] /'; \
 	else echo "SKIPPED: PostgreSQL run (start it with: bash scripts/services.sh start)"; fi
 
 # The edit-test loop: no worker, browser or other process; SQLite; no lint.

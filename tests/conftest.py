@@ -10,6 +10,7 @@ import time
 import types
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ from agentloop.testing import ScriptedProvider, block_network
 from tests import browsers, doc_blocks, mcp_servers, redis_urls, sse_reading, workers
 from tests.agents import register_agents_provider
 from tests.budget_helpers import PricedProvider
+
+TESTS = Path(__file__).resolve().parent
 
 #: fixtures that give a test its marks (pyproject.toml's markers; make test-quick leaves out
 #: the tests marked worker, browser or subprocess).
@@ -59,6 +62,12 @@ _BACKEND_AGNOSTIC = {
 }  # fmt: skip
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    gone = sorted(name for name in _BACKEND_AGNOSTIC if not (TESTS / f"{name}.py").exists())
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py lists modules that don't exist: {gone}")
+
+
 def _backend_agnostic(module: str) -> bool:
     name = module.rsplit(".", 1)[-1]
     return name in _BACKEND_AGNOSTIC or name.endswith("_browser") or ".providers." in module
@@ -73,6 +82,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses_database = fixtures & _USES_DATABASE or item.get_closest_marker("django_db")
         if uses_database and not _backend_agnostic(item.module.__name__):
             item.add_marker("database")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_by_delete() -> Iterator[None]:
+    """On PostgreSQL, a transactional test's flush deletes the rows instead of TRUNCATE.
+
+    Django empties every table after each ``transaction=True`` test with one TRUNCATE of all
+    of them, which makes each table anew on disk: 0.47 s for 45 nearly empty tables against
+    0.04 s for DELETEs (measured here; the tests leave a few rows). The DELETEs run in one
+    transaction (Django's flush), where PostgreSQL checks the deferred foreign keys at commit.
+    """
+    from django.db import connection
+
+    operations = type(connection.ops)
+    if connection.vendor != "postgresql":
+        yield
+        return
+    truncate = operations.sql_flush
+
+    def delete(self, style, tables, *, reset_sequences=False, allow_cascade=False):  # type: ignore[no-untyped-def]
+        if reset_sequences or allow_cascade:
+            return truncate(self, style, tables, reset_sequences=reset_sequences,
+                            allow_cascade=allow_cascade)  # fmt: skip
+        keyword = style.SQL_KEYWORD("DELETE FROM")
+        return [f"{keyword} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
+
+    operations.sql_flush = delete
+    yield
+    operations.sql_flush = truncate
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """The package's shape (a newcomer can carry it): no import circles between its modules counting
 every import; function-local imports only where listed (app loading, optional extras,
-deprecated aliases), each saying why it is local; no module outgrows 500 lines."""
+deprecated aliases), each saying why it is local; no module past a sanity limit of 1,000 lines
+(modules are cut by concept, not by length)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "agentloop"
-MAX_LINES = 500
+MAX_LINES = 1000
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -74,6 +75,7 @@ OPTIONAL = {
     "botocore": "the bedrock extra",
     "celery": "the celery extra",
     "django": "settings and apps read when used, not at import",
+    "genai_prices": "the prices extra",
     "google": "the vertex extra",
     "mcp": "the mcp extra",
     "opentelemetry": "the otel extra",
@@ -262,9 +264,9 @@ def test_every_function_local_import_says_why():
     assert not offenders, "\n".join(["local imports without a comment saying why:", *offenders])
 
 
-def test_modules_stay_under_500_lines():
+def test_modules_stay_under_the_sanity_limit():
     offenders = modules_too_long(module_paths())
-    assert not offenders, "\n".join([f"{MAX_LINES} lines or more (split them):", *offenders])
+    assert not offenders, "\n".join([f"{MAX_LINES} lines or more (more than one concept?):", *offenders])
 
 
 def test_each_rule_names_every_offender(tmp_path):
