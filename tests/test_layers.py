@@ -266,7 +266,9 @@ def test_every_function_local_import_says_why():
 
 def test_modules_stay_under_the_sanity_limit():
     offenders = modules_too_long(module_paths())
-    assert not offenders, "\n".join([f"{MAX_LINES} lines or more (more than one concept?):", *offenders])
+    assert not offenders, "\n".join(
+        [f"{MAX_LINES} lines or more (more than one concept?):", *offenders]
+    )
 
 
 def test_each_rule_names_every_offender(tmp_path):
