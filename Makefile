@@ -4,8 +4,24 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PG_URL ?= postgres://postgres@127.0.0.1:5432/agentloop
 PORT ?= 8000
+# pytest processes per database run (pytest-xdist; a test module stays in one process, so its
+# workers and fixtures are started once): tests/README.md has the figures behind the number.
+TEST_PROCESSES ?= 3
+# Which tests each database runs: all, or db (only the tests that use a database; the others
+# don't depend on it). CI runs all on one database and db on the other, per Python.
+SQLITE_TESTS ?= all
+POSTGRES_TESTS ?= all
+# TEST_REPORTS=folder: each run writes its JUnit XML there (python scripts/test_times.py reads them).
+TEST_REPORTS ?=
+PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile $(if $(filter db,$(1)),-m database) \
+	$(if $(TEST_REPORTS),--junitxml=$(TEST_REPORTS)/$(2).xml)
+QUICK = not subprocess and not worker and not browser and not install
 
-.PHONY: venv demo lint test bench clean
+# Each run's lines are prefixed with its database; either failing fails the recipe.
+SHELL := bash
+.SHELLFLAGS := -o pipefail -ec
+
+.PHONY: venv demo lint test test-sqlite test-postgres test-quick bench clean
 
 venv: $(VENV)/.installed
 
@@ -26,13 +42,23 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy agentloop
 
-# SQLite always (DATABASE_URL emptied so an exported one can't redirect it); PostgreSQL when it
-# answers, and always under CI=true, where an unreachable server must fail the run, not skip it.
-test: lint
-	DATABASE_URL= $(BIN)/pytest
+# The linters and the whole suite on SQLite and, side by side, on PostgreSQL: always under
+# CI=true (where an unreachable server must fail the run, not skip it), otherwise when it answers.
+test: venv
+	$(MAKE) --no-print-directory -j3 lint test-sqlite test-postgres
+
+# DATABASE_URL emptied so an exported one can't redirect the SQLite run.
+test-sqlite: venv
+	DATABASE_URL= $(call PYTEST,$(SQLITE_TESTS),sqlite) 2>&1 | sed -u 's/^/[sqlite] /'
+
+test-postgres: venv
 	if [ "$${CI:-}" = true ] || bash scripts/services.sh check-postgres; then \
-		DATABASE_URL=$(PG_URL) $(BIN)/pytest; \
+		DATABASE_URL=$(PG_URL) $(call PYTEST,$(POSTGRES_TESTS),postgres) 2>&1 | sed -u 's/^/[postgres] /'; \
 	else echo "SKIPPED: PostgreSQL run (start it with: bash scripts/services.sh start)"; fi
+
+# The edit-test loop: no worker, browser or other process; SQLite; no lint.
+test-quick: venv
+	DATABASE_URL= $(BIN)/pytest -n 2 -q -m "$(QUICK)"
 
 bench: venv
 	$(BIN)/python bench/step_overhead.py && $(BIN)/python bench/job_path.py

@@ -12,7 +12,10 @@ then pointed at the test run's broker and queue from the environment:
 * ``AGENTLOOP_TEST_CLOCK_OFFSET``: seconds this worker's wall clock runs ahead (negative:
   behind), with time-machine, for the fault suite's skewed-clock scenarios;
 * ``AGENTLOOP_TEST_KILL_POINTS``: a folder of kill points a test arms (tests/kill_points.py):
-  the worker's processes stop there, to be killed.
+  the worker's processes stop there, to be killed;
+* ``AGENTLOOP_TEST_QUEUE_FILE``: a file naming the queue the worker's own jobs go to, read at
+  each send: a worker kept between tests (tests/workers.py ``Pool``) is moved from one test's
+  queue to the next, and the jobs it sends follow it.
 
 The visibility timeout is short (5 s) and unacked messages are swept every second, so a job
 whose worker was killed with SIGKILL (``acks_late``: never acknowledged) is delivered again
@@ -69,6 +72,14 @@ app.conf.update(
     worker_send_task_events=False,
     include=["agentloop.tasks"],
 )
+
+
+def _route_to_current_queue(name: str, args: Any, kwargs: Any, options: Any, **kw: Any) -> Any:
+    path = os.environ.get("AGENTLOOP_TEST_QUEUE_FILE")
+    return {"queue": Path(path).read_text()} if path else None
+
+
+app.conf.task_routes = (_route_to_current_queue,)
 
 
 @worker_ready.connect

@@ -10,6 +10,7 @@ import time
 import types
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +23,94 @@ from agentloop import events, providers
 from agentloop.conf import agentloop_settings
 from agentloop.models import Chat, ChatState
 from agentloop.testing import ScriptedProvider, block_network
-from tests import browsers, doc_blocks, mcp_servers, sse_reading, workers
+from tests import browsers, doc_blocks, mcp_servers, redis_urls, sse_reading, workers
 from tests.agents import register_agents_provider
 from tests.budget_helpers import PricedProvider
+
+TESTS = Path(__file__).resolve().parent
+
+#: fixtures that give a test its marks (pyproject.toml's markers; make test-quick leaves out
+#: the tests marked worker, browser or subprocess).
+_MARKED_BY_FIXTURES = {
+    "worker": {"background", "worker_pool"},
+    "browser": {"browser", "page", "site"},
+}
+_USES_DATABASE = {"db", "transactional_db", "django_db_setup"}
+#: Modules whose tests use the database only to keep rows, with nothing the database itself
+#: decides (its SQL, locks, transactions, value round trips, query plans) under test: pages in
+#: a browser, views and protocols, the docs and the terminal, the engine's features. CI runs
+#: them on one database per Python (3.11 with PostgreSQL, 3.13 with SQLite); every other test
+#: that uses a database, marked ``database``, runs on both databases on both Pythons
+#: (make test's SQLITE_TESTS=db / POSTGRES_TESTS=db; tests/README.md). A new module is
+#: ``database`` until it is listed here.
+_BACKEND_AGNOSTIC = {
+    "test_agent_following", "test_agents", "test_approval_edits", "test_async",
+    "test_attachments", "test_background", "test_batches", "test_batches_celery",
+    "test_bench_smoke", "test_chat_delegations", "test_checks", "test_checks_vertex",
+    "test_compaction", "test_compaction_paths", "test_compaction_replay",
+    "test_compaction_units", "test_control", "test_control_celery", "test_custom_models",
+    "test_decision_views", "test_demo", "test_django_tasks", "test_docs", "test_editing",
+    "test_editing_celery", "test_editing_views", "test_event_keys", "test_example_site",
+    "test_fallbacks", "test_first_hour", "test_guardrails", "test_guardrails_admin",
+    "test_guardrails_celery", "test_guardrails_parallel", "test_handoffs",
+    "test_handoffs_celery", "test_limits", "test_long_conversations_celery", "test_mcp",
+    "test_mcp_celery", "test_memory_chat", "test_model_call_bounds", "test_model_options",
+    "test_public_api", "test_rate_limits_celery", "test_signals", "test_sse",
+    "test_sse_access", "test_subagent_control", "test_terminal", "test_terminal_escapes",
+    "test_testing_providers", "test_thinking", "test_tools", "test_tracing", "test_typing",
+    "test_ui_stream", "test_usechat", "test_views",
+}  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    gone = sorted(name for name in _BACKEND_AGNOSTIC if not (TESTS / f"{name}.py").exists())
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py lists modules that don't exist: {gone}")
+
+
+def _backend_agnostic(module: str) -> bool:
+    name = module.rsplit(".", 1)[-1]
+    return name in _BACKEND_AGNOSTIC or name.endswith("_browser") or ".providers." in module
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for mark, names in _MARKED_BY_FIXTURES.items():
+            if fixtures & names:
+                item.add_marker(mark)
+        uses_database = fixtures & _USES_DATABASE or item.get_closest_marker("django_db")
+        if uses_database and not _backend_agnostic(item.module.__name__):
+            item.add_marker("database")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_by_delete() -> Iterator[None]:
+    """On PostgreSQL, a transactional test's flush deletes the rows instead of TRUNCATE.
+
+    Django empties every table after each ``transaction=True`` test with one TRUNCATE of all
+    of them, which makes each table anew on disk: 0.47 s for 45 nearly empty tables against
+    0.04 s for DELETEs (measured here; the tests leave a few rows). The DELETEs run in one
+    transaction (Django's flush), where PostgreSQL checks the deferred foreign keys at commit.
+    """
+    from django.db import connection
+
+    operations = type(connection.ops)
+    if connection.vendor != "postgresql":
+        yield
+        return
+    truncate = operations.sql_flush
+
+    def delete(self, style, tables, *, reset_sequences=False, allow_cascade=False):  # type: ignore[no-untyped-def]
+        if reset_sequences or allow_cascade:
+            return truncate(self, style, tables, reset_sequences=reset_sequences,
+                            allow_cascade=allow_cascade)  # fmt: skip
+        keyword = style.SQL_KEYWORD("DELETE FROM")
+        return [f"{keyword} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
+
+    operations.sql_flush = delete
+    yield
+    operations.sql_flush = truncate
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +201,8 @@ def redis_client() -> Any:
         import redis
     except ImportError as exc:
         workers.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    if redis_urls.MISSING:
+        workers.unavailable(redis_urls.MISSING)
     client = redis.Redis.from_url(workers.REDIS_URL, socket_connect_timeout=1)
     try:
         client.ping()
@@ -123,28 +211,44 @@ def redis_client() -> Any:
     return client
 
 
-@pytest.fixture
-def background(redis_client, tmp_path) -> Iterator[workers.Background]:
-    """A queue of this test's own; the test process enqueues to it through Redis and
-    ``background.start_worker(name)`` starts real workers on it (killed at the end)."""
+@pytest.fixture(scope="module")
+def worker_pool(redis_client, tmp_path_factory) -> Iterator[workers.Pool]:
+    """The workers a module's tests share (tests/workers.py ``Pool``), killed at its end."""
     from celery import current_app
 
     # Importing the app makes it this thread's current app: put the previous one back after.
     previous_current = current_app._get_current_object()
     from tests.celery_app import app
 
+    previous_current.set_current()
+    pool = workers.Pool(tmp_path_factory.mktemp("workers"), app)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def background(worker_pool, redis_client, tmp_path) -> Iterator[workers.Background]:
+    """A queue of this test's own; the test process enqueues to it through Redis and
+    ``background.start_worker(name)`` gives real workers on it: started for the test, or kept
+    from an earlier test of the module with the same settings (tests/workers.py ``Pool``)."""
+    from celery import current_app
+
+    previous_current = current_app._get_current_object()
+    app = worker_pool.app
     queue = f"agentloop-test-{uuid.uuid4().hex[:12]}"
     previous_queue = app.conf.task_default_queue
     app.conf.task_default_queue = queue
     app.set_current()
-    state = workers.Background(queue, tmp_path, tmp_path / "runs.log", tmp_path / "model_calls.log")
+    worker_pool.serve(tmp_path)
+    state = workers.Background(
+        queue, tmp_path, tmp_path / "runs.log", tmp_path / "model_calls.log", pool=worker_pool
+    )
     agentloop = {**settings.AGENTLOOP, "BACKGROUND": "celery", "REDIS_URL": workers.REDIS_URL}
     try:
         with override_settings(AGENTLOOP=agentloop):
             yield state
     finally:
-        for worker in state.workers:
-            worker.kill()
+        state.close()
         previous_current.set_current()
         app.conf.task_default_queue = previous_queue
         redis_client.delete(queue)
@@ -167,6 +271,8 @@ def redis_events(settings) -> Iterator[Any]:
         import redis
     except ImportError as exc:  # pragma: no cover - the redis extra is a dev dependency
         sse_reading.unavailable(f"{exc.name} is not installed (pip install -e '.[redis]')")
+    if redis_urls.MISSING:
+        sse_reading.unavailable(redis_urls.MISSING)
     client = redis.Redis.from_url(sse_reading.REDIS_URL, socket_connect_timeout=1)
     try:
         client.ping()

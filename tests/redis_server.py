@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ def _free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process of the test's own, with no persistence."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, preexec: Callable[[], None] | None = None) -> None:
         self.directory = directory
+        self.preexec = preexec
         self.port = _free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -47,7 +48,7 @@ class RedisServer:
                 [str(shutil.which("redis-server")), "--port", str(self.port),
                  "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", str(self.directory)],
-                stdout=log, stderr=subprocess.STDOUT,
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=self.preexec,
             )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         while True:

@@ -12,8 +12,10 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,9 +50,17 @@ class Worker:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    #: the Celery node name (``-n``), which remote control addresses.
+    nodename: str = ""
+    #: where this test's part of the log starts (a worker kept between tests: :class:`Pool`).
+    offset: int = 0
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as log:
+            log.seek(self.offset)
+            return log.read().decode(errors="replace")
 
     def outcomes(self) -> list[str]:
         """What each finished step_chat job returned (the worker logs it)."""
@@ -84,6 +94,7 @@ def start_worker(
     pythonpath: Path | None = None,
     concurrency: int = 1,
     kill_points: Path | None = None,
+    queue_file: Path | None = None,
 ) -> tuple[Worker, Path]:
     """A ``celery worker`` (prefork, one process) on ``queue``, logging to ``tmp/<name>.log``;
     returns it and the file it creates once ready (the caller waits for it).
@@ -94,10 +105,12 @@ def start_worker(
     that network namespace; ``database_url`` points it at another database address;
     ``pythonpath`` is a folder it imports from too (code this process has, say);
     ``concurrency`` sizes its pool; its processes stop at the ``kill_points`` a test arms in
-    that folder (tests/kill_points.py).
+    that folder (tests/kill_points.py); ``queue_file`` names the queue its jobs go to (a worker
+    moved between tests' queues: :class:`Pool`).
     """
     ready = tmp / f"{name}.ready"
     log = tmp / f"{name}.log"
+    nodename = f"{name}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     worker_settings = {"BACKGROUND": "celery", "REDIS_URL": broker_url, **(agentloop or {})}
     env = process_env(
         AGENTLOOP_TEST_QUEUE=queue,
@@ -109,6 +122,7 @@ def start_worker(
         AGENTLOOP_TEST_FLAG=flag,
         AGENTLOOP_TEST_CLOCK_OFFSET=clock_offset or None,
         AGENTLOOP_TEST_KILL_POINTS=kill_points,
+        AGENTLOOP_TEST_QUEUE_FILE=queue_file,
     )
     if database_url:
         env["DATABASE_URL"] = database_url
@@ -118,7 +132,7 @@ def start_worker(
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
         "--pool=prefork", f"--concurrency={concurrency}", "--loglevel=INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-Q", queue,
+        "-n", nodename, "-Q", queue,
     ]  # fmt: skip
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
@@ -131,7 +145,7 @@ def start_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killpg reaches the pool too
         )
-    return Worker(name, process, log), ready
+    return Worker(name, process, log, nodename), ready
 
 
 def worker_logs(workers: Iterable[Worker], tail: int) -> str:
@@ -139,6 +153,96 @@ def worker_logs(workers: Iterable[Worker], tail: int) -> str:
     return "\n".join(
         f"--- worker {w.name} (exit {w.process.poll()}) ---\n{w.output()[-tail:]}" for w in workers
     )
+
+
+class Pool:
+    """Workers kept between the tests of one module, so that most tests don't pay a worker's
+    start (2 to 3 s each on a 2-core machine).
+
+    A worker is kept only if it was started with nothing of one test's own (no kill points, no
+    extra import folder): its settings, pool size and ``flag`` are its key, and a later test
+    asking for the same gets it. Each test still has a queue of its own: the kept worker is
+    told to consume the new test's queue (Celery's remote control) and the jobs it sends go
+    there too (``AGENTLOOP_TEST_QUEUE_FILE``, tests/celery_app.py). The files a worker's tools
+    and provider log to, and the flag file, are links in the pool's folder that point into the
+    current test's own ``tmp`` folder, so a test reads only what its own chats did. At a test's
+    end a worker goes back only once it has stopped consuming that test's queue and runs
+    nothing; a worker still busy (a held tool, a stream) is killed, as one not kept is.
+    """
+
+    #: seconds a test's end waits for a kept worker to finish what it runs before killing it.
+    SETTLE = 2.0
+
+    def __init__(self, folder: Path, app: Any) -> None:
+        self.folder = folder
+        self.app = app
+        self.queue_file = folder / "queue"
+        self._idle: dict[str, list[Worker]] = {}
+        self._started = 0
+
+    #: the files kept workers log to and wait for, as links into the current test's folder.
+    LINKED = ("runs.log", "model_calls.log", "never-created")
+
+    def serve(self, tmp: Path) -> None:
+        """Point the links at a new test's folder ``tmp`` (before any of its workers runs)."""
+        for name in self.LINKED:
+            link = self.folder / name
+            link.unlink(missing_ok=True)
+            link.symlink_to(tmp / name)
+
+    def lend(self, key: str, name: str, queue: str) -> Worker | None:
+        """An idle kept worker of ``key``, now consuming ``queue``; None if there is none."""
+        while self._idle.get(key):
+            kept = self._idle[key].pop()
+            self.queue_file.write_text(queue)
+            replies = self.app.control.add_consumer(
+                queue, destination=[kept.nodename], reply=True, timeout=5
+            )
+            if kept.process.poll() is None and _answered(replies, kept.nodename):
+                size = kept.log.stat().st_size if kept.log.exists() else 0
+                return Worker(name, kept.process, kept.log, kept.nodename, size)
+            kept.kill()
+        return None
+
+    def start(self, name: str, queue: str, start: Callable[..., tuple[Worker, Path]]) -> Any:
+        """Start a worker to keep (``start(folder, name, queue_file)``); returns its ready file."""
+        self._started += 1
+        self.queue_file.write_text(queue)
+        return start(self.folder, f"{name}-{self._started}", self.queue_file)
+
+    def take_back(self, key: str, worker: Worker, queue: str) -> None:
+        """Keep ``worker`` for the next test if it stops consuming ``queue`` and is idle."""
+        if worker.process.poll() is None and self._settle(worker, queue):
+            self._idle.setdefault(key, []).append(worker)
+        else:
+            worker.kill()
+
+    def close(self) -> None:
+        for kept in self._idle.values():
+            for worker in kept:
+                worker.kill()
+        self._idle.clear()
+
+    def _settle(self, worker: Worker, queue: str) -> bool:
+        replies = self.app.control.cancel_consumer(
+            queue, destination=[worker.nodename], reply=True, timeout=5
+        )
+        if not _answered(replies, worker.nodename):
+            return False
+        deadline = time.monotonic() + self.SETTLE
+        inspect = self.app.control.inspect([worker.nodename], timeout=2, limit=1)
+        while time.monotonic() < deadline:
+            active, reserved = inspect.active(), inspect.reserved()
+            if active is None or reserved is None:
+                return False
+            if not active.get(worker.nodename) and not reserved.get(worker.nodename):
+                return True
+            time.sleep(POLL)
+        return False
+
+
+def _answered(replies: Any, nodename: str) -> bool:
+    return any(nodename in reply for reply in replies or [])
 
 
 @dataclass
@@ -150,6 +254,9 @@ class Background:
     run_log: Path
     provider_log: Path
     workers: list[Worker] = field(default_factory=list)
+    #: the module's kept workers (None: every worker is the test's own).
+    pool: Pool | None = None
+    _borrowed: list[tuple[str, Worker]] = field(default_factory=list)
 
     def start_worker(
         self,
@@ -162,24 +269,55 @@ class Background:
         **agentloop: Any,
     ) -> Worker:
         """A worker process on this test's queue; ``agentloop`` settings go on top of the
-        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed;
-        ``concurrency``, ``kill_points`` and ``pythonpath`` as for :func:`start_worker`."""
-        worker, ready = start_worker(
-            self.tmp,
-            name,
-            queue=self.queue,
-            broker_url=REDIS_URL,
-            run_log=self.run_log,
-            provider_log=self.provider_log,
-            flag=self.tmp / "never-created" if flag else None,
-            agentloop=agentloop,
-            concurrency=concurrency,
-            kill_points=kill_points,
-            pythonpath=pythonpath,
-        )
+        tests' own; ``flag`` makes wait_for_flag/charge_card_slowly hold until killed (or until
+        the test creates ``tmp/never-created``); ``concurrency``, ``kill_points`` and
+        ``pythonpath`` as for :func:`start_worker`. A worker with neither ``kill_points`` nor
+        ``pythonpath`` may be one kept from an earlier test of the module (:class:`Pool`)."""
+        pool = self.pool if kill_points is None and pythonpath is None else None
+        key = json.dumps([flag, concurrency, agentloop], sort_keys=True, default=str)
+        if pool is not None:
+            kept = pool.lend(key, name, self.queue)
+            if kept is not None:
+                self.workers.append(kept)
+                self._borrowed.append((key, kept))
+                return kept
+
+        def start(folder: Path, worker_name: str, queue_file: Path | None) -> Any:
+            # self.tmp's own files, or the pool's links to them (same names: Pool.LINKED)
+            run_log, provider_log, flag_file = (folder / name for name in Pool.LINKED)
+            return start_worker(
+                folder,
+                worker_name,
+                queue=self.queue,
+                broker_url=REDIS_URL,
+                run_log=run_log,
+                provider_log=provider_log,
+                flag=flag_file if flag else None,
+                agentloop=agentloop,
+                concurrency=concurrency,
+                kill_points=kill_points,
+                pythonpath=pythonpath,
+                queue_file=queue_file,
+            )
+
+        if pool is not None:
+            worker, ready = pool.start(name, self.queue, start)
+            self._borrowed.append((key, worker))
+        else:
+            worker, ready = start(self.tmp, name, None)
         self.workers.append(worker)
         self.wait(ready.exists, f"worker {name} to be ready")
         return worker
+
+    def close(self) -> None:
+        """Kill this test's own workers; give kept ones back to the pool (or kill them)."""
+        borrowed = {id(worker) for _, worker in self._borrowed}
+        for worker in self.workers:
+            if id(worker) not in borrowed:
+                worker.kill()
+        for key, worker in self._borrowed:
+            assert self.pool is not None
+            self.pool.take_back(key, worker, self.queue)
 
     def logs(self) -> str:
         return worker_logs(self.workers, 4000)

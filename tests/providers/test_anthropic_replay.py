@@ -31,17 +31,14 @@ from agentloop.messages import ToolDefinition as Definition
 from agentloop.providers.anthropic import AnthropicProvider
 from tests.providers import cassettes
 
+# every test here replays the recordings: skipped without them (failing under CI=true)
+cassettes.require_fixtures()
 CASSETTES = [
     name for name in cassettes.names("anthropic_claude-haiku-4-5") if not name.startswith("batch_")
 ]
 ERRORS: dict[int, type[ProviderError]] = {401: AuthenticationError, 400: ContextLengthError}
 
 _pass_counts = cassettes.pass_counts(__name__, "Anthropic Messages replay", "anthropic")
-
-
-@pytest.fixture(autouse=True)
-def _fixtures() -> None:
-    cassettes.require_fixtures()
 
 
 def test_the_anthropic_cassettes_are_there() -> None:

@@ -116,3 +116,22 @@ def test_an_error_answer_names_no_key():
     with pytest.raises(AuthenticationError) as caught:
         ask(provider(httpx.Response(401, json=body)), stream=True)
     assert KEY not in str(caught.value) + str(caught.value.body)
+
+
+def test_a_provider_with_a_sync_only_transport_runs_on_a_thread() -> None:
+    """A transport that speaks only sync HTTP is never bypassed: the request runs on a thread."""
+    calls: list[str] = []
+
+    class SyncOnly(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            calls.append(str(request.url))
+            body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
+            return httpx.Response(200, json=body)
+
+    sync_only = OpenAIProvider(api_key="test-key", transport=SyncOnly())
+    question = ModelRequest(model="m", messages=[Message(role="user", content="Hi")])
+
+    response = asyncio.run(sync_only.arequest(question))
+
+    assert response.content == "ok"
+    assert calls == ["https://api.openai.com/v1/chat/completions"]

@@ -116,8 +116,7 @@ _pass_counts = cassettes.pass_counts(__name__, "Azure AI Foundry replay (provide
 @cache
 def recording(name: str) -> Cassette:
     """The cassette, read once (tests serve copies of its interactions)."""
-    if not CLOUD.is_dir():
-        pytest.skip(f"the cloud recordings are not at {CLOUD} (AGENTLOOP_FIXTURES's sibling)")
+    cassettes.require_fixtures(CLOUD)
     if not (CLOUD / f"{name}.yml").is_file():
         pytest.fail(f"the expected Azure recording {name}.yml is missing from {CLOUD}")
     return cassettes.load(name, CLOUD)
@@ -161,8 +160,7 @@ def to_request(interaction: Interaction) -> ModelRequest:
 
 # -- the tests -------------------------------------------------------------------------------
 def test_every_azure_recording_is_replayed():
-    if not CLOUD.is_dir():
-        pytest.skip(f"the cloud recordings are not at {CLOUD}")
+    cassettes.require_fixtures(CLOUD)
     assert cassettes.names("azure", CLOUD) == EXPECTED
 
 

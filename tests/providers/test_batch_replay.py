@@ -41,6 +41,8 @@ from tests.providers.cassettes import Cassette, names, pass_counts, require_fixt
 
 pytestmark = pytest.mark.django_db
 
+# every test here replays the recordings: skipped without them (failing under CI=true)
+require_fixtures()
 CASSETTES = names("batch_with_")
 ANSWERS = [
     name
@@ -74,7 +76,6 @@ _pass_counts = pass_counts(__name__, "Batch replay", "batches")
 
 
 def test_the_batch_cassettes_are_there():
-    require_fixtures()
     assert {vendor_of(name) for name in ANSWERS} == set(VENDORS)
     assert len(CASSETTES) == 5, CASSETTES
 

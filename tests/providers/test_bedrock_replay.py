@@ -57,6 +57,8 @@ from tests.providers.aws import ACCESS_KEY, REGION
 from tests.providers.cassettes import CLOUD, Interaction
 from tests.providers.wire import as_message
 
+# every test here replays the recordings: skipped without them (failing under CI=true)
+cassettes.require_fixtures(CLOUD)
 CASSETTES = cassettes.names("bedrock", CLOUD)
 HOST = "bedrock-runtime.<AWS_REGION>.amazonaws.com"
 ERRORS: dict[int, type[ProviderError]] = {403: AuthenticationError, 400: ContextLengthError}
@@ -67,7 +69,6 @@ pytestmark = pytest.mark.usefixtures("aws_env")
 
 
 def test_the_bedrock_cassettes_are_there() -> None:
-    cassettes.require_fixtures(CLOUD)
     assert len(CASSETTES) == 26, CASSETTES
 
 

@@ -44,6 +44,8 @@ PROVIDERS: dict[str, type[OpenAIProvider]] = {
     "openrouter_claude-haiku-4-5": OpenRouterProvider,
     "ollama_qwen3": OllamaProvider,
 }
+# every test here replays the recordings: skipped without them (failing under CI=true)
+require_fixtures()
 CASES = [
     pytest.param(name, part, id=name)
     for part in PROVIDERS
@@ -82,8 +84,6 @@ def make_provider(part: str, cassette: Cassette) -> OpenAIProvider:
 
 # -- the tests -------------------------------------------------------------------------------------
 def test_recorded_chat_completions_traffic_is_present() -> None:
-    """Fails under CI=true when the fixtures are absent (skips locally)."""
-    require_fixtures()
     assert {part for part in PROVIDERS for name in names(part)} == set(PROVIDERS)
     assert len(CASES) > 0
 

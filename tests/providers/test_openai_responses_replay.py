@@ -43,6 +43,8 @@ from tests.providers.openai_responses_wire import (
 )
 from tests.providers.wire import as_message
 
+# every test here replays the recordings: skipped without them (failing under CI=true)
+require_fixtures()
 CASSETTES = [name for name in names("openai_gpt-5-nano") if not name.startswith("batch_")]
 
 
@@ -52,7 +54,6 @@ _pass_counts = cassettes.pass_counts(__name__, "OpenAI Responses replay", "opena
 
 
 def test_recorded_traffic_is_present():
-    require_fixtures()
     assert CASSETTES, "no cassette named *openai_gpt-5-nano* in the fixtures folder"
 
 

@@ -34,6 +34,8 @@ from agentloop.tools import Tool
 from tests.providers import cassettes
 
 NEXT = cassettes.NEXT
+# every test here replays the recordings: skipped without them (failing under CI=true)
+cassettes.require_fixtures(NEXT)
 
 
 def _label(name: str) -> str:
@@ -71,8 +73,8 @@ class ReasoningWeather(Tool):
 
 
 @pytest.fixture(autouse=True)
-def _fixtures() -> Iterator[None]:
-    cassettes.require_fixtures(NEXT)
+def _providers() -> Iterator[None]:
+    """Unregisters the providers a test registered."""
     yield
     for name in _PROVIDERS:
         providers.unregister(name)
