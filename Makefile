@@ -58,7 +58,7 @@ test-postgres: venv
 
 # The edit-test loop: no worker, browser or other process; SQLite; no lint.
 test-quick: venv
-	DATABASE_URL= $(BIN)/pytest -n 2 -q -m "$(QUICK)"
+	DATABASE_URL= $(BIN)/pytest -n $(TEST_PROCESSES) -q -m "$(QUICK)"
 
 bench: venv
 	$(BIN)/python bench/step_overhead.py && $(BIN)/python bench/job_path.py

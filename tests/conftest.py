@@ -51,12 +51,14 @@ _BACKEND_AGNOSTIC = {
     "test_compaction_units", "test_control", "test_control_celery", "test_custom_models",
     "test_decision_views", "test_demo", "test_django_tasks", "test_docs", "test_editing",
     "test_editing_celery", "test_editing_views", "test_event_keys", "test_example_site",
-    "test_fallbacks", "test_first_hour", "test_guardrails", "test_guardrails_admin",
+    "test_fallbacks", "test_first_hour", "test_guardrail_limits", "test_guardrails",
+    "test_guardrails_admin",
     "test_guardrails_celery", "test_guardrails_parallel", "test_handoffs",
     "test_handoffs_celery", "test_limits", "test_long_conversations_celery", "test_mcp",
     "test_mcp_celery", "test_memory_chat", "test_model_call_bounds", "test_model_options",
-    "test_public_api", "test_rate_limits_celery", "test_signals", "test_sse",
-    "test_sse_access", "test_subagent_control", "test_terminal", "test_terminal_escapes",
+    "test_pool_checks", "test_prices", "test_public_api", "test_rate_limits_celery",
+    "test_request_json", "test_signals", "test_sse", "test_sse_access", "test_stream_caps",
+    "test_subagent_control", "test_terminal", "test_terminal_escapes",
     "test_testing_providers", "test_thinking", "test_tools", "test_tracing", "test_typing",
     "test_ui_stream", "test_usechat", "test_views",
 }  # fmt: skip
@@ -82,6 +84,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses_database = fixtures & _USES_DATABASE or item.get_closest_marker("django_db")
         if uses_database and not _backend_agnostic(item.module.__name__):
             item.add_marker("database")
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``), so it can be encoded as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # The bad-input tests log text with lone surrogates on purpose; pytest -n sends each
+    # report to the main process as UTF-8, which a lone surrogate in its captured output
+    # (or a failure's text) would stop with an internal error, ending the whole run.
+    report = yield
+    report.sections = [(title, _printable(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = _printable(report.longrepr)
+    elif report.longrepr is not None and not isinstance(report.longrepr, tuple):
+        shown = str(report.longrepr)
+        if _printable(shown) != shown:
+            report.longrepr = _printable(shown)
+    return report
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,8 +7,6 @@ so in its log at start."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -24,8 +22,7 @@ from django.db import connection
 from django.test import override_settings
 
 from tests.helpers import wait_until
-from tests.processes import REPO_ROOT, process_env
-from tests.workers import REDIS_URL, Worker
+from tests.workers import REDIS_URL, Worker, start_worker
 
 celery = pytest.importorskip("celery")
 
@@ -96,31 +93,19 @@ def test_reuse_max_without_djangos_pool_passes_on_any_worker():
 def start_threads_worker(tmp: Path, settings_module: str) -> Worker:
     """A ``celery worker -P threads -c 4`` on Django's pool (``max_size`` 2) and the settings
     module ``settings_module``, ready; the caller kills it."""
-    ready = tmp / "ready"
-    env = process_env(
-        DJANGO_SETTINGS_MODULE=settings_module,
-        AGENTLOOP_TEST_QUEUE=f"agentloop-test-{uuid.uuid4().hex[:12]}",
-        AGENTLOOP_TEST_BROKER_URL=REDIS_URL,
-        AGENTLOOP_TEST_WORKER_READY=ready,
-        AGENTLOOP_TEST_DB_POOL=json.dumps({"min_size": 1, "max_size": 2, "timeout": 5}),
+    worker, ready = start_worker(
+        tmp,
+        "threads",
+        queue=f"agentloop-test-{uuid.uuid4().hex[:12]}",
+        broker_url=REDIS_URL,
+        run_log=tmp / "runs.log",
+        pool="threads",
+        concurrency=4,
+        env={
+            "DJANGO_SETTINGS_MODULE": settings_module,
+            "AGENTLOOP_TEST_DB_POOL": json.dumps({"min_size": 1, "max_size": 2, "timeout": 5}),
+        },
     )
-    log = tmp / "worker.log"
-    command = [
-        sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-        "--pool=threads", "--concurrency=4", "--loglevel=INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-        "-n", f"threads-{uuid.uuid4().hex[:6]}@%h", "-Q", env["AGENTLOOP_TEST_QUEUE"],
-    ]  # fmt: skip
-    with log.open("w") as output:
-        process = subprocess.Popen(  # noqa: S603 - our own interpreter
-            command,
-            env=env,
-            cwd=REPO_ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: Worker.kill reaches it all
-        )
-    worker = Worker("threads", process, log)
     try:
         wait_until(ready.exists, "the worker to be ready", 60, worker.output)
     except BaseException:

@@ -101,7 +101,7 @@ def test_w012_warns_of_an_unpriced_model_under_a_cost_budget():
             f"A cost budget is set, but model {NOVA!r} (DEFAULT_MODEL) has no known price: its "
             "calls cost $0 against every cost budget.",
             f'Give its price in AGENTLOOP["PRICES"][{NOVA!r}], install the "prices" extra '
-            '(genai-prices), or hold it with a tokens budget: see "Prices" in docs/budgets.md.',
+            '(genai-prices), or hold it with a tokens budget: see "Prices" in Budgets and quotas.',
         )
     ]
 

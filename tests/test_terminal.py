@@ -47,9 +47,13 @@ SUBPROCESS_SETTINGS = {
 DEADLINE = 30
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_])")
 #: makes the pty the controlling terminal of the command (so \x03 sends it SIGINT), then
-#: becomes it. Runs in the child after start_new_session's setsid().
+#: becomes it. Runs in the child after start_new_session's setsid(). SIGINT goes back to its
+#: default first, as in a person's new terminal: a test run started where SIGINT is ignored (a
+#: background job of a script, nohup) passes SIG_IGN on through exec, and Python then installs
+#: no KeyboardInterrupt handler, so Ctrl-C at the prompt did nothing and the test timed out.
 _LAUNCH = (
-    "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "import fcntl, os, signal, sys, termios; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 )
 
@@ -248,6 +252,22 @@ def test_ctrl_c_at_the_prompt_exits_with_code_0(terminal):
     assert chat.exit_code() == 0
     assert "[cancelled]" not in chat.output
     assert "[interrupted]" not in chat.output
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_at_the_prompt_works_when_the_test_run_ignores_sigint(terminal):
+    # A run started as a script's background job (or under nohup) ignores SIGINT, and the
+    # terminal's process would inherit that through exec: it starts as a person's does.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        chat = terminal("--model", MODEL)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    chat.expect(PROMPT)
+
+    chat.interrupt_at_the_prompt()
+
+    assert chat.exit_code() == 0
 
 
 @pytest.mark.subprocess

@@ -95,6 +95,8 @@ def start_worker(
     concurrency: int = 1,
     kill_points: Path | None = None,
     queue_file: Path | None = None,
+    pool: str = "prefork",
+    env: dict[str, Any] | None = None,
 ) -> tuple[Worker, Path]:
     """A ``celery worker`` (prefork, one process) on ``queue``, logging to ``tmp/<name>.log``;
     returns it and the file it creates once ready (the caller waits for it).
@@ -106,13 +108,14 @@ def start_worker(
     ``pythonpath`` is a folder it imports from too (code this process has, say);
     ``concurrency`` sizes its pool; its processes stop at the ``kill_points`` a test arms in
     that folder (tests/kill_points.py); ``queue_file`` names the queue its jobs go to (a worker
-    moved between tests' queues: :class:`Pool`).
+    moved between tests' queues: :class:`Pool`); ``pool`` is Celery's ``--pool``; ``env`` adds
+    to (or, with None, removes from) its environment (another settings module, say).
     """
     ready = tmp / f"{name}.ready"
     log = tmp / f"{name}.log"
     nodename = f"{name}-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
     worker_settings = {"BACKGROUND": "celery", "REDIS_URL": broker_url, **(agentloop or {})}
-    env = process_env(
+    environment = process_env(
         AGENTLOOP_TEST_QUEUE=queue,
         AGENTLOOP_TEST_BROKER_URL=broker_url,
         AGENTLOOP_TEST_WORKER_READY=ready,
@@ -123,14 +126,15 @@ def start_worker(
         AGENTLOOP_TEST_CLOCK_OFFSET=clock_offset or None,
         AGENTLOOP_TEST_KILL_POINTS=kill_points,
         AGENTLOOP_TEST_QUEUE_FILE=queue_file,
+        **(env or {}),
     )
     if database_url:
-        env["DATABASE_URL"] = database_url
+        environment["DATABASE_URL"] = database_url
     if pythonpath is not None:
-        env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pythonpath}"
+        environment["PYTHONPATH"] = f"{environment['PYTHONPATH']}{os.pathsep}{pythonpath}"
     command = [
         sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
-        "--pool=prefork", f"--concurrency={concurrency}", "--loglevel=INFO",
+        f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-n", nodename, "-Q", queue,
     ]  # fmt: skip
@@ -139,7 +143,7 @@ def start_worker(
     with log.open("w") as output:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter
             command,
-            env=env,
+            env=environment,
             cwd=REPO_ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,

@@ -168,7 +168,7 @@ def _unpriced_warning(key: str, where: str) -> Warning:
         f"A cost budget is set, but model {key!r} ({where}) has no known price: its calls "
         "cost $0 against every cost budget.",
         hint=f'Give its price in AGENTLOOP["PRICES"][{key!r}], install the "prices" extra '
-        '(genai-prices), or hold it with a tokens budget: see "Prices" in docs/budgets.md.',
+        '(genai-prices), or hold it with a tokens budget: see "Prices" in Budgets and quotas.',
         obj=key,
         id="agentloop.W012",
     )
