@@ -11,6 +11,8 @@ TEST_PROCESSES ?= 3
 # don't depend on it). CI runs all on one database and db on the other, per Python.
 SQLITE_TESTS ?= all
 POSTGRES_TESTS ?= all
+# LINT= leaves ruff and mypy out (CI lints once, in one of its two Pythons' runs).
+LINT ?= lint
 # TEST_REPORTS=folder: each run writes its JUnit XML there (python scripts/test_times.py reads them).
 TEST_REPORTS ?=
 PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile $(if $(filter db,$(1)),-m database) \
@@ -45,7 +47,7 @@ lint: venv
 # The linters and the whole suite on SQLite and, side by side, on PostgreSQL: always under
 # CI=true (where an unreachable server must fail the run, not skip it), otherwise when it answers.
 test: venv
-	$(MAKE) --no-print-directory -j3 lint test-sqlite test-postgres
+	$(MAKE) --no-print-directory -j3 $(LINT) test-sqlite test-postgres
 
 # DATABASE_URL emptied so an exported one can't redirect the SQLite run.
 test-sqlite: venv

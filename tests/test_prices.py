@@ -145,6 +145,7 @@ def test_w012_with_the_database_looks_at_the_models_chats_use(user, settings):
     assert "(used by chats)" in found[0].msg
 
 
+@pytest.mark.django_db  # Django 6's check command runs the database checks too
 def test_manage_py_check_shows_w012(capsys):
     with override_settings(AGENTLOOP={"BUDGETS": COST, "DEFAULT_MODEL": NOVA}):
         call_command("check")
