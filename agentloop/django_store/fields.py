@@ -24,37 +24,39 @@ from ..storable import storable_json, storable_text
 __all__ = ["StorableCharField", "StorableJSONField", "StorableTextField"]
 
 
-class StorableCharField(models.CharField):
+def _text(value: Any) -> Any:
+    return storable_text(value) if isinstance(value, str) else value
+
+
+class _Storable:
+    """What the three fields add to the Django field they extend: the value prepared for the
+    database made storable by ``storable``; in migrations, that Django field itself."""
+
+    storable: Any
+
+    def get_prep_value(self, value: Any) -> Any:
+        return self.storable(super().get_prep_value(value))  # type: ignore[misc]
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()  # type: ignore[misc]
+        django = next(c for c in type(self).__mro__ if c.__module__.startswith("django.db."))
+        return name, f"django.db.models.{django.__name__}", args, kwargs
+
+
+class StorableCharField(_Storable, models.CharField):
     """A ``CharField`` whose text is made storable (``storable_text``)."""
 
-    def get_prep_value(self, value: Any) -> Any:
-        value = super().get_prep_value(value)
-        return storable_text(value) if isinstance(value, str) else value
-
-    def deconstruct(self) -> Any:
-        name, _, args, kwargs = super().deconstruct()
-        return name, "django.db.models.CharField", args, kwargs
+    storable = staticmethod(_text)
 
 
-class StorableTextField(models.TextField):
+class StorableTextField(_Storable, models.TextField):
     """A ``TextField`` whose text is made storable (``storable_text``)."""
 
-    def get_prep_value(self, value: Any) -> Any:
-        value = super().get_prep_value(value)
-        return storable_text(value) if isinstance(value, str) else value
-
-    def deconstruct(self) -> Any:
-        name, _, args, kwargs = super().deconstruct()
-        return name, "django.db.models.TextField", args, kwargs
+    storable = staticmethod(_text)
 
 
-class StorableJSONField(models.JSONField):
+class StorableJSONField(_Storable, models.JSONField):
     """A ``JSONField`` whose strings (keys too) are made storable and whose non-finite
     numbers are stored as null (``storable_json``)."""
 
-    def get_prep_value(self, value: Any) -> Any:
-        return storable_json(super().get_prep_value(value))
-
-    def deconstruct(self) -> Any:
-        name, _, args, kwargs = super().deconstruct()
-        return name, "django.db.models.JSONField", args, kwargs
+    storable = staticmethod(storable_json)
