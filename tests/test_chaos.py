@@ -103,7 +103,7 @@ class Chaos:
         workers = [
             w
             for w in self.background.workers
-            if w.process.poll() is None and (self.background.tmp / f"{w.name}.ready").exists()
+            if w.process.poll() is None and w.ready is not None and w.ready.exists()
         ]  # a worker still starting is left alone: its starter waits for it
         return workers + [d for d in self.drivers if d.process.poll() is None]
 

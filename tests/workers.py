@@ -54,6 +54,8 @@ class Worker:
     nodename: str = ""
     #: where this test's part of the log starts (a worker kept between tests: :class:`Pool`).
     offset: int = 0
+    #: the file the worker creates once it consumes.
+    ready: Path | None = None
 
     def output(self) -> str:
         if not self.log.exists():
@@ -149,7 +151,7 @@ def start_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killpg reaches the pool too
         )
-    return Worker(name, process, log, nodename), ready
+    return Worker(name, process, log, nodename, ready=ready), ready
 
 
 def worker_logs(workers: Iterable[Worker], tail: int) -> str:
@@ -204,7 +206,7 @@ class Pool:
             )
             if kept.process.poll() is None and _answered(replies, kept.nodename):
                 size = kept.log.stat().st_size if kept.log.exists() else 0
-                return Worker(name, kept.process, kept.log, kept.nodename, size)
+                return Worker(name, kept.process, kept.log, kept.nodename, size, kept.ready)
             kept.kill()
         return None
 
