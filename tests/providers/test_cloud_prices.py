@@ -6,6 +6,7 @@ cost budget before (the catalog has no price for them)."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,17 @@ def serve(name: str, provider_class: type, **options) -> cassettes.Cassette:
     return cassette
 
 
+def asked(name: str, provider_class: Any, options: dict[str, Any], model: str, user: Any) -> Any:
+    """A chat of ``user`` on ``model`` that asked one question over the recording ``name``."""
+    serve(name, provider_class, **options)
+    try:
+        chat = Chat.objects.create(model=model, owner=user)
+        chat.ask("What's 2 + 2?")
+    finally:
+        providers.unregister(provider_class.name)
+    return chat
+
+
 CLOUDS = [
     pytest.param(
         AZURE, AzureProvider, {"endpoint": "https://rubyllm.services.ai.azure.com"},
@@ -61,12 +73,7 @@ def test_a_cloud_model_priced_in_settings_counts_against_a_cost_budget(
         "BUDGETS": {"cost_per_day": "1.00"},
         "PRICES": {key: RATES},
     }
-    serve(name, provider_class, **options)
-    try:
-        chat = Chat.objects.create(model=model, owner=user)
-        chat.ask("What's 2 + 2?")
-    finally:
-        providers.unregister(provider_class.name)
+    chat = asked(name, provider_class, options, model, user)
 
     usage = Usage.objects.get(chat=chat)
     tokens = (usage.input_tokens, usage.output_tokens)
@@ -82,12 +89,7 @@ def test_without_a_price_a_cloud_model_costs_nothing_known(
 ):
     """What the check (agentloop.W012) warns of: no price anywhere, no cost counted."""
     settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_day": "1.00"}}
-    serve(name, provider_class, **options)
-    try:
-        chat = Chat.objects.create(model=model, owner=user)
-        chat.ask("What's 2 + 2?")
-    finally:
-        providers.unregister(provider_class.name)
+    chat = asked(name, provider_class, options, model, user)
 
     assert Usage.objects.get(chat=chat).cost is None
     assert spend_of(user).cost_per_day == 0
