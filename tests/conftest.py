@@ -62,20 +62,51 @@ _BACKEND_AGNOSTIC = {
     "test_testing_providers", "test_thinking", "test_tools", "test_tracing", "test_typing",
     "test_ui_stream", "test_usechat", "test_views",
 }  # fmt: skip
+#: Modules of end-to-end stories on real workers and processes (kills, crashes, races across
+#: workers, erasure and budgets mid-run) whose dependence on the database is through the
+#: primitives the ``database`` modules check on both databases and both Pythons: claims and
+#: leases (test_store_contract, test_lease_holders, test_one_writer), conditional writes and
+#: decisions (test_one_writer, test_people_in_the_loop), spend (test_budgets, test_budgets_race),
+#: set-based control (test_bulk_control), erasure (test_data_erasure) and transactional tools
+#: (test_transactional_tools). Each runs on both databases, once each (3.11 with PostgreSQL,
+#: 3.13 with SQLite), as the backend-agnostic modules do: their four-way runs were 56% of a
+#: ``db`` run's time for no primitive the others don't already run four ways. A test of theirs
+#: that runs on one database only is marked ``database`` by hand, so it runs on both Pythons.
+_SCENARIOS = {
+    "test_bulk_control_celery", "test_budgets_celery", "test_celery_worker", "test_chaos",
+    "test_data_erasure_celery", "test_deferred", "test_halt_concurrent", "test_per_process",
+    "test_resume", "test_transactional_tools_celery",
+}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    gone = sorted(name for name in _BACKEND_AGNOSTIC if not (TESTS / f"{name}.py").exists())
+    listed = _BACKEND_AGNOSTIC | _SCENARIOS | set(_LONGEST_FIRST)
+    gone = sorted(name for name in listed if not (TESTS / f"{name.replace('.', '/')}.py").exists())
     if gone:
         raise pytest.UsageError(f"tests/conftest.py lists modules that don't exist: {gone}")
 
 
 def _backend_agnostic(module: str) -> bool:
     name = module.rsplit(".", 1)[-1]
-    return name in _BACKEND_AGNOSTIC or name.endswith("_browser") or ".providers." in module
+    agnostic = name in _BACKEND_AGNOSTIC or name.endswith("_browser") or ".providers." in module
+    return agnostic or name in _SCENARIOS
+
+
+#: The longest modules (summed test time of CI's two whole runs, tests/README.md; named from
+#: tests/, as ``providers.test_redaction``), run first:
+#: ``pytest -n`` hands modules out in this order, so a run doesn't end waiting on one long
+#: module that a process took last.
+_LONGEST_FIRST = (
+    "test_admin", "test_browser", "test_mcp", "test_install", "test_people_in_the_loop",
+    "test_celery_worker", "test_resume", "test_bad_input_properties", "providers.test_redaction",
+    "test_transactional_tools", "test_bench_smoke", "test_per_process", "test_one_writer",
+    "test_transactional_tools_celery",
+)  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: place for place, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.removeprefix("tests."), len(rank)))
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         for mark, names in _MARKED_BY_FIXTURES.items():

@@ -72,13 +72,22 @@ if os.environ.get("DATABASE_URL"):
 
     DATABASES = {"default": dict(dj_database_url.parse(os.environ["DATABASE_URL"]))}
     DATABASES["default"]["TEST"] = {"NAME": f"test_agentloop_{_RUN}"}
+    # A commit doesn't wait for its WAL to reach the disk: the test databases are thrown away,
+    # and a killed process (the fault tests kill clients, never the server) loses nothing.
+    DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=off"
 else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(BASE_DIR / ".pytest_db.sqlite3"),
-            # Several processes write at once: take the write lock up front and wait for it.
-            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+            # Several processes write at once: take the write lock up front and wait for it. A
+            # commit leaves its writes to the operating system without waiting for the disk: a
+            # killed process loses nothing of them (only the machine's crash would).
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA synchronous=OFF",
+            },
             "TEST": {"NAME": str(BASE_DIR / f".test_db_{_RUN}.sqlite3")},
         }
     }

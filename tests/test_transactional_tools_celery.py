@@ -93,6 +93,8 @@ def test_a_worker_runs_transactional_tools_each_committed_with_its_result(backgr
     assert chat.tool_calls.filter(state=ToolCallState.SUCCEEDED).count() == 3
 
 
+# PostgreSQL only: marked ``database`` so it runs on both Pythons (tests/conftest.py _SCENARIOS).
+@pytest.mark.database
 @pytest.mark.skipif(
     "connection.vendor != 'postgresql'",
     reason="on SQLite the tool's transaction holds the one write lock: no one can take the "
