@@ -333,7 +333,8 @@ class OfflineProvider(Provider):
         Tool calls by user message, tried first: a list of dicts, each ``match`` (a regular
         expression searched in the latest user message, case-insensitive), ``tool`` (the
         tool's name), ``arguments`` (``{group}`` in a string value is the match's named
-        group, ``{message}`` the whole message) and ``answer`` (said once the call has its
+        group, ``{message}`` the whole message; a value filled into an ``integer``,
+        ``number`` or ``boolean`` parameter of the tool becomes one) and ``answer`` (said once the call has its
         result: ``{result}`` is the result's text; default ``"{result}"``). Every rule that
         matches and whose tool the chat offers makes one call, in the rules' order, all in
         one answer; the next answer says each rule's ``answer`` (an error result is told as
@@ -419,6 +420,7 @@ class OfflineProvider(Provider):
         turn = messages[last_user + 1 :]
         asked = [call for m in turn for call in m.tool_calls]
         offered = set() if request.tool_choice == "none" else {t.name for t in request.tools}
+        schemas = {t.name: t.parameters.get("properties") or {} for t in request.tools}
         calls: list[ToolCall] = []
         if asked:  # this turn's calls have their results: say what the rules answer
             text = self._answers(self.matches(latest, offered), asked, turn)
@@ -432,7 +434,10 @@ class OfflineProvider(Provider):
                 ToolCall(
                     id=f"offline_{earlier + n}",
                     name=rule.tool,
-                    arguments=_filled(rule, match, rule.arguments),
+                    arguments={
+                        key: _typed(_filled(rule, match, value), schemas[rule.tool].get(key))
+                        for key, value in rule.arguments.items()
+                    },
                 )
                 for n, (rule, match) in enumerate(found, 1)
             ]
@@ -462,6 +467,21 @@ class OfflineProvider(Provider):
             else:
                 sentences.append(content)
         return " ".join(sentences)
+
+
+def _typed(value: Any, schema: Any) -> Any:
+    """A filled-in string as the JSON type the tool's parameter has (a number for an
+    ``integer`` one), as a model writes it; left a string when it doesn't read as one."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if not isinstance(value, str) or kind not in ("integer", "number", "boolean"):
+        return value
+    text = value.strip()
+    if kind == "boolean":
+        return {"true": True, "false": False}.get(text.lower(), value)
+    try:
+        return int(text) if kind == "integer" else float(text) if "." in text else int(text)
+    except ValueError:
+        return value
 
 
 def _filled(rule: OfflineRule, found: re.Match[str], value: Any) -> Any:

@@ -526,7 +526,7 @@ def test_offline_rules_call_the_tool_with_the_groups_then_answer_from_its_result
     assert answer.content == "2 + 40 = 42."
     (asking,) = [m for m in chat.messages if m.tool_calls]
     assert [(c.id, c.name, c.arguments) for c in asking.tool_calls] == [
-        ("offline_1", "add", {"a": "2", "b": "40"})  # the tool's parameters make them ints
+        ("offline_1", "add", {"a": 2, "b": 40})  # the tool's parameters are integers
     ]
     assert [m.content for m in chat.messages if m.role == "tool"] == ["42"]
 
@@ -540,6 +540,32 @@ def test_every_matching_rule_calls_its_tool_in_one_answer_in_the_rules_order(set
     (asking,) = [m for m in chat.messages if m.tool_calls]
     assert [c.name for c in asking.tool_calls] == ["divide", "add"]
     assert answer.content == "3.0 1 + 2 = 3."  # DIVIDE_RULE's answer is its default: {result}
+
+
+@tool
+def flags(count: int, ratio: float, loud: bool, name: str) -> str:
+    """Echoes its arguments."""
+    return f"{count} {ratio} {loud} {name}"
+
+
+def test_filled_arguments_take_the_json_type_of_the_tools_parameters():
+    rule = {
+        "match": r"(?P<c>\S+) (?P<r>\S+) (?P<l>\S+)",
+        "tool": "flags",
+        "arguments": {"count": "{c}", "ratio": "{r}", "loud": "{l}", "name": "{c}"},
+    }
+    provider = OfflineProvider(rules=[rule])
+
+    def arguments(text: str) -> dict:
+        asked = ModelRequest(
+            model="m", messages=[Message(role="user", content=text)], tools=[flags.definition()]
+        )
+        return provider.request(asked).tool_calls[0].arguments
+
+    assert arguments("3 2.5 true") == {"count": 3, "ratio": 2.5, "loud": True, "name": "3"}
+    assert arguments("3 2 False") == {"count": 3, "ratio": 2, "loud": False, "name": "3"}
+    # What doesn't read as the type stays the text: the tool's validation then says why.
+    assert arguments("x y z") == {"count": "x", "ratio": "y", "loud": "z", "name": "x"}
 
 
 def test_a_rule_whose_tool_the_chat_does_not_offer_is_skipped(settings):
