@@ -361,7 +361,7 @@ def management_command(argv: list[str] | None = None) -> str | None:
 KEY_CHECK_COMMANDS = frozenset({"check"})
 #: how to try agentloop without a key, as W002's hint says it.
 OFFLINE_ADVICE = (
-    "or, to try agentloop with no key, make DEFAULT_MODEL \"offline:any\" with "
+    'or, to try agentloop with no key, make DEFAULT_MODEL "offline:any" with '
     "AGENTLOOP['PROVIDERS']['offline'] = {'class': 'agentloop.testing.OfflineProvider'} "
     '(see "Check it" in "Installing agentloop in a Django project")'
 )
@@ -378,9 +378,7 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     """
     chosen = getattr(settings, "AGENTLOOP", None)
     command = management_command()
-    if (command is not None and command not in KEY_CHECK_COMMANDS) or not isinstance(
-        chosen, dict
-    ):
+    if (command is not None and command not in KEY_CHECK_COMMANDS) or not isinstance(chosen, dict):
         return []
     default_model = chosen.get("DEFAULT_MODEL")
     if not isinstance(default_model, str) or not default_model:

@@ -334,8 +334,9 @@ class OfflineProvider(Provider):
         expression searched in the latest user message, case-insensitive), ``tool`` (the
         tool's name), ``arguments`` (``{group}`` in a string value is the match's named
         group, ``{message}`` the whole message; a value filled into an ``integer``,
-        ``number`` or ``boolean`` parameter of the tool becomes one) and ``answer`` (said once the call has its
-        result: ``{result}`` is the result's text; default ``"{result}"``). Every rule that
+        ``number`` or ``boolean`` parameter of the tool becomes one) and ``answer`` (said
+        once the call has its result: ``{result}`` is the result's text; default
+        ``"{result}"``). Every rule that
         matches and whose tool the chat offers makes one call, in the rules' order, all in
         one answer; the next answer says each rule's ``answer`` (an error result is told as
         ``"The <tool> tool failed: <result>"``). A message no rule matches gets ``replies``

@@ -418,7 +418,7 @@ def test_w002_says_once_what_to_do_set_the_key_or_use_the_offline_model(no_anthr
     assert warning.hint.startswith(
         "Set AGENTLOOP['PROVIDERS']['anthropic']['api_key'] or the ANTHROPIC_API_KEY "
         "environment variable; or, to try agentloop with no key, make DEFAULT_MODEL "
-        '"offline:any" with AGENTLOOP[\'PROVIDERS\'][\'offline\'] = '
+        "\"offline:any\" with AGENTLOOP['PROVIDERS']['offline'] = "
         "{'class': 'agentloop.testing.OfflineProvider'}"
     )
     assert "API key" not in warning.hint  # the message says the problem, the hint the fix
