@@ -309,9 +309,10 @@ def check_retention_scheduled(app_configs: Any = None, **kwargs: Any) -> list[Ch
         Warning(
             "AGENTLOOP['RETENTION_DAYS'] is set, but Celery beat's schedule has no "
             f"{RETENTION_TASK!r} entry: idle chats are never deleted.",
-            hint=f'Add {{"task": "{RETENTION_TASK}", "schedule": 86400.0}} to '
-            'CELERY_BEAT_SCHEDULE, or run "manage.py agentloop retention" daily (see "Data '
-            'retention and erasure" in the agentloop docs).',
+            hint="Use CELERY_BEAT_SCHEDULE = beat_schedule() (from agentloop.tasks), or add "
+            f'{{"task": "{RETENTION_TASK}", "schedule": 86400.0}} to yours, or run '
+            '"manage.py agentloop retention" daily (see "Data retention and erasure" in the '
+            "agentloop docs).",
             id="agentloop.W006",
         )
     ]

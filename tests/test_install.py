@@ -86,7 +86,7 @@ def test_the_install_page_gives_settings_urls_the_celery_app_and_its_import():
         ("tools.py", False),  # "Check it": a tool of one's own, called by the offline model
     ]
     settings_code = files[0][1]
-    for needed in ("agentloop.resume_stalled_chats", "agentloop.poll_batches", "CELERY_BROKER_URL"):
+    for needed in ("CELERY_BEAT_SCHEDULE = beat_schedule()", "CELERY_BROKER_URL"):
         assert needed in settings_code
 
 
