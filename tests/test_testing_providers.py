@@ -339,6 +339,7 @@ def test_unknown_provider_error_names_the_process_and_how_every_process_gets_one
     assert f"in process {os.getpid()} (" in message
     assert "AGENTLOOP['PROVIDERS']['nowhere'] = {\"class\":" in message
     assert "AppConfig.ready()" in message
+    assert "install a package that offers it (entry point group 'agentloop.providers')" in message
     assert 'see "Model providers" in the agentloop docs' in message
 
 
