@@ -443,9 +443,10 @@ class OfflineProvider(Provider):
                 for n, (rule, match) in enumerate(found, 1)
             ]
             text = "" if calls else self.answer_to(latest)
-        pieces = [word + " " for word in text.split(" ")] if text else []
-        if pieces:
-            pieces[-1] = pieces[-1][:-1]
+        words = text.split(" ") if text else []
+        pieces: list[str | Chunk] = [
+            w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)
+        ]
         if on_chunk is not None:
             return _play(Stream(pieces, self.delay, calls), on_chunk)
         return reply(text, *calls)
