@@ -141,10 +141,10 @@ def _from_settings_or_builtin(name: str) -> Provider | None:
         plugin = _plugin(name)
         if plugin is None:
             return None
-        origin, provider_class = f"the package {plugin[0]}'s", plugin[1]
+        origin, provider_class = f"The class of the package {plugin[0]}", plugin[1]
     provider = provider_class(name=name)
     if not isinstance(provider, Provider):
-        raise ConfigurationError(f"{origin} provider {name!r} is not an agentloop Provider")
+        raise ConfigurationError(f"{origin} (provider {name!r}) is not an agentloop Provider")
     return provider
 
 
