@@ -251,7 +251,8 @@ class OfflineRule:
     match: re.Pattern[str]
     #: the tool to call (a rule whose tool the chat doesn't offer is skipped).
     tool: str
-    #: the call's arguments; ``{group}`` and ``{message}`` in a string value are filled in.
+    #: the call's arguments; ``{group}`` and ``{message}`` in a string value are filled in
+    #: (other values are sent as they are).
     arguments: dict[str, Any]
     #: the answer; ``{result}`` is the tool's result, with the groups and ``{message}``.
     answer: str
@@ -436,7 +437,10 @@ class OfflineProvider(Provider):
                     id=f"offline_{earlier + n}",
                     name=rule.tool,
                     arguments={
-                        key: _typed(_filled(rule, match, value), schemas[rule.tool].get(key))
+                        key: _typed(
+                            rule.fill(value, match) if isinstance(value, str) else value,
+                            schemas[rule.tool].get(key),
+                        )
                         for key, value in rule.arguments.items()
                     },
                 )
@@ -484,17 +488,6 @@ def _typed(value: Any, schema: Any) -> Any:
         return int(text) if kind == "integer" else float(text) if "." in text else int(text)
     except ValueError:
         return value
-
-
-def _filled(rule: OfflineRule, found: re.Match[str], value: Any) -> Any:
-    """An argument value with the match filled into its strings (nested ones too)."""
-    if isinstance(value, str):
-        return rule.fill(value, found)
-    if isinstance(value, dict):
-        return {key: _filled(rule, found, item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_filled(rule, found, item) for item in value]
-    return value
 
 
 class NetworkBlockedError(ConnectionError):
