@@ -356,9 +356,8 @@ def management_command(argv: list[str] | None = None) -> str | None:
 
 
 #: the management commands on which agentloop.W002 speaks: the one that is asked to report.
-#: Other commands stay quiet (a chat run without its key fails with the same advice), so
-#: the warning doesn't come back on every command; a Celery worker, which is no management
-#: command, says it once as it starts (Celery runs the checks there).
+#: Other commands stay quiet (a chat run without its key fails naming where the key goes),
+#: so the warning doesn't come back on every command.
 KEY_CHECK_COMMANDS = frozenset({"check"})
 #: how to try agentloop without a key, as W002's hint says it.
 OFFLINE_ADVICE = (
@@ -374,7 +373,7 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
     Only a ``DEFAULT_MODEL`` the project set is looked at (a project that never chose one
     names its models per chat), only on ``manage.py check`` (:data:`KEY_CHECK_COMMANDS`) or
-    outside management commands (a worker's start, ``run_checks()``). The hint says what to
+    outside management commands (``run_checks()`` in a test). The hint says what to
     do once: where to set the key, or the offline model. The key is never read into a message.
     """
     chosen = getattr(settings, "AGENTLOOP", None)
