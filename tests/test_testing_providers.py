@@ -654,3 +654,36 @@ def test_offline_rules_refuse_wrong_settings_in_one_line(settings, rule, error):
 def test_offline_rules_must_be_a_list(settings):
     with pytest.raises(ConfigurationError, match=r"\['rules'\] must be a list of dicts"):
         offline_with(settings, rules={"match": "x"})
+
+
+PAY_RULE = {
+    "match": r"pay (?P<to>\w+) (?P<amount>\d+)",
+    "tool": "transfer",
+    "arguments": {"amount": "{amount}", "to": "{to}"},
+    "answer": "Paid {to}: {result}.",
+}
+
+
+@pytest.mark.django_db
+def test_an_offline_rules_call_that_needs_approval_waits_then_answers_as_decided(settings, user):
+    from agentloop.models import Chat
+    from tests.tools import transfer
+
+    offline_with(settings, PAY_RULE)
+    paid = Chat.objects.create(model="offline:any", owner=user).with_tools(transfer)
+    refused = Chat.objects.create(model="offline:any", owner=user).with_tools(transfer)
+    for chat in (paid, refused):
+        chat.ask("Pay bob 5")
+        assert chat.is_waiting()
+        assert [c.arguments for c in chat.pending_approvals()] == [{"amount": 5, "to": "bob"}]
+
+    paid.approve("offline_1", by=user)
+    refused.deny("offline_1", reason="Not today", by=user)
+    paid.complete()
+    refused.complete()
+
+    assert paid.messages.last().content == "Paid bob: sent 5 to bob."
+    assert refused.messages.last().content == (
+        "The transfer tool failed: " + refused.tool_calls.get().result.content
+    )
+    assert "Not today" in refused.messages.last().content
