@@ -309,9 +309,10 @@ def check_retention_scheduled(app_configs: Any = None, **kwargs: Any) -> list[Ch
         Warning(
             "AGENTLOOP['RETENTION_DAYS'] is set, but Celery beat's schedule has no "
             f"{RETENTION_TASK!r} entry: idle chats are never deleted.",
-            hint=f'Add {{"task": "{RETENTION_TASK}", "schedule": 86400.0}} to '
-            'CELERY_BEAT_SCHEDULE, or run "manage.py agentloop retention" daily (see "Data '
-            'retention and erasure" in the agentloop docs).',
+            hint="Use CELERY_BEAT_SCHEDULE = beat_schedule() (from agentloop.tasks), or add "
+            f'{{"task": "{RETENTION_TASK}", "schedule": 86400.0}} to yours, or run '
+            '"manage.py agentloop retention" daily (see "Data retention and erasure" in the '
+            "agentloop docs).",
             id="agentloop.W006",
         )
     ]
@@ -322,8 +323,9 @@ def _pooled() -> bool:
     return bool(connections[DEFAULT_DB_ALIAS].settings_dict.get("OPTIONS", {}).get("pool"))
 
 
-#: management commands that set up or inspect a project and never run a chat: the key check
-#: stays quiet on them (a fresh project's first ``migrate`` needs no provider key).
+#: management commands that set up or inspect a project and never run a chat: the provider
+#: checks (W040 and after) stay quiet on them (a fresh project's first ``migrate`` needs no
+#: provider set up); the key check speaks on ``check`` only (:data:`KEY_CHECK_COMMANDS`).
 COMMANDS_WITHOUT_CHATS = frozenset(
     {
         "changepassword", "clearsessions", "collectstatic", "compilemessages",
@@ -353,16 +355,30 @@ def management_command(argv: list[str] | None = None) -> str | None:
     return argv[1] if is_django else None
 
 
+#: the management commands on which agentloop.W002 speaks: the one that is asked to report.
+#: Other commands stay quiet (a chat run without its key fails naming where the key goes),
+#: so the warning doesn't come back on every command.
+KEY_CHECK_COMMANDS = frozenset({"check"})
+#: how to try agentloop without a key, as W002's hint says it.
+OFFLINE_ADVICE = (
+    'or, to try agentloop with no key, make DEFAULT_MODEL "offline:any" with '
+    "AGENTLOOP['PROVIDERS']['offline'] = {'class': 'agentloop.testing.OfflineProvider'} "
+    '(see "Check it" in "Installing agentloop in a Django project")'
+)
+
+
 @register(Tags.compatibility)
 def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn when the provider of the chosen ``DEFAULT_MODEL`` needs a key configured nowhere.
 
     Only a ``DEFAULT_MODEL`` the project set is looked at (a project that never chose one
-    names its models per chat), and not on the commands that never run a chat
-    (:data:`COMMANDS_WITHOUT_CHATS`). The key itself is never read into a message.
+    names its models per chat), only on ``manage.py check`` (:data:`KEY_CHECK_COMMANDS`) or
+    outside management commands (``run_checks()`` in a test). The hint says what to
+    do once: where to set the key, or the offline model. The key is never read into a message.
     """
     chosen = getattr(settings, "AGENTLOOP", None)
-    if management_command() in COMMANDS_WITHOUT_CHATS or not isinstance(chosen, dict):
+    command = management_command()
+    if (command is not None and command not in KEY_CHECK_COMMANDS) or not isinstance(chosen, dict):
         return []
     default_model = chosen.get("DEFAULT_MODEL")
     if not isinstance(default_model, str) or not default_model:
@@ -378,11 +394,14 @@ def check_provider_keys(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     try:
         api_key()
     except ConfigurationError as exc:
+        # The provider's error says where a key goes after "No API key for provider 'x': ".
+        where = str(exc).partition(": ")[2] if str(exc).startswith("No API key") else str(exc)
+        where = where.rstrip(".")
         return [
             Warning(
-                f"Provider {name!r} (of DEFAULT_MODEL {default_model!r}) needs an API key and "
-                "none is configured.",
-                hint=str(exc),
+                f"DEFAULT_MODEL {default_model!r} needs an API key for provider {name!r}, "
+                "and none is configured.",
+                hint=f"{where[:1].upper()}{where[1:]}; {OFFLINE_ADVICE}.",
                 obj=name,
                 id="agentloop.W002",
             )

@@ -1,5 +1,8 @@
 """Celery tasks. Thin: a primary key in, the logic in :mod:`agentloop.runners`.
 
+The periodic ones (the sweeper, the batch poller, retention) go into beat's schedule with
+:func:`beat_schedule`: ``CELERY_BEAT_SCHEDULE = beat_schedule()`` in the settings.
+
 Also a worker bootstep, added to every worker that imports this module: when the worker's
 connection to the broker comes back after a loss, it sends again the jobs of chats queued
 before the loss (a broker restarted without persistence lost them), so chats in flight go
@@ -18,13 +21,16 @@ from celery import bootsteps, shared_task
 from celery.signals import worker_init
 from django.db import connections
 
+from .exceptions import ConfigurationError
 from .runners import Job, run_job
 from .runners.celery import STEP_TASK
 from .runners.pools import starving_reuse
 from .runners.sweeper import resend_queued, resume_stalled
 
 __all__ = [
+    "PERIODIC_TASKS",
     "ResendAfterReconnect",
+    "beat_schedule",
     "delete_idle_chats",
     "poll_batches",
     "resume_stalled_chats",
@@ -75,6 +81,53 @@ def delete_idle_chats(days: int | None = None) -> int:
     if report.deleted.chats:
         logger.info("%s", report)
     return report.deleted.chats
+
+
+#: agentloop's periodic tasks, each with its entry's name in beat's schedule.
+PERIODIC_TASKS: dict[str, str] = {
+    # Re-enqueues chats whose worker died or whose job was lost: needed by every project.
+    "agentloop.resume_stalled_chats": "agentloop-resume-stalled-chats",
+    # Appends the answers of provider batches that ended (nothing to do without batches).
+    "agentloop.poll_batches": "agentloop-poll-batches",
+    # Deletes chats idle for RETENTION_DAYS (nothing to do while that is unset).
+    "agentloop.delete_idle_chats": "agentloop-delete-idle-chats",
+}
+
+
+def beat_schedule(
+    *,
+    resume_stalled_chats: float = 60.0,
+    poll_batches: float | None = 300.0,
+    delete_idle_chats: float | None = 24 * 60 * 60.0,
+) -> dict[str, dict[str, Any]]:
+    """Celery beat's entries for agentloop's periodic tasks, every ``n`` seconds each
+    (``None`` leaves one out; the sweeper, ``resume_stalled_chats``, is always needed)::
+
+        from agentloop.tasks import beat_schedule
+
+        CELERY_BEAT_SCHEDULE = beat_schedule()  # or {**beat_schedule(), "yours": {...}}
+
+    An entry whose task has nothing to do costs one query (no batches open, no
+    ``RETENTION_DAYS``), so the defaults fit a project that uses neither.
+    """
+    periods = {
+        "agentloop.resume_stalled_chats": resume_stalled_chats,
+        "agentloop.poll_batches": poll_batches,
+        "agentloop.delete_idle_chats": delete_idle_chats,
+    }
+    schedule: dict[str, dict[str, Any]] = {}
+    for task, period in periods.items():
+        if period is None and task != "agentloop.resume_stalled_chats":
+            continue
+        argument = task.removeprefix("agentloop.")
+        if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
+            raise ConfigurationError(
+                f"beat_schedule({argument}=...) takes a number of seconds above 0"
+                + (" or None" if task != "agentloop.resume_stalled_chats" else "")
+                + f", not {period!r}"
+            )
+        schedule[PERIODIC_TASKS[task]] = {"task": task, "schedule": float(period)}
+    return schedule
 
 
 class ResendAfterReconnect(bootsteps.StartStopStep):

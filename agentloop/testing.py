@@ -19,7 +19,9 @@ process (the shell, the web server, a worker) makes the same deterministic model
 from __future__ import annotations
 
 import json
+import re
 import socket
+import string
 import threading
 import time
 import uuid
@@ -33,6 +35,7 @@ from .conf import agentloop_settings
 from .exceptions import ConfigurationError
 from .messages import (
     Chunk,
+    Message,
     ModelRequest,
     ModelResponse,
     TextDelta,
@@ -47,6 +50,7 @@ __all__ = [
     "FunctionProvider",
     "NetworkBlockedError",
     "OfflineProvider",
+    "OfflineRule",
     "ScriptedProvider",
     "Stream",
     "block_network",
@@ -237,6 +241,77 @@ class FunctionProvider(Provider):
         return item
 
 
+@dataclass(frozen=True)
+class OfflineRule:
+    """One rule of :class:`OfflineProvider`: a user message it matches, the tool call it
+    makes, and the answer it gives once the call has a result."""
+
+    #: searched in the latest user message (case-insensitive); its named groups fill the
+    #: templates below.
+    match: re.Pattern[str]
+    #: the tool to call (a rule whose tool the chat doesn't offer is skipped).
+    tool: str
+    #: the call's arguments; ``{group}`` and ``{message}`` in a string value are filled in
+    #: (other values are sent as they are).
+    arguments: dict[str, Any]
+    #: the answer; ``{result}`` is the tool's result, with the groups and ``{message}``.
+    answer: str
+
+    def fill(self, template: str, found: re.Match[str], **more: str) -> str:
+        """``template`` with the match's groups, the message and ``more`` filled in."""
+        values = {key: value or "" for key, value in found.groupdict().items()}
+        # format_map on the settings' template only: braces in the user's text stay text.
+        return template.format_map({**values, "message": found.string, **more})
+
+
+def _fields(template: str) -> set[str]:
+    """The ``{field}`` names a template uses."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def _offline_rule(where: str, raw: Any) -> OfflineRule:
+    """A rule from settings, or a one-line ConfigurationError saying what is wrong."""
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{where} must be a dict with 'match' and 'tool'")
+    unknown = set(raw) - {"match", "tool", "arguments", "answer"}
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown keys {sorted(unknown)} (known: match, tool, arguments, answer)"
+        )
+    pattern, tool, arguments, answer = (
+        raw.get("match"), raw.get("tool"), raw.get("arguments", {}), raw.get("answer", "{result}")
+    )  # fmt: skip
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigurationError(f"{where}['match'] must be a regular expression (a string)")
+    try:
+        match = re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise ConfigurationError(f"{where}['match'] is not a regular expression: {exc}") from exc
+    if not isinstance(tool, str) or not tool:
+        raise ConfigurationError(f"{where}['tool'] must be a tool's name")
+    if not isinstance(arguments, dict):
+        raise ConfigurationError(f"{where}['arguments'] must be a dict of argument to value")
+    if not isinstance(answer, str):
+        raise ConfigurationError(f"{where}['answer'] must be a string")
+    groups = set(match.groupindex) | {"message"}
+    templates = [(f"{where}['answer']", answer, groups | {"result"})] + [
+        (f"{where}['arguments'][{key!r}]", value, groups)
+        for key, value in arguments.items()
+        if isinstance(value, str)
+    ]
+    for place, template, allowed in templates:
+        try:
+            missing = _fields(template) - allowed
+        except ValueError as exc:
+            raise ConfigurationError(f"{place} is not a template: {exc}") from exc
+        if missing:
+            raise ConfigurationError(
+                f"{place} uses {{{sorted(missing)[0]}}}, which is neither a named group of "
+                f"'match' nor one of {sorted(allowed - set(match.groupindex))}"
+            )
+    return OfflineRule(match=match, tool=tool, arguments=dict(arguments), answer=answer)
+
+
 class OfflineProvider(Provider):
     """A model that answers from settings: no key, no network, the same answer in any process.
 
@@ -255,6 +330,18 @@ class OfflineProvider(Provider):
         Default ``"You said: {message}"``.
     ``replies``
         Answers by user message (compared without surrounding spaces), tried before ``reply``.
+    ``rules``
+        Tool calls by user message, tried first: a list of dicts, each ``match`` (a regular
+        expression searched in the latest user message, case-insensitive), ``tool`` (the
+        tool's name), ``arguments`` (``{group}`` in a string value is the match's named
+        group, ``{message}`` the whole message; a value filled into an ``integer``,
+        ``number`` or ``boolean`` parameter of the tool becomes one) and ``answer`` (said
+        once the call has its result: ``{result}`` is the result's text; default
+        ``"{result}"``). Every rule that
+        matches and whose tool the chat offers makes one call, in the rules' order, all in
+        one answer; the next answer says each rule's ``answer`` (an error result is told as
+        ``"The <tool> tool failed: <result>"``). A message no rule matches gets ``replies``
+        or ``reply``.
     ``delay``
         Seconds between the words of a streamed answer (default 0), to watch a live page.
 
@@ -270,6 +357,7 @@ class OfflineProvider(Provider):
         *,
         reply: str | None = None,
         replies: dict[str, str] | None = None,
+        rules: list[dict[str, Any]] | None = None,
         delay: float | None = None,
     ) -> None:
         self.name = name
@@ -285,6 +373,15 @@ class OfflineProvider(Provider):
             dict,
             f"{where}['replies'] must be a dict of user message to answer",
         )
+        raw_rules = self._checked(
+            rules if rules is not None else configured.get("rules", []),
+            list,
+            f"{where}['rules'] must be a list of dicts (match, tool, arguments, answer)",
+        )
+        #: the tool rules, in order.
+        self.rules: list[OfflineRule] = [
+            _offline_rule(f"{where}['rules'][{n}]", raw) for n, raw in enumerate(raw_rules)
+        ]
         raw_delay = delay if delay is not None else configured.get("delay", 0)
         if isinstance(raw_delay, bool) or not isinstance(raw_delay, int | float) or raw_delay < 0:
             raise ConfigurationError(f"{where}['delay'] must be a number of seconds >= 0")
@@ -297,23 +394,100 @@ class OfflineProvider(Provider):
         return value
 
     def answer_to(self, message: str) -> str:
-        """The text this model answers to a user message."""
+        """The text this model answers to a user message no rule calls a tool for."""
         key = message.strip()
         if key in self.replies:
             return str(self.replies[key])
         # replace(), not format(): braces in a user's message must not be read as fields.
         return self.reply.replace("{message}", message)
 
+    def matches(
+        self, message: str, offered: set[str] | None = None
+    ) -> list[tuple[OfflineRule, re.Match[str]]]:
+        """The rules a user message sets off, in order, with their matches; ``offered``
+        (default: any) leaves out rules whose tool the chat doesn't offer."""
+        found = []
+        for rule in self.rules:
+            match = rule.match.search(message)
+            if match is not None and (offered is None or rule.tool in offered):
+                found.append((rule, match))
+        return found
+
     def request(
         self, request: ModelRequest, *, on_chunk: ChunkCallback | None = None
     ) -> ModelResponse:
-        latest = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        text = self.answer_to(latest)
-        words = text.split(" ")
+        messages = request.messages
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        latest = messages[last_user].content if last_user >= 0 else ""
+        turn = messages[last_user + 1 :]
+        asked = [call for m in turn for call in m.tool_calls]
+        offered = set() if request.tool_choice == "none" else {t.name for t in request.tools}
+        schemas = {t.name: t.parameters.get("properties") or {} for t in request.tools}
+        calls: list[ToolCall] = []
+        if asked:  # this turn's calls have their results: say what the rules answer
+            text = self._answers(self.matches(latest, offered), asked, turn)
+        else:
+            found = self.matches(latest, offered)
+            if request.parallel_tool_calls is False:
+                found = found[:1]
+            # Ids unique in the chat and the same on every run: numbered after earlier calls.
+            earlier = sum(len(m.tool_calls) for m in messages)
+            calls = [
+                ToolCall(
+                    id=f"offline_{earlier + n}",
+                    name=rule.tool,
+                    arguments={
+                        key: _typed(
+                            rule.fill(value, match) if isinstance(value, str) else value,
+                            schemas[rule.tool].get(key),
+                        )
+                        for key, value in rule.arguments.items()
+                    },
+                )
+                for n, (rule, match) in enumerate(found, 1)
+            ]
+            text = "" if calls else self.answer_to(latest)
+        words = text.split(" ") if text else []
+        pieces: list[str | Chunk] = [
+            w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)
+        ]
         if on_chunk is not None:
-            pieces = [word + (" " if i < len(words) - 1 else "") for i, word in enumerate(words)]
-            _play(Stream(list(pieces), self.delay), on_chunk)
-        return reply(text)
+            return _play(Stream(pieces, self.delay, calls), on_chunk)
+        return reply(text, *calls)
+
+    @staticmethod
+    def _answers(
+        found: list[tuple[OfflineRule, re.Match[str]]], asked: list[ToolCall], turn: list[Message]
+    ) -> str:
+        """One sentence per call of the turn, from the rule that made it (same order)."""
+        results = {m.tool_call_id: m for m in turn if m.role == "tool"}
+        sentences = []
+        for index, call in enumerate(asked):
+            result = results.get(call.id)
+            content = result.content if result is not None else ""
+            if result is not None and result.is_error:
+                sentences.append(f"The {call.name} tool failed: {content}")
+            elif index < len(found) and found[index][0].tool == call.name:
+                rule, match = found[index]
+                sentences.append(rule.fill(rule.answer, match, result=content))
+            else:
+                sentences.append(content)
+        return " ".join(sentences)
+
+
+def _typed(value: Any, schema: Any) -> Any:
+    """A filled-in string as the JSON type the tool's parameter has (a number for an
+    ``integer`` one), as a model writes it; left a string when it doesn't read as one."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if not isinstance(value, str) or kind not in ("integer", "number", "boolean"):
+        return value
+    text = value.strip()
+    if kind == "boolean":
+        return {"true": True, "false": False}.get(text.lower(), value)
+    try:
+        return int(text) if kind == "integer" else float(text) if "." in text else int(text)
+    except ValueError:
+        return value
 
 
 class NetworkBlockedError(ConnectionError):

@@ -4,7 +4,13 @@ a chat model of its own (support conversations about tickets)."""
 from django.conf import settings
 from django.db import models
 
-from agentloop.models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
+from agentloop.models import (
+    AbstractChat,
+    AbstractMessage,
+    AbstractToolCall,
+    AbstractUsage,
+    ToolResultField,
+)
 
 
 class Note(models.Model):
@@ -56,7 +62,7 @@ class SupportConversation(AbstractChat):
 
 class SupportMessage(AbstractMessage):
     chat = models.ForeignKey(SupportConversation, on_delete=models.CASCADE, related_name="messages")
-    tool_call = models.OneToOneField(
+    tool_call = ToolResultField(  # a OneToOneField whose call.result is None until written
         "SupportToolCall", null=True, blank=True, on_delete=models.CASCADE, related_name="result"
     )
 

@@ -128,7 +128,18 @@ AGENTLOOP: dict[str, Any] = {
         "priced": {"class": "tests.worker_provider.RuleProvider", "price_per_token": "0.001"},
         # docs/install.md's "Check it" model, as that page sets it (tests/test_install.py
         # asserts the two are the same), so the page's shell example runs in the docs test.
-        "offline": {"class": "agentloop.testing.OfflineProvider", "reply": "Heard: {message}"},
+        "offline": {
+            "class": "agentloop.testing.OfflineProvider",
+            "reply": "Heard: {message}",
+            "rules": [
+                {
+                    "match": r"(?P<a>\d+) plus (?P<b>\d+)",
+                    "tool": "add",
+                    "arguments": {"a": "{a}", "b": "{b}"},
+                    "answer": "{a} + {b} = {result}.",
+                },
+            ],
+        },
     },
 }
 # A subprocess started by a test (a Celery worker) takes more AGENTLOOP settings as JSON,

@@ -255,6 +255,34 @@ def test_a_cancel_between_tools_keeps_the_finished_result_and_runs_no_other_tool
 
 
 @pytest.mark.django_db
+def test_a_call_cancelled_before_it_ran_has_no_result_yet_and_says_none(cancelled_between_tools):
+    calls = {c.call_id: c for c in cancelled_between_tools.tool_calls.all()}
+
+    assert calls["c1"].result.content == "cancel requested"
+    assert calls["c2"].state == ToolCallState.CANCELLED
+    assert calls["c2"].result is None  # not RelatedObjectDoesNotExist
+    listed = cancelled_between_tools.tool_calls.select_related("result").order_by("pk")
+    assert [call.result is None for call in listed] == [False, True, True]
+
+
+@pytest.mark.django_db
+def test_a_cancelled_calls_result_is_the_one_ask_later_writes(cancelled_between_tools, scripted):
+    scripted.add("Fine.")
+    cancelled_between_tools.ask("Never mind")
+
+    call = cancelled_between_tools.tool_calls.get(call_id="c2")
+    assert (call.result.content, call.result.is_error) == (CANCELLED_TOOL_RESULT, True)
+
+
+def test_the_result_link_needs_no_migration_of_its_own():
+    from agentloop.models import Message, ToolResultField
+
+    field = Message._meta.get_field("tool_call")
+    assert isinstance(field, ToolResultField)
+    assert field.deconstruct()[1] == "django.db.models.OneToOneField"
+
+
+@pytest.mark.django_db
 def test_after_a_cancel_between_tools_ask_later_answers_the_cancelled_calls_first(
     cancelled_between_tools,
 ):

@@ -386,24 +386,46 @@ def test_management_command_reads_the_command_line_as_django_does(argv, command)
     assert management_command(argv) == command
 
 
-@pytest.mark.parametrize("command", ["migrate", "makemigrations", "createsuperuser", "test"])
+@pytest.mark.parametrize(
+    "command",
+    ["migrate", "makemigrations", "createsuperuser", "test", "runserver", "agentloop", "mine"],
+)
 @override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
-def test_w002_is_quiet_on_commands_that_run_no_chat(command, no_anthropic_key, monkeypatch):
+def test_w002_does_not_repeat_on_every_command(command, no_anthropic_key, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["manage.py", command])
 
     assert key_warnings() == []
 
 
-@pytest.mark.parametrize("command", ["check", "runserver", "agentloop", "my_own_command"])
+@pytest.mark.parametrize(
+    "argv", [["manage.py", "check"], ["manage.py", "check", "--deploy"], ["celery", "worker"]]
+)
 @override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
-def test_w002_warns_on_commands_that_may_run_a_chat(command, no_anthropic_key, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["manage.py", command])
+def test_w002_warns_on_check_and_outside_management_commands(argv, no_anthropic_key, monkeypatch):
+    monkeypatch.setattr(sys, "argv", argv)
 
     assert [m.obj for m in key_warnings()] == ["anthropic"]
 
 
+@override_settings(AGENTLOOP={"DEFAULT_MODEL": "anthropic:claude-haiku-4-5"})
+def test_w002_says_once_what_to_do_set_the_key_or_use_the_offline_model(no_anthropic_key):
+    (warning,) = key_warnings()
+
+    assert warning.msg == (
+        "DEFAULT_MODEL 'anthropic:claude-haiku-4-5' needs an API key for provider "
+        "'anthropic', and none is configured."
+    )
+    assert warning.hint.startswith(
+        "Set AGENTLOOP['PROVIDERS']['anthropic']['api_key'] or the ANTHROPIC_API_KEY "
+        "environment variable; or, to try agentloop with no key, make DEFAULT_MODEL "
+        "\"offline:any\" with AGENTLOOP['PROVIDERS']['offline'] = "
+        "{'class': 'agentloop.testing.OfflineProvider'}"
+    )
+    assert "API key" not in warning.hint  # the message says the problem, the hint the fix
+
+
 @pytest.mark.subprocess
-def test_w002_a_real_migrate_prints_no_key_warning_but_check_does(tmp_path):
+def test_w002_a_real_migrate_or_command_prints_no_key_warning_but_check_does(tmp_path):
     """The example project with an Anthropic DEFAULT_MODEL and no key, as a user runs it."""
     env = {
         **os.environ,
@@ -423,10 +445,12 @@ def test_w002_a_real_migrate_prints_no_key_warning_but_check_does(tmp_path):
 
     migrated = manage("migrate", "--noinput")
     checked = manage("check")
+    demo = manage("agentloop", "demo", "--model", "demo:rule-based", "Hi")  # checks run first
 
     assert "Applying agentloop.0001_initial... OK" in migrated
     assert "agentloop.W002" not in migrated
-    assert "agentloop.W002" in checked
+    assert checked.count("agentloop.W002") == 1
+    assert "agentloop.W002" not in demo
     assert "ANTHROPIC_API_KEY" in checked
 
 

@@ -372,6 +372,74 @@ def test_demo_with_an_unknown_provider_fails_before_making_a_chat():
     assert not Chat.objects.exists()
 
 
+@pytest.mark.django_db
+@override_settings(AGENTLOOP=DEMO_SETTINGS)
+def test_the_demo_chat_offers_delete_notes_which_asks_for_approval_first(user):
+    run_demo("--owner", user.username)
+    chat = Chat.objects.get()
+    assert "example_project.demo.tools.DeleteNotes" in chat.tools
+
+    answer = chat.ask("Delete my notes")
+
+    assert answer.content == "Let me use delete_notes."
+    assert chat.is_waiting()
+    (waiting,) = chat.pending_approvals()
+    assert waiting.name == "delete_notes"
+    assert Note.objects.filter(owner=user).count() == 1  # nothing deleted before approval
+
+    chat.approve(waiting.call_id, by=user)
+    chat.complete()
+
+    assert chat.messages.last().content == "Done: Deleted 1 note."
+    assert not Note.objects.filter(owner=user).exists()
+
+
+def test_the_demo_models_help_names_what_the_demo_chat_offers():
+    offered = {path.rsplit(".", 1)[1] for path in DEMO["tools"]}
+    provider = RuleBasedProvider()
+
+    assert {"calculator", "Weather", "SaveNote", "ListNotes", "DeleteNotes"} <= offered
+    assert "delete my notes" in provider.request(request_for(user("hi"))).content
+
+
+def transcript_of_demo_site(out: StringIO) -> str:
+    """What ``demo_site`` prints before it serves (its serving is not part of this)."""
+    from example_project.management.commands import demo_site
+
+    command = demo_site.Command(stdout=out)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(demo_site, "call_command", _without_runserver(demo_site.call_command))
+        command.handle(port=free_port(), interactive=False, stdout=out)
+    return out.getvalue()
+
+
+def _without_runserver(call_command_):
+    def calling(name, *args, **options):
+        if name != "runserver":
+            return call_command_(name, *args, **options)
+        return None
+
+    return calling
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(AGENTLOOP=DEMO_SETTINGS)
+def test_make_demo_twice_keeps_the_database_says_so_and_shows_each_note_once():
+    first = transcript_of_demo_site(StringIO())
+    first_chat = Chat.objects.get()
+    second = transcript_of_demo_site(StringIO())
+
+    (second_chat,) = Chat.objects.all()  # the first run's demo chat was replaced
+    assert second_chat.pk != first_chat.pk
+    assert "is kept between runs (delete it to start from nothing)." in first
+    replaced = f"; this run replaces the demo chat #{first_chat.pk}."
+    assert f"is kept between runs (delete it to start from nothing){replaced}" in second
+    for output in (first, second):
+        assert output.count("Your notes: 1) I pack an umbrella for Tokyo.") == 1
+        assert "2) I pack an umbrella" not in output
+    assert list(Note.objects.values_list("text", flat=True)) == ["I pack an umbrella for Tokyo"]
+
+
 def example_site_env(tmp_path) -> dict[str, str]:
     """What `make demo` runs with: the example project's own settings, on a new SQLite file."""
     env = {

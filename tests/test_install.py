@@ -4,8 +4,10 @@ One test, the path of docs/install.md end to end: ``python -m build`` (sdist, th
 from it), a fresh virtualenv with only ``django-agentloop[celery,postgres]``, a
 ``django-admin startproject mysite`` site given exactly the code blocks of docs/install.md,
 ``migrate`` on a new PostgreSQL database, a ``celery -A mysite worker`` from that virtualenv
-(Redis broker, a queue of its own), and one chat sent with ``complete_later()`` from
-``manage.py shell``: its answer row must appear in the database. The site's model and tool are
+(Redis broker, a queue of its own), and the page's "Check it" run in ``manage.py shell``: a
+chat answered by the offline model, then one where that model calls the page's own tool
+(``mysite/tools.py``) on the worker. Then one chat of the test's own, sent with
+``complete_later()``: its answer rows must appear in the database. The site's model and tool are
 tests/install_site/offline.py, named in its settings (no network, no key).
 
 It runs on the PostgreSQL run of ``make test`` (skipped on SQLite). pip reaches the package
@@ -81,22 +83,29 @@ def test_the_install_page_gives_settings_urls_the_celery_app_and_its_import():
         ("__init__.py", False),
         ("asgi.py", False),  # static files under uvicorn
         ("settings.py", True),  # "Check it": the offline model
+        ("tools.py", False),  # "Check it": a tool of one's own, called by the offline model
     ]
     settings_code = files[0][1]
-    for needed in ("agentloop.resume_stalled_chats", "agentloop.poll_batches", "CELERY_BROKER_URL"):
+    for needed in ("CELERY_BEAT_SCHEDULE = beat_schedule()", "CELERY_BROKER_URL"):
         assert needed in settings_code
 
 
-def check_it_shell_code(page: str) -> str:
-    """The shell example of the page's "Check it" (its one runnable Python block)."""
-    (block,) = [b for b in blocks_of(page) if b.language == "python" and b.runs]
-    return block.code
+def check_it_shell_code(page: str) -> list[str]:
+    """The shell examples of the page's "Check it", in order: the Python blocks after that
+    heading that are no file of the site (the first also runs in the docs test)."""
+    check_it = page[page.index("\n## Check it\n") :]
+    return [
+        block.code
+        for block in blocks_of(check_it)
+        if block.language == "python" and not block.code.startswith("# mysite/")
+    ]
 
 
 def test_the_check_it_model_is_the_one_the_docs_test_runs_the_page_with():
     from tests import settings as test_settings
 
-    *_, (name, code, _) = site_files(INSTALL_PAGE.read_text())
+    page = INSTALL_PAGE.read_text()
+    *_, (name, code, _) = [f for f in site_files(page) if f[0] == "settings.py"]
     namespace: dict[str, Any] = {"AGENTLOOP": {}}
     exec(code, namespace)  # noqa: S102 - the page's own settings block
 
@@ -105,7 +114,10 @@ def test_the_check_it_model_is_the_one_the_docs_test_runs_the_page_with():
         namespace["AGENTLOOP"]["PROVIDERS"]["offline"]
         == (test_settings.AGENTLOOP["PROVIDERS"]["offline"])
     )
-    assert "offline:" in check_it_shell_code(INSTALL_PAGE.read_text())
+    text_only, with_tool = check_it_shell_code(page)
+    assert "offline:" in text_only
+    assert [b.code for b in blocks_of(page) if b.language == "python" and b.runs] == [text_only]
+    assert "from mysite.tools import add" in with_tool  # run by the install test only
 
 
 # -- the services ------------------------------------------------------------------------------
@@ -252,9 +264,10 @@ def test_a_startproject_site_set_up_per_the_install_page_answers_on_a_celery_wor
     log = tmp_path / "worker.log"
     worker = start_worker(venv, site, env, queue, log)
     try:
-        # The page's "Check it": the shell enqueues, the worker answers with the offline model.
-        _ok(_run([*manage, "shell", "-c", check_it_shell_code(INSTALL_PAGE.read_text())],
-                 cwd=site, env=env, timeout=60))  # fmt: skip
+        # The page's "Check it": the shell enqueues, the worker answers with the offline model,
+        # then calls the page's own tool (mysite/tools.py) by the offline model's rules.
+        for shell_code in check_it_shell_code(INSTALL_PAGE.read_text()):
+            _ok(_run([*manage, "shell", "-c", shell_code], cwd=site, env=env, timeout=60))
         started = _ok(_run([*manage, "shell", "-c", (
             "from agentloop.models import Chat\n"
             "from mysite.offline import add\n"

@@ -72,6 +72,7 @@ EXPECTED_MODELS = {
     "RateLimitBucket",
     "Role",
     "ToolCall",
+    "ToolResultField",
     "Usage",
     "UsageQuerySet",
     "UsageStatus",

@@ -219,6 +219,17 @@ def test_check_w006_passes_with_the_task_in_the_schedule(celery_runner):
     assert checks.check_retention_scheduled() == []
 
 
+def test_check_w006_passes_with_agentloops_beat_schedule_and_says_to_use_it(celery_runner):
+    from agentloop.tasks import beat_schedule
+
+    celery_runner.beat_schedule = beat_schedule()
+    assert checks.check_retention_scheduled() == []
+
+    celery_runner.beat_schedule = beat_schedule(delete_idle_chats=None)
+    (warning,) = checks.check_retention_scheduled()
+    assert "CELERY_BEAT_SCHEDULE = beat_schedule()" in warning.hint
+
+
 @override_settings(AGENTLOOP={"RUNNER": "embedded", "RETENTION_DAYS": 30})
 def test_check_w006_is_quiet_without_celery():
     assert checks.check_retention_scheduled() == []

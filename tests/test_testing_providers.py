@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from agentloop import ConfigurationError, providers
+import agentloop
+from agentloop import ConfigurationError, providers, tool
 from agentloop.exceptions import RateLimitError, StreamInterruptedError, UnknownProviderError
 from agentloop.messages import Message, ModelRequest, TextDelta, TokenUsage, ToolCallDelta
 from agentloop.providers import Provider
@@ -338,6 +339,7 @@ def test_unknown_provider_error_names_the_process_and_how_every_process_gets_one
     assert f"in process {os.getpid()} (" in message
     assert "AGENTLOOP['PROVIDERS']['nowhere'] = {\"class\":" in message
     assert "AppConfig.ready()" in message
+    assert "install a package that offers it (entry point group 'agentloop.providers')" in message
     assert 'see "Model providers" in the agentloop docs' in message
 
 
@@ -475,3 +477,213 @@ def test_split_model_refuses_a_model_nobody_is_known_to_serve(model):
 def test_provider_cost_is_unknown_by_default():
     assert ScriptedProvider().cost("test", TokenUsage(input_tokens=10)) is None
     assert isinstance(ScriptedProvider(), Provider)
+
+
+# -- OfflineProvider's tool rules ---------------------------------------------------------------
+@tool
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@tool
+def divide(a: float, b: float) -> float:
+    """Divides a by b."""
+    return a / b
+
+
+ADD_RULE = {
+    "match": r"(?P<a>\d+)\s*\+\s*(?P<b>\d+)",
+    "tool": "add",
+    "arguments": {"a": "{a}", "b": "{b}"},
+    "answer": "{a} + {b} = {result}.",
+}
+DIVIDE_RULE = {
+    "match": r"(?P<a>\d+)\s*/\s*(?P<b>\d+)",
+    "tool": "divide",
+    "arguments": {"a": "{a}", "b": "{b}"},
+}
+
+
+def offline_with(settings, *rules, **options):
+    settings.AGENTLOOP = {
+        "PROVIDERS": {
+            "offline": {
+                "class": "agentloop.testing.OfflineProvider",
+                "rules": list(rules),
+                **options,
+            }
+        }
+    }
+    return providers.get("offline")
+
+
+def test_offline_rules_call_the_tool_with_the_groups_then_answer_from_its_result(settings):
+    offline_with(settings, ADD_RULE)
+    chat = agentloop.chat("offline:any").with_tools(add)
+
+    answer = chat.ask("What is 2 + 40?")
+
+    assert answer.content == "2 + 40 = 42."
+    (asking,) = [m for m in chat.messages if m.tool_calls]
+    assert [(c.id, c.name, c.arguments) for c in asking.tool_calls] == [
+        ("offline_1", "add", {"a": 2, "b": 40})  # the tool's parameters are integers
+    ]
+    assert [m.content for m in chat.messages if m.role == "tool"] == ["42"]
+
+
+def test_every_matching_rule_calls_its_tool_in_one_answer_in_the_rules_order(settings):
+    offline_with(settings, DIVIDE_RULE, ADD_RULE)
+    chat = agentloop.chat("offline:any").with_tools(add, divide)
+
+    answer = chat.ask("1 + 2 and 9 / 3")
+
+    (asking,) = [m for m in chat.messages if m.tool_calls]
+    assert [c.name for c in asking.tool_calls] == ["divide", "add"]
+    assert answer.content == "3.0 1 + 2 = 3."  # DIVIDE_RULE's answer is its default: {result}
+
+
+@tool
+def flags(count: int, ratio: float, loud: bool, name: str) -> str:
+    """Echoes its arguments."""
+    return f"{count} {ratio} {loud} {name}"
+
+
+def test_filled_arguments_take_the_json_type_of_the_tools_parameters():
+    rule = {
+        "match": r"(?P<c>\S+) (?P<r>\S+) (?P<l>\S+)",
+        "tool": "flags",
+        "arguments": {"count": "{c}", "ratio": "{r}", "loud": "{l}", "name": "{c}"},
+    }
+    provider = OfflineProvider(rules=[rule])
+
+    def arguments(text: str) -> dict:
+        asked = ModelRequest(
+            model="m", messages=[Message(role="user", content=text)], tools=[flags.definition()]
+        )
+        return provider.request(asked).tool_calls[0].arguments
+
+    assert arguments("3 2.5 true") == {"count": 3, "ratio": 2.5, "loud": True, "name": "3"}
+    assert arguments("3 2 False") == {"count": 3, "ratio": 2, "loud": False, "name": "3"}
+    # What doesn't read as the type stays the text: the tool's validation then says why.
+    assert arguments("x y z") == {"count": "x", "ratio": "y", "loud": "z", "name": "x"}
+
+
+def test_a_rule_whose_tool_the_chat_does_not_offer_is_skipped(settings):
+    offline_with(settings, ADD_RULE, reply="No tool for {message}")
+    chat = agentloop.chat("offline:any")
+
+    assert chat.ask("2 + 2").content == "No tool for 2 + 2"
+    assert not [m for m in chat.messages if m.tool_calls]
+
+
+def test_a_message_no_rule_matches_gets_the_reply(settings):
+    offline_with(settings, ADD_RULE, replies={"Hi": "Hello."})
+    chat = agentloop.chat("offline:any").with_tools(add)
+
+    assert chat.ask("Hi").content == "Hello."
+
+
+def test_an_error_result_is_told_as_the_tool_failing(settings):
+    offline_with(settings, DIVIDE_RULE)
+    chat = agentloop.chat("offline:any").with_tools(divide)
+
+    answer = chat.ask("7 / 0")
+
+    assert answer.content.startswith("The divide tool failed: ")
+    assert "division by zero" in answer.content
+
+
+def test_offline_rules_take_one_call_when_parallel_calls_are_off():
+    provider = OfflineProvider(rules=[DIVIDE_RULE, ADD_RULE])
+    asked = ModelRequest(
+        model="m",
+        messages=[Message(role="user", content="1 + 2, 9 / 3")],
+        tools=[add.definition(), divide.definition()],
+        parallel_tool_calls=False,
+    )
+
+    assert [call.name for call in provider.request(asked).tool_calls] == ["divide"]
+
+
+def test_offline_rules_stream_the_tool_calls_and_the_user_text_stays_text():
+    provider = OfflineProvider(rules=[{"match": r"say (?P<what>.+)", "tool": "add"}])
+    asked = ModelRequest(
+        model="m",
+        messages=[Message(role="user", content="say {b} {result}")],
+        tools=[add.definition()],
+    )
+    chunks: list = []
+
+    answer = provider.request(asked, on_chunk=chunks.append)
+
+    assert [c for c in chunks if isinstance(c, ToolCallDelta)][0].name == "add"
+    assert answer.tool_calls[0].arguments == {}
+    filled = provider.rules[0].fill("[{what}]", provider.rules[0].match.search("say {b}"))
+    assert filled == "[{b}]"  # braces from the user's message are not read as fields
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [
+        ("add", r"\['rules'\]\[0\] must be a dict with 'match' and 'tool'"),
+        ({"tool": "add"}, r"\['rules'\]\[0\]\['match'\] must be a regular expression"),
+        ({"match": "(", "tool": "add"}, r"\['match'\] is not a regular expression: "),
+        ({"match": "x"}, r"\['rules'\]\[0\]\['tool'\] must be a tool's name"),
+        ({"match": "x", "tool": "add", "arguments": []}, r"\['arguments'\] must be a dict"),
+        ({"match": "x", "tool": "add", "answer": 1}, r"\['answer'\] must be a string"),
+        ({"match": "x", "tool": "add", "when": "x"}, r"has unknown keys \['when'\]"),
+        (
+            {"match": "(?P<a>x)", "tool": "add", "answer": "{b}"},
+            r"\['answer'\] uses \{b\}, which is neither a named group of 'match' nor one of "
+            r"\['message', 'result'\]",
+        ),
+        (
+            {"match": "x", "tool": "add", "arguments": {"a": "{result}"}},
+            r"\['arguments'\]\['a'\] uses \{result\}",
+        ),
+        ({"match": "x", "tool": "add", "answer": "{"}, r"\['answer'\] is not a template"),
+    ],
+)
+def test_offline_rules_refuse_wrong_settings_in_one_line(settings, rule, error):
+    with pytest.raises(ConfigurationError, match=error) as raised:
+        offline_with(settings, rule)
+    assert "\n" not in str(raised.value)
+
+
+def test_offline_rules_must_be_a_list(settings):
+    with pytest.raises(ConfigurationError, match=r"\['rules'\] must be a list of dicts"):
+        offline_with(settings, rules={"match": "x"})
+
+
+PAY_RULE = {
+    "match": r"pay (?P<to>\w+) (?P<amount>\d+)",
+    "tool": "transfer",
+    "arguments": {"amount": "{amount}", "to": "{to}"},
+    "answer": "Paid {to}: {result}.",
+}
+
+
+@pytest.mark.django_db
+def test_an_offline_rules_call_that_needs_approval_waits_then_answers_as_decided(settings, user):
+    from agentloop.models import Chat
+    from tests.tools import transfer
+
+    offline_with(settings, PAY_RULE)
+    paid = Chat.objects.create(model="offline:any", owner=user).with_tools(transfer)
+    refused = Chat.objects.create(model="offline:any", owner=user).with_tools(transfer)
+    for chat in (paid, refused):
+        chat.ask("Pay bob 5")
+        assert chat.is_waiting()
+        assert [c.arguments for c in chat.pending_approvals()] == [{"amount": 5, "to": "bob"}]
+
+    paid.approve("offline_1", by=user)
+    refused.deny("offline_1", reason="Not today", by=user)
+    paid.complete()
+    refused.complete()
+
+    assert paid.messages.last().content == "Paid bob: sent 5 to bob."
+    assert refused.messages.last().content == (
+        "The transfer tool failed: " + refused.tool_calls.get().result.content
+    )
+    assert "Not today" in refused.messages.last().content

@@ -34,6 +34,7 @@ from .messages import (
     MessageQuerySet,
     Role,
     ToolCall,
+    ToolResultField,
 )
 from .rate_limits import RateLimitBucket
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
@@ -61,6 +62,7 @@ __all__ = [
     "RateLimitBucket",
     "Role",
     "ToolCall",
+    "ToolResultField",
     "Usage",
     "UsageQuerySet",
     "UsageStatus",

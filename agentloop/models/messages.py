@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
+from django.db.models.fields.related_descriptors import ReverseOneToOneDescriptor
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -133,6 +136,31 @@ class AbstractToolCall(models.Model):
         return f"{self.name}({self.call_id})"
 
 
+class _ResultOrNone(ReverseOneToOneDescriptor):
+    """``call.result``: the message answering the call, or None while it has none."""
+
+    def __get__(self, instance: models.Model | None, cls: type | None = None) -> Any:
+        if instance is None:
+            return self
+        try:
+            return super().__get__(instance, cls)
+        except self.RelatedObjectDoesNotExist:
+            return None
+
+
+class ToolResultField(models.OneToOneField):
+    """A tool message's link to the call it answers, whose ``call.result`` is None while the
+    call has no result (cancelled or denied before one was written), not an error.
+
+    It deconstructs as Django's ``OneToOneField``: using it needs no migration."""
+
+    related_accessor_class = _ResultOrNone
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        return name, "django.db.models.OneToOneField", args, kwargs
+
+
 class Message(AbstractMessage):
     chat = models.ForeignKey(
         Chat,
@@ -142,7 +170,7 @@ class Message(AbstractMessage):
         db_index=False,  # (chat, id) below serves it: one index less to write per message
     )
     #: for a tool message, the call it answers (one result per call, enforced).
-    tool_call = models.OneToOneField(
+    tool_call = ToolResultField(
         "ToolCall",
         verbose_name=_("tool call"),
         null=True,

@@ -1,12 +1,15 @@
 """Model providers and the registry that resolves ``"provider:model"`` strings.
 
 ``register(name, provider)`` makes a provider instance available under a name;
-``resolve("name:model")`` returns the provider and the model id to send it.
+``resolve("name:model")`` returns the provider and the model id to send it. A name nobody
+registered is made from ``AGENTLOOP["PROVIDERS"][name]["class"]``, else a built-in, else an
+installed package's entry point in the :data:`ENTRY_POINT_GROUP` group (a plugin).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 import threading
@@ -20,6 +23,7 @@ from .base import ChunkCallback, Provider
 
 __all__ = [
     "BUILTINS",
+    "ENTRY_POINT_GROUP",
     "ChunkCallback",
     "Provider",
     "available",
@@ -98,17 +102,49 @@ BUILTINS: dict[str, str] = {
 }
 
 
+#: the entry-point group of installed packages' providers: ``name = "module:ProviderClass"``
+#: (``[project.entry-points."agentloop.providers"]`` in the package's pyproject.toml).
+ENTRY_POINT_GROUP = "agentloop.providers"
+
+
+def _plugin(name: str) -> tuple[str, Any] | None:
+    """The installed package offering provider ``name`` and its class, or None."""
+    offered = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
+    packages = sorted({entry.dist.name if entry.dist else entry.value for entry in offered})
+    if len(packages) > 1:
+        raise ConfigurationError(
+            f"Installed packages {', '.join(packages)} all offer provider {name!r} (entry point "
+            f"group {ENTRY_POINT_GROUP!r}): uninstall all but one, or name the class in "
+            f"AGENTLOOP['PROVIDERS'][{name!r}]['class']"
+        )
+    if not packages:
+        return None
+    entry = next(iter(offered))
+    try:
+        return packages[0], entry.load()
+    except Exception as exc:  # whatever the package's import raises: one line naming it
+        raise ConfigurationError(
+            f"Provider {name!r} of the installed package {packages[0]} ({entry.value}) can't "
+            f"be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _from_settings_or_builtin(name: str) -> Provider | None:
-    """A provider for ``name`` from ``AGENTLOOP["PROVIDERS"][name]["class"]`` or the built-ins."""
+    """A provider for ``name`` from ``AGENTLOOP["PROVIDERS"][name]["class"]``, the
+    built-ins, or an installed package's entry point (in that order)."""
 
     configured: dict[str, Any] = agentloop_settings.PROVIDERS.get(name) or {}
     path = configured.get("class") or BUILTINS.get(name)
-    if path is None:
-        return None
-    provider_class = load_by_path(path)
+    if path is not None:
+        provider_class, origin = load_by_path(path), repr(path)
+    else:
+        plugin = _plugin(name)
+        if plugin is None:
+            return None
+        origin, provider_class = f"The class of the package {plugin[0]}", plugin[1]
     provider = provider_class(name=name)
     if not isinstance(provider, Provider):
-        raise ConfigurationError(f"{path!r} (provider {name!r}) is not an agentloop Provider")
+        raise ConfigurationError(f"{origin} (provider {name!r}) is not an agentloop Provider")
     return provider
 
 
@@ -128,8 +164,9 @@ def get(name: str) -> Provider:
 
 
 def available() -> list[str]:
-    """The provider names this process was given: registered with :func:`register`, or
-    configured in ``AGENTLOOP["PROVIDERS"]`` (a built-in with settings, or a ``"class"``).
+    """The provider names this process was given: registered with :func:`register`,
+    configured in ``AGENTLOOP["PROVIDERS"]`` (a built-in with settings, or a ``"class"``),
+    or offered by an installed package (:data:`ENTRY_POINT_GROUP`).
 
     Built-ins nobody configured are left out, made on first use or not: listing them would
     say a provider was set up when the process only knows its class."""
@@ -138,9 +175,10 @@ def available() -> list[str]:
         for name, options in agentloop_settings.PROVIDERS.items()
         if (options or {}).get("class") or name in BUILTINS
     }
+    installed = {entry.name for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
     with _lock:
         registered_here = {name for name in _registry if name not in _made}
-    return sorted(registered_here | configured)
+    return sorted(registered_here | configured | installed)
 
 
 def this_process() -> str:
@@ -162,7 +200,8 @@ def _unknown_message(name: str) -> str:
         fix = f'{setting} has no "class": name the provider class there'
     else:
         fix = (
-            f'set {setting} = {{"class": "<module>.<ProviderClass>"}} in settings, or call '
+            f'set {setting} = {{"class": "<module>.<ProviderClass>"}} in settings, install '
+            f"a package that offers it (entry point group {ENTRY_POINT_GROUP!r}), or call "
             f"agentloop.providers.register({name!r}, provider) in an AppConfig.ready(), so "
             "every process (web, shell, worker) has it; register() in a shell reaches that "
             "shell only"

@@ -8,13 +8,16 @@ DEMO = {
     "title": "agentloop demo",
     "instructions": (
         "You are a helpful assistant. Use the calculator for arithmetic, the weather tool for "
-        "weather questions, and save_note / list_notes to remember things for the user."
+        "weather questions, and save_note / list_notes to remember things for the user; "
+        "delete_notes deletes them all and needs the user's approval."
     ),
     "tools": [
         "example_project.demo.tools.calculator",
         "example_project.demo.tools.Weather",
         "example_project.demo.tools.SaveNote",
         "example_project.demo.tools.ListNotes",
+        # "Delete my notes" in the demo chat's page asks for approval before it runs.
+        "example_project.demo.tools.DeleteNotes",
     ],
     "questions": [
         # One answer asks for three tools at once: a multi-tool round.

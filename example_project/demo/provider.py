@@ -53,7 +53,8 @@ _OPERATOR = re.compile(r"[\d)]\s*(?:\*\*|[-+*/])\s*[-+(]*\d")
 
 HELP = (
     "I'm the offline demo model. I can do arithmetic such as (12 + 30) * 2, tell you the "
-    '(made-up) weather in a city, save a note ("remember that ...") and list your notes.'
+    '(made-up) weather in a city, save a note ("remember that ..."), list your notes, and '
+    'delete them ("delete my notes": I ask for your approval first).'
 )
 #: what "ask me" asks.
 CITY_QUESTION = "Which city should I look up the weather for?"

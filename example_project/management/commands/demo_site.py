@@ -4,7 +4,11 @@ It checks the port first (a busy one is one line and exit code 1, before anythin
 migrates, makes the login ``demo`` / ``demo`` (staff, allowed to use agentloop's and the
 example's admin pages), runs the offline transcript demo as that user (when
 ``AGENTLOOP["DEMO"]`` names one, as the example's settings do), prints the site, the demo
-chat's page and its admin page, then serves. Background steps run on agentloop's
+chat's page and its admin page, then serves.
+
+The database is kept between runs (chats of your own stay), and it says so; each run
+replaces the demo chat of the previous one (with the notes it saved), so the transcript is
+the same every time and nothing of the demo is there twice. Background steps run on agentloop's
 embedded thread pool inside the server process, so nothing else (no Redis, no Celery worker)
 needs to run.
 """
@@ -20,9 +24,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 from django.urls import reverse
 
 from agentloop.conf import agentloop_settings
+from agentloop.importing import load_by_path
 from agentloop.models import Chat
 
 USERNAME = "demo"
@@ -57,6 +63,13 @@ class Command(BaseCommand):
         site = f"http://{HOST}:{port}"
         chat = None
         if agentloop_settings.DEMO:  # the example's settings name one; other settings may not
+            replaced = delete_earlier_demo_chats()
+            database = connection.settings_dict["NAME"]
+            self.stdout.write(
+                f"The database {database} is kept between runs (delete it to start from "
+                "nothing)"
+                + (f"; this run replaces the demo chat #{replaced[0]}." if replaced else ".")
+            )
             # The raw stream, not self.stdout: a wrapped wrapper ends every streamed chunk a line.
             out = options.get("stdout") or sys.stdout
             call_command("agentloop", "demo", "--owner", USERNAME, "--site", site, stdout=out)
@@ -95,6 +108,19 @@ def ensure_port_is_free(port: int) -> None:
         raise CommandError(f"Can't serve on {HOST}:{port}: {exc.strerror}.") from exc
     finally:
         probe.close()
+
+
+def delete_earlier_demo_chats() -> list[int]:
+    """Delete the demo chats of earlier runs (the demo user's chats with the demo's title,
+    their subagents' chats and the notes they saved); their ids, oldest first."""
+    config = agentloop_settings.DEMO  # a dict, or its import path
+    config = load_by_path(config) if isinstance(config, str) else config
+    title = str(config.get("title") or "agentloop demo")
+    earlier = Chat.objects.filter(owner__username=USERNAME, title=title, parent__isnull=True)
+    ids = list(earlier.order_by("pk").values_list("pk", flat=True))
+    if ids:
+        earlier.delete()  # messages, calls, subagent chats and notes go with them (cascades)
+    return ids
 
 
 def ensure_demo_user() -> bool:
