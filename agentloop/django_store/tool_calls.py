@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..engine import ToolTransaction
+from ..engine import store as parts
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .chat_row import ChatRow, outcomes_json
@@ -25,7 +26,7 @@ __all__ = ["ToolCalls"]
 T = TypeVar("T")
 
 
-class ToolCalls:
+class ToolCalls(parts.ToolCalls, parts.Handoffs, parts.Transactions):
     """Writes of tool calls and their results, under ``control``'s claim."""
 
     def __init__(self, row: ChatRow, control: RunControl) -> None:

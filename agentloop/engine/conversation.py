@@ -73,7 +73,7 @@ class Conversation(Configuration, Generic[MessageT]):
         self._editing = Editing(store, self._callbacks, self._runs, self._loop)
 
     def __repr__(self) -> str:
-        return f"<Conversation model={self.store.get_config().model!r}>"
+        return f"<Conversation model={self.store.config.get_config().model!r}>"
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Self:
@@ -106,19 +106,19 @@ class Conversation(Configuration, Generic[MessageT]):
     @property
     def messages(self) -> list[Message]:
         """The transcript (engine messages, read fresh)."""
-        return self.store.load_transcript()
+        return self.store.transcript.load_transcript()
 
     def is_complete(self) -> bool:
         """Settled: the latest answer asked for no tools (or there is nothing yet)."""
-        return is_complete(self.store.load_transcript())
+        return is_complete(self.store.transcript.load_transcript())
 
     def is_waiting(self) -> bool:
         """A pending tool call is held by an approval, a question or a subagent."""
-        return is_waiting(self.store.load_transcript())
+        return is_waiting(self.store.transcript.load_transcript())
 
     def tools(self) -> dict[str, type[Tool]]:
         """The chat's tools by name."""
-        return {tool.name: tool for tool in self.store.get_tools()}
+        return {tool.name: tool for tool in self.store.config.get_tools()}
 
     # -- verbs ------------------------------------------------------------------------------
     def cancel(self) -> bool:
@@ -128,7 +128,7 @@ class Conversation(Configuration, Generic[MessageT]):
         is set) when there was none, so a later message never inherits the cancel. A chat
         that waits for a person, which no run holds, has no run to see the flag: its held
         calls are cancelled at once (``cancel_waiting``)."""
-        if not self.store.request_cancel():
+        if not self.store.stopping.request_cancel():
             return False
         self.cancel_waiting()
         return True
@@ -147,17 +147,18 @@ class Conversation(Configuration, Generic[MessageT]):
         "reject" raises ``ChatBusyError``; "queue" keeps the message and it is added and
         answered, in order, after the current run; "interrupt" cancels the current run at its
         next checkpoint, then answers the message. Over a store that keeps no queue
-        (``queues_messages`` False) only "reject" applies."""
+        (``store.inbox`` None) only "reject" applies."""
         mode = if_busy or agentloop_settings.IF_BUSY
         if mode not in ("reject", "queue", "interrupt"):
             raise ConfigurationError(
                 f"if_busy must be 'reject', 'queue' or 'interrupt', not {mode!r}."
             )
-        if not self.store.queues_messages:
+        inbox = self.store.inbox
+        if inbox is None:
             if if_busy not in (None, "reject"):
                 raise ConfigurationError(
                     f"if_busy={if_busy!r} needs a store that queues messages; "
-                    f"{type(self.store).__name__} doesn't (queues_messages is False)."
+                    f"{type(self.store).__name__} doesn't (store.inbox is None)."
                 )
             mode = "reject"  # the project's default can't apply to this store
         files = checked_attachments(attachments)
@@ -167,12 +168,14 @@ class Conversation(Configuration, Generic[MessageT]):
         except (ChatBusyError, PendingToolCallsError) as exc:
             # Between two jobs of a background run no one holds the chat, but the run is on:
             # its pending calls are not a reason to refuse a message that can wait its turn.
-            between_jobs = isinstance(exc, PendingToolCallsError) and self.store.run_in_progress()
-            if mode == "reject" or not (isinstance(exc, ChatBusyError) or between_jobs):
+            if mode == "reject" or inbox is None:
+                raise
+            between_jobs = isinstance(exc, PendingToolCallsError) and inbox.run_in_progress()
+            if not (isinstance(exc, ChatBusyError) or between_jobs):
                 raise
             if mode == "interrupt":
                 self.cancel()
-            self.store.queue_message(Message(role="user", content=content, attachments=files))
+            inbox.queue_message(Message(role="user", content=content, attachments=files))
         return self
 
     def generate(self, stream: StreamCallback | None = None) -> MessageT:
