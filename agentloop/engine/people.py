@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import arguments_problem, format_result
-from .callbacks import Callbacks
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
 from .transcript import pending_round
@@ -25,11 +25,11 @@ def _names(call: ToolCall, key: Any) -> bool:
 
 
 class PeopleInTheLoop:
-    """What holds a chat, and the decisions that release it, for one chat's store."""
+    """What holds a chat, and the decisions that release it, for one chat's store: a base of
+    ``Conversation``, whose store and callbacks these are."""
 
-    def __init__(self, store: ChatStore, callbacks: Callbacks) -> None:
-        self.store = store
-        self._emit = callbacks.emit
+    store: ChatStore
+    _emit: Callable[..., None]
 
     def pending_approvals(self) -> list[Any]:
         """Tool calls waiting for a person to approve or deny them."""
