@@ -21,7 +21,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentloop"
 #: by an object that wraps another, say). Keep it short.
 EXEMPT: dict[str, str] = {
     "AgentloopSettings.as_dict": "public: the merged settings as a plain dict (values is typed)",
-    "Judging.settled_within": "a named, bounded wait on the verdicts' threading.Event",
     "StreamHub.leave": "set.discard on the hub's subscriptions, named for its subscribers",
     "AzureProvider.api_key": "the Provider interface: Azure's two API families share one key",
     "_CappedStream.close": "httpx.SyncByteStream's interface, answered by the capped stream",
