@@ -1,6 +1,6 @@
-"""A persisted chat's budgets, as its store holds them (``DjangoStore.reserve`` and the writes
-of its usage rows): its subjects, worked out once per store; the reservation before each
-model call; the charge in each usage row's transaction."""
+"""A persisted chat's budgets, as its store holds them (``store.budgets``, the Django store's
+``Budgets`` part, and the writes of its usage rows): its subjects, worked out once per store;
+the reservation before each model call; the charge in each usage row's transaction."""
 
 from __future__ import annotations
 

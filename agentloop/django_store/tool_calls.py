@@ -68,7 +68,7 @@ class ToolCalls(parts.ToolCalls, parts.Handoffs, parts.Transactions):
         self, call: ToolCall, work: Callable[[ToolTransaction], T]
     ) -> tuple[T, str]:
         """A transactional tool's run, on the chat's database (see
-        ``ChatStore.run_in_transaction``). The result's write renews the lease first, inside
+        ``Transactions.run_in_transaction``). The result's write renews the lease first, inside
         the transaction: a step whose lease was lost rolls back everything, the tool's writes
         included; one that still holds it locks the chat row until the commit, so no other
         process takes the chat in between."""

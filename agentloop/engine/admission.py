@@ -5,7 +5,7 @@ its provider and model (:mod:`.rate_limiting`), waiting in place in short slices
 looking at the run's cancel; a background step that would wait longer than
 ``RATE_LIMIT_WAIT`` ends instead (``RateLimitWaiting``: its job is sent again when the
 limit has room). Last, the store reserves the estimate against the budgets of the chat's
-subjects (``ChatStore.reserve``); a budget with no room stops the turn
+subjects (``store.budgets.reserve``); a budget with no room stops the turn
 (``BudgetExceededError``, the chat ``stopped`` with the reason), except a background step's
 chat finding every place of a chats-in-flight quota taken: it waits in line
 (``PlaceWaiting``: the chat stays queued, and its job is sent when a place frees). The usage

@@ -11,7 +11,7 @@ __all__ = ["Checkpoints"]
 
 
 #: how often a throttled checkpoint reads the flag while the store's notices cover the run
-#: (``ChatStore.notices_cover``): only a backstop then, for a notice lost in a way the
+#: (``store.stopping.notices_cover``): only a backstop then, for a notice lost in a way the
 #: subscription didn't notice.
 COVERED_INTERVAL = 5.0
 
