@@ -22,7 +22,7 @@ import pytest
 from agentloop.engine.store import (
     OPTIONAL_PARTS,
     Configuration,
-    Runs,
+    RunClaim,
     Stopping,
     ToolCalls,
     Transcript,
@@ -92,7 +92,7 @@ class TestParts:
     def test_the_parts_implement_their_interfaces(self, harness: Harness) -> None:
         store = harness.store
         required = {
-            "config": Configuration, "runs": Runs, "transcript": Transcript,
+            "config": Configuration, "runs": RunClaim, "transcript": Transcript,
             "tool_calls": ToolCalls, "stopping": Stopping,
         }  # fmt: skip
         for name, interface in required.items():

@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from ..budgets.enforcement import ChatBudgets
-from ..engine.store import Runs
+from ..engine.store import RunClaim
 from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
 from ..process.cancel_notices import hear, stop_hearing
@@ -49,7 +49,7 @@ _RUN_COLUMNS = frozenset(
 _UNSET: Any = object()
 
 
-class RunControl(Runs):
+class RunControl(RunClaim):
     """The chat's claim (its lease) and the writes made under it; what a claim read on the
     way (the transcript, the cancel flag) and what the verb saw held for a person."""
 

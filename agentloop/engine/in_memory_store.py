@@ -27,7 +27,7 @@ from .store import (
     Forks,
     Handoffs,
     Inbox,
-    Runs,
+    RunClaim,
     Stopping,
     Superseded,
     ToolCalls,
@@ -45,7 +45,7 @@ def _now() -> datetime:
 
 
 class MemoryStore(
-    ChatStore, Configuration, Runs, Transcript, ToolCalls, Stopping, Inbox, Costs, Tracing,
+    ChatStore, Configuration, RunClaim, Transcript, ToolCalls, Stopping, Inbox, Costs, Tracing,
     Handoffs, Edits, Forks,
 ):  # fmt: skip
     """Transcript, usage and the cancel flag as Python objects; returns engine Messages.

@@ -42,7 +42,7 @@ __all__ = [
     "Forks",
     "Handoffs",
     "Inbox",
-    "Runs",
+    "RunClaim",
     "Stopping",
     "Superseded",
     "ToolCalls",
@@ -135,7 +135,7 @@ class Configuration(ABC):
         """The chat's guardrails (``Guardrail`` objects), in the order they were given."""
 
 
-class Runs(ABC):
+class RunClaim(ABC):
     """``store.runs``: the claim, one writer at a time."""
 
     #: True while a background worker runs the chat (tools may act differently, e.g.
@@ -495,7 +495,7 @@ class ChatStore(ABC):
     A store sets its parts in ``__init__``; an optional part it leaves out stays None."""
 
     config: Configuration
-    runs: Runs
+    runs: RunClaim
     transcript: Transcript
     tool_calls: ToolCalls
     stopping: Stopping
