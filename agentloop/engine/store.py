@@ -4,7 +4,7 @@ A store keeps one chat: its configuration, its transcript, its usage rows and
 its cancellation flag. The engine never touches a database itself; the Django
 store (:mod:`agentloop.django_store`) and the in-memory store (:mod:`.in_memory_store`) do.
 
-A store is a small core (the claim's hooks around database work) and parts, each an
+A store is a small core (the hooks around a verb's database work) and parts, each an
 interface written once here: ``store.config``, ``store.runs`` (the claim),
 ``store.transcript``, ``store.tool_calls`` and ``store.stopping`` are always there; the
 optional parts (``store.inbox``, ``store.costs``, ``store.tracing``, ``store.handoffs``,
