@@ -51,7 +51,9 @@ def reserve_dimes(chat: Chat, count: int) -> int:
     granted = 0
     for _ in range(count):
         try:
-            chat.conversation.store.reserve(CallEstimate("priced", "test", 5, 5, Decimal("0.1")))
+            chat.conversation.store.budgets.reserve(
+                CallEstimate("priced", "test", 5, 5, Decimal("0.1"))
+            )
         except BudgetExceededError:
             break
         granted += 1

@@ -259,7 +259,7 @@ def test_a_reservation_left_by_a_dead_process_expires(priced, budgets, user, set
     budgets(cost_per_day="0.015", others={"BUDGET_RESERVATION_SECONDS": 60})
     chat = new_chat(user)
     estimate = CallEstimate("priced", "test", 0, 10, Decimal("0.010"))
-    chat.conversation.store.reserve(estimate)  # the process "dies" before its usage row
+    chat.conversation.store.budgets.reserve(estimate)  # the process "dies" before its usage row
     priced.add("ok")
     with pytest.raises(BudgetExceededError):
         chat.ask("Hi")  # the dead call's $0.010 leaves no room for this one's
@@ -275,7 +275,7 @@ def test_a_reservation_left_by_a_dead_process_expires(priced, budgets, user, set
 def test_the_sweeper_gives_back_expired_reservations(budgets, user):
     budgets(cost_per_day="1.00", others={"BUDGET_RESERVATION_SECONDS": 60})
     chat = new_chat(user)
-    chat.conversation.store.reserve(CallEstimate("priced", "test", 5, 10, Decimal("0.5")))
+    chat.conversation.store.budgets.reserve(CallEstimate("priced", "test", 5, 10, Decimal("0.5")))
 
     expire_reservations()
     assert release_expired() == 1

@@ -1,6 +1,8 @@
 """The chat model's verbs are the engine's: every public method of ``Conversation`` (but the
 engine's own, listed below) is on ``AbstractChat`` with the same parameters, and calling it
-on a chat calls the conversation's with the same arguments.
+on a chat calls the conversation's with the same arguments. The chat has no public verb the
+conversation lacks but those it adds on purpose (listed), sync and async alike; its pass-
+throughs are generated (``agentloop/models/delegations.py``: one line each), never written.
 
 Checked against a mock conversation (``create_autospec`` of ``Conversation``) put where the
 ``conversation`` property caches it; no database. The chat's own verbs that do more than
@@ -18,15 +20,18 @@ import pytest
 
 from agentloop.engine import Conversation
 from agentloop.models import AbstractChat, Chat
+from agentloop.models.delegations import AsyncChainedVerb, ChainedVerb, Verb
+
+#: The chat's public methods the conversation doesn't have: what a persisted chat adds.
+CHAT_ONLY = {
+    "complete_later": "the rest of the turn as background jobs",
+    "resume_if_waiting": "queues the chat once a decision unblocked it",
+}
 
 #: Public methods of ``Conversation`` that are the engine's own, not a chat verb.
+#: (``emit``, ``prepare_model_call``, ``accept_response`` and ``record_cancel`` are the
+#: engine's too: attributes bound to its parts' methods, not methods of the class.)
 ENGINE_ONLY = {
-    # a model call in two halves, for the batch sender and poller (agentloop.batches)
-    "prepare_model_call": "a request built to send elsewhere",
-    "accept_response": "a response that came back from elsewhere, saved",
-    # the run's bookkeeping
-    "record_cancel": "what a run that saw the cancel writes",
-    "emit": "fires an engine event to its callbacks",
     "on": "the engine's event hook (claimed, subagents_waiting...: models/chat_events.py)",
     "cancel_waiting": "part of cancel(): the held calls of a chat no run holds",
     "settle_subagent": "a subagent's answer given to its parent's call (agents.subagents)",
@@ -136,3 +141,43 @@ def test_the_chat_method_calls_the_conversations_with_the_same_arguments(name: s
     assert len(conversation.mock_calls) == 1, conversation.mock_calls  # nothing else called
     chains = inspect.signature(CONVERSATION[name]).return_annotation in CHAINABLE_RETURNS
     assert returned is (chat if chains else result)
+
+
+def chat_verbs() -> dict[str, Any]:
+    """The chat's public verbs: its own methods and the generated ones (Django's model
+    methods and the ORM's aside)."""
+    verbs: dict[str, Any] = {}
+    for klass in reversed(AbstractChat.__mro__):
+        if klass.__module__.startswith("agentloop."):
+            for name, member in vars(klass).items():
+                generated = isinstance(member, (Verb, ChainedVerb, AsyncChainedVerb))
+                if not name.startswith("_") and (generated or inspect.isfunction(member)):
+                    verbs[name] = member
+    return verbs
+
+
+def test_the_chat_and_the_conversation_have_the_same_verbs_sync_and_async() -> None:
+    chat = set(chat_verbs())
+
+    assert chat - set(CHAT_ONLY) == set(CHECKED), "a verb on one and not the other"
+    for name in CHECKED:
+        twin = name[1:] if name.startswith("a") and name[1:] in CONVERSATION else "a" + name
+        if twin in CONVERSATION:
+            assert twin in chat, f"the chat has {name} but not its twin {twin}"
+
+
+@pytest.mark.parametrize("name", PASS_THROUGHS)
+def test_a_pass_through_is_generated_and_chains_where_the_engine_returns_itself(
+    name: str,
+) -> None:
+    verb = next(vars(k)[name] for k in AbstractChat.__mro__ if name in vars(k))
+    engine = CONVERSATION[name]
+    chains = inspect.signature(engine).return_annotation in CHAINABLE_RETURNS
+
+    assert verb.method is engine
+    if not chains:
+        assert type(verb) is Verb
+    elif inspect.iscoroutinefunction(engine):
+        assert type(verb) is AsyncChainedVerb
+    else:
+        assert type(verb) is ChainedVerb

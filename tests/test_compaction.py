@@ -193,7 +193,7 @@ def test_the_example_page_shows_every_row_and_the_summary_as_such(client, user, 
 
 def test_a_fresh_instance_reads_the_compaction_settings(chat, model):
     fresh = Chat.objects.get(pk=chat.pk)
-    config = fresh.conversation.store.get_config()
+    config = fresh.conversation.store.config.get_config()
 
     assert config.context_window == WINDOW
     assert config.compaction is not None
@@ -213,7 +213,7 @@ def test_the_catalog_context_window_applies_without_with_context_window():
     assert catalog_window is not None and catalog_window.context_window
 
     memory = agentloop.chat(model="anthropic:claude-haiku-4-5").with_compaction()
-    config = memory.store.get_config()
+    config = memory.store.config.get_config()
 
     summaries = Summaries(memory.store, emit=lambda *args: None)
 
@@ -264,7 +264,7 @@ def test_bad_settings_get_a_one_line_error(call, message):
     with pytest.raises(ConfigurationError, match=message) as caught:
         call(memory)
     assert "\n" not in str(caught.value)
-    assert memory.store.get_config().compaction is None
+    assert memory.store.config.get_config().compaction is None
 
 
 def test_compaction_off_sends_every_row(user, model):

@@ -43,7 +43,7 @@ def test_after_a_halt_the_next_message_goes_on_normally(scripted):
     scripted.add("Anything else?")  # the unsent answer stays queued first
     assert chat.ask("never mind").content == "never sent"
     assert chat.store.stop_reason == ""
-    assert chat.store.halt_requested() == ""
+    assert chat.store.stopping.halt_requested() == ""
 
 
 def test_halt_with_nothing_running_sets_nothing_and_says_so(scripted):

@@ -101,11 +101,11 @@ def test_interrupt_cancels_the_running_answer_then_answers_the_new_message(user)
 
 def test_a_memory_chat_queues_too():
     chat = memory_chat("rules:test")
-    chat.store.claim()  # another thread's verb holds it
+    chat.store.runs.claim()  # another thread's verb holds it
     holder = threading.Thread(target=lambda: chat.ask_later("later", if_busy="queue"))
     holder.start()
     holder.join()
-    chat.store.release("done")
+    chat.store.runs.release("done")
 
     assert [m.content for m in chat.messages] == []
     chat.complete()
@@ -201,7 +201,7 @@ def test_a_memory_chat_keeps_the_order_after_a_failed_run():
     try:
         with pytest.raises(AuthenticationError):
             chat.ask("first")
-        assert [m.content for m in chat.store.inbox] == ["second"]
+        assert [m.content for m in chat.store.queued] == ["second"]
         chat.ask("third")
     finally:
         providers.unregister("failing")

@@ -58,7 +58,7 @@ def current(chat: Any) -> list[tuple[str, str]]:
 def history(chat: Any) -> list[tuple[str, str, bool]]:
     """Every message, superseded ones included, with whether it is superseded."""
     if isinstance(chat, Conversation):
-        return [(m.role, m.content, m.superseded) for m in chat.store.load_history()]
+        return [(m.role, m.content, m.superseded) for m in chat.store.edits.load_history()]
     return [(m.role, m.content, m.superseded_at is not None) for m in chat.messages.order_by("id")]
 
 
@@ -210,12 +210,12 @@ def test_an_edit_while_another_process_holds_the_chat_is_refused(chat, scripted)
     scripted.add("Hello.")
     chat.ask("Hi")
     rival = Chat.objects.get(pk=chat.pk).conversation.store
-    assert rival.claim() is True  # another process runs a verb of this chat
+    assert rival.runs.claim() is True  # another process runs a verb of this chat
 
     with pytest.raises(ChatBusyError):
         chat.regenerate()
 
-    rival.release("done")
+    rival.runs.release("done")
     assert not chat.messages.superseded().exists()
     scripted.assert_complete()
 

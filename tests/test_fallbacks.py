@@ -216,7 +216,7 @@ def test_agent_fallbacks_configure_the_chat(edges, user):
     chat = Helper.create()
     answer = chat.ask("What's 2 + 2?")
 
-    assert chat.conversation.store.get_config().fallbacks == [SECOND]
+    assert chat.conversation.store.config.get_config().fallbacks == [SECOND]
     assert answer.model == SECOND_ANSWERS_AS
 
 
@@ -237,7 +237,7 @@ def test_a_fallback_nobody_serves_is_refused_in_one_line():
     with pytest.raises(agentloop.ConfigurationError, match="Can't tell which provider") as caught:
         chat.with_fallbacks("nobody-knows")
     assert "\n" not in str(caught.value)
-    assert chat.store.get_config().fallbacks == []
+    assert chat.store.config.get_config().fallbacks == []
 
 
 def test_the_admin_timeline_shows_which_model_answered(admin_client, edges, user):

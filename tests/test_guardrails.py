@@ -71,7 +71,7 @@ def test_a_persisted_chat_keeps_its_guardrails_by_import_path(chat):
         "tests.guardrail_checks.no_leaks",
         "tests.guardrail_checks.NoShouting",
     ]
-    loaded = Chat.objects.get(pk=chat.pk).conversation.store.get_guardrails()
+    loaded = Chat.objects.get(pk=chat.pk).conversation.store.config.get_guardrails()
     assert [(g.name, g.stage) for g in loaded] == [
         ("no_secrets", "input"),
         ("no_leaks", "output"),
@@ -85,7 +85,7 @@ def test_a_guardrail_named_again_takes_its_place_and_replace_drops_the_others(ch
     renamed = input_guardrail(checks.no_secrets.function, name="no_leaks")
     memory = agentloop.chat("scripted:test").with_guardrails(checks.no_secrets, checks.no_leaks)
     memory.with_guardrails(renamed)
-    assert [g.stage for g in memory.store.get_guardrails()] == ["input", "input"]
+    assert [g.stage for g in memory.store.config.get_guardrails()] == ["input", "input"]
 
     chat.with_guardrails(replace=True)
     chat.refresh_from_db()

@@ -229,14 +229,14 @@ def test_a_handoff_failing_halfway_is_undone_and_the_run_goes_on_as_it_was(triag
 
 def test_a_handoff_failing_halfway_in_memory_is_undone_too(scripted):
     chat = Triage.chat(customer="Ada")
-    before = chat.store.get_config()
+    before = chat.store.config.get_config()
 
     with pytest.raises(ConfigurationError, match="Invalid limits"):
         with chat.store.atomic():
             Billing.configure(chat, customer="Ada")
             chat.with_limits(max_bananas=3)  # fails after the configuration was applied
 
-    assert chat.store.get_config() == before
+    assert chat.store.config.get_config() == before
     assert [m.content for m in chat.messages if m.role == "system"] == ["You are TRIAGE for Ada."]
     assert chat.store.agent is Triage
 
@@ -536,11 +536,11 @@ def test_a_plain_in_memory_chat_takes_handoffs_and_a_tool_can_hand_it_over(scrip
 
 def test_a_store_that_keeps_no_handoffs_refuses_them_clearly(scripted):
     from agentloop.engine import Conversation, MemoryStore
-    from agentloop.engine.store import ChatStore
 
     class NoHandoffs(MemoryStore):
-        records_handoffs = False
-        record_handoff = ChatStore.record_handoff
+        def __init__(self) -> None:
+            super().__init__()
+            self.handoffs = None
 
     chat: Conversation = Conversation(NoHandoffs()).with_model("scripted:test")
     chat.with_handoffs(Plain)
@@ -550,8 +550,7 @@ def test_a_store_that_keeps_no_handoffs_refuses_them_clearly(scripted):
 
     (result,) = [m for m in chat.messages if m.role == "tool"]
     assert (
-        result.content
-        == "Not handed off: NoHandoffs keeps no handoffs (records_handoffs is False)."
+        result.content == "Not handed off: NoHandoffs keeps no handoffs (store.handoffs is None)."
     )
     assert chat.store.agent is None
 

@@ -114,15 +114,15 @@ def test_a_duplicate_tool_result_is_refused_and_the_callers_transaction_goes_on(
     chat.run_tools()
     store = chat.conversation.store
     call = chat.conversation.messages[-2].tool_calls[0]
-    store.claim()
+    store.runs.claim()
     with transaction.atomic():
         with pytest.raises(ConcurrentWriteError):
-            store.save_tool_result(
+            store.tool_calls.save_tool_result(
                 call, Message(role="tool", content="again"), ToolCallState.SUCCEEDED, None
             )
         # The caller's transaction is still usable.
         assert chat.messages.filter(role="tool").count() == 1
-    store.release(None)
+    store.runs.release(None)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")

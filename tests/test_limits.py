@@ -227,14 +227,14 @@ def test_max_cost_ignores_unpriced_usage(chat, scripted):
 # -- configuring limits ---------------------------------------------------------------------------
 def test_with_limits_merges_with_earlier_limits(chat):
     chat.with_limits(max_model_calls=3).with_limits(max_tool_calls=4, max_cost="2.5")
-    assert chat.store.get_config().limits == Limits(
+    assert chat.store.config.get_config().limits == Limits(
         max_model_calls=3, max_tool_calls=4, max_cost=Decimal("2.5")
     )
 
 
 def test_with_limits_none_removes_a_limit(chat):
     chat.with_limits(max_model_calls=3, max_seconds=10).with_limits(max_model_calls=None)
-    assert chat.store.get_config().limits == Limits(max_seconds=10)
+    assert chat.store.config.get_config().limits == Limits(max_seconds=10)
 
 
 @pytest.mark.parametrize(
@@ -252,4 +252,4 @@ def test_with_limits_none_removes_a_limit(chat):
 def test_invalid_limits_raise_configuration_error(chat, limits):
     with pytest.raises(ConfigurationError, match="Invalid limits"):
         chat.with_limits(**limits)
-    assert chat.store.get_config().limits == Limits()
+    assert chat.store.config.get_config().limits == Limits()

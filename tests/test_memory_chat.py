@@ -129,7 +129,7 @@ def test_run_tools_skips_calls_that_already_have_a_result(chat, scripted):
     )
     answer = chat.ask_later("go").generate()
     first = answer.tool_calls[0]
-    chat.store.save_tool_result(
+    chat.store.tool_calls.save_tool_result(
         first,
         Message(role="tool", content="done elsewhere", tool_call_id="c1", tool_name="count"),
         ToolCallState.SUCCEEDED,
@@ -210,7 +210,7 @@ def test_is_not_complete_after_a_tool_result(chat, scripted):
 
 def test_is_complete_ignores_a_partial_answer(chat):
     chat.ask_later("hi")
-    chat.store.save_partial("Half an ans", None, "test")
+    chat.store.transcript.save_partial("Half an ans", None, "test")
     assert chat.messages[-1].status == MessageStatus.PARTIAL
     assert chat.is_complete() is False
 
@@ -218,7 +218,7 @@ def test_is_complete_ignores_a_partial_answer(chat):
 def test_is_complete_ignores_a_cancelled_answer_after_a_finished_one(chat, scripted):
     scripted.add("done")
     chat.ask_later("hi").generate()
-    chat.store.record_cancellation(
+    chat.store.stopping.record_cancellation(
         None,
         partial=Message(role="assistant", content="cut sh"),
         partial_key=None,
@@ -667,7 +667,7 @@ def test_cancel_from_another_thread_stops_a_streaming_answer(chat, scripted):
     assert "".join(words).startswith(partial.content)
     assert len(partial.content) < len("".join(words))
     assert usage_statuses(chat) == ["cancelled"]
-    assert chat.store.cancel_requested_at() is None
+    assert chat.store.stopping.cancel_requested_at() is None
     assert chat.is_complete() is False
 
 
@@ -690,7 +690,7 @@ def test_cancel_with_nothing_running_sets_nothing(chat, scripted):
     scripted.add("answer")
     chat.ask_later("hi")
     assert chat.cancel() is False
-    assert chat.store.cancel_requested_at() is None
+    assert chat.store.stopping.cancel_requested_at() is None
     assert chat.complete().content == "answer"
 
 
@@ -701,7 +701,7 @@ def test_cancel_before_the_model_call_stops_it_before_the_request(chat, scripted
     with pytest.raises(CancelledError):
         chat.complete()
     assert scripted.requests == []
-    assert chat.store.cancel_requested_at() is None
+    assert chat.store.stopping.cancel_requested_at() is None
     assert scripted.remaining == 1
 
 
@@ -729,7 +729,7 @@ def test_cancel_from_inside_a_tool_stops_before_the_next_tool(chat, scripted):
         "c2": ToolCallState.CANCELLED,
         "c3": ToolCallState.CANCELLED,
     }
-    assert chat.store.cancel_requested_at() is None
+    assert chat.store.stopping.cancel_requested_at() is None
     assert len(scripted.requests) == 1
 
 

@@ -141,7 +141,7 @@ def test_a_decision_on_a_call_that_stopped_waiting_is_a_conflict(user, scripted)
     chat.deny(call.pk)  # someone else decides first
 
     with pytest.raises(DecisionConflictError):
-        stale.conversation.store.record_decision(
+        stale.conversation.store.tool_calls.record_decision(
             waiting, "approved", by=None, reason="", result=None
         )
     call.refresh_from_db()

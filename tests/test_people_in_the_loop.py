@@ -717,7 +717,7 @@ def test_cancelling_a_memory_chat_waiting_for_a_person_cancels_the_held_call(scr
     (call,) = chat.messages[-2].tool_calls
     assert (call.state, call.decision, cancelled) == (ToolCallState.CANCELLED, "cancelled", [True])
     assert (chat.messages[-1].content, chat.messages[-1].is_error) == (CANCELLED_TOOL_RESULT, True)
-    assert chat.store.cancel_requested_at() is None and chat.pending_approvals() == []
+    assert chat.store.stopping.cancel_requested_at() is None and chat.pending_approvals() == []
     with pytest.raises(DecisionConflictError):
         chat.approve("t1")
     scripted.add("OK.")

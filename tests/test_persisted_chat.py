@@ -539,7 +539,7 @@ def test_the_stores_messages_carry_every_field(chat, scripted):
     scripted.add(tool_call("add", {"a": 1, "b": 2}), "3")
     chat.ask("1 + 2?")
 
-    transcript = chat.conversation.store.load_transcript()
+    transcript = chat.conversation.store.transcript.load_transcript()
     assert [m.role for m in transcript] == ["user", "assistant", "tool", "assistant"]
     for message in transcript:
         assert set(message.__dict__) == set(Message.model_fields)

@@ -95,11 +95,11 @@ def test_the_store_sends_no_job_itself_its_owner_does(recording, user):
 
     with override_settings(AGENTLOOP={"RUNNER": f"{__name__}.RecordingRunner"}):
         bare = Chat.objects.create(owner=user, model="scripted:m")
-        DjangoStore(bare).queue_message(Message(role="user", content="one"))
+        DjangoStore(bare).inbox.queue_message(Message(role="user", content="one"))
         assert Chat.objects.get(pk=bare.pk).state == ChatState.QUEUED
         assert recording.sent == []  # no owner gave the store a way to send
 
         owned = Chat.objects.create(owner=user, model="scripted:m")
-        owned.conversation.store.queue_message(Message(role="user", content="two"))
+        owned.conversation.store.inbox.queue_message(Message(role="user", content="two"))
 
     assert recording.sent == [Job(owned.pk, "agentloop.Chat")]

@@ -114,7 +114,7 @@ class Agent:
         if instructions:
             chat.with_instructions(instructions)
         store = getattr(chat, "conversation", chat).store
-        if cls.tools or cls.handoffs or store.get_tools():
+        if cls.tools or cls.handoffs or store.config.get_tools():
             # The agent's tools are the chat's: a tool removed from the class goes too.
             chat.with_tools(*cls.tools, *handoff_tools(cls), replace=True)
         if cls.tool_options:
@@ -127,7 +127,7 @@ class Agent:
             chat.with_limits(**cls.limits)
         if cls.fallbacks:
             chat.with_fallbacks(*cls.fallbacks)
-        if cls.guardrails or store.get_guardrails():
+        if cls.guardrails or store.config.get_guardrails():
             # The agent's guardrails are the chat's: one removed from the class goes too.
             chat.with_guardrails(*cls.guardrails, replace=True)
         return chat

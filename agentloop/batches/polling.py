@@ -116,7 +116,7 @@ def _resend(batch: Batch, api: BatchAPI) -> None:
     pairs = []
     for item in batch.items.filter(status=BatchItemStatus.PENDING).select_related("chat"):
         chat = item.chat
-        transcript = chat.conversation.store.load_transcript()
+        transcript = chat.conversation.store.transcript.load_transcript()
         latest = transcript[-1].key if transcript else None
         if next_move(transcript) != "generate" or latest != item.after_message_id:
             records.finish(
@@ -158,7 +158,7 @@ def _release_cancelled_chat(item: BatchItem) -> None:
         return  # a run holds the chat and sees the cancel itself; we try again next poll
     conversation = chat.conversation
     try:
-        requested_at = conversation.store.cancel_requested_at()
+        requested_at = conversation.store.stopping.cancel_requested_at()
         if requested_at is None:
             return
         with transaction.atomic():
@@ -168,7 +168,7 @@ def _release_cancelled_chat(item: BatchItem) -> None:
             if marked:
                 conversation.record_cancel(CancelledError(requested_at=requested_at))
     finally:
-        conversation.store.release_with(
+        conversation.store.runs.release_with(
             state=prior if prior != ChatState.RUNNING else ChatState.IDLE
         )
 
@@ -181,8 +181,8 @@ def _claim(item: BatchItem) -> Any:
         return None
     lease, chat, _ = claimed
     store = chat.conversation.store
-    store.adopt(lease)
-    store.claim()
+    store.runs.adopt(lease)
+    store.runs.claim()
     return chat
 
 
@@ -232,8 +232,8 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
     release: dict[str, Any] = {"state": prior if prior != ChatState.RUNNING else ChatState.IDLE}
     then = "done"
     try:
-        transcript = store.load_transcript()
-        requested_at = store.cancel_requested_at()
+        transcript = store.transcript.load_transcript()
+        requested_at = store.stopping.cancel_requested_at()
         latest = transcript[-1].key if transcript else None
         if requested_at is not None:
             with transaction.atomic():
@@ -258,7 +258,7 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
             text = f"{type(result).__name__}: {result}"
             with transaction.atomic():
                 if records.finish(item, BatchItemStatus.FAILED, text):
-                    store.record_usage(
+                    store.transcript.record_usage(
                         UsageRecord(batch.provider, item.model, "failed", error=text)
                     )
                     release = {"state": ChatState.FAILED, "error": f"Batch #{batch.pk}: {text}"}
@@ -276,7 +276,7 @@ def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | N
         release = {"state": ChatState.FAILED, "error": one_line(exc)}
         then = "done"
     finally:
-        store.release_with(**release)
+        store.runs.release_with(**release)
     if then == "complete_later":
         chat.complete_later()
     return "continue" if then == "continue" else "done"
@@ -312,7 +312,7 @@ def _answer(
     move = next_move(transcript)
     if move == "tools":
         chat.run_tools()  # nested in the collection's claim (its heartbeat keeps the lease)
-        move = next_move(conversation.store.load_transcript())
+        move = next_move(conversation.store.transcript.load_transcript())
     if move == "wait":
         return "wait"
     if move == "generate":
@@ -341,7 +341,7 @@ def _record_discarded(
 ) -> None:
     usage = _discarded_usage(batch, api, item, result, why)
     if usage is not None:
-        chat.conversation.store.record_usage(usage)
+        chat.conversation.store.transcript.record_usage(usage)
 
 
 # -- the next round --------------------------------------------------------------------------

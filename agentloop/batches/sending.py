@@ -111,7 +111,7 @@ def prepare(chats: list[Any]) -> tuple[list[Call], list[tuple[Any, str]]]:
             problems.append((chat, "has guardrails, which a batch does not run (step it instead)"))
             continue
         conversation = chat.conversation
-        transcript = conversation.store.load_transcript()
+        transcript = conversation.store.transcript.load_transcript()
         move = next_move(transcript)
         if move != "generate":
             problems.append((chat, _NOT_AWAITING[move]))

@@ -1,6 +1,6 @@
-"""A persisted chat's budgets, as its store holds them (``DjangoStore.reserve`` and the writes
-of its usage rows): its subjects, worked out once per store; the reservation before each
-model call; the charge in each usage row's transaction."""
+"""A persisted chat's budgets, as its store holds them (``store.budgets``, the Django store's
+``Budgets`` part, and the writes of its usage rows): its subjects, worked out once per store;
+the reservation before each model call; the charge in each usage row's transaction."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from ..conf import agentloop_settings
 from ..engine import UsageRecord
 from ..engine.estimates import CallEstimate
+from ..engine.store import Budgets
 from ..exceptions import BudgetExceededError
 from . import counters, slots, statements
 from .limits import budgets_on
@@ -19,7 +20,7 @@ from .subjects import Subject, subjects_of
 __all__ = ["ChatBudgets"]
 
 
-class ChatBudgets:
+class ChatBudgets(Budgets):
     """The budgets one chat's model calls count against."""
 
     def __init__(self, chat: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..agents.subagents import has_children
 from ..engine import UsageRecord
+from ..engine.store import Tracing
 from ..messages import Message
 from .rows import JSON_COLUMNS, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
@@ -92,7 +93,7 @@ def _models(chat_model: Any) -> _Models:
     return models
 
 
-class ChatRow:
+class ChatRow(Tracing):
     """One chat row: its models (worked out once per process), its database, and the rows
     built for it. It holds the chat object every part of the store sees."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine import ChatConfig
+from ..engine.store import Configuration
 from ..guardrails import Guardrail, guardrail_reference, load_guardrail
 from ..tool_refs import load_tool, tool_reference
 from ..tools import Tool
@@ -40,7 +41,7 @@ _LOADED_TOOLS: dict[tuple[str, ...], list[type[Tool]]] = {}
 _LOADED_GUARDRAILS: dict[tuple[str, ...], list[Guardrail]] = {}
 
 
-class Config:
+class Config(Configuration):
     """The chat's configuration and tools, read from its row and cached until changed."""
 
     def __init__(self, row: ChatRow) -> None:

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import Case, CharField, DateTimeField, F, Q, Value, When
 from django.utils import timezone
 
+from ..engine import store as parts
 from ..engine.store import SUPERSEDED_DECISION, Superseded
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .chat_row import ChatRow
@@ -44,7 +45,7 @@ def _copy(instance: Any, model: Any, own: frozenset[str], **values: Any) -> Any:
     return model(**copied, **values)
 
 
-class Edits:
+class Edits(parts.Edits, parts.Forks):
     """Superseding rows under ``control``'s claim, reading them back, and forking the chat."""
 
     def __init__(self, row: ChatRow, control: RunControl) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from ..engine import store as parts
 from ..messages import Message
 from .chat_row import ChatRow
 from .run_control import RunControl
@@ -13,7 +14,7 @@ from .run_control import RunControl
 __all__ = ["Inbox"]
 
 
-class Inbox:
+class Inbox(parts.Inbox):
     """Messages queued while a run holds the chat; a free chat is queued for the background."""
 
     def __init__(self, row: ChatRow, control: RunControl) -> None:

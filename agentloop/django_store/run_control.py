@@ -21,6 +21,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
+from ..budgets.enforcement import ChatBudgets
+from ..engine.store import RunClaim
 from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
 from ..process.cancel_notices import hear, stop_hearing
@@ -47,7 +49,7 @@ _RUN_COLUMNS = frozenset(
 _UNSET: Any = object()
 
 
-class RunControl:
+class RunControl(RunClaim):
     """The chat's claim (its lease) and the writes made under it; what a claim read on the
     way (the transcript, the cancel flag) and what the verb saw held for a person."""
 
@@ -57,11 +59,16 @@ class RunControl:
         config: Config,
         cancel_notice: threading.Event | None,
         send_next: Callable[[], None] | None,
+        budgets: ChatBudgets,
+        send_job: Callable[[str, str], None] | None,
     ) -> None:
         """``config`` is told when a claim finds the chat configured elsewhere;
-        ``send_next`` sends the chat's next background job (see ``DjangoStore``)."""
+        ``send_next`` sends the chat's next background job, ``send_job`` another chat's
+        (see ``DjangoStore``); a release tells ``budgets`` the places it freed."""
         self.row = row
         self.config = config
+        self.budgets = budgets
+        self.send_job = send_job
         self.cancel_notice = cancel_notice
         self.send_next = send_next
         #: run by a worker's job (set by the job): a release queues the rest for it.
@@ -302,13 +309,24 @@ class RunControl:
     # -- giving up the claim ---------------------------------------------------------------
     def release(self, next_move: str | None, *, failure: BaseException | None = None) -> None:
         lease = self.lease
-        if lease is None:
+        if lease is not None:
+            try:
+                self._release(lease, next_move, failure)
+            finally:
+                if self.lease is lease:  # the release failed: this process lets it go anyway
+                    self._forget_lease()
+        released = self.last_release
+        if released is None or released.state in ("lost", "unreachable"):
             return
-        try:
-            self._release(lease, next_move, failure)
-        finally:
-            if self.lease is lease:  # the release failed: this process lets the chat go anyway
-                self._forget_lease()
+        # Places of a chats-in-flight quota it freed (or that freed while it queued for one):
+        # the next chats in line go.
+        for chat_label, chat_key in self.budgets.released(released.state):
+            if self.send_job is not None:
+                self.send_job(chat_label, chat_key)
+
+    def note_waiting(self, reason: str) -> None:
+        with self.writing():
+            self.row.update(waiting_for=reason[:200])
 
     def _release(self, lease: Lease, next_move: str | None, failure: BaseException | None) -> None:
         if isinstance(failure, LeaseLostError) or lease.lost.is_set():

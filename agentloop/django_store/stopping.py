@@ -15,8 +15,9 @@ from django.utils import timezone
 from ..agents.subagents import cancel_children
 from ..budgets.enforcement import ChatBudgets
 from ..engine import UsageRecord
+from ..engine import store as parts
 from ..messages import Message, ToolCall, ToolCallState
-from ..process.cancel_notices import notify
+from ..process.cancel_notices import covers, notify
 from .chat_row import ChatRow
 from .leases import UNREAD
 from .reconnect import retried
@@ -25,7 +26,7 @@ from .run_control import RunControl
 __all__ = ["Stopping"]
 
 
-class Stopping:
+class Stopping(parts.Stopping):
     """Cancels and halts, asked for from any process and seen by ``control``'s run."""
 
     def __init__(
@@ -67,6 +68,10 @@ class Stopping:
             value: datetime | None = flag
             return value
         return self._read_cancel_flag()
+
+    def notices_cover(self, since: float) -> bool:
+        # A verb heard by its process's Redis subscriber from its claim on (``hear``).
+        return covers(self.cancel_notice, since)
 
     def request_cancel(self) -> bool:
         # Keep the first request's time: clearing compares against it. Only a run that is in

@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..engine import ToolTransaction
+from ..engine import store as parts
 from ..exceptions import ConcurrentWriteError, DecisionConflictError, LeaseLostError
 from ..messages import Message, ToolCall, ToolCallState
 from .chat_row import ChatRow, outcomes_json
@@ -25,7 +26,7 @@ __all__ = ["ToolCalls"]
 T = TypeVar("T")
 
 
-class ToolCalls:
+class ToolCalls(parts.ToolCalls, parts.Handoffs, parts.Transactions):
     """Writes of tool calls and their results, under ``control``'s claim."""
 
     def __init__(self, row: ChatRow, control: RunControl) -> None:
@@ -67,7 +68,7 @@ class ToolCalls:
         self, call: ToolCall, work: Callable[[ToolTransaction], T]
     ) -> tuple[T, str]:
         """A transactional tool's run, on the chat's database (see
-        ``ChatStore.run_in_transaction``). The result's write renews the lease first, inside
+        ``Transactions.run_in_transaction``). The result's write renews the lease first, inside
         the transaction: a step whose lease was lost rolls back everything, the tool's writes
         included; one that still holds it locks the chat row until the commit, so no other
         process takes the chat in between."""

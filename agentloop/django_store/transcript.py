@@ -13,6 +13,7 @@ from django.db.models import Sum
 
 from ..budgets.enforcement import ChatBudgets
 from ..engine import UsageRecord
+from ..engine import store as parts
 from ..messages import Message, MessageStatus
 from .chat_row import ChatRow, outcomes_json
 from .reconnect import committed_message, retried
@@ -23,7 +24,7 @@ from .writes import GUARD, StepWrites, Values, inserted
 __all__ = ["Transcript"]
 
 
-class Transcript:
+class Transcript(parts.Transcript, parts.Costs):
     """The chat's messages and usage rows, written under ``control``'s claim."""
 
     def __init__(self, row: ChatRow, control: RunControl, budgets: ChatBudgets) -> None:
@@ -34,7 +35,7 @@ class Transcript:
         self.chat = row.chat
         self.models = row.models
 
-    def read(self) -> list[Message]:
+    def load_transcript(self) -> list[Message]:
         """The transcript: one query (none when the claim read it on the way)."""
         if self.chat.pk is None:
             return []

@@ -5,7 +5,7 @@ its provider and model (:mod:`.rate_limiting`), waiting in place in short slices
 looking at the run's cancel; a background step that would wait longer than
 ``RATE_LIMIT_WAIT`` ends instead (``RateLimitWaiting``: its job is sent again when the
 limit has room). Last, the store reserves the estimate against the budgets of the chat's
-subjects (``ChatStore.reserve``); a budget with no room stops the turn
+subjects (``store.budgets.reserve``); a budget with no room stops the turn
 (``BudgetExceededError``, the chat ``stopped`` with the reason), except a background step's
 chat finding every place of a chats-in-flight quota taken: it waits in line
 (``PlaceWaiting``: the chat stays queued, and its job is sent when a place frees). The usage
@@ -57,11 +57,14 @@ class Admission:
         estimate = estimate_call(provider, provider_name, request)
         yield from self._pace(estimate, checkpoints)
         try:
-            return self.store.reserve(estimate)
+            budgets = self.store.budgets
+            # A background step's chat queues for a chats-in-flight place; a verb in-process
+            # can't wait in line (its caller waits for it): it stops.
+            return budgets.reserve(estimate, wait=self.store.runs.background) if budgets else None
         except BudgetExceededError as exc:
-            if exc.limit == "chats_in_flight" and self.store.background:
+            if exc.limit == "chats_in_flight" and self.store.runs.background:
                 raise PlaceWaiting(exc.reason) from exc  # not a stop: it queued for a place
-            self.store.record_stop(exc.reason)
+            self.store.stopping.record_stop(exc.reason)
             self._emit("budget_exceeded", exc)
             self._emit("stopped", exc.reason)
             raise
@@ -78,7 +81,7 @@ class Admission:
             reason = f"rate limit: {short.bucket.label}"
             waited = time.monotonic() - started
             in_place = agentloop_settings.RATE_LIMIT_WAIT
-            if self.store.background and waited + short.seconds > in_place:
+            if self.store.runs.background and waited + short.seconds > in_place:
                 # Not in a worker's slot: the job comes back when the bucket has room (a
                 # little later for some, so the chats that waited don't all come at once).
                 spread = random.uniform(0, min(1.0, short.seconds / 10))  # noqa: S311
@@ -89,7 +92,7 @@ class Admission:
                     f"{timeout:g} s deadline (MODEL_CALL_TIMEOUT)"
                 )
             if not shown and short.seconds >= SHOWN_AFTER:
-                self.store.note_waiting(reason)
+                self.store.runs.note_waiting(reason)
                 shown = True
             until = time.monotonic() + short.seconds
             while (left := until - time.monotonic()) > 0:
@@ -97,4 +100,4 @@ class Admission:
                 if checkpoints is not None:
                     checkpoints.check(force=False)  # a cancel stops a waiting call
         if shown:
-            self.store.note_waiting("")  # a failure's release clears it too
+            self.store.runs.note_waiting("")  # a failure's release clears it too

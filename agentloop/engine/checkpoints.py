@@ -11,7 +11,7 @@ __all__ = ["Checkpoints"]
 
 
 #: how often a throttled checkpoint reads the flag while the store's notices cover the run
-#: (``ChatStore.notices_cover``): only a backstop then, for a notice lost in a way the
+#: (``store.stopping.notices_cover``): only a backstop then, for a notice lost in a way the
 #: subscription didn't notice.
 COVERED_INTERVAL = 5.0
 
@@ -48,7 +48,7 @@ class Checkpoints:
         elapsed = time.monotonic() - self._last_read
         if elapsed < self.interval:
             return False
-        return elapsed >= COVERED_INTERVAL or not self.store.notices_cover(self._last_read)
+        return elapsed >= COVERED_INTERVAL or not self.store.stopping.notices_cover(self._last_read)
 
     def check(self, *, force: bool = True) -> None:
         """Raise :class:`CancelledError` if cancellation was requested."""
@@ -57,7 +57,7 @@ class Checkpoints:
         notice = self.store.cancel_notice
         noticed = notice is not None and notice.is_set()
         self._last_read = time.monotonic()
-        requested_at = self.store.cancel_requested_at()
+        requested_at = self.store.stopping.cancel_requested_at()
         if noticed and notice is not None:
             notice.clear()  # after the read, which saw the flag the notice announced
         if requested_at is not None:

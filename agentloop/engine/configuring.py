@@ -120,25 +120,25 @@ class Configuration:
     def with_model(self, model: str, provider: str | None = None) -> Self:
         """Use ``model`` (``"provider:model"`` or a known model id) from now on."""
         providers.split_model(model, provider)  # fail now on a model nobody can serve
-        self.store.update_config(model=model, provider=provider)
+        self.store.config.update_config(model=model, provider=provider)
         return self
 
     def with_instructions(self, text: str, append: bool = False) -> Self:
         """Set the system message (replacing earlier ones unless ``append``)."""
         if append:
-            self.store.append_message(Message(role="system", content=text))
+            self.store.transcript.append_message(Message(role="system", content=text))
         else:
-            self.store.replace_instructions(text)
+            self.store.transcript.replace_instructions(text)
         return self
 
     def with_tools(self, *tools: Any, replace: bool = False) -> Self:
         """Offer these tools (Tool classes, @tool functions, agents) to the model."""
-        current = [] if replace else list(self.store.get_tools())
+        current = [] if replace else list(self.store.config.get_tools())
         by_name: dict[str, type[Tool]] = {}
         # A later tool of the same name replaces an earlier one.
         for tool_class in _agent_names([*current, *(_as_tool_class(tool) for tool in tools)]):
             by_name[tool_class.name] = tool_class
-        self.store.set_tools(list(by_name.values()))
+        self.store.config.set_tools(list(by_name.values()))
         return self
 
     def with_handoffs(self, *agents: Any) -> Self:
@@ -155,11 +155,11 @@ class Configuration:
         order given. One named like an earlier one takes its place; ``replace=True`` drops the
         earlier ones (``with_guardrails(replace=True)``: none). A persisted chat keeps their
         import paths."""
-        current = [] if replace else list(self.store.get_guardrails())
+        current = [] if replace else list(self.store.config.get_guardrails())
         by_name: dict[str, Guardrail] = {}
         for guardrail in [*current, *(as_guardrail(item) for item in guardrails)]:
             by_name[guardrail.name] = guardrail
-        self.store.set_guardrails(list(by_name.values()))
+        self.store.config.set_guardrails(list(by_name.values()))
         return self
 
     def with_mcp(
@@ -186,51 +186,53 @@ class Configuration:
             for key, value in {"choice": choice, "calls": calls, "concurrency": concurrency}.items()
             if value is not UNSET
         }
-        current = self.store.get_config().tool_options.model_dump()
+        current = self.store.config.get_config().tool_options.model_dump()
         try:
             options = ToolOptions.model_validate({**current, **changes})
         except ValidationError as exc:
             raise ConfigurationError(f"Invalid tool options: {exc}") from exc
-        self.store.update_config(tool_options=options)
+        self.store.config.update_config(tool_options=options)
         return self
 
     def with_temperature(self, temperature: float | None) -> Self:
         """Sampling temperature (None: the provider's default)."""
-        self.store.update_config(temperature=temperature)
+        self.store.config.update_config(temperature=temperature)
         return self
 
     def with_max_output_tokens(self, tokens: int | None) -> Self:
         """Cap the length of each answer."""
-        self.store.update_config(max_output_tokens=tokens)
+        self.store.config.update_config(max_output_tokens=tokens)
         return self
 
     def with_provider_options(self, **options: Any) -> Self:
         """Raw request fields merged into what the provider is sent."""
-        merged = {**self.store.get_config().provider_options, **options}
-        self.store.update_config(provider_options=merged)
+        merged = {**self.store.config.get_config().provider_options, **options}
+        self.store.config.update_config(provider_options=merged)
         return self
 
     def with_headers(self, **headers: str) -> Self:
         """Extra HTTP headers for the provider (stored with the chat: no secrets)."""
-        merged = {**self.store.get_config().headers, **headers}
-        self.store.update_config(headers=merged)
+        merged = {**self.store.config.get_config().headers, **headers}
+        self.store.config.update_config(headers=merged)
         return self
 
     def with_schema(self, schema: type[BaseModel] | dict[str, Any] | None) -> Self:
         """Ask for structured output; answers are parsed into ``message.parsed``."""
         if schema is None:
             self._schema_model = None
-            self.store.update_config(output_schema=None, schema_path=None)
+            self.store.config.update_config(output_schema=None, schema_path=None)
         elif isinstance(schema, dict):
             self._schema_model = None
-            self.store.update_config(output_schema=schema, schema_path=None)
+            self.store.config.update_config(output_schema=schema, schema_path=None)
         elif isinstance(schema, type) and issubclass(schema, BaseModel):
             self._schema_model = schema
             try:
                 path: str | None = import_path_of(schema)
             except ConfigurationError:
                 path = None  # parsed in this process only; elsewhere as plain JSON
-            self.store.update_config(output_schema=schema.model_json_schema(), schema_path=path)
+            self.store.config.update_config(
+                output_schema=schema.model_json_schema(), schema_path=path
+            )
         else:
             raise ConfigurationError("with_schema() takes a pydantic model class or a JSON schema")
         return self
@@ -239,9 +241,9 @@ class Configuration:
         """Prompt caching: Anthropic breakpoints kept ``ttl`` ("5m" or "1h"), OpenAI's
         ``prompt_cache_key`` (``key``, else one made for this chat and kept); None: off."""
         if ttl is None:
-            self.store.update_config(caching=None)
+            self.store.config.update_config(caching=None)
             return self
-        current = self.store.get_config().caching
+        current = self.store.config.get_config().caching
         key = key or (current.key if current else None) or f"agentloop-{uuid.uuid4().hex}"
         try:
             caching = Caching(ttl=ttl, key=key)
@@ -249,7 +251,7 @@ class Configuration:
             raise ConfigurationError(
                 f"with_caching() takes ttl='5m' or ttl='1h' (or None), not {ttl!r}"
             ) from None
-        self.store.update_config(caching=caching)
+        self.store.config.update_config(caching=caching)
         return self
 
     def with_thinking(
@@ -264,7 +266,7 @@ class Configuration:
                 "with_thinking() takes effort 'low', 'medium', 'high' or None and a positive "
                 f"budget_tokens, not effort={effort!r}, budget_tokens={budget_tokens!r}"
             ) from None
-        self.store.update_config(thinking=thinking)
+        self.store.config.update_config(thinking=thinking)
         return self
 
     def with_context_window(self, tokens: int | None) -> Self:
@@ -275,7 +277,7 @@ class Configuration:
             raise ConfigurationError(
                 f"with_context_window() takes a positive number of tokens, not {tokens!r}"
             )
-        self.store.update_config(context_window=tokens)
+        self.store.config.update_config(context_window=tokens)
         return self
 
     def with_compaction(
@@ -284,7 +286,7 @@ class Configuration:
         """Summarise the older messages before a model call once the estimated input passes
         ``at`` x the context window, keeping the last ``keep_recent``; ``at=None``: off."""
         if at is None:
-            self.store.update_config(compaction=None)
+            self.store.config.update_config(compaction=None)
             return self
         if model is not None:
             providers.split_model(model)  # fail now on a model nobody can serve
@@ -295,7 +297,7 @@ class Configuration:
                 "with_compaction() takes 0 < at <= 1 and keep_recent >= 1, not "
                 f"at={at!r}, keep_recent={keep_recent!r}"
             ) from None
-        self.store.update_config(compaction=compaction)
+        self.store.config.update_config(compaction=compaction)
         return self
 
     def with_fallbacks(self, *models: str) -> Self:
@@ -303,21 +305,21 @@ class Configuration:
         (server errors, overload, rate limits, context length); none: no fallbacks."""
         for model in models:
             providers.split_model(model)  # fail now on a model nobody can serve
-        self.store.update_config(fallbacks=list(models))
+        self.store.config.update_config(fallbacks=list(models))
         return self
 
     def with_limits(self, **limits: Any) -> Self:
         """Per-turn budgets: ``max_model_calls``, ``max_tool_calls``, ``max_seconds``,
         ``max_cost``. Given keys replace earlier values; pass None to remove one."""
-        current = self.store.get_config().limits.model_dump()
+        current = self.store.config.get_config().limits.model_dump()
         try:
             merged = Limits.model_validate({**current, **limits})
         except ValidationError as exc:
             raise ConfigurationError(f"Invalid limits: {exc}") from exc
-        if merged.max_cost is not None and not self.store.sums_costs:
+        if merged.max_cost is not None and self.store.costs is None:
             raise ConfigurationError(
                 f"max_cost needs a store that sums a turn's costs; {type(self.store).__name__} "
-                "doesn't (sums_costs is False)."
+                "doesn't (store.costs is None)."
             )
-        self.store.update_config(limits=merged)
+        self.store.config.update_config(limits=merged)
         return self

@@ -30,23 +30,14 @@ class Control:
         self.store = store
         self._callbacks = callbacks
 
-    def halt(self, reason: str) -> bool:
-        """Stop the run after its current tool round, before its next model call; works
-        from a tool, a callback, another thread or another process.
-
-        The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
-        (nothing is cancelled; the next message goes on normally). True when a run was in
-        progress or queued; False, and nothing set, when none was."""
-        return self.store.request_halt(halt_text(reason))
-
     def halt_if_requested(self, run: Run) -> bool:
         """Before a model call: a pending halt stops the run (recorded, "halted" sent; the
         verb's release marks the chat stopped)."""
-        reason = self.store.halt_requested()
+        reason = self.store.stopping.halt_requested()
         if not reason:
             return False
         stop_reason = HALTED_PREFIX + reason
-        self.store.record_stop(stop_reason)
+        self.store.stopping.record_stop(stop_reason)
         run.next_move, run.halted = "done", HaltedRelease(stop_reason)
         self._callbacks.emit("halted", reason)
         return True
@@ -54,7 +45,7 @@ class Control:
     def drive_subagents(self, run: Run) -> bool:
         """In process, held by subagents: "subagents_waiting" lets the chats they run go on
         where a person unblocked them. True when a call was settled and the run can go on."""
-        if self.store.background or not self._callbacks.listens("subagents_waiting"):
+        if self.store.runs.background or not self._callbacks.listens("subagents_waiting"):
             return False
         held = [
             call
@@ -64,24 +55,6 @@ class Control:
         if not held:
             return False
         self._callbacks.emit("subagents_waiting", held)
-        run.transcript = self.store.load_transcript()
+        run.transcript = self.store.transcript.load_transcript()
         run.next_move = next_move(run.transcript)
         return run.next_move != "wait"
-
-    def cancel_waiting(self) -> bool:
-        """Apply a cancel now to a chat that waits (for a person, or a subagent) and that no
-        run holds or is queued to run, since none would come back to see the flag: the calls
-        of its round held for approval, a question or a deferred result (or not started) are
-        answered as cancelled, each only if still undecided (a decision that got there first
-        stands, a later one gets ``DecisionConflictError``); the flag is cleared, a waiting
-        chat becomes idle, and "cancelled" is sent (calls held by subagents are settled by
-        the subagents' own cancel). False, with nothing done, when no call waits or a run
-        holds the chat or is queued to run it: its next checkpoint applies the cancel."""
-        records = self.store.cancel_held(CANCELLED_TOOL_RESULT)
-        if records is None:
-            return False
-        for record in records:
-            self._callbacks.emit("after_tool_result", record)
-            self._callbacks.emit("after_message", record)
-        self._callbacks.emit("cancelled")
-        return True

@@ -3,27 +3,28 @@
 Every verb reads the transcript and decides from it alone, so a chat can be driven from any
 process: ``step()`` here, ``step()`` in a Celery worker later.
 
-A ``Conversation`` is a facade over collaborating parts, each over the same store:
+A ``Conversation`` holds collaborating parts, each over the same store:
 :class:`~.runs.Runs` (claims, reads, cancels), :class:`~.model_calls.ModelCalls`,
-:class:`~.control.Control` (halts, subagents), :class:`~.people.PeopleInTheLoop`,
-:class:`~.loop.Loop` (the verbs' bodies) and :class:`~.editing.Editing` (edits, forks).
-It is its own :class:`~.configuring.Configuration`.
+:class:`~.control.Control` (halts, subagents), :class:`~.loop.Loop` (the verbs' bodies) and
+:class:`~.editing.Editing` (edits, forks). It is its own :class:`~.configuring.Configuration`
+and :class:`~.people.PeopleInTheLoop` (by inheritance: their public methods are its verbs);
+the engine's own entry points of its parts (``emit``, ``prepare_model_call``,
+``accept_response``, ``record_cancel``) are those parts' methods, bound at construction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal
 from functools import partial
 from typing import Any, Generic, Self
 
 from ..conf import agentloop_settings
-from ..exceptions import CancelledError, ChatBusyError, ConfigurationError, PendingToolCallsError
-from ..messages import Message, ModelResponse, ToolCall
+from ..exceptions import ChatBusyError, ConfigurationError, PendingToolCallsError
+from ..messages import Message
 from ..tools import Tool
 from .callbacks import Callbacks
 from .configuring import Configuration
-from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control
+from .control import CANCELLED_TOOL_RESULT, HALTED_PREFIX, Control, halt_text
 from .drivers import drive, drive_async
 from .editing import KEEP, Editing
 from .loop import Loop, checked_attachments
@@ -31,7 +32,7 @@ from .model_calls import ModelCalls, PreparedCall
 from .people import PeopleInTheLoop
 from .results import MessageT, StepResult
 from .runs import Runs
-from .store import ChatStore, UsageRecord
+from .store import ChatStore
 from .streaming import StreamCallback
 from .transcript import is_complete, is_waiting
 
@@ -45,12 +46,27 @@ __all__ = [
 ]
 
 
-class Conversation(Configuration, Generic[MessageT]):
+class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
     """A chat's verbs and configuration over a store.
 
-    ``agentloop.chat()`` returns one over a :class:`~.memory.MemoryStore`; the
+    ``agentloop.chat()`` returns one over a :class:`~.in_memory_store.MemoryStore`; the
     persisted ``Chat`` model drives one over the Django store.
     """
+
+    #: Send a conversation event to its callbacks (for workers acting for the chat):
+    #: ``emit(event, *args)``, the callbacks' own.
+    emit: Callable[..., None]
+    #: What ``generate()`` would send, without sending it (batches use this):
+    #: ``prepare_model_call(transcript=None, *, stream=False, check_limits=True)``, see
+    #: :meth:`.model_calls.ModelCalls.prepare_model_call`.
+    prepare_model_call: Callable[..., PreparedCall]
+    #: Append the answer to a prepared call, with its usage row, as ``generate()`` does:
+    #: ``accept_response(prepared, response, *, cost=None, duration_ms=None,
+    #: partial_key=None, release_after=())``, see :meth:`.model_calls.ModelCalls.accept_response`.
+    accept_response: Callable[..., Any]
+    #: Record a cancel observed outside a verb (a batch poller): ``record_cancel(exc, *,
+    #: usage=None, unanswered=None)``, see :meth:`.runs.Runs.record_cancel`.
+    record_cancel: Callable[..., None]
 
     def __init__(self, store: ChatStore, *, owner: Any = None) -> None:
         super().__init__(store)
@@ -66,14 +82,17 @@ class Conversation(Configuration, Generic[MessageT]):
             owner=self.owner,
         )
         self._control = Control(store, self._callbacks)
-        self._people = PeopleInTheLoop(store, self._callbacks)
+        self._emit = self.emit = self._callbacks.emit
+        self.prepare_model_call = self._calls.prepare_model_call
+        self.accept_response = self._calls.accept_response
+        self.record_cancel = self._runs.record_cancel
         self._loop = Loop(
             store, self._callbacks, self._runs, self._calls, self._control, owner=self.owner
         )
         self._editing = Editing(store, self._callbacks, self._runs, self._loop)
 
     def __repr__(self) -> str:
-        return f"<Conversation model={self.store.get_config().model!r}>"
+        return f"<Conversation model={self.store.config.get_config().model!r}>"
 
     # -- callbacks ----------------------------------------------------------------------
     def on(self, event: str, callback: Callable[..., Any]) -> Self:
@@ -98,27 +117,23 @@ class Conversation(Configuration, Generic[MessageT]):
         """Call ``callback(result_message)`` after each tool result is saved."""
         return self.on("after_tool_result", callback)
 
-    def emit(self, event: str, *args: Any) -> None:
-        """Send a conversation event to its callbacks (for workers acting for the chat)."""
-        self._callbacks.emit(event, *args)
-
     # -- reading --------------------------------------------------------------------------
     @property
     def messages(self) -> list[Message]:
         """The transcript (engine messages, read fresh)."""
-        return self.store.load_transcript()
+        return self.store.transcript.load_transcript()
 
     def is_complete(self) -> bool:
         """Settled: the latest answer asked for no tools (or there is nothing yet)."""
-        return is_complete(self.store.load_transcript())
+        return is_complete(self.store.transcript.load_transcript())
 
     def is_waiting(self) -> bool:
         """A pending tool call is held by an approval, a question or a subagent."""
-        return is_waiting(self.store.load_transcript())
+        return is_waiting(self.store.transcript.load_transcript())
 
     def tools(self) -> dict[str, type[Tool]]:
         """The chat's tools by name."""
-        return {tool.name: tool for tool in self.store.get_tools()}
+        return {tool.name: tool for tool in self.store.config.get_tools()}
 
     # -- verbs ------------------------------------------------------------------------------
     def cancel(self) -> bool:
@@ -128,7 +143,7 @@ class Conversation(Configuration, Generic[MessageT]):
         is set) when there was none, so a later message never inherits the cancel. A chat
         that waits for a person, which no run holds, has no run to see the flag: its held
         calls are cancelled at once (``cancel_waiting``)."""
-        if not self.store.request_cancel():
+        if not self.store.stopping.request_cancel():
             return False
         self.cancel_waiting()
         return True
@@ -147,17 +162,18 @@ class Conversation(Configuration, Generic[MessageT]):
         "reject" raises ``ChatBusyError``; "queue" keeps the message and it is added and
         answered, in order, after the current run; "interrupt" cancels the current run at its
         next checkpoint, then answers the message. Over a store that keeps no queue
-        (``queues_messages`` False) only "reject" applies."""
+        (``store.inbox`` None) only "reject" applies."""
         mode = if_busy or agentloop_settings.IF_BUSY
         if mode not in ("reject", "queue", "interrupt"):
             raise ConfigurationError(
                 f"if_busy must be 'reject', 'queue' or 'interrupt', not {mode!r}."
             )
-        if not self.store.queues_messages:
+        inbox = self.store.inbox
+        if inbox is None:
             if if_busy not in (None, "reject"):
                 raise ConfigurationError(
                     f"if_busy={if_busy!r} needs a store that queues messages; "
-                    f"{type(self.store).__name__} doesn't (queues_messages is False)."
+                    f"{type(self.store).__name__} doesn't (store.inbox is None)."
                 )
             mode = "reject"  # the project's default can't apply to this store
         files = checked_attachments(attachments)
@@ -167,12 +183,14 @@ class Conversation(Configuration, Generic[MessageT]):
         except (ChatBusyError, PendingToolCallsError) as exc:
             # Between two jobs of a background run no one holds the chat, but the run is on:
             # its pending calls are not a reason to refuse a message that can wait its turn.
-            between_jobs = isinstance(exc, PendingToolCallsError) and self.store.run_in_progress()
-            if mode == "reject" or not (isinstance(exc, ChatBusyError) or between_jobs):
+            if mode == "reject" or inbox is None:
+                raise
+            between_jobs = isinstance(exc, PendingToolCallsError) and inbox.run_in_progress()
+            if not (isinstance(exc, ChatBusyError) or between_jobs):
                 raise
             if mode == "interrupt":
                 self.cancel()
-            self.store.queue_message(Message(role="user", content=content, attachments=files))
+            inbox.queue_message(Message(role="user", content=content, attachments=files))
         return self
 
     def generate(self, stream: StreamCallback | None = None) -> MessageT:
@@ -331,46 +349,10 @@ class Conversation(Configuration, Generic[MessageT]):
         """``fork()`` for async code."""
         return await self.store.run_phase(partial(self.fork, at))
 
-    # -- people in the loop (:mod:`.people`) ------------------------------------------------
-    def pending_approvals(self) -> list[Any]:
-        """Tool calls waiting for a person to approve or deny them."""
-        return self._people.pending_approvals()
+    # -- people in the loop: pending_approvals(), approve(), deny()... are PeopleInTheLoop's
+    #    (:mod:`.people`), this class's base. --------------------------------------------------
 
-    def pending_questions(self) -> list[Any]:
-        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
-        return self._people.pending_questions()
-
-    def pending_results(self) -> list[Any]:
-        """Calls of deferred tools waiting for their result from outside (``submit_result``)."""
-        return self._people.pending_results()
-
-    def approve(
-        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
-    ) -> None:
-        """Let a call that needs approval run (at the next step), for exactly its arguments,
-        or for ``arguments`` edited by the approver: validated by the tool's ``Params`` first
-        (``InvalidArgumentsError``, nothing written); the model's are kept."""
-        self._people.approve(tool_call_id, by=by, arguments=arguments)
-
-    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
-        """Refuse a call: the model gets an error result saying the user denied it."""
-        return self._people.deny(tool_call_id, reason=reason, by=by)
-
-    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
-        """Answer a call's question: the answer becomes the call's result."""
-        return self._people.answer(tool_call_id, text, by=by)
-
-    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
-        """Give a deferred tool's call its result (``error=True``: the model sees an error
-        result). A conditional decision: a second submit gets ``DecisionConflictError``."""
-        return self._people.submit_result(tool_call_id, content, error=error)
-
-    def settle_subagent(self, tool_call_id: Any, text: str, is_error: bool = False) -> bool:
-        """Give a call waiting on a subagent its result (an error result when the subagent's
-        run was cancelled); False if it wasn't waiting."""
-        return self._people.settle_subagent(tool_call_id, text, is_error=is_error)
-
-    # -- control (:mod:`.control`) -----------------------------------------------------------
+    # -- control -------------------------------------------------------------------------------
     def halt(self, reason: str) -> bool:
         """Stop the run after its current tool round, before its next model call; works
         from a tool, a callback, another thread or another process.
@@ -378,56 +360,22 @@ class Conversation(Configuration, Generic[MessageT]):
         The chat is stopped with ``stop_reason`` "halted: <reason>" and "halted" is sent
         (nothing is cancelled; the next message goes on normally). True when a run was in
         progress or queued; False, and nothing set, when none was."""
-        return self._control.halt(reason)
+        return self.store.stopping.request_halt(halt_text(reason))
 
     def cancel_waiting(self) -> bool:
-        """Apply a cancel now to a chat that waits and that no run holds or is queued to run:
-        its held calls are answered as cancelled (see :meth:`.control.Control.cancel_waiting`).
-        False, with nothing done, when no call waits or a run holds the chat."""
-        return self._control.cancel_waiting()
-
-    # -- model calls made elsewhere (batches; :mod:`.model_calls`) ---------------------------
-    def prepare_model_call(
-        self,
-        transcript: list[Message] | None = None,
-        *,
-        stream: bool = False,
-        check_limits: bool = True,
-    ) -> PreparedCall:
-        """What ``generate()`` would send, without sending it (batches use this): limits
-        checked (``check_limits=False`` skips them and compaction, for a call checked when it
-        was sent), the provider resolved, the chat compacted if due, the request built."""
-        return self._calls.prepare_model_call(transcript, stream=stream, check_limits=check_limits)
-
-    def accept_response(
-        self,
-        prepared: PreparedCall,
-        response: ModelResponse,
-        *,
-        cost: Decimal | None = None,
-        duration_ms: int | None = None,
-        partial_key: Any = None,
-        release_after: tuple[str, ...] = (),
-    ) -> Any:
-        """Append the answer to a prepared call, with its usage row, as ``generate()`` does
-        (``cost`` overrides the provider's price; ``release_after``: the moves after which
-        the same write releases the claim)."""
-        return self._calls.accept_response(
-            prepared,
-            response,
-            cost=cost,
-            duration_ms=duration_ms,
-            partial_key=partial_key,
-            release_after=release_after,
-        )
-
-    def record_cancel(
-        self,
-        exc: CancelledError,
-        *,
-        usage: UsageRecord | None = None,
-        unanswered: list[ToolCall] | None = None,
-    ) -> None:
-        """Record a cancel observed outside a verb (a batch poller): the flag cleared, the
-        attempt cut short and the calls left unanswered recorded, "cancelled" sent."""
-        self._runs.record_cancel(exc, usage=usage, unanswered=unanswered)
+        """Apply a cancel now to a chat that waits (for a person, or a subagent) and that no
+        run holds or is queued to run, since none would come back to see the flag: the calls
+        of its round held for approval, a question or a deferred result (or not started) are
+        answered as cancelled, each only if still undecided (a decision that got there first
+        stands, a later one gets ``DecisionConflictError``); the flag is cleared, a waiting
+        chat becomes idle, and "cancelled" is sent (calls held by subagents are settled by
+        the subagents' own cancel). False, with nothing done, when no call waits or a run
+        holds the chat or is queued to run it: its next checkpoint applies the cancel."""
+        records = self.store.stopping.cancel_held(CANCELLED_TOOL_RESULT)
+        if records is None:
+            return False
+        for record in records:
+            self._callbacks.emit("after_tool_result", record)
+            self._callbacks.emit("after_message", record)
+        self._callbacks.emit("cancelled")
+        return True

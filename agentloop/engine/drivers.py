@@ -154,7 +154,7 @@ def _watch(checkpoints: Checkpoints | None) -> Watch | None:
 def _await_judging(effect: AwaitJudging) -> list[Any]:
     """Wait for the verdicts of guardrails judging meanwhile, looking at the cancel."""
     judging = effect.judging
-    while not judging.settled_within(SLICE):
+    while not judging.verdicts_in.wait(SLICE):
         if effect.checkpoints is not None:
             effect.checkpoints.check(force=False)
     if effect.state is not None and judging.passed:

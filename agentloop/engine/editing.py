@@ -19,7 +19,7 @@ from .callbacks import Callbacks
 from .effects import Effects
 from .loop import Loop, checked_attachments
 from .runs import Run, Runs
-from .store import SUPERSEDED_DECISION, ChatStore
+from .store import SUPERSEDED_DECISION, ChatStore, Edits, missing_part
 from .streaming import StreamCallback
 from .transcript import next_move
 
@@ -63,8 +63,10 @@ class Editing:
     # -- fork -----------------------------------------------------------------------------
     def fork(self, at: Any, wrap: Callable[[ChatStore], Any]) -> Any:
         """The new chat (``wrap`` makes a Conversation of a store the store returned)."""
-        self._able("forks_chats", "no fork")
-        transcript = self.store.load_transcript()
+        forks = self.store.forks
+        if forks is None:
+            raise ConfigurationError(missing_part(self.store, "forks", "no fork"))
+        transcript = self.store.transcript.load_transcript()
         if at is None:
             finished = [m for m in transcript if m.status != MessageStatus.PARTIAL]
             if not finished:
@@ -76,10 +78,10 @@ class Editing:
                 raise EditError(
                     f"Message {target.key} is an answer still streaming: fork at a finished one."
                 )
-        forked = self.store.fork(target, FORK_OPEN_CALL_RESULT)
+        forked = forks.fork(target, FORK_OPEN_CALL_RESULT)
         if isinstance(forked, ChatStore):
             forked = wrap(forked)
-        self._emit("forked", forked, self.store.native_message(target))
+        self._emit("forked", forked, self.store.transcript.native_message(target))
         return forked
 
     # -- regenerate and edit --------------------------------------------------------------
@@ -100,32 +102,30 @@ class Editing:
         stream: StreamCallback | None,
     ) -> Effects[Any]:
         """``edit()`` and ``regenerate()``: the replacement written, then answered here."""
-        self._able("supersedes_messages", "no edit or regenerate")
+        self._edits()  # refused before anything is taken or written
         with self._runs.scope(single=False) as run:
             self._replace(run, message, text, files)
             return (yield from self._loop.finish(run, stream))
 
     def replace_later(self, message: Any, text: str | None, files: list[Any] | None) -> None:
         """``edit_later()`` and ``regenerate_later()``: the replacement written, no model call."""
-        self._able("supersedes_messages", "no edit or regenerate")
+        self._edits()  # refused before anything is taken or written
         with self._runs.scope(single=True) as run:
             self._replace(run, message, text, files)
 
     # -- internals --------------------------------------------------------------------------
-    def _able(self, flag: str, instead: str) -> None:
-        """Refuse, before anything is taken or written, what the store leaves out."""
-        if not getattr(self.store, flag):
-            raise ConfigurationError(
-                f"{type(self.store).__name__} leaves out an optional part ({flag} is False): "
-                f"{instead}."
-            )
+    def _edits(self) -> Edits:
+        """The store's edits part; a clear refusal where the store leaves it out."""
+        if self.store.edits is None:
+            raise ConfigurationError(missing_part(self.store, "edits", "no edit or regenerate"))
+        return self.store.edits
 
     def _replace(self, run: Run, message: Any, text: str | None, files: list[Any] | None) -> None:
         """Under the verb's claim: supersede from the named user message (the last one when
         None) and add its replacement as the new turn (``files``: its attachments; None:
         the original's); the run goes on with the kept rows and the replacement."""
-        transcript, _ = self.store.read_for_step()
-        pending = self.store.pending_run()
+        transcript = self.store.transcript.load_transcript()
+        pending = self._edits().pending_run()
         if pending:
             raise ChatBusyError(
                 f"This chat {pending}: cancel() it, or wait for it to end, before editing "
@@ -140,8 +140,8 @@ class Editing:
         if not replacement.content.strip() and not replacement.attachments:
             raise EditError("An edited message needs some text (or an attachment).")
         start = next(i for i, m in enumerate(transcript) if m.key == target.key)
-        superseded = self.store.supersede(target)
-        record = self.store.append_message(replacement)
+        superseded = self._edits().supersede(target)
+        record = self.store.transcript.append_message(replacement)
         tracing.turn_started(self.store, replacement)
         kept = transcript[:start] + [m for m in transcript[start:] if m.role == "system"]
         run.transcript = [*kept, replacement]
@@ -169,7 +169,7 @@ class Editing:
         for candidate in transcript:
             if _same(candidate.key, key):
                 return candidate
-        if any(m.superseded and _same(m.key, key) for m in self.store.load_history()):
+        if any(m.superseded and _same(m.key, key) for m in self._edits().load_history()):
             raise EditError(
                 f"Message {key} was superseded (an edit or a regenerated answer replaced it): "
                 "name one of the chat's current messages."

@@ -211,7 +211,7 @@ class Guards:
         self.store = store
         self.emit = emit
         self.chat = chat
-        guardrails: list[Guardrail] = list(store.get_guardrails())
+        guardrails: list[Guardrail] = list(store.config.get_guardrails())
         self.input = [g for g in guardrails if g.stage == "input" and not g.run_in_parallel]
         self.parallel = [g for g in guardrails if g.stage == "input" and g.run_in_parallel]
         self.output = [g for g in guardrails if g.stage == "output"]
@@ -232,7 +232,7 @@ class Guards:
                 case,
                 chat=self.chat,
                 transcript=tuple(m for m in before if m is not case.message),
-                background=self.store.background,
+                background=self.store.runs.background,
                 parallel=parallel,
             )
             for case in cases
@@ -277,7 +277,7 @@ class Guards:
                 message.content = verdict.text
             if verdict.blocked is not None:
                 message.status = MessageStatus.BLOCKED
-            self.store.save_guardrails(message)
+            self.store.transcript.save_guardrails(message)
             if not verdict.passed:
                 self.fail_or_stop(verdict)
 
@@ -292,6 +292,6 @@ class Guards:
         if announce:
             self.emit("guardrail_blocked", blocked, True)
         reason = stop_reason(blocked)
-        self.store.record_stop(reason)
+        self.store.stopping.record_stop(reason)
         self.emit("stopped", reason)
         raise GuardrailBlockedError(reason, guardrail=blocked.guardrail, stage=blocked.stage)

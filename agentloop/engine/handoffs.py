@@ -52,10 +52,10 @@ class RoundHandoffs:
 
     def refusal(self) -> str | None:
         """Why a handoff can't be made now; None when it can."""
-        if not self.store.records_handoffs:
+        if self.store.handoffs is None:
             return (
                 f"Not handed off: {type(self.store).__name__} keeps no handoffs "
-                "(records_handoffs is False)."
+                "(store.handoffs is None)."
             )
         if self.made is not None:
             call_id, record = self.made
@@ -109,7 +109,8 @@ class RoundHandoffs:
                     # The new agent checks everything (inputs, model) before it writes.
                     record = request.agent.take_over(self.owner, request.inputs)
                     call.handoff = record
-                    self.store.record_handoff(call, record)
+                    assert self.store.handoffs is not None  # refusal() said so
+                    self.store.handoffs.record_handoff(call, record)
                     result = write(outcome)
             except ConfigurationError as exc:
                 call.handoff = None
@@ -132,4 +133,4 @@ class RoundHandoffs:
         listens sees the chat under its new agent."""
         call, self._unannounced = self._unannounced, None
         if call is not None and call.handoff is not None:
-            self.emit("handed_off", call.handoff, self.store.native_tool_call(call))
+            self.emit("handed_off", call.handoff, self.store.tool_calls.native_tool_call(call))

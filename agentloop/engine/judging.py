@@ -261,7 +261,8 @@ class Judging:
         #: set once the verdict will not let the call stand (a block, a replacement, an
         #: error): the call in flight is abandoned (see agentloop.engine.sending).
         self.stopped = threading.Event()
-        self._settled = threading.Event()
+        #: set once the verdicts are in (``settle``): a waiter may wait on it, bounded.
+        self.verdicts_in = threading.Event()
         self.verdicts: list[Verdict] = []
         #: the task judging (the async driver's), cancelled when the verb ends first.
         self.task: Any = None
@@ -272,7 +273,7 @@ class Judging:
         self.verdicts = verdicts
         if not all(verdict.clean for verdict in verdicts):
             self.stopped.set()
-        self._settled.set()
+        self.verdicts_in.set()
 
     def settle_failed(self, error: BaseException) -> None:
         """The judging itself broke (not a guardrail's own failure): fail closed."""
@@ -283,20 +284,16 @@ class Judging:
 
     @property
     def settled(self) -> bool:
-        return self._settled.is_set()
+        return self.verdicts_in.is_set()
 
     @property
     def passed(self) -> bool:
         """Settled, and every case passed as it was."""
-        return self._settled.is_set() and not self.stopped.is_set()
+        return self.verdicts_in.is_set() and not self.stopped.is_set()
 
     def wait(self) -> list[Verdict]:
-        self._settled.wait()
+        self.verdicts_in.wait()
         return self.verdicts
-
-    def settled_within(self, seconds: float) -> bool:
-        """Wait at most ``seconds`` for the verdicts: True once they are in."""
-        return self._settled.wait(seconds)
 
 
 class Judged(Exception):  # noqa: N818 - an outcome, never seen outside the verb

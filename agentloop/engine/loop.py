@@ -101,7 +101,7 @@ class Loop:
     def ask_later(self, run: Run, content: str | None, files: list[Any]) -> None:
         """Add the messages queued so far, then ``content`` (None: only the queued ones)."""
         emit = self._callbacks.emit
-        transcript, _ = self.store.read_for_step()
+        transcript = self.store.transcript.load_transcript()
         round_ = pending_round(transcript)
         if round_.unanswered:
             if not all(call.state == ToolCallState.CANCELLED for call in round_.unanswered):
@@ -118,19 +118,22 @@ class Loop:
                     tool_name=call.name,
                     is_error=True,
                 )
-                record = self.store.save_tool_result(call, result, ToolCallState.CANCELLED, None)
+                record = self.store.tool_calls.save_tool_result(
+                    call, result, ToolCallState.CANCELLED, None
+                )
                 transcript.append(result)
                 emit("after_message", record)
         # Messages queued earlier go first, in order, taken together: a message sent now (to a
         # chat whose run failed, or waits for its retry, leaving them queued) never overtakes
         # them.
-        messages = self.store.take_queued() if self.store.has_queued() else []
+        inbox = self.store.inbox
+        messages = inbox.take_queued() if inbox is not None and inbox.has_queued() else []
         if content is not None:
             messages.append(Message(role="user", content=content, attachments=files))
         # The new turn starts with what was read (no cancel: a user message never inherits one).
         run.transcript = transcript
         for message in messages:
-            record = self.store.append_message(message)
+            record = self.store.transcript.append_message(message)
             tracing.turn_started(self.store, message)
             transcript.append(message)
             run.next_move = next_move(transcript)
@@ -150,17 +153,19 @@ class Loop:
                 break
         if last is None:
             transcript = finished(run.transcript or [])
-            return self.store.native_message(transcript[-1]) if transcript else None
+            return self.store.transcript.native_message(transcript[-1]) if transcript else None
         return last
 
     def _step(self, stream: StreamCallback | None, run: Run) -> Effects[Any]:
         requested_at = None
         first = run.transcript is None
         if run.transcript is None:
-            run.transcript, requested_at = self.store.read_for_step()
+            run.transcript = self.store.transcript.load_transcript()
+            requested_at = self.store.stopping.cancel_requested_at()
         transcript = run.transcript
         move = next_move(transcript)
-        if self.store.has_queued() and _takes_a_message(transcript):
+        inbox = self.store.inbox
+        if inbox is not None and inbox.has_queued() and _takes_a_message(transcript):
             # Messages sent while another run held the chat: added now, in order.
             self.ask_later(run, None, [])
             transcript, requested_at = run.transcript or transcript, None
@@ -191,7 +196,7 @@ class Loop:
         if round_.message is None or not round_.unanswered:
             run.next_move = next_move(transcript)
             return []
-        config = self.store.get_config()
+        config = self.store.config.get_config()
         options = config.tool_options
         if options.concurrency is None and agentloop_settings.TOOL_CONCURRENCY is not None:
             # The chat didn't choose: the project-wide default applies.
@@ -200,7 +205,7 @@ class Loop:
             )
         limit = config.limits.max_tool_calls
         budget = None if limit is None else max(limit - counted_tool_results(transcript), 0)
-        tools: dict[str, type[Tool]] = {tool.name: tool for tool in self.store.get_tools()}
+        tools: dict[str, type[Tool]] = {tool.name: tool for tool in self.store.config.get_tools()}
         guards = Guards(self.store, self._callbacks.emit, self._owner)
         runner = ToolRunner(
             self.store,
@@ -231,7 +236,7 @@ class Loop:
         if runner.handoffs is not None and runner.handoffs.made is not None:
             # Handed over: the new agent's instructions replaced the system message. Read
             # again (one query, only after a handoff), so the next model call sends them.
-            transcript[:] = self.store.load_transcript()
+            transcript[:] = self.store.transcript.load_transcript()
         else:
             # The transcript in memory follows what was written: the next step needs no read.
             transcript.extend(runner.messages)

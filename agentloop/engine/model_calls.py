@@ -109,17 +109,18 @@ class ModelCalls:
         elif limits.max_tool_calls is not None and tool_calls >= limits.max_tool_calls:
             reason = f"max_tool_calls reached ({tool_calls} of {limits.max_tool_calls})"
         elif limits.max_seconds is not None or limits.max_cost is not None:
-            began = self.store.turn_started_at(transcript[start]) if transcript else None
+            began = self.store.transcript.turn_started_at(transcript[start]) if transcript else None
             if began is not None and limits.max_seconds is not None:
                 elapsed = (_now() - began).total_seconds()
                 if elapsed >= limits.max_seconds:
                     reason = f"max_seconds reached ({elapsed:.1f}s of {limits.max_seconds}s)"
-            if reason is None and began is not None and limits.max_cost is not None:
-                cost = self.store.turn_cost(began)
+            costs = self.store.costs  # a max_cost limit is refused where it is None
+            if reason is None and began is not None and limits.max_cost is not None and costs:
+                cost = costs.turn_cost(began)
                 if cost >= limits.max_cost:
                     reason = f"max_cost reached ({cost} of {limits.max_cost})"
         if reason is not None:
-            self.store.record_stop(reason)
+            self.store.stopping.record_stop(reason)
             self._emit("stopped", reason)
             raise LimitReachedError(reason)
 
@@ -127,7 +128,7 @@ class ModelCalls:
         self, transcript: list[Message], config: ChatConfig, model_id: str, stream: bool
     ) -> ModelRequest:
         options = config.tool_options
-        tools = [tool.definition() for tool in self.store.get_tools()]
+        tools = [tool.definition() for tool in self.store.config.get_tools()]
         messages = window(transcript)  # after a compaction: instructions, summary, recent rows
         choice = options.choice
         if choice not in (None, "auto", "none") and messages and messages[-1].role == "tool":
@@ -166,8 +167,8 @@ class ModelCalls:
         request with the same mapping as every model call.
         """
         if transcript is None:
-            transcript = self.store.load_transcript()
-        config = self.store.get_config()
+            transcript = self.store.transcript.load_transcript()
+        config = self.store.config.get_config()
         if check_limits:
             self._check_limits(transcript, config)
         prepared = self._prepare_for(transcript, config, None, stream)
@@ -233,7 +234,9 @@ class ModelCalls:
         )
         then = "tools" if message.tool_calls else "done"
         release = then if then in release_after else None
-        record = self.store.save_answer(message, usage, partial_key=partial_key, release=release)
+        record = self.store.transcript.save_answer(
+            message, usage, partial_key=partial_key, release=release
+        )
         prepared.transcript.append(message)
         self._emit("after_message", record)
         return record
@@ -273,7 +276,7 @@ class ModelCalls:
         guards: Guards,
         judging: Judging | None,
     ) -> Effects[Any]:
-        config = self.store.get_config()
+        config = self.store.config.get_config()
         streams = stream is not None
         self._emit("before_message")
         chain: list[str | None] = [None, *config.fallbacks]  # None: the chat's own model
@@ -378,7 +381,7 @@ class ModelCalls:
                 )
             except BaseException:
                 if partial_key is not None:  # a failed attempt's partial that nothing finishes
-                    self.store.fail_partial(partial_key)
+                    self.store.transcript.fail_partial(partial_key)
                 raise
             state = StreamState(self.store, checkpoints, stream, model_id, judging)
             state.partial_key = partial_key
@@ -411,12 +414,12 @@ class ModelCalls:
                 assert judging is not None  # noqa: S101 - only a judged call is abandoned
                 unkept = unkept_usage(provider, provider_name, model_id, started, None,
                                       why=ABANDONED, reservation=reservation)  # fmt: skip
-                self.store.record_usage(unkept)
+                self.store.transcript.record_usage(unkept)
                 raise Judged((yield AwaitJudging(judging, checkpoints=checkpoints))) from None
             except Exception as exc:
                 failed = failed_usage(provider_name, model_id, exc, started)
                 failed.reservation = reservation
-                self.store.record_usage(failed)
+                self.store.transcript.record_usage(failed)
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is not None:
                     partial_key = state.partial_key
@@ -425,7 +428,7 @@ class ModelCalls:
                     continue
                 if state.partial_key is not None:
                     # Nothing will finish this answer: it must not look like it still streams.
-                    self.store.fail_partial(state.partial_key)
+                    self.store.transcript.fail_partial(state.partial_key)
                 raise
             if judging is not None:
                 try:  # passed: the held chunks go out
@@ -436,9 +439,10 @@ class ModelCalls:
                     raise
                 if not judging.passed:
                     # The answer came first; the verdict drops it (its usage is kept).
-                    self.store.record_usage(unkept_usage(provider, provider_name, model_id,
-                                                         started, response, why=ABANDONED,
-                                                         reservation=reservation))  # fmt: skip
+                    self.store.transcript.record_usage(
+                        unkept_usage(provider, provider_name, model_id, started, response,
+                                     why=ABANDONED, reservation=reservation)
+                    )  # fmt: skip
                     raise Judged(verdicts)
             return response, state.partial_key, started, reservation
         raise AssertionError("unreachable")  # pragma: no cover
@@ -457,9 +461,9 @@ class ModelCalls:
     def _answer(self, response: ModelResponse, transcript: list[Message], model_id: str) -> Message:
         """The assistant message for a response: unique call ids, parsed structured output."""
         seen = {call.id for message in transcript for call in message.tool_calls}
-        if response.tool_calls:
+        if response.tool_calls and self.store.edits is not None:
             # Ids of superseded calls are taken too: a tool's idempotency key never repeats.
-            seen.update(call.id for call in self.store.superseded_calls())
+            seen.update(call.id for call in self.store.edits.superseded_calls())
         calls = []
         for call in response.tool_calls:
             call_id = call.id or f"call_{uuid.uuid4().hex[:12]}"
@@ -468,7 +472,7 @@ class ModelCalls:
             seen.add(call_id)
             calls.append(call.model_copy(update={"id": call_id, "state": ToolCallState.PENDING}))
         parsed = response.parsed
-        if self.store.get_config().output_schema and response.content:
+        if self.store.config.get_config().output_schema and response.content:
             # Our own parse validates against the pydantic model when there is one.
             parsed = self._parse(response.content)
         return Message(
@@ -485,7 +489,7 @@ class ModelCalls:
 
     def _parse(self, content: str) -> Any:
         model = self._schema_model()
-        path = self.store.get_config().schema_path
+        path = self.store.config.get_config().schema_path
         if model is None and path:
             loaded = load_by_path(path)
             model = loaded if isinstance(loaded, type) and issubclass(loaded, BaseModel) else None

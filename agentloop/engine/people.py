@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
 from ..messages import Message, ToolCall, ToolCallState
 from ..tools import arguments_problem, format_result
-from .callbacks import Callbacks
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
 from .transcript import pending_round
@@ -25,11 +25,11 @@ def _names(call: ToolCall, key: Any) -> bool:
 
 
 class PeopleInTheLoop:
-    """What holds a chat, and the decisions that release it, for one chat's store."""
+    """What holds a chat, and the decisions that release it, for one chat's store: a base of
+    ``Conversation``, whose store and callbacks these are."""
 
-    def __init__(self, store: ChatStore, callbacks: Callbacks) -> None:
-        self.store = store
-        self._emit = callbacks.emit
+    store: ChatStore
+    _emit: Callable[..., None]
 
     def pending_approvals(self) -> list[Any]:
         """Tool calls waiting for a person to approve or deny them."""
@@ -44,9 +44,9 @@ class PeopleInTheLoop:
         return self._waiting_calls("deferred")
 
     def _waiting_calls(self, reason: str) -> list[Any]:
-        round_ = pending_round(self.store.load_transcript())
+        round_ = pending_round(self.store.transcript.load_transcript())
         return [
-            self.store.native_tool_call(call)
+            self.store.tool_calls.native_tool_call(call)
             for call in round_.unanswered
             if call.state == ToolCallState.WAITING and call.wait_reason == reason
         ]
@@ -54,7 +54,7 @@ class PeopleInTheLoop:
     def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
         """The waiting call named by its provider id, its store key, or a store record."""
         key = getattr(tool_call_id, "pk", tool_call_id)
-        transcript = self.store.load_transcript()
+        transcript = self.store.transcript.load_transcript()
         round_ = pending_round(transcript)
         for call in round_.message.tool_calls if round_.message is not None else []:
             if _names(call, key):
@@ -82,7 +82,8 @@ class PeopleInTheLoop:
                     raise DecisionConflictError(
                         f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
                     )
-        for call in self.store.superseded_calls():
+        superseded = self.store.edits.superseded_calls() if self.store.edits is not None else []
+        for call in superseded:
             if _names(call, key):
                 raise ToolCallNotWaitingError(
                     f"Tool call {call.id!r} ({call.name}) was superseded (an edit or a "
@@ -102,13 +103,13 @@ class PeopleInTheLoop:
         else:
             # Held before the engine checked arguments first: approve only what could run.
             self._check_arguments(call, call.arguments)
-        self.store.record_decision(call, "approved", by=by, reason="", result=None)
+        self.store.tool_calls.record_decision(call, "approved", by=by, reason="", result=None)
 
     def _check_arguments(self, call: ToolCall, arguments: dict[str, Any]) -> None:
         """``InvalidArgumentsError`` (one line) when the call's tool refuses ``arguments`` or
         takes no parameter for some of their keys; nothing is checked for a tool the chat
         no longer has (running it answers that)."""
-        tool_class = next((t for t in self.store.get_tools() if t.name == call.name), None)
+        tool_class = next((t for t in self.store.config.get_tools() if t.name == call.name), None)
         problem = None if tool_class is None else arguments_problem(tool_class, arguments)
         if problem is not None:
             raise InvalidArgumentsError(problem)
@@ -116,7 +117,7 @@ class PeopleInTheLoop:
     def _edit_arguments(self, call: ToolCall, arguments: Any) -> None:
         """Check the approver's arguments, then make them the call's (the approval's digest
         binds them); the model's arguments go to ``original_arguments``."""
-        tool_class = next((t for t in self.store.get_tools() if t.name == call.name), None)
+        tool_class = next((t for t in self.store.config.get_tools() if t.name == call.name), None)
         if tool_class is None:
             raise InvalidArgumentsError(
                 f"Tool {call.name!r} is not among the chat's tools: its arguments can't be edited."
@@ -143,7 +144,9 @@ class PeopleInTheLoop:
         result = Message(
             role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=True
         )
-        record = self.store.record_decision(call, "denied", by=by, reason=reason, result=result)
+        record = self.store.tool_calls.record_decision(
+            call, "denied", by=by, reason=reason, result=result
+        )
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return record
@@ -152,7 +155,9 @@ class PeopleInTheLoop:
         """Answer a call's question: the answer becomes the call's result."""
         call = self._find_waiting(tool_call_id, "question")
         result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
-        record = self.store.record_decision(call, "answered", by=by, reason="", result=result)
+        record = self.store.tool_calls.record_decision(
+            call, "answered", by=by, reason="", result=result
+        )
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return record
@@ -165,7 +170,9 @@ class PeopleInTheLoop:
         result = Message(
             role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=error
         )
-        record = self.store.record_decision(call, "submitted", by=None, reason="", result=result)
+        record = self.store.tool_calls.record_decision(
+            call, "submitted", by=None, reason="", result=result
+        )
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return record
@@ -181,7 +188,9 @@ class PeopleInTheLoop:
             role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=is_error
         )
         decision = "cancelled" if is_error else "answered"
-        record = self.store.record_decision(call, decision, by=None, reason="", result=result)
+        record = self.store.tool_calls.record_decision(
+            call, decision, by=None, reason="", result=result
+        )
         self._emit("after_tool_result", record)
         self._emit("after_message", record)
         return True

@@ -51,13 +51,13 @@ class Runs:
         """A verb under the chat's claim: taken first (``ChatBusyError`` when another process
         holds the chat), released by the verb's last write or at its end, with how it ended.
         A CancelledError is recorded on the way out."""
-        owns = self.store.claim()
+        owns = self.store.runs.claim()
         if owns:
             try:
                 # A verb took the chat: configuration that follows code (agents) applies now.
                 self._callbacks.emit("claimed")
             except BaseException as exc:
-                self.store.release(None, failure=exc)
+                self.store.runs.release(None, failure=exc)
                 raise
         run = Run(Checkpoints(self.store, agentloop_settings.CANCEL_POLL_INTERVAL), single)
         try:
@@ -69,13 +69,13 @@ class Runs:
             if owns:
                 # How it ended goes on the chat: cancelled, stopped by a limit, or failed
                 # (one line; a lost lease writes nothing).
-                self.store.release(None, failure=exc)
+                self.store.runs.release(None, failure=exc)
             raise
         if owns:
             if run.halted is not None:
-                self.store.release(None, failure=run.halted)
+                self.store.runs.release(None, failure=run.halted)
             else:
-                self.store.release(run.next_move)
+                self.store.runs.release(run.next_move)
 
     def record_cancel(
         self,
@@ -89,7 +89,7 @@ class Runs:
         """Record a cancel: the flag cleared, the attempt cut short (its partial answer and
         usage), the calls it left unanswered; "cancelled" is sent."""
         requested_at = exc.requested_at if isinstance(exc.requested_at, datetime) else None
-        self.store.record_cancellation(
+        self.store.stopping.record_cancellation(
             requested_at,
             partial=partial,
             partial_key=partial_key,
@@ -103,7 +103,8 @@ class Runs:
         """The transcript, read once per verb together with the cancel flag (the start
         checkpoint); later steps of the run keep it up to date in memory."""
         if run.transcript is None:
-            transcript, requested_at = self.store.read_for_step()
+            transcript = self.store.transcript.load_transcript()
+            requested_at = self.store.stopping.cancel_requested_at()
             run.transcript = transcript
             self.observe(run, requested_at)
         else:

@@ -2,9 +2,16 @@
 
 A store keeps one chat: its configuration, its transcript, its usage rows and
 its cancellation flag. The engine never touches a database itself; the Django
-store (:mod:`agentloop.store`) and the in-memory store (:mod:`.memory`) do.
-Each method that writes says what must happen atomically: that is what makes a
-crash at any point resumable.
+store (:mod:`agentloop.django_store`) and the in-memory store (:mod:`.in_memory_store`) do.
+
+A store is a small core (the hooks around a verb's database work) and parts, each an
+interface written once here: ``store.config``, ``store.runs`` (the claim),
+``store.transcript``, ``store.tool_calls`` and ``store.stopping`` are always there; the
+optional parts (``store.inbox``, ``store.costs``, ``store.tracing``, ``store.handoffs``,
+``store.transactions``, ``store.edits``, ``store.forks``, ``store.budgets``) are an object or
+None, and the engine does without a missing one, or refuses clearly what needs it. The engine
+calls the parts directly. Each method that writes says what must happen atomically: that is
+what makes a crash at any point resumable.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
-from ..exceptions import ConfigurationError
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
 from .config import ChatConfig
 from .estimates import CallEstimate
@@ -28,30 +34,34 @@ from .rate_limiting import RateLimiter, memory_limiter
 __all__ = [
     "OPTIONAL_PARTS",
     "SUPERSEDED_DECISION",
+    "Budgets",
     "ChatStore",
+    "Configuration",
+    "Costs",
+    "Edits",
+    "Forks",
+    "Handoffs",
+    "Inbox",
+    "RunClaim",
+    "Stopping",
     "Superseded",
+    "ToolCalls",
     "ToolTransaction",
+    "Tracing",
+    "Transactions",
+    "Transcript",
     "UsageRecord",
+    "missing_part",
 ]
-
-#: each optional part of a store: its flag, and the methods it needs when the flag is on.
-OPTIONAL_PARTS: dict[str, tuple[str, ...]] = {
-    "queues_messages": ("queue_message", "has_queued", "take_queued"),
-    "sums_costs": ("turn_cost",),
-    "keeps_trace_context": ("trace_context", "set_trace_context"),
-    "records_handoffs": ("record_handoff",),
-    "runs_transactions": ("run_in_transaction",),
-    "supersedes_messages": ("supersede", "superseded_calls", "load_history"),
-    "forks_chats": ("fork",),
-}
 
 
 #: the decision a call held for a person or a subagent gets when it is superseded.
 SUPERSEDED_DECISION = "superseded"
 
 
-def _missing(store: Any, flag: str, instead: str) -> str:
-    return f"{type(store).__name__} leaves out an optional part ({flag} is False): {instead}."
+def missing_part(store: Any, part: str, instead: str) -> str:
+    """The one-line error for a verb that needs an optional part ``store`` leaves out."""
+    return f"{type(store).__name__} leaves out an optional part (store.{part} is None): {instead}."
 
 
 T = TypeVar("T")
@@ -69,7 +79,7 @@ class UsageRecord:
     cost: Decimal | None = None
     error: str = ""
     duration_ms: int | None = None
-    #: what ``ChatStore.reserve`` returned for this attempt: the write of this row settles it.
+    #: what ``Budgets.reserve`` returned for this attempt: the write of this row settles it.
     reservation: Any = None
 
     def __post_init__(self) -> None:
@@ -79,7 +89,7 @@ class UsageRecord:
 
 @dataclass
 class Superseded:
-    """What :meth:`ChatStore.supersede` marked: the messages' keys, in order, and the calls
+    """What :meth:`Edits.supersede` marked: the messages' keys, in order, and the calls
     among them that had no result (now "cancelled"; they never run)."""
 
     keys: list[Any] = field(default_factory=list)
@@ -88,61 +98,17 @@ class Superseded:
 
 @dataclass
 class ToolTransaction:
-    """The transaction a transactional tool runs in (``ChatStore.run_in_transaction``)."""
+    """The transaction a transactional tool runs in (``Transactions.run_in_transaction``)."""
 
     #: a context around the tool's body: what it wrote is rolled back when an exception
     #: leaves it (the tool failed; its error result is still written, in the transaction).
     savepoint: Callable[[], AbstractContextManager[Any]] = nullcontext
 
 
-class ChatStore(ABC):
-    """Where one chat lives. Methods returning ``Any`` return the store's own records
-    (Django model instances for the Django store), which is what users get back."""
+# -- the parts every store has -------------------------------------------------------------
+class Configuration(ABC):
+    """``store.config``: the chat's configuration, tools and guardrails."""
 
-    #: set when a cancel request is known to have arrived, so throttled checkpoints
-    #: read the flag at once instead of at the next poll (None: polling only).
-    cancel_notice: threading.Event | None = None
-    #: True while a background worker runs the chat (tools may act differently, e.g.
-    #: a subagent is enqueued as its own jobs instead of run to completion inline).
-    background: bool = False
-
-    # -- optional parts: a store leaves one out by setting its flag False, and then need not
-    #    write its methods; the engine does without it, or refuses clearly what needs it. ---
-    #: keeps messages sent while another run holds the chat (``queue_message``,
-    #: ``has_queued``, ``take_queued``): ``if_busy="queue"`` and ``"interrupt"``.
-    queues_messages: bool = True
-    #: sums the cost of a turn's usage rows (``turn_cost``): the ``max_cost`` limit.
-    sums_costs: bool = True
-    #: keeps a turn's trace context across its jobs (``trace_context``,
-    #: ``set_trace_context``): with it off, each job of a background turn starts a trace.
-    keeps_trace_context: bool = True
-    #: keeps on a tool call the handoff it made (``record_handoff``), read back with the
-    #: transcript (the turn's handoffs are bounded): handoffs; with it off none is made.
-    records_handoffs: bool = True
-    #: marks messages superseded (``supersede``, ``superseded_calls``, ``load_history``):
-    #: ``edit()`` and ``regenerate()`` (without it they refuse, writing nothing).
-    supersedes_messages: bool = True
-    #: copies the chat into a new one (``fork``): ``fork()``.
-    forks_chats: bool = True
-    #: runs a transactional tool (``Tool.transactional``), its result and its call's state in
-    #: one transaction (``run_in_transaction``), in the verb's own database phase. Off by
-    #: default (the in-memory store has no database to share): such tools run as others.
-    runs_transactions: bool = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A part whose flag is on must be written: checked when the class is defined."""
-        super().__init_subclass__(**kwargs)
-        for flag, methods in OPTIONAL_PARTS.items():
-            if not getattr(cls, flag):
-                continue
-            missing = [name for name in methods if getattr(cls, name) is getattr(ChatStore, name)]
-            if missing:
-                raise TypeError(
-                    f"{cls.__name__} has {flag} = True but doesn't define {', '.join(missing)}; "
-                    f"define them, or set {flag} = False to leave that part out."
-                )
-
-    # -- configuration -------------------------------------------------------------
     @abstractmethod
     def get_config(self) -> ChatConfig:
         """The chat's configuration."""
@@ -168,7 +134,14 @@ class ChatStore(ABC):
     def get_guardrails(self) -> list[Any]:
         """The chat's guardrails (``Guardrail`` objects), in the order they were given."""
 
-    # -- the claim: one writer at a time --------------------------------------------
+
+class RunClaim(ABC):
+    """``store.runs``: the claim, one writer at a time."""
+
+    #: True while a background worker runs the chat (tools may act differently, e.g.
+    #: a subagent is enqueued as its own jobs instead of run to completion inline).
+    background: bool = False
+
     @abstractmethod
     def claim(self) -> bool:
         """Make this process the chat's only writer for a verb (one conditional write).
@@ -185,23 +158,19 @@ class ChatStore(ABC):
         not a cancel or a limit: the chat is marked failed with a one-line error). A no-op
         when the claim was already released by the verb's last write."""
 
-    # -- transcript ----------------------------------------------------------------
+    def note_waiting(self, reason: str) -> None:
+        """A verb waits in place for ``reason`` (a rate limit), or no longer ("")."""
+        return None
+
+
+class Transcript(ABC):
+    """``store.transcript``: the chat's messages and usage rows."""
+
     @abstractmethod
     def load_transcript(self) -> list[Message]:
         """All messages in order, with tool calls, but those superseded by an edit or a
         regenerated answer (the engine never sees them again); a constant number of
         queries."""
-
-    # An optional part (``supersedes_messages``, with ``supersede`` and ``superseded_calls``).
-    def load_history(self) -> list[Message]:
-        """Every message in order, superseded ones included (``superseded`` set): for
-        pages and tests that show what was replaced; never sent to a model."""
-        return self.load_transcript()  # a store that never supersedes has nothing more
-
-    def read_for_step(self) -> tuple[list[Message], datetime | None]:
-        """The transcript and the cancel flag, read together at the start of a move
-        (stores that can should do it in one query)."""
-        return self.load_transcript(), self.cancel_requested_at()
 
     def turn_started_at(self, message: Message) -> datetime | None:
         """When ``message`` (a turn's first) was written; stores may read it on demand."""
@@ -253,6 +222,14 @@ class ChatStore(ABC):
         return None
 
     @abstractmethod
+    def native_message(self, message: Message) -> Any:
+        """The store's record for a transcript message."""
+
+
+class ToolCalls(ABC):
+    """``store.tool_calls``: the states of the model's tool calls and their results."""
+
+    @abstractmethod
     def mark_tool_running(self, call: ToolCall) -> bool:
         """Claim the call for running: one conditional write moving it from the state it was
         read in (pending, approved, or running after a crash) to running, with what tool
@@ -279,31 +256,6 @@ class ChatStore(ABC):
         with ``release``, the next move, the claim's release). Raises
         ``ConcurrentWriteError`` if the call already has a result."""
 
-    # An optional part (``records_handoffs``): without it no handoff is made.
-    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
-        """Keep on ``call`` (with a key, read back in the transcript as ``call.handoff``) the
-        handoff it made: ``{"from": <agent path or "">, "to": <agent path>, "inputs": {...}}``.
-        Written inside :meth:`atomic`, with the configuration it switched and the result."""
-        raise ConfigurationError(_missing(self, "records_handoffs", "no handoffs"))
-
-    def atomic(self) -> AbstractContextManager[None]:
-        """The writes made inside commit together or not at all (the Django store: one
-        transaction); a store whose writes can't fail halfway keeps this default."""
-        return nullcontext()
-
-    def run_in_transaction(
-        self, call: ToolCall, work: Callable[[ToolTransaction], T]
-    ) -> tuple[T, str]:
-        """Run ``work`` (a transactional tool's run for ``call``: the tool, then its result or
-        its wait, whose claim check comes first) in one transaction: all it writes commits,
-        or nothing does. An error ``work`` raises (a lost claim, a failed write) rolls it
-        back and goes on up; a connection lost before the commit (nothing committed) has it
-        run again on a new one while the claim holds. Returns ``work``'s result and "" once
-        it committed, or why the database refused the commit (a deferred constraint the
-        tool's writes broke): then nothing of it was kept. Here (``runs_transactions``
-        off), a plain call."""
-        return work(ToolTransaction()), ""
-
     @abstractmethod
     def mark_tool_waiting(self, call: ToolCall, reason: str, question: str | None = None) -> None:
         """Hold the call for a person ("approval", "question"), a subagent or an outside
@@ -319,55 +271,20 @@ class ChatStore(ABC):
         (``call.original_arguments`` set) also writes ``call.arguments`` and keeps those."""
 
     @abstractmethod
-    def native_message(self, message: Message) -> Any:
-        """The store's record for a transcript message."""
-
-    @abstractmethod
     def native_tool_call(self, call: ToolCall) -> Any:
         """The store's record for a tool call (no query needed)."""
 
-    # -- editing: superseded rows and forks (docs/editing.md) ------------------------
-    # An optional part (``supersedes_messages``).
-    def supersede(self, first: Message) -> Superseded:
-        """Atomically, under the verb's claim: mark ``first`` and every message after it
-        superseded, system messages excepted (the instructions are configuration). They
-        stay, for the record and the ledger (their usage rows are kept), but are never read
-        into the transcript again. Their calls without a result become "cancelled" (one held
-        for a person or a subagent also gets the decision "superseded"), so no run, decision
-        or sweeper ever acts on them."""
-        raise ConfigurationError(_missing(self, "supersedes_messages", "no edit or regenerate"))
 
-    def superseded_calls(self) -> list[ToolCall]:
-        """The calls of superseded messages (id, name and key at least): their ids are never
-        given to a new call (a tool's idempotency key must not repeat), and a decision on
-        one is told it was superseded. Cheap when nothing was ever superseded."""
-        return []  # a store that never supersedes has none
+class Stopping(ABC):
+    """``store.stopping``: cancels, halts and why a turn stopped."""
 
-    def pending_run(self) -> str:
-        """Why a run other than the caller's will still write to this chat (a background run
-        queued or running, an answer awaited from a provider batch), or "" when none will:
-        an edit must not race it."""
-        return ""
-
-    # An optional part (``forks_chats``).
-    def fork(self, at: Message, open_call_result: str) -> Any:
-        """A new chat: this chat's configuration, tools and owner, and copies of the
-        transcript's messages up to and including ``at`` (partial answers left out; no usage
-        rows), linked to this chat and to ``at`` where the store can. A copied call without a
-        copied result gets the error result ``open_call_result`` (state "cancelled"), so a
-        fork never runs a call its origin may have run; a summary covers the same copied
-        rows. Returns the store's record of the new chat (the new chat row), or the new
-        store itself when the store has no record of its own (the engine wraps it)."""
-        raise ConfigurationError(_missing(self, "forks_chats", "no fork"))
-
-    # -- cancellation and stopping -------------------------------------------------
     @abstractmethod
     def cancel_requested_at(self) -> datetime | None:
         """When cancellation was requested, or None. Called at every checkpoint."""
 
     def notices_cover(self, since: float) -> bool:
         """Whether every cancel requested after ``since`` (``time.monotonic()``) is sure to
-        set ``cancel_notice`` (a subscription that has stood since then): throttled
+        set ``store.cancel_notice`` (a subscription that has stood since then): throttled
         checkpoints then needn't read the flag between forced ones. False: they poll."""
         return False
 
@@ -417,69 +334,199 @@ class ChatStore(ABC):
     def halt_requested(self) -> str:
         """The reason of a halt asked for and not yet applied ("" when there is none)."""
 
-    # -- messages sent while a run holds the chat (double-texting) -----------------------
+
+# -- the optional parts: None where a store leaves one out ------------------------------------
+class Inbox(ABC):
+    """``store.inbox``: messages sent while another run holds the chat (double-texting);
+    ``if_busy="queue"`` and ``"interrupt"``. Without it ``if_busy`` can only be "reject"."""
+
+    @abstractmethod
+    def queue_message(self, message: Message) -> None:
+        """Keep a user message sent while another run holds the chat; the run that holds it
+        (or the next) adds it once the chat can take it. Makes sure a run will."""
+
+    @abstractmethod
+    def has_queued(self) -> bool:
+        """Messages wait to be added (as of the claim's read of the chat)."""
+
+    @abstractmethod
+    def take_queued(self) -> list[Message]:
+        """The waiting messages, oldest first, removed (under the verb's claim)."""
+
     def run_in_progress(self) -> bool:
         """A background run of this chat is on (as last read), even between two of its jobs."""
         return False
 
-    # An optional part (``queues_messages``): without it ``if_busy`` can only be "reject".
-    def queue_message(self, message: Message) -> None:
-        """Keep a user message sent while another run holds the chat; the run that holds it
-        (or the next) adds it once the chat can take it. Makes sure a run will."""
-        raise ConfigurationError(_missing(self, "queues_messages", 'if_busy="reject" only'))
 
-    def has_queued(self) -> bool:
-        """Messages wait to be added (as of the claim's read of the chat)."""
-        return False
+class Costs(ABC):
+    """``store.costs``: sums a turn's usage rows. Without it a chat can't have a ``max_cost``
+    limit."""
 
-    def take_queued(self) -> list[Message]:
-        """The waiting messages, oldest first, removed (under the verb's claim)."""
-        return []
-
-    # An optional part (``sums_costs``): without it a chat can't have a ``max_cost`` limit.
+    @abstractmethod
     def turn_cost(self, since: datetime) -> Decimal:
         """Total known cost of usage rows since the turn began."""
-        raise ConfigurationError(_missing(self, "sums_costs", "no max_cost limit"))
 
-    # -- budgets and rate limits (docs/budgets.md) --------------------------------------------
-    def reserve(self, estimate: CallEstimate) -> Any:
+
+class Tracing(ABC):
+    """``store.tracing`` (AGENTLOOP["TRACING"], :mod:`agentloop.engine.tracing`): how spans name
+    the chat, and a turn's trace context kept across its jobs. Without it each job of a
+    background turn starts its own trace."""
+
+    @abstractmethod
+    def trace_names(self) -> tuple[str, str]:
+        """The chat's id and its agent's name ("" when it has none), as spans show them."""
+
+    @abstractmethod
+    def trace_context(self) -> dict[str, str]:
+        """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
+
+    @abstractmethod
+    def set_trace_context(self, carrier: dict[str, str]) -> None:
+        """Keep the trace context of the turn that starts (it replaces the last turn's), so
+        every later job of the turn joins its trace."""
+
+
+class Handoffs(ABC):
+    """``store.handoffs``: keeps on a tool call the handoff it made, read back with the
+    transcript. Without it no handoff is made."""
+
+    @abstractmethod
+    def record_handoff(self, call: ToolCall, handoff: dict[str, Any]) -> None:
+        """Keep on ``call`` (with a key, read back in the transcript as ``call.handoff``) the
+        handoff it made: ``{"from": <agent path or "">, "to": <agent path>, "inputs": {...}}``.
+        Written inside :meth:`ChatStore.atomic`, with the configuration it switched and the
+        result."""
+
+
+class Transactions(ABC):
+    """``store.transactions``: runs a transactional tool (``Tool.transactional``), its result
+    and its call's state in one transaction, in the verb's own database phase. Without it
+    (the in-memory store has no database to share) such tools run as others."""
+
+    @abstractmethod
+    def run_in_transaction(
+        self, call: ToolCall, work: Callable[[ToolTransaction], T]
+    ) -> tuple[T, str]:
+        """Run ``work`` (a transactional tool's run for ``call``: the tool, then its result or
+        its wait, whose claim check comes first) in one transaction: all it writes commits,
+        or nothing does. An error ``work`` raises (a lost claim, a failed write) rolls it
+        back and goes on up; a connection lost before the commit (nothing committed) has it
+        run again on a new one while the claim holds. Returns ``work``'s result and "" once
+        it committed, or why the database refused the commit (a deferred constraint the
+        tool's writes broke): then nothing of it was kept."""
+
+
+class Edits(ABC):
+    """``store.edits`` (docs/editing.md): superseded messages. Without it ``edit()`` and
+    ``regenerate()`` refuse, writing nothing."""
+
+    @abstractmethod
+    def supersede(self, first: Message) -> Superseded:
+        """Atomically, under the verb's claim: mark ``first`` and every message after it
+        superseded, system messages excepted (the instructions are configuration). They
+        stay, for the record and the ledger (their usage rows are kept), but are never read
+        into the transcript again. Their calls without a result become "cancelled" (one held
+        for a person or a subagent also gets the decision "superseded"), so no run, decision
+        or sweeper ever acts on them."""
+
+    @abstractmethod
+    def superseded_calls(self) -> list[ToolCall]:
+        """The calls of superseded messages (id, name and key at least): their ids are never
+        given to a new call (a tool's idempotency key must not repeat), and a decision on
+        one is told it was superseded. Cheap when nothing was ever superseded."""
+
+    @abstractmethod
+    def load_history(self) -> list[Message]:
+        """Every message in order, superseded ones included (``superseded`` set): for
+        pages and tests that show what was replaced; never sent to a model."""
+
+    def pending_run(self) -> str:
+        """Why a run other than the caller's will still write to this chat (a background run
+        queued or running, an answer awaited from a provider batch), or "" when none will:
+        an edit must not race it."""
+        return ""
+
+
+class Forks(ABC):
+    """``store.forks``: copies the chat into a new one. Without it ``fork()`` refuses."""
+
+    @abstractmethod
+    def fork(self, at: Message, open_call_result: str) -> Any:
+        """A new chat: this chat's configuration, tools and owner, and copies of the
+        transcript's messages up to and including ``at`` (partial answers left out; no usage
+        rows), linked to this chat and to ``at`` where the store can. A copied call without a
+        copied result gets the error result ``open_call_result`` (state "cancelled"), so a
+        fork never runs a call its origin may have run; a summary covers the same copied
+        rows. Returns the store's record of the new chat (the new chat row), or the new
+        store itself when the store has no record of its own (the engine wraps it)."""
+
+
+class Budgets(ABC):
+    """``store.budgets`` (docs/budgets.md): the budgets a chat's model calls count against.
+    Without it no budget counts the chat."""
+
+    @abstractmethod
+    def reserve(self, estimate: CallEstimate, *, wait: bool = False) -> Any:
         """Before a model call: reserve ``estimate`` against the budgets of the chat's
         subjects, race-free across processes, or raise ``BudgetExceededError`` (nothing
-        reserved). The reservation goes on the attempt's usage row (``UsageRecord``), whose
-        write settles it to the exact cost; None: no budget counts this chat (here: none)."""
-        return None
+        reserved). ``wait``: a background step, which may queue for a chats-in-flight
+        place. The reservation goes on the attempt's usage row (``UsageRecord``), whose
+        write settles it to the exact cost; None: no budget counts this call."""
+
+
+#: the optional parts, by attribute name.
+OPTIONAL_PARTS: dict[str, type] = {
+    "inbox": Inbox,
+    "costs": Costs,
+    "tracing": Tracing,
+    "handoffs": Handoffs,
+    "transactions": Transactions,
+    "edits": Edits,
+    "forks": Forks,
+    "budgets": Budgets,
+}
+
+
+class ChatStore(ABC):
+    """Where one chat lives: its parts, and the hooks around the database work of a verb.
+    Methods returning ``Any`` return the store's own records (Django model instances for the
+    Django store), which is what users get back.
+
+    A store sets its parts in ``__init__``; an optional part it leaves out stays None."""
+
+    config: Configuration
+    runs: RunClaim
+    transcript: Transcript
+    tool_calls: ToolCalls
+    stopping: Stopping
+    inbox: Inbox | None = None
+    costs: Costs | None = None
+    tracing: Tracing | None = None
+    handoffs: Handoffs | None = None
+    transactions: Transactions | None = None
+    edits: Edits | None = None
+    forks: Forks | None = None
+    budgets: Budgets | None = None
+
+    #: set when a cancel request is known to have arrived, so throttled checkpoints
+    #: read the flag at once instead of at the next poll (None: polling only).
+    cancel_notice: threading.Event | None = None
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """The writes made inside commit together or not at all (the Django store: one
+        transaction); a store whose writes can't fail halfway keeps this default."""
+        return nullcontext()
 
     def rate_limiter(self) -> RateLimiter | None:
         """Where the rate-limit buckets of this chat's calls live; None: no limits. Here
         this process's own (the Django store's are shared by every process)."""
         return memory_limiter() if agentloop_settings.RATE_LIMITS else None
 
-    def note_waiting(self, reason: str) -> None:
-        """A verb waits in place for ``reason`` (a rate limit), or no longer ("")."""
-        return None
-
-    # -- tracing (AGENTLOOP["TRACING"], agentloop.engine.tracing) ---------------------------
-    def trace_names(self) -> tuple[str, str]:
-        """The chat's id and its agent's name ("" when it has none), as spans show them."""
-        return "", ""
-
-    # An optional part (``keeps_trace_context``): without it each job starts its own trace.
-    def trace_context(self) -> dict[str, str]:
-        """The current turn's trace context (W3C ``traceparent``/``tracestate``); {}: none."""
-        return {}
-
-    def set_trace_context(self, carrier: dict[str, str]) -> None:
-        """Keep the trace context of the turn that starts (it replaces the last turn's), so
-        every later job of the turn joins its trace."""
-        return None
-
-    # -- waiting -------------------------------------------------------------------
     def before_wait(self) -> None:
         """The verb is about to wait (a model call, a tool run, a backoff): a store that holds
         a database connection may give it back; its next statement takes one again."""
         return None  # nothing held here
 
-    # -- threads -------------------------------------------------------------------
     def wrap_thread(self, function: Callable[[], Any]) -> Callable[[], Any]:
         """Wrap work run on a tool thread (the Django store closes its connections)."""
         return function

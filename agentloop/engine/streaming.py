@@ -127,7 +127,9 @@ class StreamState:
     def _after(self, save: bool) -> None:
         if save:
             # Long answers become visible (and survive a crash) as a marked partial.
-            self.partial_key = self.store.save_partial(self.text, self.partial_key, self.model)
+            self.partial_key = self.store.transcript.save_partial(
+                self.text, self.partial_key, self.model
+            )
             self._last_save = time.monotonic()
         self.checkpoints.check(force=False)
         # The save or the cancel read took a connection again: the answer still streams.

@@ -62,7 +62,7 @@ class Summaries:
         if size is None:
             return False
         messages = compaction.window(transcript)
-        reported = self.store.last_input_tokens()
+        reported = self.store.transcript.last_input_tokens()
         if reported is not None and not compaction.reported_since_summary(transcript, reported[0]):
             reported = None  # that request still held the rows a later summary replaced
         estimate = compaction.estimate_tokens(messages, reported)
@@ -106,7 +106,7 @@ class Summaries:
             duration_ms=int((time.monotonic() - started) * 1000),
             reservation=reservation,
         )
-        record = self.store.save_answer(summary, usage)
+        record = self.store.transcript.save_answer(summary, usage)
         transcript.append(summary)
         self._emit("after_message", record)
         return summary
@@ -127,7 +127,7 @@ class Summaries:
             except Exception as exc:
                 failed = failed_usage(provider_name, request.model, exc, started)
                 failed.reservation = reservation
-                self.store.record_usage(failed)
+                self.store.transcript.record_usage(failed)
                 delay = retry_delay(attempt, exc) if attempt < retries else None
                 if delay is None:
                     raise

@@ -178,7 +178,7 @@ class ToolRunner:
         """Persist ``outcome``: the call's wait (None), or its result (the message and the
         store's record)."""
         if outcome.wait_reason is not None:
-            self.store.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
+            self.store.tool_calls.mark_tool_waiting(call, outcome.wait_reason, outcome.question)
             return None
         message = Message(
             role="tool",
@@ -188,7 +188,9 @@ class ToolRunner:
             is_error=outcome.is_error,
         )
         state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
-        record = self.store.save_tool_result(call, message, state, outcome.error, release=release)
+        record = self.store.tool_calls.save_tool_result(
+            call, message, state, outcome.error, release=release
+        )
         return message, record
 
     def _announce(
@@ -216,7 +218,7 @@ class ToolRunner:
     # -- transactional tools -------------------------------------------------------------
     def _transactional(self, call: ToolCall) -> bool:
         """``call``'s tool runs in the store's transaction (a store that has one)."""
-        return self.store.runs_transactions and self.tools[call.name].transactional
+        return self.store.transactions is not None and self.tools[call.name].transactional
 
     def _run_in_transaction(self, call: ToolCall) -> ToolOutcome:
         """Run a transactional tool here, in this database phase: its writes, its result and
@@ -232,7 +234,9 @@ class ToolRunner:
                 return self._hand_off(call, outcome)  # in the same transaction
             return outcome, self._write(call, outcome)
 
-        (outcome, written), refused = self.store.run_in_transaction(call, work)
+        transactions = self.store.transactions
+        assert transactions is not None  # only a store with transactions runs them here
+        (outcome, written), refused = transactions.run_in_transaction(call, work)
         if refused:
             # The database refused the commit: nothing of the run stayed; the model hears why.
             text = (
@@ -252,17 +256,17 @@ class ToolRunner:
             self.tools[call.name],
             call,
             self.chat,
-            self.store.background,
-            cancel_check=lambda: self.store.cancel_requested_at() is not None,
+            self.store.runs.background,
+            cancel_check=lambda: self.store.stopping.cancel_requested_at() is not None,
             wrap=self.store.wrap_thread,
         )
 
     def _start(self, call: ToolCall) -> bool:
         """Claim the call (a conditional write); False: it changed meanwhile, don't run it."""
-        if not self.store.mark_tool_running(call):
+        if not self.store.tool_calls.mark_tool_running(call):
             return False
         call.state = ToolCallState.RUNNING
-        self.emit("before_tool_call", self.store.native_tool_call(call))
+        self.emit("before_tool_call", self.store.tool_calls.native_tool_call(call))
         return True
 
     # -- tool guardrails ----------------------------------------------------------------
@@ -301,7 +305,7 @@ class ToolRunner:
         was dealt with here (it must not run)."""
         if verdict is None or verdict.passed:
             return False
-        self.store.save_tool_guardrails(call)
+        self.store.tool_calls.save_tool_guardrails(call)
         if verdict.error is not None:
             raise verdict.error
         blocked = verdict.blocked
@@ -418,7 +422,7 @@ class ToolRunner:
         again unless another call of the round still waits. None (release later, not with
         this write) when a halt was asked for, or a guardrail stops the chat: the verb
         applies it after the round."""
-        if self.stopped is not None or self.store.halt_requested():
+        if self.stopped is not None or self.store.stopping.halt_requested():
             return None
         others = [c for c in self.unanswered if c is not call and c.id not in self.answered]
         return "wait" if any(c.state == ToolCallState.WAITING for c in others) else "generate"

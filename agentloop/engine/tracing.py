@@ -182,7 +182,8 @@ class _Verb:
     def _label(self) -> None:
         if self.labels:
             return
-        chat_id, self.agent = self.store.trace_names()
+        tracing = self.store.tracing
+        chat_id, self.agent = tracing.trace_names() if tracing is not None else ("", "")
         self.labels = {"agentloop.chat.id": chat_id, "gen_ai.conversation.id": chat_id}
         if self.agent:
             self.labels["gen_ai.agent.name"] = self.agent
@@ -233,9 +234,10 @@ class _Verb:
         TraceContextTextMapPropagator().inject(
             carrier, context=trace.set_span_in_context(self.span)
         )
-        if carrier or self.store.trace_context():
+        tracing = self.store.tracing
+        if tracing is not None and (carrier or tracing.trace_context()):
             # (No SDK installed: no context to keep, and none to clear: no write.)
-            self.store.set_trace_context(carrier)
+            tracing.set_trace_context(carrier)
 
     def _open_continuation(self) -> None:
         """A later verb of the turn: a child of the stored turn context (linked to the
@@ -244,7 +246,7 @@ class _Verb:
         # Function-local: reached only with tracing on, so the optional package is there.
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        carrier = self.store.trace_context()
+        carrier = self.store.tracing.trace_context() if self.store.tracing is not None else {}
         if not carrier:
             self._open_turn(None)
             return

@@ -1,8 +1,8 @@
 """Chats: ``ChatState``, ``ChatQuerySet``, the abstract ``AbstractChat`` and the concrete ``Chat``.
 
-``AbstractChat`` holds a chat's configuration and state; its verbs delegate to
-``chat.conversation`` (a ``Conversation`` over a ``DjangoStore``): the pure pass-throughs in
-``ConversationDelegations`` (models/delegations.py), the verbs that do more here.
+``AbstractChat`` holds a chat's configuration and state; its verbs are those of
+``chat.conversation`` (a ``Conversation`` over a ``DjangoStore``): generated, one line each,
+in ``ConversationDelegations`` (models/delegations.py); the verbs that do more are here.
 """
 
 from __future__ import annotations

@@ -144,8 +144,8 @@ def _advance(chat: Any, lease: Any, transcript: Any, claimed_at: Any) -> StepOut
     ``updated_at`` the claim wrote)."""
     conversation = chat.conversation
     store = conversation.store
-    store.background = True
-    store.adopt(lease, transcript)
+    store.runs.background = True
+    store.runs.adopt(lease, transcript)
     try:
         return _advanced(chat, store, conversation, claimed_at)
     finally:
@@ -161,13 +161,13 @@ def _advanced(chat: Any, store: Any, conversation: Any, claimed_at: Any) -> Step
         # The store hears the chat's cancels from its claim on (``cancel_notices.hear``).
         result = conversation.advance(stream=_publisher(chat))
     except LeaseLostError:
-        if store.last_release is not None and store.last_release.state == "unreachable":
+        if store.runs.last_release is not None and store.runs.last_release.state == "unreachable":
             logger.warning("Chat %s: the database could not be reached in time; the step "
                            "wrote nothing more and is tried again", chat_id)  # fmt: skip
             return StepOutcome("unreachable")
         return _after_a_lost_lease(type(chat), chat_id, claimed_at)
     except CancelledError:
-        release = store.last_release
+        release = store.runs.last_release
         if release is not None and release.state == "queued":
             return StepOutcome("again")  # a message queued to interrupt it is answered next
         return StepOutcome("cancelled")
@@ -179,14 +179,14 @@ def _advanced(chat: Any, store: Any, conversation: Any, claimed_at: Any) -> Step
     except Exception:
         # The store released the chat as failed (or queued for a retry) with a one-line
         # error; the traceback went to the log.
-        release = store.last_release
+        release = store.runs.last_release
         if release is None:  # pragma: no cover - a failure before the claim was adopted
             raise
         action = _BY_STATE.get(release.state, "failed")
         if action == "again":
             return StepOutcome("retry", retry_in=release.retry_in, error=release.error)
         return StepOutcome(action, error=release.error)
-    release = store.last_release
+    release = store.runs.last_release
     if release is None:  # pragma: no cover - every verb releases what it claimed
         return StepOutcome("again" if result.next_move in ("tools", "generate") else "done")
     if release.state == "lost":

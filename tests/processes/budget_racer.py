@@ -35,12 +35,12 @@ def main(chat_pk: int, go: Path) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            reservation = store.reserve(estimate)
+            reservation = store.budgets.reserve(estimate)
         except BudgetExceededError as exc:
             refused = exc.reason
             break
         usage = TokenUsage(input_tokens=5, output_tokens=5)
-        store.record_usage(
+        store.transcript.record_usage(
             UsageRecord(
                 "priced", "test", "succeeded", usage, Decimal("0.01"), reservation=reservation
             )  # fmt: skip

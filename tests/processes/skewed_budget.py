@@ -37,11 +37,11 @@ def main(action: str, chat_pk: int, offset: float, dollars: str) -> None:
         if action in ("reserve", "spend"):
             store = Chat.objects.get(pk=chat_pk).conversation.store
             estimate = CallEstimate("priced", "test", 5, 5, Decimal(dollars))
-            reservation = store.reserve(estimate)
+            reservation = store.budgets.reserve(estimate)
             summary["reserved"] = len(reservation.rows)
             if action == "spend":
                 usage = TokenUsage(input_tokens=5, output_tokens=5)
-                store.record_usage(
+                store.transcript.record_usage(
                     UsageRecord(
                         "priced",
                         "test",

@@ -198,13 +198,13 @@ def test_responses_sends_the_key_and_nothing_without_caching():
 def test_each_chat_gets_a_stable_cache_key_of_its_own():
     first = Chat.objects.create(model="anthropic:claude-haiku-4-5").with_caching()
     second = Chat.objects.create(model="anthropic:claude-haiku-4-5").with_caching("1h")
-    key = first.conversation.store.get_config().caching.key
+    key = first.conversation.store.config.get_config().caching.key
 
     again = Chat.objects.get(pk=first.pk).with_caching("1h")
 
     assert key and key.startswith("agentloop-")
-    assert again.conversation.store.get_config().caching == Caching(ttl="1h", key=key)
-    assert second.conversation.store.get_config().caching.key != key
+    assert again.conversation.store.config.get_config().caching == Caching(ttl="1h", key=key)
+    assert second.conversation.store.config.get_config().caching.key != key
 
 
 def test_with_caching_none_turns_it_off_and_a_bad_ttl_is_one_clear_line():
@@ -214,5 +214,5 @@ def test_with_caching_none_turns_it_off_and_a_bad_ttl_is_one_clear_line():
         conversation.with_caching("2h")
 
     assert "ttl='5m' or ttl='1h'" in str(caught.value) and "\n" not in str(caught.value)
-    assert conversation.store.get_config().caching == Caching(key="shared")
-    assert conversation.with_caching(None).store.get_config().caching is None
+    assert conversation.store.config.get_config().caching == Caching(key="shared")
+    assert conversation.with_caching(None).store.config.get_config().caching is None

@@ -187,7 +187,9 @@ def test_with_thinking_rejects_an_unknown_effort_in_one_line():
 
     assert "effort 'low', 'medium', 'high' or None" in str(caught.value)
     assert "\n" not in str(caught.value)
-    assert conversation.with_thinking("low").store.get_config().thinking == Thinking(effort="low")
+    assert conversation.with_thinking("low").store.config.get_config().thinking == Thinking(
+        effort="low"
+    )
 
 
 # -- answers: thinking text and deltas -----------------------------------------------------------

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from agentloop.engine import ChatConfig, ChatStore, UsageRecord
-from agentloop.engine.memory import MemoryStore
+from agentloop.engine.in_memory_store import MemoryStore
 from agentloop.messages import Message, MessageStatus, TokenUsage, ToolCall
 
 __all__ = [

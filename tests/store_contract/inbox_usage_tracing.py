@@ -18,32 +18,34 @@ class TestInbox:
     """``queue_message`` keeps user messages sent while a run holds the chat; the next claim
     sees them (``has_queued``); ``take_queued`` gives them oldest first, once."""
 
+    part = "inbox"
+
     def test_an_empty_inbox(self, harness: Harness) -> None:
-        assert harness.store.has_queued() is False
-        assert harness.store.take_queued() == []
+        assert harness.store.inbox.has_queued() is False
+        assert harness.store.inbox.take_queued() == []
 
     def test_messages_queued_meanwhile_are_taken_once_in_order(self, harness: Harness) -> None:
-        assert harness.store.claim() is True
+        assert harness.store.runs.claim() is True
         for text in ("first", "second", "third"):
-            harness.other().queue_message(Message(role="user", content=text))
-        harness.store.release("done")
+            harness.other().inbox.queue_message(Message(role="user", content=text))
+        harness.store.runs.release("done")
 
-        assert harness.store.claim() is True
-        assert harness.store.has_queued() is True
-        taken = harness.store.take_queued()
+        assert harness.store.runs.claim() is True
+        assert harness.store.inbox.has_queued() is True
+        taken = harness.store.inbox.take_queued()
         assert [(m.role, m.content) for m in taken] == [
             ("user", "first"),
             ("user", "second"),
             ("user", "third"),
         ]
-        assert harness.store.has_queued() is False
-        assert harness.store.take_queued() == []
-        harness.store.release("done")
+        assert harness.store.inbox.has_queued() is False
+        assert harness.store.inbox.take_queued() == []
+        harness.store.runs.release("done")
 
-        assert harness.store.claim() is True  # a later verb finds nothing left either
-        assert harness.store.has_queued() is False
-        assert harness.store.take_queued() == []
-        harness.store.release("done")
+        assert harness.store.runs.claim() is True  # a later verb finds nothing left either
+        assert harness.store.inbox.has_queued() is False
+        assert harness.store.inbox.take_queued() == []
+        harness.store.runs.release("done")
 
 
 class TestUsage:
@@ -51,36 +53,40 @@ class TestUsage:
     ``turn_cost(since)`` (unknown costs as nothing); ``last_input_tokens`` is the latest
     assistant answer that reported its input tokens (not a failure's, not a summary's)."""
 
+    part = "costs"
+
     def test_turn_cost_sums_the_rows_since(self, harness: Harness) -> None:
         since = datetime.now(UTC) - timedelta(seconds=1)
-        harness.store.append_message(Message(role="user", content="Hi"))
-        harness.store.record_usage(usage("0.5", status="failed"))
-        harness.store.save_answer(answer(content="Hello"), usage("0.25"))
-        harness.store.record_usage(usage(None, status="failed"))
+        harness.store.transcript.append_message(Message(role="user", content="Hi"))
+        harness.store.transcript.record_usage(usage("0.5", status="failed"))
+        harness.store.transcript.save_answer(answer(content="Hello"), usage("0.25"))
+        harness.store.transcript.record_usage(usage(None, status="failed"))
 
-        assert harness.store.turn_cost(since) == Decimal("0.75")
-        assert harness.reopen().turn_cost(since) == Decimal("0.75")
-        assert harness.store.turn_cost(datetime.now(UTC) + timedelta(hours=1)) == Decimal(0)
+        assert harness.store.costs.turn_cost(since) == Decimal("0.75")
+        assert harness.reopen().costs.turn_cost(since) == Decimal("0.75")
+        assert harness.store.costs.turn_cost(datetime.now(UTC) + timedelta(hours=1)) == Decimal(0)
 
     def test_a_chat_with_no_rows_costs_nothing(self, harness: Harness) -> None:
-        assert harness.store.turn_cost(datetime.now(UTC) - timedelta(days=1)) == Decimal(0)
+        assert harness.store.costs.turn_cost(datetime.now(UTC) - timedelta(days=1)) == Decimal(0)
 
     def test_last_input_tokens_follows_the_latest_reported_answer(self, harness: Harness) -> None:
         store = harness.store
-        assert store.last_input_tokens() is None
-        store.append_message(Message(role="user", content="Hi"))
+        assert store.transcript.last_input_tokens() is None
+        store.transcript.append_message(Message(role="user", content="Hi"))
         first = answer(content="one")
-        store.save_answer(first, usage(input_tokens=100))
-        assert store.last_input_tokens() == (first.key, 100)
+        store.transcript.save_answer(first, usage(input_tokens=100))
+        assert store.transcript.last_input_tokens() == (first.key, 100)
 
-        store.save_answer(answer(content="unreported"), usage(input_tokens=0))
-        store.record_usage(usage(input_tokens=999, status="failed"))
-        store.save_answer(Message(role="summary", content="sum"), usage(input_tokens=500))
-        assert store.last_input_tokens() == (first.key, 100)
+        store.transcript.save_answer(answer(content="unreported"), usage(input_tokens=0))
+        store.transcript.record_usage(usage(input_tokens=999, status="failed"))
+        store.transcript.save_answer(
+            Message(role="summary", content="sum"), usage(input_tokens=500)
+        )
+        assert store.transcript.last_input_tokens() == (first.key, 100)
 
         latest = answer(content="two")
-        store.save_answer(latest, usage(input_tokens=150))
-        assert store.last_input_tokens() == (latest.key, 150)
+        store.transcript.save_answer(latest, usage(input_tokens=150))
+        assert store.transcript.last_input_tokens() == (latest.key, 150)
 
 
 class TestTracing:
@@ -88,23 +94,25 @@ class TestTracing:
     ``set_trace_context`` replaces the turn's context and ``trace_context`` gives it back,
     to every later store of the chat."""
 
+    part = "tracing"
+
     def test_trace_names_are_stable(self, harness: Harness) -> None:
-        chat_id, agent = harness.store.trace_names()
+        chat_id, agent = harness.store.tracing.trace_names()
 
         assert chat_id and isinstance(chat_id, str)
         assert agent == ""
-        assert harness.store.trace_names() == (chat_id, agent)
+        assert harness.store.tracing.trace_names() == (chat_id, agent)
 
     def test_the_trace_context_round_trips_and_is_replaced(self, harness: Harness) -> None:
-        assert harness.store.trace_context() == {}
+        assert harness.store.tracing.trace_context() == {}
         first = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
-        harness.store.set_trace_context(first)
-        assert harness.store.trace_context() == first
+        harness.store.tracing.set_trace_context(first)
+        assert harness.store.tracing.trace_context() == first
 
         second = {"traceparent": "00-" + "3" * 32 + "-" + "4" * 16 + "-01", "tracestate": "k=v"}
-        harness.store.set_trace_context(second)
-        assert harness.store.trace_context() == second
-        assert harness.reopen().trace_context() == second
+        harness.store.tracing.set_trace_context(second)
+        assert harness.store.tracing.trace_context() == second
+        assert harness.reopen().tracing.trace_context() == second
 
 
 class TestHooks:
@@ -112,14 +120,14 @@ class TestHooks:
     ``wrap_thread`` and ``run_phase`` run what they are given and return its value."""
 
     def test_the_store_works_after_before_wait(self, harness: Harness) -> None:
-        harness.store.append_message(Message(role="user", content="Hi"))
-        assert harness.store.claim() is True
+        harness.store.transcript.append_message(Message(role="user", content="Hi"))
+        assert harness.store.runs.claim() is True
 
         harness.store.before_wait()
 
-        harness.store.save_answer(answer(content="Hello"), usage())
-        harness.store.release("done")
-        assert [m.content for m in harness.store.load_transcript()] == ["Hi", "Hello"]
+        harness.store.transcript.save_answer(answer(content="Hello"), usage())
+        harness.store.runs.release("done")
+        assert [m.content for m in harness.store.transcript.load_transcript()] == ["Hi", "Hello"]
 
     def test_wrap_thread_and_run_phase_return_the_functions_value(self, harness: Harness) -> None:
         got: list[int] = []

@@ -28,25 +28,25 @@ def result_for(c: ToolCall, content: str = "3", *, is_error: bool = False) -> Me
 
 def round_of(harness: Harness, *calls: ToolCall) -> list[ToolCall]:
     """Save an answer asking for ``calls``; the calls as a verb reads them back."""
-    harness.store.append_message(Message(role="user", content="Go"))
-    harness.store.save_answer(answer(*calls), usage())
-    return harness.store.load_transcript()[-1].tool_calls
+    harness.store.transcript.append_message(Message(role="user", content="Go"))
+    harness.store.transcript.save_answer(answer(*calls), usage())
+    return harness.store.transcript.load_transcript()[-1].tool_calls
 
 
 def calls_read(harness: Harness) -> dict[str, ToolCall]:
     """The calls of the chat, by id, as a store opened now reads them."""
-    return {c.id: c for m in harness.reopen().load_transcript() for c in m.tool_calls}
+    return {c.id: c for m in harness.reopen().transcript.load_transcript() for c in m.tool_calls}
 
 
 def tool_messages(harness: Harness) -> list[Message]:
-    return [m for m in harness.reopen().load_transcript() if m.role == "tool"]
+    return [m for m in harness.reopen().transcript.load_transcript() if m.role == "tool"]
 
 
 def held(harness: Harness, c: ToolCall, reason: str, question: str | None = None) -> ToolCall:
     """``c`` held for a person by a verb (under the claim); the call as a decision reads it."""
-    assert harness.store.claim() is True
-    harness.store.mark_tool_waiting(c, reason, question)
-    harness.store.release("wait")
+    assert harness.store.runs.claim() is True
+    harness.store.tool_calls.mark_tool_waiting(c, reason, question)
+    harness.store.runs.release("wait")
     return calls_read(harness)[c.id]
 
 
@@ -57,36 +57,40 @@ class TestToolCalls:
     result and the call's final state once (``ConcurrentWriteError`` for a second), for a
     call in any state (a refusal never ran); ``mark_tool_waiting`` holds it for a person."""
 
+    part = "tool_calls"
+
     def test_a_call_is_marked_running_once_from_one_read(self, harness: Harness) -> None:
         (first,) = round_of(harness, call("c1"))
-        (second,) = harness.store.load_transcript()[-1].tool_calls  # a second reader
-        assert harness.store.claim() is True
+        (second,) = harness.store.transcript.load_transcript()[-1].tool_calls  # a second reader
+        assert harness.store.runs.claim() is True
 
-        assert harness.store.mark_tool_running(first) is True
-        assert harness.store.mark_tool_running(second) is False
+        assert harness.store.tool_calls.mark_tool_running(first) is True
+        assert harness.store.tool_calls.mark_tool_running(second) is False
 
         assert calls_read(harness)["c1"].state == ToolCallState.RUNNING
-        harness.store.release("tools")
+        harness.store.runs.release("tools")
 
     def test_a_call_read_running_after_a_crash_can_be_taken_again(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        assert harness.store.mark_tool_running(c1) is True
-        harness.store.release(None, failure=KeyboardInterrupt())  # the process died
+        assert harness.store.runs.claim() is True
+        assert harness.store.tool_calls.mark_tool_running(c1) is True
+        harness.store.runs.release(None, failure=KeyboardInterrupt())  # the process died
 
-        assert harness.store.claim() is True
-        again = harness.store.load_transcript()[-1].tool_calls[0]
+        assert harness.store.runs.claim() is True
+        again = harness.store.transcript.load_transcript()[-1].tool_calls[0]
         assert again.state == ToolCallState.RUNNING
-        assert harness.store.mark_tool_running(again) is True
-        harness.store.release("tools")
+        assert harness.store.tool_calls.mark_tool_running(again) is True
+        harness.store.runs.release("tools")
 
     def test_a_result_is_written_once_with_the_calls_final_state(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        assert harness.store.mark_tool_running(c1) is True
+        assert harness.store.runs.claim() is True
+        assert harness.store.tool_calls.mark_tool_running(c1) is True
         result = result_for(c1)
 
-        record = harness.store.save_tool_result(c1, result, ToolCallState.SUCCEEDED, None)
+        record = harness.store.tool_calls.save_tool_result(
+            c1, result, ToolCallState.SUCCEEDED, None
+        )
 
         assert result.key is not None
         back = harness.as_message(record)
@@ -97,8 +101,10 @@ class TestToolCalls:
             result.key,
         )
         with pytest.raises(ConcurrentWriteError):
-            harness.store.save_tool_result(c1, result_for(c1, "4"), ToolCallState.SUCCEEDED, None)
-        harness.store.release("generate")
+            harness.store.tool_calls.save_tool_result(
+                c1, result_for(c1, "4"), ToolCallState.SUCCEEDED, None
+            )
+        harness.store.runs.release("generate")
 
         (message,) = tool_messages(harness)
         assert (message.content, message.tool_call_id, message.tool_name) == ("3", "c1", "add")
@@ -108,13 +114,13 @@ class TestToolCalls:
 
     def test_an_error_result_keeps_its_flag_and_error(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        assert harness.store.mark_tool_running(c1) is True
+        assert harness.store.runs.claim() is True
+        assert harness.store.tool_calls.mark_tool_running(c1) is True
 
-        harness.store.save_tool_result(
+        harness.store.tool_calls.save_tool_result(
             c1, result_for(c1, "Error: bad", is_error=True), ToolCallState.FAILED, "ValueError: bad"
         )
-        harness.store.release("generate")
+        harness.store.runs.release("generate")
 
         (message,) = tool_messages(harness)
         assert message.is_error and message.content == "Error: bad"
@@ -127,10 +133,12 @@ class TestToolCalls:
     ) -> None:
         """A refusal (unknown tool, a limit) or the answer to a cancelled call."""
         c1, c2 = round_of(harness, call("c1"), call("c2"))
-        assert harness.store.claim() is True
+        assert harness.store.runs.claim() is True
 
-        harness.store.save_tool_result(c1, result_for(c1, "no", is_error=True), final, None)
-        harness.store.release("tools")
+        harness.store.tool_calls.save_tool_result(
+            c1, result_for(c1, "no", is_error=True), final, None
+        )
+        harness.store.runs.release("tools")
 
         states = calls_read(harness)
         assert (states["c1"].state, states["c2"].state) == (final, ToolCallState.PENDING)
@@ -159,6 +167,8 @@ class TestDecisions:
     nothing written): an approval sets the call pending for exactly its arguments (edited
     ones replace them, the model's are kept); a denial or an answer writes the result."""
 
+    part = "tool_calls"
+
     def test_an_approval_lets_the_call_run_for_exactly_its_arguments(
         self, harness: Harness
     ) -> None:
@@ -166,7 +176,9 @@ class TestDecisions:
         read = held(harness, c1, "approval")
 
         assert (
-            harness.other().record_decision(read, "approved", by=None, reason="", result=None)
+            harness.other().tool_calls.record_decision(
+                read, "approved", by=None, reason="", result=None
+            )
             is None
         )
 
@@ -181,7 +193,9 @@ class TestDecisions:
         read = held(harness, c1, "approval")
         read.original_arguments, read.arguments = read.arguments, {"a": 10, "b": 20}
 
-        harness.other().record_decision(read, "approved", by=None, reason="", result=None)
+        harness.other().tool_calls.record_decision(
+            read, "approved", by=None, reason="", result=None
+        )
 
         after = calls_read(harness)["c1"]
         assert after.arguments == {"a": 10, "b": 20}
@@ -202,7 +216,9 @@ class TestDecisions:
         read = held(harness, c1, reason, "Why?" if reason == "question" else None)
         result = result_for(read, "Paris" if not is_error else "Denied.", is_error=is_error)
 
-        record = harness.other().record_decision(read, decision, by=None, reason="r", result=result)
+        record = harness.other().tool_calls.record_decision(
+            read, decision, by=None, reason="r", result=result
+        )
 
         back = harness.as_message(record)
         assert (back.role, back.tool_call_id, back.is_error) == ("tool", "c1", is_error)
@@ -217,23 +233,29 @@ class TestDecisions:
         (c1,) = round_of(harness, call("c1"))
         read = held(harness, c1, "approval")
         first_result = result_for(read, "Denied.", is_error=True) if first == "denied" else None
-        harness.other().record_decision(read, first, by=None, reason="", result=first_result)
-        before = harness.reopen().load_transcript()
+        harness.other().tool_calls.record_decision(
+            read, first, by=None, reason="", result=first_result
+        )
+        before = harness.reopen().transcript.load_transcript()
 
         for decision, result in (
             ("approved", None),
             ("denied", result_for(read, "No", is_error=True)),
         ):
             with pytest.raises(DecisionConflictError):
-                harness.other().record_decision(read, decision, by=None, reason="", result=result)
+                harness.other().tool_calls.record_decision(
+                    read, decision, by=None, reason="", result=result
+                )
 
-        assert harness.reopen().load_transcript() == before
+        assert harness.reopen().transcript.load_transcript() == before
 
     def test_a_call_that_does_not_wait_cannot_be_decided(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
 
         with pytest.raises(DecisionConflictError):
-            harness.other().record_decision(c1, "approved", by=None, reason="", result=None)
+            harness.other().tool_calls.record_decision(
+                c1, "approved", by=None, reason="", result=None
+            )
 
         assert calls_read(harness)["c1"].decision is None
 
@@ -243,37 +265,39 @@ class TestReleasingWrites:
     up in the same write: the next writer can take the chat at once, and the verb's own
     ``release`` afterwards is a no-op."""
 
+    part = "tool_calls"
+
     @pytest.mark.parametrize("move", ["done", "tools"])
     def test_save_answer_with_release_frees_the_chat(self, harness: Harness, move: str) -> None:
-        harness.store.append_message(Message(role="user", content="Hi"))
-        assert harness.store.claim() is True
+        harness.store.transcript.append_message(Message(role="user", content="Hi"))
+        assert harness.store.runs.claim() is True
         calls = [call("c1")] if move == "tools" else []
 
-        harness.store.save_answer(answer(*calls, content="Hello"), usage(), release=move)
+        harness.store.transcript.save_answer(answer(*calls, content="Hello"), usage(), release=move)
 
         try:
-            taken = harness.rival(lambda store: (store.claim(), store.release("done"))[0])
+            taken = harness.rival(lambda store: (store.runs.claim(), store.runs.release("done"))[0])
         except ChatBusyError:
             pytest.fail("the answer's release= left the chat claimed")
         finally:
-            harness.store.release(move)  # the verb's end: a no-op when already released
+            harness.store.runs.release(move)  # the verb's end: a no-op when already released
         assert taken is True
 
     def test_save_tool_result_with_release_frees_the_chat(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        assert harness.store.mark_tool_running(c1) is True
+        assert harness.store.runs.claim() is True
+        assert harness.store.tool_calls.mark_tool_running(c1) is True
 
-        harness.store.save_tool_result(
+        harness.store.tool_calls.save_tool_result(
             c1, result_for(c1), ToolCallState.SUCCEEDED, None, release="generate"
         )
 
         try:
-            taken = harness.rival(lambda store: (store.claim(), store.release("done"))[0])
+            taken = harness.rival(lambda store: (store.runs.claim(), store.runs.release("done"))[0])
         except ChatBusyError:
             pytest.fail("the result's release= left the chat claimed")
         finally:
-            harness.store.release("generate")
+            harness.store.runs.release("generate")
         assert taken is True
         assert calls_read(harness)["c1"].state == ToolCallState.SUCCEEDED
 
@@ -286,78 +310,86 @@ class TestHandoffs:
     ``atomic`` commits the writes made inside together or not at all, and a store that
     rolled back reads as it was (its configuration, instructions and calls)."""
 
+    part = "handoffs"
+
     def test_a_handoff_is_kept_on_its_call(self, harness: Harness) -> None:
         (c1, c2) = round_of(harness, call("c1"), call("c2"))
-        assert harness.store.claim() is True
+        assert harness.store.runs.claim() is True
 
-        harness.store.record_handoff(c1, HANDOFF)
-        harness.store.release("tools")
+        harness.store.handoffs.record_handoff(c1, HANDOFF)
+        harness.store.runs.release("tools")
 
         read = calls_read(harness)
         assert (read["c1"].handoff, read["c2"].handoff) == (HANDOFF, None)
 
     def test_writes_inside_atomic_that_fails_are_all_undone(self, harness: Harness) -> None:
-        harness.store.replace_instructions("You are TRIAGE.")
+        harness.store.transcript.replace_instructions("You are TRIAGE.")
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        before = harness.store.get_config()
+        assert harness.store.runs.claim() is True
+        before = harness.store.config.get_config()
 
         with pytest.raises(RuntimeError), harness.store.atomic():
-            harness.store.update_config(temperature=0.5, model="offline:billing")
-            harness.store.replace_instructions("You are BILLING.")
-            harness.store.record_handoff(c1, HANDOFF)
+            harness.store.config.update_config(temperature=0.5, model="offline:billing")
+            harness.store.transcript.replace_instructions("You are BILLING.")
+            harness.store.handoffs.record_handoff(c1, HANDOFF)
             raise RuntimeError("halfway")
 
         for store in (harness.store, harness.reopen()):
-            assert store.get_config() == before
-            transcript = store.load_transcript()
+            assert store.config.get_config() == before
+            transcript = store.transcript.load_transcript()
             assert [m.content for m in transcript if m.role == "system"] == ["You are TRIAGE."]
             assert transcript[-1].tool_calls[0].handoff is None
         with harness.store.atomic():
-            harness.store.record_handoff(c1, HANDOFF)  # and one that goes through stays
-        harness.store.release("tools")
+            harness.store.handoffs.record_handoff(c1, HANDOFF)  # and one that goes through stays
+        harness.store.runs.release("tools")
         assert calls_read(harness)["c1"].handoff == HANDOFF
 
 
 class TestToolTransactions:
-    """``run_in_transaction``: a store with transactions (``runs_transactions = True``) keeps what
-    its work wrote only if the work ends well, and the savepoint drops only what was written
-    inside it; a store without (the in-memory one) makes it a plain call, and the engine
-    runs transactional tools there as any other."""
+    """``store.transactions.run_in_transaction`` keeps what its work wrote only if the work
+    ends well, and the savepoint drops only what was written inside it (a store without the
+    part, the in-memory one, runs transactional tools as any other: tests/test_store_parts.py).
+    """
 
-    def test_what_a_failed_run_wrote_is_kept_only_without_transactions(
-        self, harness: Harness
-    ) -> None:
+    part = "transactions"
+
+    def test_what_a_failed_run_wrote_is_not_kept(self, harness: Harness) -> None:
         (c1,) = round_of(harness, call("c1"))
-        assert harness.store.claim() is True
-        assert harness.store.mark_tool_running(c1) is True
+        assert harness.store.runs.claim() is True
+        assert harness.store.tool_calls.mark_tool_running(c1) is True
 
         def work(run: ToolTransaction) -> None:
-            harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+            harness.store.tool_calls.save_tool_result(
+                c1, result_for(c1), ToolCallState.SUCCEEDED, None
+            )
             raise RuntimeError("the process failed before the commit")
 
         with pytest.raises(RuntimeError):
-            harness.store.run_in_transaction(c1, work)
-        harness.store.release("tools")
+            harness.store.transactions.run_in_transaction(c1, work)
+        harness.store.runs.release("tools")
 
-        kept = not harness.store.runs_transactions
-        assert [m.tool_call_id for m in tool_messages(harness)] == (["c1"] if kept else [])
-        state = ToolCallState.SUCCEEDED if kept else ToolCallState.RUNNING
-        assert calls_read(harness)["c1"].state == state
+        assert [m.tool_call_id for m in tool_messages(harness)] == []
+        assert calls_read(harness)["c1"].state == ToolCallState.RUNNING
 
     def test_a_savepoint_drops_only_what_was_written_inside_it(self, harness: Harness) -> None:
         c1, c2 = round_of(harness, call("c1"), call("c2"))
-        assert harness.store.claim() is True
+        assert harness.store.runs.claim() is True
 
         def work(run: ToolTransaction) -> str:
             with pytest.raises(RuntimeError), run.savepoint():
-                harness.store.save_tool_result(c1, result_for(c1), ToolCallState.SUCCEEDED, None)
+                harness.store.tool_calls.save_tool_result(
+                    c1, result_for(c1), ToolCallState.SUCCEEDED, None
+                )
                 raise RuntimeError("the tool failed")
-            harness.store.save_tool_result(c2, result_for(c2), ToolCallState.SUCCEEDED, None)
+            harness.store.tool_calls.save_tool_result(
+                c2, result_for(c2), ToolCallState.SUCCEEDED, None
+            )
             return "done"
 
-        assert harness.store.run_in_transaction(c2, work) == ("done", "")  # it committed
-        harness.store.release("generate")
+        assert harness.store.transactions.run_in_transaction(c2, work) == (
+            "done",
+            "",
+        )  # it committed
+        harness.store.runs.release("generate")
 
-        kept = ["c1", "c2"] if not harness.store.runs_transactions else ["c2"]
-        assert [m.tool_call_id for m in tool_messages(harness)] == kept
+        assert [m.tool_call_id for m in tool_messages(harness)] == ["c2"]

@@ -1,4 +1,8 @@
-"""A store that keeps the chat in this process's memory (``agentloop.chat()``)."""
+"""The in-memory store: a chat kept in this process's memory (``agentloop.chat()``).
+
+One object is every part of this store (``store.config`` is ``store``, and so on): its
+state is a handful of Python lists and dicts that every part reads, so splitting them
+would only add references between the pieces."""
 
 from __future__ import annotations
 
@@ -14,7 +18,23 @@ from typing import Any
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .config import ChatConfig
-from .store import SUPERSEDED_DECISION, ChatStore, Superseded, UsageRecord
+from .store import (
+    SUPERSEDED_DECISION,
+    ChatStore,
+    Configuration,
+    Costs,
+    Edits,
+    Forks,
+    Handoffs,
+    Inbox,
+    RunClaim,
+    Stopping,
+    Superseded,
+    ToolCalls,
+    Tracing,
+    Transcript,
+    UsageRecord,
+)
 from .transcript import pending_round
 
 __all__ = ["MemoryStore"]
@@ -24,11 +44,17 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-class MemoryStore(ChatStore):
-    """Transcript, usage and the cancel flag as Python objects; returns engine Messages."""
+class MemoryStore(
+    ChatStore, Configuration, RunClaim, Transcript, ToolCalls, Stopping, Inbox, Costs, Tracing,
+    Handoffs, Edits, Forks,
+):  # fmt: skip
+    """Transcript, usage and the cancel flag as Python objects; returns engine Messages.
+    Every part but ``transactions`` and ``budgets`` (no database to share, no budgets)."""
 
     def __init__(self, config: ChatConfig | None = None) -> None:
-        self.config = config or ChatConfig()
+        self.config = self.runs = self.transcript = self.tool_calls = self.stopping = self
+        self.inbox = self.costs = self.tracing = self.handoffs = self.edits = self.forks = self
+        self.chat_config = config or ChatConfig()
         self.tools: list[Any] = []
         self.guardrails: list[Any] = []
         self.messages: list[Message] = []
@@ -48,7 +74,7 @@ class MemoryStore(ChatStore):
         # cancel() comes from other threads; everything else from the running one.
         self._lock = threading.Lock()
         #: user messages sent while a verb held the chat, added when it can take them.
-        self.inbox: list[Message] = []
+        self.queued: list[Message] = []
         #: the thread whose verb holds the chat.
         self._holder: int | None = None
         #: the current turn's trace context, and how spans name the chat and its agent.
@@ -79,14 +105,14 @@ class MemoryStore(ChatStore):
 
     def queue_message(self, message: Message) -> None:
         with self._lock:
-            self.inbox.append(message)
+            self.queued.append(message)
 
     def has_queued(self) -> bool:
-        return bool(self.inbox)
+        return bool(self.queued)
 
     def take_queued(self) -> list[Message]:
         with self._lock:
-            taken, self.inbox = self.inbox, []
+            taken, self.queued = self.queued, []
         return taken
 
     def claim(self) -> bool:
@@ -109,10 +135,10 @@ class MemoryStore(ChatStore):
                 self._cancel_requested_at = None
 
     def get_config(self) -> ChatConfig:
-        return self.config
+        return self.chat_config
 
     def update_config(self, **changes: Any) -> None:
-        self.config = self.config.model_copy(update=changes)
+        self.chat_config = self.chat_config.model_copy(update=changes)
 
     def set_tools(self, tools: list[Any]) -> None:
         self.tools = list(tools)
@@ -162,14 +188,14 @@ class MemoryStore(ChatStore):
         # What a handoff changes (configuration, tools, instructions, agent) is put back
         # when it fails halfway, as a database transaction would be.
         saved = (
-            self.config, list(self.tools), list(self.guardrails),
+            self.chat_config, list(self.tools), list(self.guardrails),
             [m.model_copy(deep=True) for m in self.messages],
             self.agent, self.agent_inputs, self.agent_digest, self.agent_name,
         )  # fmt: skip
         try:
             yield
         except BaseException:
-            (self.config, self.tools, self.guardrails, self.messages, self.agent,
+            (self.chat_config, self.tools, self.guardrails, self.messages, self.agent,
              self.agent_inputs, self.agent_digest, self.agent_name) = saved  # fmt: skip
             raise
 
@@ -347,7 +373,7 @@ class MemoryStore(ChatStore):
         return [call for m in self.messages if m.superseded for call in m.tool_calls]
 
     def fork(self, at: Message, open_call_result: str) -> MemoryStore:
-        forked = MemoryStore(self.config.model_copy(deep=True))
+        forked = MemoryStore(self.chat_config.model_copy(deep=True))
         forked.tools = list(self.tools)
         forked.agent_name = self.agent_name
         forked.agent, forked.agent_inputs = self.agent, dict(self.agent_inputs)
