@@ -11,10 +11,10 @@ from pydantic import BaseModel, Field
 
 from agentloop import ConfigurationError, Tool, tool
 from agentloop.engine.tool_execution import execute_tool
-from agentloop.importing import import_path_of, load_by_path
+from agentloop.import_paths import import_path_of, load_by_path
 from agentloop.messages import ToolCall
-from agentloop.tool_refs import tool_reference
 from agentloop.tools import format_result
+from agentloop.tools._references import tool_reference
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 

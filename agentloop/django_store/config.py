@@ -7,8 +7,7 @@ from typing import Any
 
 from ..engine import ChatConfig
 from ..guardrails import Guardrail, guardrail_reference, load_guardrail
-from ..tool_refs import load_tool, tool_reference
-from ..tools import Tool
+from ..tools import Tool, load_tool, tool_reference
 from .chat_row import ChatRow
 
 __all__ = ["Config"]

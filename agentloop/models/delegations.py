@@ -66,7 +66,7 @@ class ConversationDelegations:
         only: Iterable[str] | None = None,
         requires_approval: Iterable[str] | bool = (),
     ) -> Self:
-        """Offer an MCP server's tools (all, or those in ``only``); see agentloop.mcp."""
+        """Offer an MCP server's tools (all, or those in ``only``); see agentloop.tools.mcp."""
         self.conversation.with_mcp(server, only=only, requires_approval=requires_approval)
         return self
 

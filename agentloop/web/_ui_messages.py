@@ -7,7 +7,7 @@ message it answers>``) holding a ``step-start`` per model answer, its ``reasonin
 approval (``approval-requested``, approval id = the ``ToolCall`` pk), run
 (``output-available`` / ``output-error``), denied (``output-denied``), or not run yet
 (``input-available``). A call waiting for an answer also gets a
-``data-agentloop-question`` part. The ids are those ``agentloop.ui_stream`` streams, so
+``data-agentloop-question`` part. The ids are those ``agentloop.web._ui_protocol`` streams, so
 a resumed stream replaces the very message it continues.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import blocked_reason, message_payload
-from .ui_stream import QUESTION_PART, answer_message_id, approval_id, user_message_id
+from ..live_events import blocked_reason, message_payload
+from ._ui_protocol import QUESTION_PART, answer_message_id, approval_id, user_message_id
 
 __all__ = ["row_payload", "turn_rows", "ui_messages"]
 

@@ -23,8 +23,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpResponse, StreamingHttpResponse
 
-from .conf import agentloop_settings
-from .process import redis_client
+from ..conf import agentloop_settings
+from ..process import redis_client
 
 __all__ = ["StreamSlot", "hold", "slot_seconds", "take_slot", "too_many_streams"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.http import Http404, HttpRequest
 
-from .conf import get_chat_model
+from ..conf import get_chat_model
 
 __all__ = ["can_change_chat", "can_view_chat", "get_chat_for_change", "get_chat_for_view"]
 

@@ -1,13 +1,13 @@
 """Following a chat's run as a UI message stream (the ``useChat`` views serve it).
 
-A :class:`RunFollower` reads the chat's state and its live events (``agentloop.events``:
+A :class:`RunFollower` reads the chat's state and its live events (``agentloop.live_events``:
 Redis, or the database's rows and partial answers) and feeds them to a
-:class:`~agentloop.ui_stream.UIStreamTranslator`. The stream ends when the run does
+:class:`~agentloop.web._ui_protocol.UIStreamTranslator`. The stream ends when the run does
 (the chat is no longer queued or running): the rows no event brought yet (events are
 published after the rows are saved) are read from the database, then the closing parts
 and ``[DONE]``. A reader that leaves stops only its stream, never the run.
 
-As in ``agentloop.sse``, the loop is written once (:func:`_steps`) and run by a sync
+As in ``agentloop.web._live``, the loop is written once (:func:`_steps`) and run by a sync
 driver (WSGI) and an async one (ASGI: it waits with ``asyncio.sleep`` or
 ``redis.asyncio`` and holds no thread while it waits).
 """
@@ -22,12 +22,12 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 
-from .conf import agentloop_settings
-from .events import Event, chat_key, database_events, get_backend
-from .sse import ReaderAccess
-from .stream_drivers import SEND, Pace, Step, adrive, drive, shared_reads
-from .ui_messages import row_payload
-from .ui_stream import DONE, HEADERS, UIStreamTranslator, encode
+from ..conf import agentloop_settings
+from ..live_events import Event, chat_key, database_events, get_backend
+from ._live import ReaderAccess
+from ._stream_drivers import SEND, Pace, Step, adrive, drive, shared_reads
+from ._ui_messages import row_payload
+from ._ui_protocol import DONE, HEADERS, UIStreamTranslator, encode
 
 __all__ = ["IN_FLIGHT", "RunFollower", "aui_stream", "ui_stream", "ui_stream_response"]
 

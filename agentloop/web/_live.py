@@ -3,7 +3,7 @@
 Each event is ``id:`` (when it can be resumed from), ``event:`` and one ``data:`` line
 of JSON:
 
-- ``message``: a saved message row (``agentloop.events.message_payload``); its id is
+- ``message``: a saved message row (``agentloop.live_events.message_payload``); its id is
   the message id (database backend) or the Redis stream id.
 - ``chunk`` / ``tool_call_delta``: a piece of the answer streaming now (Redis only).
 - ``partial``: without Redis, the text of the answer streaming now, so far (no id: a
@@ -40,10 +40,10 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, StreamingHttpResponse
 
-from .conf import agentloop_settings
-from .events import Event, chat_key, database_events, get_backend
-from .permissions import can_view_chat
-from .stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive, shared_reads
+from ..conf import agentloop_settings
+from ..live_events import Event, chat_key, database_events, get_backend
+from ._access import can_view_chat
+from ._stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive, shared_reads
 
 __all__ = [
     "CUT_MARK",

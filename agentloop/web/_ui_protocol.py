@@ -1,10 +1,10 @@
 """A chat's live events as the AI SDK's UI message stream (what ``useChat`` reads): translation.
 
 Pure: no database, no request. :class:`UIStreamTranslator` takes the events of
-``agentloop.events`` (saved ``message`` rows, streamed ``chunk`` and
+``agentloop.live_events`` (saved ``message`` rows, streamed ``chunk`` and
 ``tool_call_delta`` pieces, ``partial`` answers of the database backend) and the chat's
 state, and returns the protocol's parts, as dicts; :func:`encode` writes one as an SSE
-``data:`` line. ``agentloop.ui_live`` reads the events and drives it; the views serve it.
+``data:`` line. ``agentloop.web._ui_live`` reads the events and drives it; the views serve it.
 
 One assistant UI message per turn (everything that answers a user message, tool rounds
 included), id ``a<pk of that user message>``; each model answer is one step in it:
@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .storable import storable_text
+from ..storable_text import storable_text
 
 __all__ = [
     "DONE",

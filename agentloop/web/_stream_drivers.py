@@ -1,7 +1,7 @@
 """Driving a stream written as a generator of steps: one sync driver, one async.
 
-A live stream (the event stream of :mod:`agentloop.sse`, the useChat stream of
-:mod:`agentloop.ui_live`) is written once, as a generator that yields ``(kind, value)`` steps
+A live stream (the event stream of :mod:`agentloop.web._live`, the useChat stream of
+:mod:`agentloop.web._ui_live`) is written once, as a generator that yields ``(kind, value)`` steps
 and is sent each step's answer. A :data:`SEND` step carries bytes for the client and a
 :data:`SLEEP` step waits; any other kind is done by the driver's handler of that name: in
 place by :func:`drive` (a WSGI response holds its thread), awaited by :func:`adrive` (an

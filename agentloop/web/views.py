@@ -29,21 +29,27 @@ from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from .conf import get_chat_model
-from .exceptions import (
+from ..conf import get_chat_model
+from ..exceptions import (
     ChatBusyError,
     EditError,
     InvalidArgumentsError,
     PendingToolCallsError,
     ToolCallNotWaitingError,
 )
-from .json_input import JSONInputError, parse_json, request_json
-from .permissions import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
-from .sse import ReaderAccess, resume_point, stream_response
-from .stream_slots import hold, take_slot, too_many_streams
-from .ui_live import IN_FLIGHT, RunFollower, ui_stream_response
-from .ui_messages import row_payload, turn_rows, ui_messages
-from .ui_stream import UIStreamTranslator, answer_message_id, encode, error_line, parse_chat_request
+from ..json_input import JSONInputError, parse_json, request_json
+from ._access import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
+from ._live import ReaderAccess, resume_point, stream_response
+from ._stream_slots import hold, take_slot, too_many_streams
+from ._ui_live import IN_FLIGHT, RunFollower, ui_stream_response
+from ._ui_messages import row_payload, turn_rows, ui_messages
+from ._ui_protocol import (
+    UIStreamTranslator,
+    answer_message_id,
+    encode,
+    error_line,
+    parse_chat_request,
+)
 
 __all__ = [
     "answer_tool_call",
@@ -185,7 +191,7 @@ def edit_message(request: HttpRequest, pk: int, message_pk: int) -> HttpResponse
 @require_GET
 @login_required
 async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
-    """The chat's live events as Server-Sent Events (``agentloop.sse``).
+    """The chat's live events as Server-Sent Events (``agentloop.web._live``).
 
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
@@ -218,7 +224,7 @@ def _refused(reason: str, status: int) -> HttpResponse:
 
 
 # The useChat views are sync: their setup is a few queries, and under ASGI the response
-# still streams through an async iterator (agentloop.ui_live), holding no thread.
+# still streams through an async iterator (agentloop.web._ui_live), holding no thread.
 @require_POST
 @login_required
 def usechat(request: HttpRequest) -> HttpResponseBase:
