@@ -37,12 +37,12 @@ MOVED: dict[str, str] = {
     "agentloop.urls": "agentloop.web.urls",
     "agentloop.views": "agentloop.web.views",
     "agentloop.permissions": "agentloop.web._access",
-    "agentloop.stream_slots": "agentloop.web._stream_slots",
+    "agentloop.stream_slots": "agentloop.web._access",
     "agentloop.sse": "agentloop.web._live",
     "agentloop.stream_drivers": "agentloop.web._stream_drivers",
     "agentloop.ui_live": "agentloop.web._ui_live",
     "agentloop.ui_stream": "agentloop.web._ui_protocol",
-    "agentloop.ui_messages": "agentloop.web._ui_messages",
+    "agentloop.ui_messages": "agentloop.web._ui_protocol",
 }
 
 #: old module path -> (the module its names went to, {old name: new name}).

@@ -26,8 +26,7 @@ from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
 from ._live import ReaderAccess
 from ._stream_drivers import SEND, Pace, Step, adrive, drive, shared_reads
-from ._ui_messages import row_payload
-from ._ui_protocol import DONE, HEADERS, UIStreamTranslator, encode
+from ._ui_protocol import DONE, HEADERS, UIStreamTranslator, encode, row_payload
 
 __all__ = ["IN_FLIGHT", "RunFollower", "aui_stream", "ui_stream", "ui_stream_response"]
 

@@ -38,17 +38,26 @@ from ..exceptions import (
     ToolCallNotWaitingError,
 )
 from ..json_input import JSONInputError, parse_json, request_json
-from ._access import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
+from ._access import (
+    can_change_chat,
+    can_view_chat,
+    get_chat_for_change,
+    get_chat_for_view,
+    hold,
+    take_slot,
+    too_many_streams,
+)
 from ._live import ReaderAccess, resume_point, stream_response
-from ._stream_slots import hold, take_slot, too_many_streams
 from ._ui_live import IN_FLIGHT, RunFollower, ui_stream_response
-from ._ui_messages import row_payload, turn_rows, ui_messages
 from ._ui_protocol import (
     UIStreamTranslator,
     answer_message_id,
     encode,
     error_line,
     parse_chat_request,
+    row_payload,
+    turn_rows,
+    ui_messages,
 )
 
 __all__ = [
