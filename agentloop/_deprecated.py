@@ -39,8 +39,8 @@ MOVED: dict[str, str] = {
     "agentloop.permissions": "agentloop.web._access",
     "agentloop.stream_slots": "agentloop.web._access",
     "agentloop.sse": "agentloop.web._live",
-    "agentloop.stream_drivers": "agentloop.web._stream_drivers",
-    "agentloop.ui_live": "agentloop.web._ui_live",
+    "agentloop.stream_drivers": "agentloop.web._live",
+    "agentloop.ui_live": "agentloop.web._live",
     "agentloop.ui_stream": "agentloop.web._ui_protocol",
     "agentloop.ui_messages": "agentloop.web._ui_protocol",
 }
@@ -123,8 +123,8 @@ class _MovedFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname in MOVED_NAMES:
-            new, names = MOVED_NAMES[fullname]
-            return importlib.machinery.ModuleSpec(fullname, _Renamed(new, names))
+            target_module, names = MOVED_NAMES[fullname]
+            return importlib.machinery.ModuleSpec(fullname, _Renamed(target_module, names))
         new = new_path(fullname)
         if new is None:
             return None
@@ -177,7 +177,7 @@ def add_model_aliases() -> None:
     Batch.refresh = _batch_verb("refresh")  # type: ignore[attr-defined]
     Batch.cancel = _batch_verb("cancel")  # type: ignore[attr-defined]
     ChatQuerySet.batch = _queryset_batch  # type: ignore[attr-defined]
-    ChatManager.batch = _queryset_batch  # type: ignore[attr-defined]
+    ChatManager.batch = _queryset_batch
 
 
 _install()

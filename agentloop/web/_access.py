@@ -20,11 +20,12 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 
 from ..conf import agentloop_settings, get_chat_model
 from ..process import redis_client
@@ -36,6 +37,7 @@ __all__ = [
     "get_chat_for_change",
     "get_chat_for_view",
     "hold",
+    "holding_a_slot",
     "slot_seconds",
     "take_slot",
     "too_many_streams",
@@ -243,3 +245,21 @@ def hold(response: StreamingHttpResponse, slot: StreamSlot) -> StreamingHttpResp
     )
     response.streaming_content = held
     return response
+
+
+def holding_a_slot(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """``start()``'s response, holding one of the user's live stream slots while it streams
+    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
+    ``start()`` writes anything. A response that doesn't stream gives its slot back at once."""
+    slot = take_slot(request.user.pk)
+    if slot is None:
+        return too_many_streams()
+    try:
+        response = start()
+    except BaseException:
+        slot.release()
+        raise
+    if not isinstance(response, StreamingHttpResponse):
+        slot.release()
+        return response
+    return hold(response, slot)

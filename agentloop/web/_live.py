@@ -1,38 +1,50 @@
-"""Server-Sent Events of one chat, for live pages (the ``agentloop:events`` view).
+"""Following a chat live: the event stream (Server-Sent Events) and the ``useChat`` stream.
 
-Each event is ``id:`` (when it can be resumed from), ``event:`` and one ``data:`` line
-of JSON:
+A page reads a chat's live events (``agentloop.live_events``: Redis, or the database's rows
+and partial answers) through one of two readers, each a :class:`LiveReader`:
 
-- ``message``: a saved message row (``agentloop.live_events.message_payload``); its id is
-  the message id (database backend) or the Redis stream id.
-- ``chunk`` / ``tool_call_delta``: a piece of the answer streaming now (Redis only).
-- ``partial``: without Redis, the text of the answer streaming now, so far (no id: a
-  reader that reconnects gets the latest one again).
-- ``state``: the chat's state (idle, queued, running, waiting, stopped, failed),
-  whether a cancel is pending, and the tool calls waiting for a person (no id; sent
-  first and whenever it changes).
+- :class:`ChatEventReader` serves the ``agentloop:events`` view. Each event is ``id:``
+  (when it can be resumed from), ``event:`` and one ``data:`` line of JSON: ``message`` (a
+  saved row, ``agentloop.live_events.message_payload``; its id is the message id, or the
+  Redis stream id), ``chunk`` / ``tool_call_delta`` (a piece of the answer streaming now;
+  Redis only), ``partial`` (without Redis, the text of the answer streaming now, so far; no
+  id) and ``state`` (the chat's state, whether a cancel is pending, the calls waiting for a
+  person; no id; sent first and whenever it changes). A reader resumes after the
+  ``Last-Event-ID`` header (browsers send it when they reconnect) or ``?after=``.
+- :class:`RunFollower` serves the ``useChat`` views: the events fed to a
+  ``UIStreamTranslator`` (``agentloop.web._ui_protocol``), to the end of the run: the rows
+  no event brought yet (events are published after the rows are saved) are read from the
+  database, then the closing parts and ``[DONE]``.
 
-A reader resumes after the ``Last-Event-ID`` header (browsers send it when they
-reconnect) or ``?after=``, so it misses nothing. A comment line is sent after
-``EVENTS_KEEPALIVE`` seconds of silence, which keeps proxies from closing the
-connection and lets a WSGI server notice a reader that left. Every
-``EVENTS_REAUTH_SECONDS`` the stream checks again that its reader may see the chat
-(still logged in, active, allowed) and ends when not; a reconnect is a new request,
-checked like any other.
-
-The loop is written once (:func:`_steps`, which only says what to do next) and run
-by two drivers: :func:`event_stream` (sync, for WSGI and ``runserver``: one thread
-per open stream) and :func:`aevent_stream` (async, for ASGI: it waits with
-``asyncio.sleep`` or ``redis.asyncio``, so an open stream blocks no thread).
+The loop is written once (:func:`_steps`, which only says what to do next) and run by two
+drivers: :func:`stream` (sync, for WSGI and ``runserver``: one thread per open stream) and
+:func:`astream` (async, for ASGI: it waits with ``asyncio.sleep`` or ``redis.asyncio``, so
+an open stream blocks no thread). A comment line is sent after ``EVENTS_KEEPALIVE`` seconds
+of silence, which keeps proxies from closing the connection and lets a WSGI server notice a
+reader that left. Every ``EVENTS_REAUTH_SECONDS`` the stream checks again that its reader
+may see the chat (:class:`ReaderAccess`) and ends when not. The open streams of a process
+share their reads of one chat's row (:data:`shared_reads`). A reader that leaves stops only
+its stream, never the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generator,
+    Hashable,
+    Iterator,
+    Mapping,
+)
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.contrib import auth
@@ -43,23 +55,39 @@ from django.http import HttpRequest, StreamingHttpResponse
 from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
 from ._access import can_view_chat
-from ._stream_drivers import KEEPALIVE, SEND, Pace, Step, adrive, drive, shared_reads
+from ._ui_protocol import DONE, HEADERS, UIStreamTranslator, encode, row_payload
 
 __all__ = [
     "CUT_MARK",
+    "IN_FLIGHT",
     "KEEPALIVE",
     "ChatEventReader",
+    "LiveReader",
     "ReaderAccess",
-    "aevent_stream",
+    "RunFollower",
+    "SharedReads",
+    "astream",
     "cut_to_fit",
-    "event_stream",
     "format_event",
     "requested_position",
     "resume_point",
+    "shared_reads",
+    "stream",
     "stream_response",
+    "streaming_response",
 ]
 
-#: a comment line: readers ignore it; it keeps the connection (and its proxies) open.
+T = TypeVar("T")
+
+#: the states of a chat whose run goes on (the ``useChat`` stream ends with anything else).
+IN_FLIGHT = ("queued", "running")
+#: the step that writes its bytes to the client.
+SEND = "send"
+#: the step that waits this many seconds.
+SLEEP = "sleep"
+#: an SSE comment sent after a quiet spell, which keeps proxies from closing the stream.
+KEEPALIVE = b": keep-alive\n\n"
+Step = tuple[str, Any]
 #: sent first: how long a browser waits before reconnecting (milliseconds).
 RETRY = b"retry: 2000\n\n"
 _POSITION = re.compile(r"^\d{1,20}(-\d{1,20})?$")
@@ -196,12 +224,93 @@ class ReaderAccess:
         return auth.get_user_model()._default_manager.filter(pk=self.user_pk).first()
 
 
-class ChatEventReader:
-    """One reader's position in one chat's events, and what it last told the page.
+def resume_point(chat: Any) -> str:
+    """The position a page rendered now should read events after.
 
-    The reads are plain synchronous ORM calls; the async driver runs them with
-    ``sync_to_async``.
+    Without Redis: the id of the latest message before any answer still streaming
+    (the stream then sends that answer as it grows). With Redis: the id of the latest
+    ``message`` event, so the chunks of an answer streaming now are sent from its start.
+    Read it before reading the messages the page shows: anything saved in between
+    is then sent again rather than missed (pages key messages by id).
     """
+    backend = get_backend()
+    if backend.keeps_events:
+        return backend.latest_id(chat_key(chat), "message")
+    message_model = type(chat)._meta.get_field("messages").related_model
+    rows = message_model.objects.filter(chat_id=chat.pk).order_by("-id")
+    streaming = rows.filter(status="partial").values_list("id", flat=True).first()
+    if streaming is not None:
+        # An abandoned partial (an answer follows it) is passed over, as in the stream.
+        if not rows.filter(id__gt=streaming, role="assistant").exists():
+            rows = rows.filter(id__lt=streaming)
+    last = rows.values_list("id", flat=True).first()
+    return str(last or 0)
+
+
+class Pace:
+    """A stream's sends: what was read, else a keep-alive once it has been quiet for
+    ``keepalive`` seconds; then, for a source that keeps no events, a sleep to the next poll."""
+
+    def __init__(self, keepalive: float) -> None:
+        self.keepalive = keepalive
+        self.quiet_since = time.monotonic()
+
+    def send(
+        self, frames: list[bytes], next_poll: float, keeps_events: bool
+    ) -> Generator[Step, Any, None]:
+        """The steps that send ``frames`` (or a keep-alive) and wait for the next poll."""
+        if frames or time.monotonic() - self.quiet_since >= self.keepalive:
+            yield SEND, b"".join(frames) if frames else KEEPALIVE
+            self.quiet_since = time.monotonic()
+        if not keeps_events:
+            yield SLEEP, max(0.0, next_poll - time.monotonic())
+
+
+class SharedReads:
+    """What the open streams of a process read of the same chat, read once for all of them
+    while it is younger than ``max_age`` seconds: a hundred streams of one chat make the
+    queries of one. Values are shared: readers must not change them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[Hashable, tuple[float, Any]] = {}
+
+    def get(self, key: Hashable, max_age: float, read: Callable[[], T], since: float) -> T:
+        """The value read under ``key`` less than ``max_age`` seconds ago and not before
+        ``since`` (a ``time.monotonic()``: a stream takes nothing read before it began, such
+        as a state from before the message it follows), else ``read()``'s (two streams may
+        read at once; the later one is kept)."""
+        started = time.monotonic()
+        with self._lock:
+            found = self._values.get(key)
+        if found is not None and found[0] >= since and started - found[0] < max_age:
+            value: T = found[1]
+            return value
+        value = read()
+        with self._lock:
+            # Timed from before the read: it shows the chat as it was then, at the latest.
+            self._values[key] = (started, value)
+            if len(self._values) > 1000:  # streams come and go: drop what has aged
+                for old in [k for k, (at, _) in self._values.items() if started - at >= max_age]:
+                    del self._values[old]
+        return value
+
+
+#: the reads this process's streams share.
+shared_reads = SharedReads()
+
+
+class LiveReader(ABC):
+    """One reader of one chat's live events: its position, its access, and what the stream's
+    loop (:func:`stream`, :func:`astream`) asks of it. Its reads are plain synchronous ORM
+    calls; the async driver runs them on a thread."""
+
+    #: what the stream sends first.
+    first = b""
+    #: the response's headers besides its content type.
+    headers: dict[str, str] = {}
+    #: :meth:`take` reads rows (the async driver runs it on a thread).
+    take_reads_rows = False
 
     def __init__(self, chat: Any, after: str | None, access: ReaderAccess | None = None) -> None:
         self.chat_model: Any = type(chat)
@@ -210,12 +319,8 @@ class ChatEventReader:
         self.after = after
         self.backend = get_backend()
         self.access = access
-        #: the largest event data sent whole (``EVENTS_MAX_BYTES``); larger is cut to fit.
-        self.max_bytes = agentloop_settings.EVENTS_MAX_BYTES
         #: the chat was deleted, or its reader may no longer see it: the stream ends.
         self.gone = False
-        self._state: dict[str, Any] | None = None
-        self._streaming: Event | None = None
         #: when the stream began: it shares no read made before (``shared_reads``).
         self.began = time.monotonic()
 
@@ -223,6 +328,49 @@ class ChatEventReader:
     def keeps_events(self) -> bool:
         """The backend keeps events (Redis): they are read from it, not from the rows."""
         return self.backend.keeps_events
+
+    @property
+    def over(self) -> bool:
+        """The stream has said all it will (the state read last ended it)."""
+        return False
+
+    @abstractmethod
+    def poll(self) -> list[bytes]:
+        """What a look at the chat finds: its state and, without Redis, its new rows."""
+
+    @abstractmethod
+    def take(self, events: list[Event]) -> list[bytes]:
+        """Events read from the backend, in the wire format; the position moves past them."""
+
+    def finish(self) -> list[bytes]:
+        """What is sent once the stream is :attr:`over`."""
+        return []
+
+    def access_due(self) -> bool:
+        """Whether the reader's access is due for a check (no query)."""
+        return self.access is not None and self.access.due()
+
+    def still_allowed(self) -> bool:
+        """Whether what was read may be sent (a few queries): checked when due, after the
+        reads, so nothing read after a logout or a lost permission reaches the reader."""
+        if self.access is not None and not self.access.allowed():
+            self.gone = True
+        return not self.gone
+
+
+class ChatEventReader(LiveReader):
+    """The event stream's reader: the chat's events in the wire format of :func:`format_event`,
+    and its ``state`` whenever it changes."""
+
+    first = RETRY
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # nginx: pass events on
+
+    def __init__(self, chat: Any, after: str | None, access: ReaderAccess | None = None) -> None:
+        super().__init__(chat, after, access)
+        #: the largest event data sent whole (``EVENTS_MAX_BYTES``); larger is cut to fit.
+        self.max_bytes = agentloop_settings.EVENTS_MAX_BYTES
+        self._state: dict[str, Any] | None = None
+        self._streaming: Event | None = None
 
     def poll(self) -> list[bytes]:
         """The chat's state, and its new messages when there is no Redis (one or two queries).
@@ -236,18 +384,7 @@ class ChatEventReader:
             frames.append(state)
         return frames
 
-    def access_due(self) -> bool:
-        """Whether the reader's access is due for a check (no query)."""
-        return self.access is not None and self.access.due()
-
-    def still_allowed(self) -> bool:
-        """Whether what was read may be sent (a few queries): checked when due, after the
-        reads, so nothing read after a logout or a lost permission reaches the reader."""
-        if self.access is not None and not self.access.allowed():
-            self.gone = True
-        return not self.gone
-
-    def frames_for(self, events: list[Event]) -> list[bytes]:
+    def take(self, events: list[Event]) -> list[bytes]:
         """Events read from Redis, in the wire format; the position moves past them."""
         frames = []
         for event in events:
@@ -258,7 +395,7 @@ class ChatEventReader:
 
     def _read_messages(self) -> list[bytes]:
         events, streaming = database_events(self.chat_model, self.chat_pk, self.after)
-        frames = self.frames_for(events)
+        frames = self.take(events)
         if streaming is not None and streaming != self._streaming:
             frames.append(format_event("partial", streaming["data"], max_bytes=self.max_bytes))
         self._streaming = streaming
@@ -319,66 +456,235 @@ class ChatEventReader:
         return state
 
 
-def _settings() -> tuple[float, float]:
-    return (
-        max(0.01, agentloop_settings.EVENTS_POLL_INTERVAL),
-        max(0.01, agentloop_settings.EVENTS_KEEPALIVE),
-    )
+class RunFollower(LiveReader):
+    """The ``useChat`` stream's reader: one chat's run as the UI message stream, to its end.
+
+    ``after`` is the event position to read after (:func:`resume_point`, read before the
+    rows the page was given); ``floor`` the pk of the latest row the page has, or was sent,
+    when the stream began: rows above it are the run's. ``head`` is what is sent first (the
+    ``start`` part, a replayed turn).
+    """
+
+    headers = HEADERS
+    take_reads_rows = True
+
+    def __init__(
+        self,
+        chat: Any,
+        after: str | None,
+        translator: UIStreamTranslator,
+        floor: int,
+        head: list[bytes],
+        access: ReaderAccess | None = None,
+    ) -> None:
+        super().__init__(chat, after, access)
+        self.translator = translator
+        self.floor = floor
+        self.first = b"".join(head)
+        #: the chat's latest state: {"state", "error", "stop_reason", "pending"}.
+        self.state: dict[str, Any] = {"state": "queued"}
+
+    @property
+    def over(self) -> bool:
+        """The state read last says the run is over."""
+        return self.state.get("state") not in IN_FLIGHT
+
+    def poll(self) -> list[bytes]:
+        """Read the state, then (database backend) the rows and the answer streaming now.
+
+        The state comes first: a run saves its rows before it lets go of the chat, so a
+        state that says "over" was read after every row of the run was saved."""
+        self.state = self._read_state()
+        if self.gone or self.keeps_events:
+            return []
+        events, streaming = database_events(self.chat_model, self.chat_pk, self.after)
+        if events:
+            self.after = events[-1]["id"]
+        return self.take(events + ([streaming] if streaming else []))
+
+    def take(self, events: list[Event]) -> list[bytes]:
+        """Translate events (a denied call's result is looked up: the page shows it apart)."""
+        frames: list[bytes] = []
+        for event in events:
+            if event.get("id") is not None and self.keeps_events:
+                self.after = event["id"]
+            data = event.get("data") or {}
+            if (
+                event.get("type") == "message"
+                and data.get("role") == "tool"
+                and data.get("is_error")
+            ):
+                event = {**event, "data": {**data, "decision": self._decision(data)}}
+            frames += [encode(chunk) for chunk in self.translator.event(event)]
+        return frames
+
+    def finish(self) -> list[bytes]:
+        """The run is over: its rows not sent yet, the calls waiting for a person, the end."""
+        message_model = self.chat_model._meta.get_field("messages").related_model
+        rows = (
+            message_model.objects.filter(
+                chat_id=self.chat_pk, id__gt=self.floor, superseded_at__isnull=True
+            )
+            .exclude(status="partial")
+            .exclude(id__in=self.translator.sent_rows)
+            .select_related("tool_call")
+            .prefetch_related("tool_calls")
+            .order_by("id")
+        )
+        translator = self.translator
+        chunks = []
+        for row in rows:
+            chunks += translator.event({"type": "message", "data": row_payload(row)})
+        chunks += translator.pending(self.state.get("pending") or [])
+        chunks += translator.end(
+            self.state.get("state", ""),
+            self.state.get("error", ""),
+            self.state.get("stop_reason", ""),
+        )
+        return [encode(chunk) for chunk in chunks] + [DONE]
+
+    def _read_state(self) -> dict[str, Any]:
+        # Shared with the process's other streams of this chat (one read per half interval).
+        key = ("usechat", self.chat_model._meta.label_lower, self.chat_pk)
+        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
+        row = shared_reads.get(key, max_age, self._chat_state, self.began)
+        if row is None:
+            self.gone = True
+            return {}
+        return row
+
+    def _chat_state(self) -> dict[str, Any] | None:
+        """The chat's state, error and calls waiting for a person (None: the chat is gone)."""
+        row = (
+            self.chat_model.objects.filter(pk=self.chat_pk)
+            .values("state", "error", "stop_reason")
+            .first()
+        )
+        if row is None:
+            return None
+        row["pending"] = []
+        if row["state"] == "waiting":
+            call_model = self.chat_model._meta.get_field("tool_calls").related_model
+            row["pending"] = list(
+                call_model.objects.filter(chat_id=self.chat_pk, state="waiting")
+                .order_by("id")
+                .values("id", "wait_reason", "question")
+            )
+        return row
+
+    def _decision(self, data: dict[str, Any]) -> str:
+        call_model = self.chat_model._meta.get_field("tool_calls").related_model
+        found = call_model.objects.filter(pk=data.get("tool_call_id")).values_list("decision")
+        return str((found.first() or ("",))[0])
 
 
-# What the loop asks its driver to do besides SEND (the answer is sent back into the loop).
-_POLL = "poll"  # run reader.poll(); answer: its frames
+def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
+    """The stream's next step, or None when it ends."""
+    try:
+        return steps.send(answer)
+    except StopIteration:
+        return None
+
+
+def drive(
+    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Any]]
+) -> Iterator[bytes]:
+    """The stream's bytes, each other step done in this thread."""
+    answer = None
+    while (step := _advance(steps, answer)) is not None:
+        if step[0] == SEND:
+            yield step[1]
+            answer = None
+        elif step[0] == SLEEP:
+            time.sleep(step[1])
+            answer = None
+        else:
+            answer = handlers[step[0]](step[1])
+
+
+async def adrive(
+    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Awaitable[Any]]]
+) -> AsyncIterator[bytes]:
+    """The stream's bytes, each other step awaited on the event loop."""
+    answer = None
+    while (step := _advance(steps, answer)) is not None:
+        if step[0] == SEND:
+            yield step[1]
+            answer = None
+        elif step[0] == SLEEP:
+            await asyncio.sleep(step[1])
+            answer = None
+        else:
+            answer = await handlers[step[0]](step[1])
+
+
+# What the loop asks its driver to do besides SEND and SLEEP (the answer is sent back in).
+_POLL = "poll"  # reader.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
-_ALLOWED = "allowed"  # run reader.still_allowed() before sending; answer: a bool
+_TAKE = "take"  # reader.take(events); answer: frames
+_FINISH = "finish"  # reader.finish(); answer: frames
+_ALLOWED = "allowed"  # reader.still_allowed() before sending; answer: a bool
 
 
-def _steps(reader: ChatEventReader) -> Generator[Step, Any, None]:
-    """The stream's loop, once for both drivers: yields steps, receives their answers."""
-    interval, keepalive = _settings()
-    yield SEND, RETRY
+def _steps(reader: LiveReader) -> Generator[Step, Any, None]:
+    """The stream's loop, once for every reader and both drivers: yields steps, receives
+    their answers."""
+    interval = max(0.01, agentloop_settings.EVENTS_POLL_INTERVAL)
+    keepalive = max(0.01, agentloop_settings.EVENTS_KEEPALIVE)
+    yield SEND, reader.first
     pace = Pace(keepalive)
     next_poll = 0.0
     while True:
         frames: list[bytes] = []
+        polled = False
         if time.monotonic() >= next_poll:
             frames += yield _POLL, None
             next_poll = time.monotonic() + interval
+            polled = True
             if reader.gone:
                 return
         if reader.keeps_events:
-            wait = max(0.001, next_poll - time.monotonic())
-            frames += reader.frames_for((yield _READ, wait))
+            ending = polled and reader.over
+            events = yield _READ, 0.001 if ending else max(0.001, next_poll - time.monotonic())
+            if events:
+                frames += yield _TAKE, events
         # Checked after the reads, whether or not they found anything: a logout before them
         # ends the stream with what they read unsent, and an idle stream ends too. (Only
         # when due: the async driver pays a thread hop for the check.)
         if reader.access_due() and not (yield _ALLOWED, None):
             return
+        if polled and reader.over:
+            # Every row of the run was saved before the state said so (read above).
+            yield SEND, b"".join(frames + (yield _FINISH, None))
+            return
         yield from pace.send(frames, next_poll, reader.keeps_events)
 
 
-def event_stream(
-    chat: Any, after: str | None, access: ReaderAccess | None = None
-) -> Iterator[bytes]:
-    """The events of ``chat`` after ``after`` until access ends (sync: holds its thread)."""
-    reader = ChatEventReader(chat, after, access)
+def stream(reader: LiveReader) -> Iterator[bytes]:
+    """The reader's stream, sync (WSGI: holds its thread while it waits)."""
     run: dict[str, Callable[[Any], Any]] = {
         _POLL: lambda _: reader.poll(),
-        _ALLOWED: lambda _: reader.still_allowed(),
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
+        _TAKE: reader.take,
+        _FINISH: lambda _: reader.finish(),
+        _ALLOWED: lambda _: reader.still_allowed(),
     }
     yield from drive(_steps(reader), run)
 
 
-async def aevent_stream(
-    chat: Any, after: str | None, access: ReaderAccess | None = None
-) -> AsyncIterator[bytes]:
-    """The events of ``chat`` after ``after`` until access ends (async: blocks no thread)."""
-    reader = ChatEventReader(chat, after, access)
+async def astream(reader: LiveReader) -> AsyncIterator[bytes]:
+    """The reader's stream, async (ASGI: waits without a thread)."""
     connection = reader.backend.aconnect() if reader.keeps_events else None
+
+    async def take_here(events: list[Event]) -> list[bytes]:
+        return reader.take(events)
+
     run: dict[str, Callable[[Any], Any]] = {
         _POLL: lambda _: sync_to_async(reader.poll)(),
-        _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
+        _TAKE: sync_to_async(reader.take) if reader.take_reads_rows else take_here,
+        _FINISH: lambda _: sync_to_async(reader.finish)(),
+        _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
     }
     try:
         async for chunk in adrive(_steps(reader), run):
@@ -388,42 +694,20 @@ async def aevent_stream(
             await connection.aclose()
 
 
-def resume_point(chat: Any) -> str:
-    """The position a page rendered now should read events after.
+def streaming_response(request: HttpRequest, reader: LiveReader) -> StreamingHttpResponse:
+    """The reader's ``text/event-stream`` response: async under ASGI, sync under WSGI.
 
-    Without Redis: the id of the latest message before any answer still streaming
-    (the stream then sends that answer as it grows). With Redis: the id of the latest
-    ``message`` event, so the chunks of an answer streaming now are sent from its start.
-    Read it before reading the messages the page shows: anything saved in between
-    is then sent again rather than missed (pages key messages by id).
+    ``request.user`` must be loaded already (the view checked it may see the chat).
     """
-    backend = get_backend()
-    if backend.keeps_events:
-        return backend.latest_id(chat_key(chat), "message")
-    message_model = type(chat)._meta.get_field("messages").related_model
-    rows = message_model.objects.filter(chat_id=chat.pk).order_by("-id")
-    streaming = rows.filter(status="partial").values_list("id", flat=True).first()
-    if streaming is not None:
-        # An abandoned partial (an answer follows it) is passed over, as in the stream.
-        if not rows.filter(id__gt=streaming, role="assistant").exists():
-            rows = rows.filter(id__lt=streaming)
-    last = rows.values_list("id", flat=True).first()
-    return str(last or 0)
+    content: Iterator[bytes] | AsyncIterator[bytes]
+    content = astream(reader) if isinstance(request, ASGIRequest) else stream(reader)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    for name, value in reader.headers.items():
+        response[name] = value
+    return response
 
 
 def stream_response(request: HttpRequest, chat: Any) -> StreamingHttpResponse:
-    """The ``text/event-stream`` response: async under ASGI, sync under WSGI.
-
-    ``request.user`` must be loaded already (the view checked it may see ``chat``).
-    """
-    after = requested_position(request)
+    """The event stream's response: the events after the position the request asks for."""
     access = ReaderAccess(request, chat)
-    content: Iterator[bytes] | AsyncIterator[bytes]
-    if isinstance(request, ASGIRequest):
-        content = aevent_stream(chat, after, access)
-    else:
-        content = event_stream(chat, after, access)
-    response = StreamingHttpResponse(content, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass events on as they come
-    return response
+    return streaming_response(request, ChatEventReader(chat, requested_position(request), access))
