@@ -3,7 +3,7 @@
 ``store`` holds ``DjangoStore`` (the engine's store over the chat models), composed of parts
 that each own their state: ``chat_row`` (the chat, its models, the rows built for it),
 ``config`` (configuration and tools), ``run_control`` (the claim, one writer, and every write
-under it; ``claims`` says how a verb's release ends), ``transcript`` (messages and usage),
+under it; ``releases`` says how a verb's release ends), ``transcript`` (messages and usage),
 ``tool_calls`` (tool-call rows), ``stopping`` (cancel, halt) and ``inbox`` (messages queued
 while a run holds the chat). ``writes`` builds a step's one-statement writes, ``rows`` the
 transcript's one SELECT and its mapping to messages, ``sql`` the statements compiled once.

@@ -2,7 +2,7 @@
 
 A store keeps one chat: its configuration, its transcript, its usage rows and
 its cancellation flag. The engine never touches a database itself; the Django
-store (:mod:`agentloop.store`) and the in-memory store (:mod:`.memory`) do.
+store (:mod:`agentloop.django_store`) and the in-memory store (:mod:`.memory`) do.
 Each method that writes says what must happen atomically: that is what makes a
 crash at any point resumable.
 """
