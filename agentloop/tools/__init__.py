@@ -43,3 +43,6 @@ __all__ = [
     "tool",
     "tool_reference",
 ]
+
+# A chat row names a tool by its import path: agentloop's own tool is named by its public one.
+AskPerson.__module__ = __name__
