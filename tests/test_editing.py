@@ -28,7 +28,7 @@ from agentloop.messages import ModelRequest, TokenUsage, ToolCallState
 from agentloop.models import Batch, BatchItem, Chat, ChatState, ToolCall, Usage
 from agentloop.signals import chat_forked, messages_superseded
 from agentloop.testing import FunctionProvider, reply, tool_call
-from agentloop.web._ui_protocol import ui_messages
+from agentloop.web import ui_messages
 from tests.agents import Lead
 from tests.control_tools import ask_accounting
 from tests.editing_agents import no_passwords

@@ -31,7 +31,7 @@ from agentloop.guardrails import (
 from agentloop.live_events import message_payload
 from agentloop.models import Chat, ChatState, ToolCall, Usage
 from agentloop.testing import ScriptedProvider, reply, tool_call
-from agentloop.web._ui_protocol import ui_messages
+from agentloop.web import ui_messages
 from tests import guardrail_checks as checks
 from tests.helpers import transcript
 from tests.tools import add, charge_card

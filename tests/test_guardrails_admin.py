@@ -15,7 +15,7 @@ from agentloop.guardrails import Block, input_guardrail
 from agentloop.live_events import message_payload
 from agentloop.models import Chat
 from agentloop.testing import tool_call
-from agentloop.web._ui_protocol import ui_messages
+from agentloop.web import ui_messages
 from tests import guardrail_checks as checks
 from tests.tools import add, charge_card
 

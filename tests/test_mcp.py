@@ -21,7 +21,7 @@ from agentloop.exceptions import CancelledError, ConfigurationError, MCPServerEr
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
-from agentloop.tools._references import load_tool
+from agentloop.tools import load_tool
 from agentloop.tools.mcp import STOPPED_RESULT, MCPTool, close_connections, load_mcp_tool, mcp_tools
 from tests.mcp_servers import DEADLINE, calls, configure, free_port, stdio_entry
 

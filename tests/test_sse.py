@@ -27,7 +27,8 @@ from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream, tool_call
-from agentloop.web._live import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
+from agentloop.web import CUT_MARK, cut_to_fit, format_event, resume_point
+from agentloop.web._live import KEEPALIVE
 from tests.sse_reading import (
     DEADLINE,
     AsyncReader,

@@ -14,7 +14,6 @@ from agentloop.engine.tool_execution import execute_tool
 from agentloop.import_paths import import_path_of, load_by_path
 from agentloop.messages import ToolCall
 from agentloop.tools import AskPerson, format_result, load_tool, tool_reference
-from agentloop.tools._references import tool_reference
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 
