@@ -9,7 +9,6 @@ from django.utils.translation import gettext_lazy as _
 
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from ..messages import MessageStatus, ToolCallState
-from .chat import Chat
 
 
 class Role(models.TextChoices):
@@ -135,7 +134,7 @@ class AbstractToolCall(models.Model):
 
 class Message(AbstractMessage):
     chat = models.ForeignKey(
-        Chat,
+        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
         related_name="messages",
@@ -161,7 +160,7 @@ class Message(AbstractMessage):
 
 class ToolCall(AbstractToolCall):
     chat = models.ForeignKey(
-        Chat,
+        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
         related_name="tool_calls",
