@@ -346,6 +346,20 @@ class LiveReader(ABC):
         """What is sent once the stream is :attr:`over`."""
         return []
 
+    @abstractmethod
+    def _chat_state(self) -> dict[str, Any] | None:
+        """The chat's state as this kind of reader tells it (None: the chat is gone)."""
+
+    def _read_state(self) -> dict[str, Any] | None:
+        """:meth:`_chat_state`, shared with the process's other streams of this chat and
+        kind (one read per half poll interval); None, and the stream ends: the chat is gone."""
+        key = (type(self).__name__, self.chat_model._meta.label_lower, self.chat_pk)
+        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
+        state = shared_reads.get(key, max_age, self._chat_state, self.began)
+        if state is None:
+            self.gone = True
+        return state
+
     def access_due(self) -> bool:
         """Whether the reader's access is due for a check (no query)."""
         return self.access is not None and self.access.due()
@@ -378,7 +392,7 @@ class ChatEventReader(LiveReader):
         The state is read first: a run saves its messages before it releases the
         chat, so a state read before the messages never runs ahead of them.
         """
-        state = self._read_state()
+        state = self._state_event()
         frames = [] if self.keeps_events else self._read_messages()
         if state is not None:
             frames.append(state)
@@ -401,15 +415,10 @@ class ChatEventReader(LiveReader):
         self._streaming = streaming
         return frames
 
-    def _read_state(self) -> bytes | None:
-        # Shared with the process's other streams of this chat (one read per half interval).
-        key = ("events", self.chat_model._meta.label_lower, self.chat_pk)
-        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
-        state = shared_reads.get(key, max_age, self._chat_state, self.began)
-        if state is None:
-            self.gone = True
-            return None
-        if state == self._state:
+    def _state_event(self) -> bytes | None:
+        """The ``state`` event, when the state changed since the last one sent."""
+        state = self._read_state()
+        if state is None or state == self._state:
             return None
         self._state = state
         return format_event("state", state, max_bytes=self.max_bytes)
@@ -494,7 +503,7 @@ class RunFollower(LiveReader):
 
         The state comes first: a run saves its rows before it lets go of the chat, so a
         state that says "over" was read after every row of the run was saved."""
-        self.state = self._read_state()
+        self.state = self._read_state() or {}
         if self.gone or self.keeps_events:
             return []
         events, streaming = database_events(self.chat_model, self.chat_pk, self.after)
@@ -542,16 +551,6 @@ class RunFollower(LiveReader):
             self.state.get("stop_reason", ""),
         )
         return [encode(chunk) for chunk in chunks] + [DONE]
-
-    def _read_state(self) -> dict[str, Any]:
-        # Shared with the process's other streams of this chat (one read per half interval).
-        key = ("usechat", self.chat_model._meta.label_lower, self.chat_pk)
-        max_age = agentloop_settings.EVENTS_POLL_INTERVAL / 2
-        row = shared_reads.get(key, max_age, self._chat_state, self.began)
-        if row is None:
-            self.gone = True
-            return {}
-        return row
 
     def _chat_state(self) -> dict[str, Any] | None:
         """The chat's state, error and calls waiting for a person (None: the chat is gone)."""
