@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The old import paths of moved modules keep working, with a warning, until 0.3.
+from . import _deprecated  # noqa: F401  (installs the finder of old paths)
+
 # agentloop.providers (register, the provider classes) is public: imported on purpose, not
 # only because other modules happen to use it.
 from . import providers as providers

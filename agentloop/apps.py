@@ -10,4 +10,7 @@ class AgentloopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, receivers  # noqa: F401  (registers checks and receivers)
+        # Function-local: these need the models, which load only now.
+        from . import _deprecated, checks, receivers  # noqa: F401  (registers checks, receivers)
+
+        _deprecated.add_model_aliases()

@@ -19,7 +19,7 @@ from .budgets.checks import check_budgets, check_rate_limits
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .engine import tracing
 from .exceptions import ConfigurationError
-from .importing import load_by_path
+from .import_paths import load_by_path
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider

@@ -252,7 +252,7 @@ class Settings(BaseModel):
     #: "tools" (import paths), "questions" and optionally "title"; None: give them as options.
     DEMO: dict[str, Any] | str | None = None
     #: MCP tool servers by name: {"files": {"command": [...], "env": {...}}} (stdio) or
-    #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.mcp.
+    #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.tools.mcp.
     MCP_SERVERS: dict[str, dict[str, Any]] = Field(default_factory=dict)
     #: OpenTelemetry spans after the GenAI semantic conventions (needs opentelemetry-api;
     #: see docs/tracing.md).

@@ -40,7 +40,7 @@ from typing import Any, Final, Literal, overload
 
 from .conf import agentloop_settings
 from .exceptions import ConfigurationError
-from .importing import import_path_of, load_by_path
+from .import_paths import import_path_of, load_by_path
 from .messages import Message, ToolCall
 from .tools import snake_case
 

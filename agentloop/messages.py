@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from .attachments import Attachment
-from .storable import storable_json
+from .storable_text import storable_json
 
 __all__ = [
     "MAX_COST",

@@ -9,7 +9,7 @@ from django.dispatch import receiver
 
 from . import providers
 from .conf import agentloop_settings
-from .events import delete_events, get_backend, publish_message, publish_superseded
+from .live_events import delete_events, get_backend, publish_message, publish_superseded
 from .models import AbstractChat
 from .signals import chat_cancelled, message_added, messages_superseded
 
@@ -24,7 +24,7 @@ def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
 
 @receiver(message_added)
 def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
-    """Live pages hear of every saved message (``agentloop.events``; Redis only)."""
+    """Live pages hear of every saved message (``agentloop.live_events``; Redis only)."""
     publish_message(chat, message)
 
 

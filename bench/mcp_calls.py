@@ -70,7 +70,7 @@ def main() -> None:
 def report(entries: dict[str, dict[str, Any]], samples: int) -> None:
     from mcp import Client, StdioServerParameters
 
-    from agentloop.mcp import close_connections, mcp_tools
+    from agentloop.tools.mcp import close_connections, mcp_tools
 
     print(f"{'transport':<10}{'kept open':>12}{'first call':>12}{'session per call':>18}")
     for name, entry in entries.items():

@@ -14,5 +14,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("agentloop/", include("agentloop.urls")),
+    path("agentloop/", include("agentloop.web.urls")),
 ]

@@ -19,8 +19,7 @@ from django.views.decorators.http import require_POST
 
 from agentloop.exceptions import PendingToolCallsError
 from agentloop.models import Chat, ChatState
-from agentloop.permissions import can_change_chat, get_chat_for_view
-from agentloop.sse import resume_point
+from agentloop.web import can_change_chat, get_chat_for_view, resume_point
 
 from .demo.agents import Assistant
 

@@ -19,7 +19,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from agentloop import events, providers
+from agentloop import live_events as events
+from agentloop import providers
 from agentloop.conf import agentloop_settings
 from agentloop.models import Chat, ChatState
 from agentloop.testing import ScriptedProvider, block_network

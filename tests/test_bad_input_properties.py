@@ -4,7 +4,7 @@ family's parser (their recorded answers with the text and token counts replaced)
 tool, through a provider's price, and from people (useChat, the decision views, the admin).
 
 Whatever arrives, nothing is lost (what is stored is the text made storable,
-``agentloop.storable``; every model call has its usage row, its counts and cost made safe),
+``agentloop.storable_text``; every model call has its usage row, its counts and cost made safe),
 nothing runs twice (a tool runs once; the chat takes the next message), and every error and
 warning is one line. On SQLite and on PostgreSQL (``DATABASE_URL``) alike. The examples of a
 test share its database (no flush between them: each makes its own chat), and each test
@@ -32,7 +32,7 @@ from agentloop.budgets import spend_of
 from agentloop.messages import MAX_COST, MAX_TOKENS
 from agentloop.models import Chat, ChatState, Message, ToolCall, Usage
 from agentloop.runners import wait_for_embedded_jobs
-from agentloop.storable import storable_json, storable_text
+from agentloop.storable_text import storable_json, storable_text
 from agentloop.testing import tool_call
 from agentloop.tools import AskPerson
 from tests import bad_input

@@ -66,7 +66,7 @@ def test_complete_later_runs_a_multi_round_tool_conversation_to_the_end(backgrou
 
 
 def test_another_process_reads_the_chats_message_and_chunk_events(background, user, redis_client):
-    from agentloop.events import chat_key, get_backend
+    from agentloop.live_events import chat_key, get_backend
 
     background.start_worker("w1")
     # Event streams are named by chat pk: a random one keeps test runs side by side apart.

@@ -19,9 +19,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agentloop import data, events
+from agentloop import data
+from agentloop import live_events as events
 from agentloop.engine.tool_runner import DENIED_RESULT
-from agentloop.events import chat_key, get_backend
+from agentloop.live_events import chat_key, get_backend
 from agentloop.models import Batch, BatchItem, Budget, Chat, Message, ToolCall, Usage
 from agentloop.testing import tool_call
 from tests.tools import ask_manager, transfer
@@ -355,17 +356,17 @@ def test_the_erased_chats_event_streams_are_gone_and_cant_come_back(user, redis_
 
 @pytest.mark.django_db(transaction=True)  # the tombstones are put after the commit
 def test_a_reader_still_open_on_an_erased_chat_ends_with_nothing_more(user, redis_events):
-    from agentloop.sse import event_stream
+    from agentloop.web._live import ChatEventReader, stream
 
     chat, _ = conversation(user)
     get_backend().publish(chat_key(chat), "message", {"id": 1, "content": "What do I owe?"})
-    stream = event_stream(chat, after=None)
-    opening = next(stream) + next(stream)  # the retry, then the chat's state and its event
+    events = stream(ChatEventReader(chat, after=None))
+    opening = next(events) + next(events)  # the retry, then the chat's state and its event
     assert b"What do I owe?" in opening
 
     data.erase_owner(user)
 
-    assert list(stream) == []  # the stream ends at its next look at the chat row
+    assert list(events) == []  # the stream ends at its next look at the chat row
 
 
 def test_the_event_views_answer_404_for_an_erased_chat(user, client):

@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from agentloop import data
-from agentloop.events import chat_key, get_backend
+from agentloop.live_events import chat_key, get_backend
 from agentloop.models import Chat, Message, ToolCall, Usage
 from tests.tools import wait_for_flag
 from tests.workers import new_chat

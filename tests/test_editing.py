@@ -28,7 +28,7 @@ from agentloop.messages import ModelRequest, TokenUsage, ToolCallState
 from agentloop.models import Batch, BatchItem, Chat, ChatState, ToolCall, Usage
 from agentloop.signals import chat_forked, messages_superseded
 from agentloop.testing import FunctionProvider, reply, tool_call
-from agentloop.ui_messages import ui_messages
+from agentloop.web import ui_messages
 from tests.agents import Lead
 from tests.control_tools import ask_accounting
 from tests.editing_agents import no_passwords
@@ -528,7 +528,7 @@ def test_an_edit_costs_the_same_statements_whatever_the_history(user, scripted):
 
 @pytest.mark.django_db
 def test_live_pages_hear_which_messages_were_superseded(chat, scripted, redis_events):
-    from agentloop import events
+    from agentloop import live_events as events
 
     scripted.add("Old.", "New.")
     chat.ask("Hi")

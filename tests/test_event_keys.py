@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import connections
 
-from agentloop import events
+from agentloop import live_events as events
 from agentloop.messages import TextDelta
 from agentloop.models import Chat
 from agentloop.process import redis_client as _redis

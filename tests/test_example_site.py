@@ -17,7 +17,7 @@ from django.test import AsyncClient, Client
 from django.urls import reverse
 
 from agentloop.django_store.leases import Lease
-from agentloop.events import message_payload
+from agentloop.live_events import message_payload
 from agentloop.messages import Message, ModelRequest, ToolCall
 from agentloop.models import Chat
 from agentloop.runners import wait_for_embedded_jobs

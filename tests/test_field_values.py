@@ -20,7 +20,7 @@ SAMPLES = [
     None,
     "",
     "text",
-    "a NUL \x00 and a lone \ud800 surrogate",  # made storable alike (agentloop.storable)
+    "a NUL \x00 and a lone \ud800 surrogate",  # made storable alike (agentloop.storable_text)
     gettext_lazy("lazy text"),
     MessageStatus.COMPLETE,
     True,

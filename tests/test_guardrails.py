@@ -18,7 +18,6 @@ from asgiref.sync import async_to_sync
 
 import agentloop
 from agentloop import signals
-from agentloop.events import message_payload
 from agentloop.exceptions import ConfigurationError, GuardrailBlockedError, GuardrailError
 from agentloop.guardrails import (
     PASS,
@@ -29,9 +28,10 @@ from agentloop.guardrails import (
     load_guardrail,
     output_guardrail,
 )
+from agentloop.live_events import message_payload
 from agentloop.models import Chat, ChatState, ToolCall, Usage
 from agentloop.testing import ScriptedProvider, reply, tool_call
-from agentloop.ui_messages import ui_messages
+from agentloop.web import ui_messages
 from tests import guardrail_checks as checks
 from tests.helpers import transcript
 from tests.tools import add, charge_card

@@ -10,12 +10,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agentloop.events import message_payload
 from agentloop.exceptions import GuardrailBlockedError
 from agentloop.guardrails import Block, input_guardrail
+from agentloop.live_events import message_payload
 from agentloop.models import Chat
 from agentloop.testing import tool_call
-from agentloop.ui_messages import ui_messages
+from agentloop.web import ui_messages
 from tests import guardrail_checks as checks
 from tests.tools import add, charge_card
 

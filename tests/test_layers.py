@@ -49,6 +49,7 @@ def _type_checking(node: ast.If) -> bool:
 #: back up: fix the layout instead.
 LOCAL_IMPORTS = {
     ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
+    ("agentloop.apps", "agentloop._deprecated"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
@@ -56,8 +57,9 @@ LOCAL_IMPORTS = {
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),
-    ("agentloop.models.chat", "agentloop.batches"): "deprecated alias (0.3): ChatQuerySet.batch",
-    ("agentloop.models.batches", "agentloop.batches"): "deprecated alias (0.3): Batch.refresh",
+    ("agentloop._deprecated", "agentloop.batches"): "deprecated alias (0.3): Batch.refresh",
+    ("agentloop._deprecated", "agentloop.models"): "deprecated alias (0.3): ChatQuerySet.batch",
+    ("agentloop._deprecated", "agentloop.models.chat"): "deprecated alias (0.3): ChatManager",
 }
 #: the deprecated aliases above climb back up on purpose until they go; no other import does.
 DEPRECATED = {edge for edge, why in LOCAL_IMPORTS.items() if why.startswith("deprecated")}

@@ -18,11 +18,11 @@ from django.db import connection
 
 import agentloop
 from agentloop.exceptions import CancelledError, ConfigurationError, MCPServerError, ToolError
-from agentloop.mcp import STOPPED_RESULT, MCPTool, close_connections, load_mcp_tool, mcp_tools
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
-from agentloop.tool_refs import load_tool
+from agentloop.tools import load_tool
+from agentloop.tools.mcp import STOPPED_RESULT, MCPTool, close_connections, load_mcp_tool, mcp_tools
 from tests.mcp_servers import DEADLINE, calls, configure, free_port, stdio_entry
 
 pytestmark = [pytest.mark.subprocess]
@@ -359,7 +359,7 @@ def test_a_failure_is_logged_without_the_servers_url_or_headers(caplog):
     with configure(files=entry), pytest.raises(MCPServerError):
         mcp_tools("files")
 
-    (record,) = [r for r in caplog.records if r.name == "agentloop.mcp._connections"]
+    (record,) = [r for r in caplog.records if r.name == "agentloop.tools.mcp._connections"]
     assert record.getMessage().startswith("MCP server 'files' is unavailable: ConnectError")
     assert "s3cret" not in caplog.text
     assert str(port) not in caplog.text

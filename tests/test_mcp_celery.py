@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from agentloop.mcp import close_connections
 from agentloop.models import Chat
+from agentloop.tools.mcp import close_connections
 from tests.helpers import transcript
 from tests.mcp_servers import calls, configure, stdio_entry
 from tests.workers import settled

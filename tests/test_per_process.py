@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from agentloop import events
+from agentloop import live_events as events
 from agentloop.messages import TextDelta, ToolCallDelta
 from agentloop.models import Chat
 from agentloop.process import cancel_notices as _cancel_notices

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -236,3 +237,64 @@ def test_every_verb_has_an_async_twin_with_the_same_parameters(owner):
             inspect.signature(sync).parameters.keys()
         ), verb
         assert twin.__doc__, f"{owner}.a{verb} has no docstring"
+
+
+def public_modules() -> list[str]:
+    """The public modules docs/design.md lists (its "Public modules" list)."""
+    text = (REPO / "docs" / "design.md").read_text()
+    section = text[text.index("### Public modules") :]
+    section = section[: section.index("\n## ")]
+    return re.findall(r"^- `(agentloop[\w.]*)`(?:, `(agentloop[\w.]*)`)?", section, re.M)
+
+
+def _listed() -> list[str]:
+    return sorted({name for pair in public_modules() for name in pair if name})
+
+
+@pytest.mark.parametrize("module", _listed())
+def test_each_public_module_imports_with_every_name_it_promises(module):
+    imported = importlib.import_module(module)
+    assert not any(part.startswith("_") for part in module.split(".")), module
+    promised = imported.__all__ if hasattr(imported, "__all__") else None
+    if promised is None:  # a URLconf promises its URL patterns
+        assert imported.urlpatterns, module
+    else:
+        assert promised, module
+        assert [name for name in promised if not hasattr(imported, name)] == []
+
+
+def _is_public(module: str, public: list[str]) -> bool:
+    return not any(part.startswith("_") for part in module.split(".")) and any(
+        module == listed or module.startswith(listed + ".") for listed in public
+    )
+
+
+def test_the_docs_import_only_public_modules():
+    """Every page's ``from agentloop... import`` and ``include("agentloop...")`` names a module
+    docs/design.md lists as public, or a public submodule of one."""
+    public = _listed()
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    module = r"(agentloop(?:\.\w+)*)(?!\w)"
+    pattern = re.compile(rf"(?:from|import) {module}|include\(\"{module}\"\)")
+    offenders = [
+        f"{page.name}: {name}"
+        for page in pages
+        for match in pattern.finditer(page.read_text())
+        for name in match.groups()
+        if name and not _is_public(name, public)
+    ]
+    assert offenders == []
+
+
+def test_a_private_module_of_the_listed_packages_is_named_so():
+    """In the packages cut into a public face and private modules (web, tools), every module
+    that docs/design.md doesn't list starts with ``_``."""
+    public = _listed()
+    offenders = []
+    for package in ("web", "tools"):
+        for path in sorted((REPO / "agentloop" / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if name not in public and not parts[-1].startswith("_"):
+                offenders.append(name)
+    assert offenders == []

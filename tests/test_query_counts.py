@@ -34,7 +34,7 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from agentloop import events
+from agentloop import live_events as events
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, Message, ToolCall
 from agentloop.runners import run_step

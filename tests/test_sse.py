@@ -1,4 +1,4 @@
-"""The chat event stream (``agentloop:events``, ``agentloop.sse``) without a browser
+"""The chat event stream (``agentloop:events``, ``agentloop.web._live``) without a browser
 (docs/design.md §9).
 
 Server-Sent Events: ``id:``/``event:``/``data:`` (JSON), resumable after ``Last-Event-ID``
@@ -20,13 +20,15 @@ from django.contrib.auth.models import Permission
 from django.test import AsyncClient, Client
 from django.urls import reverse
 
-from agentloop import CancelledError, events
+from agentloop import CancelledError
+from agentloop import live_events as events
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.messages import TextDelta
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
-from agentloop.sse import CUT_MARK, KEEPALIVE, cut_to_fit, format_event, resume_point
 from agentloop.testing import stream, tool_call
+from agentloop.web import CUT_MARK, cut_to_fit, format_event, resume_point
+from agentloop.web._live import KEEPALIVE
 from tests.sse_reading import (
     DEADLINE,
     AsyncReader,

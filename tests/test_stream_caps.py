@@ -1,4 +1,4 @@
-"""Live streams per user (``EVENTS_STREAMS_PER_USER``, ``agentloop.stream_slots``) and what
+"""Live streams per user (``EVENTS_STREAMS_PER_USER``, ``agentloop.web._access``) and what
 open streams cost a process (``agentloop.process.stream_reader``, ``shared_reads``).
 
 Before the cap, one user's hundred resume streams took a process's Redis connections from 13
@@ -22,9 +22,9 @@ from django.test import AsyncClient, Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agentloop import events
+from agentloop import live_events as events
 from agentloop.models import Chat, ChatState, Message
-from agentloop.stream_slots import slot_seconds
+from agentloop.web._access import slot_seconds
 from tests.sse_reading import (
     DEADLINE,
     AsyncReader,

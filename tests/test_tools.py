@@ -11,10 +11,9 @@ from pydantic import BaseModel, Field
 
 from agentloop import ConfigurationError, Tool, tool
 from agentloop.engine.tool_execution import execute_tool
-from agentloop.importing import import_path_of, load_by_path
+from agentloop.import_paths import import_path_of, load_by_path
 from agentloop.messages import ToolCall
-from agentloop.tool_refs import tool_reference
-from agentloop.tools import format_result
+from agentloop.tools import AskPerson, format_result, load_tool, tool_reference
 from tests import tools as test_tools
 from tests.tools import Weather, add, explode, refuse
 
@@ -435,3 +434,10 @@ def test_test_tools_module_tools_are_all_loadable_by_their_paths():
     for name in ("add", "Weather", "refuse", "explode", "slow", "record", "CancelChat"):
         obj = getattr(test_tools, name)
         assert load_by_path(import_path_of(obj)) is obj
+
+
+def test_a_chat_row_names_the_ready_made_tool_by_its_public_path():
+    """Rows outlive module layouts: ``AskPerson`` is stored as ``agentloop.tools.AskPerson``,
+    never as the private module that holds its code, and loads back from that."""
+    assert tool_reference(AskPerson) == "agentloop.tools.AskPerson"
+    assert load_tool("agentloop.tools.AskPerson") is AskPerson

@@ -1,11 +1,12 @@
-"""The translation of a chat's events into the AI SDK's UI message stream (``agentloop.ui_stream``),
-part by part, and the reading of ``useChat``'s requests. Pure: no database."""
+"""The translation of a chat's events into the AI SDK's UI message stream
+(``agentloop.web._ui_protocol``), part by part, and the reading of ``useChat``'s requests.
+Pure: no database."""
 
 from __future__ import annotations
 
 import json
 
-from agentloop.ui_stream import (
+from agentloop.web._ui_protocol import (
     DONE,
     HEADERS,
     ChatRequest,

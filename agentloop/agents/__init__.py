@@ -37,7 +37,7 @@ from ..exceptions import (
     ToolError,
     ToolWaiting,
 )
-from ..importing import import_path_of
+from ..import_paths import import_path_of
 from ..in_memory import chat as new_chat
 from ..tools import Tool, current_tool_context, snake_case
 from .handoffs import HandoffTool, follow_in_memory, handoff_tool, handoff_tools, take_over

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from ..exceptions import ConfigurationError
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 
 __all__ = ["follow_agent"]
 

@@ -21,7 +21,7 @@ from pydantic import Field, create_model
 from ..engine.config import ToolOptions
 from ..engine.handoffs import agent_label
 from ..exceptions import ConfigurationError
-from ..importing import import_path_of, load_by_path
+from ..import_paths import import_path_of, load_by_path
 from ..providers import resolve
 from ..tools import Tool
 
@@ -30,7 +30,7 @@ Agent = Any
 
 __all__ = ["HandoffTool", "agent_path", "handoff_tool", "handoff_tools", "take_over"]
 
-#: how a persisted chat's tool list names a handoff (see ``agentloop.tool_refs``).
+#: how a persisted chat's tool list names a handoff (see ``agentloop.tools._references``).
 PREFIX = "handoff:"
 
 

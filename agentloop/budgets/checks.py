@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..conf import BudgetLimits, RateLimit, get_chat_model
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 from ..messages import TokenUsage
 from .rows import budget_model
 

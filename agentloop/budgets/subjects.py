@@ -16,7 +16,7 @@ from django.db import models
 
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 
 __all__ = ["Subject", "owner_subject", "subject_hook", "subjects_of"]
 

@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
 from ..engine.tool_runner import DENIED_RESULT
-from ..events import forget_messages
+from ..live_events import forget_messages
 from ..models.budgets import Budget
 from ..process.redis_client import chat_name
 from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats

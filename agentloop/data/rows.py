@@ -19,7 +19,7 @@ from django.db import transaction
 
 from ..agents.subagents import has_children
 from ..conf import agentloop_settings, get_chat_model
-from ..events import chat_key, erase_events
+from ..live_events import chat_key, erase_events
 
 __all__ = [
     "ChatModels",

@@ -8,8 +8,7 @@ from typing import Any
 from ..engine import ChatConfig
 from ..engine.store import Configuration
 from ..guardrails import Guardrail, guardrail_reference, load_guardrail
-from ..tool_refs import load_tool, tool_reference
-from ..tools import Tool
+from ..tools import Tool, load_tool, tool_reference
 from .chat_row import ChatRow
 
 __all__ = ["Config"]

@@ -25,7 +25,7 @@ from typing import Any
 from django.db import models
 from django.db.models.expressions import Col
 
-from ..storable import storable_json, storable_text
+from ..storable_text import storable_json, storable_text
 from .fields import StorableCharField, StorableJSONField, StorableTextField
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The text and JSON fields of agentloop's models: each value made storable on its way in.
 
-The one place where text becomes storable (``agentloop.storable``) is where Django builds a
+The one place where text becomes storable (``agentloop.storable_text``) is where Django builds a
 column's value for the database, ``get_prep_value``: every write goes through it (``save``,
 ``create``, ``update``, ``bulk_create``, the admin's forms, and the store's own statements,
 whose values ``field_values`` prepares the same way), so no path writes around it, and a
@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import models
 
-from ..storable import storable_json, storable_text
+from ..storable_text import storable_json, storable_text
 
 __all__ = ["StorableCharField", "StorableJSONField", "StorableTextField"]
 

@@ -275,7 +275,7 @@ class Transcript(parts.Transcript, parts.Costs):
             for call, call_row in zip(calls, call_rows, strict=True):
                 call.key = call_row.pk = keys[call.id]
                 call_row.message_id = record.pk
-        # The rows just saved, for the live event (agentloop.events.message_payload): its
+        # The rows just saved, for the live event (agentloop.live_events.message_payload): its
         # calls need no statement of their own.
         record._agentloop_tool_calls = call_rows
         message.key = record.pk

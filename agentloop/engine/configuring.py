@@ -13,10 +13,10 @@ from pydantic import BaseModel, ValidationError
 from .. import providers
 from ..exceptions import ConfigurationError
 from ..guardrails import Guardrail, as_guardrail
-from ..importing import import_path_of, load_by_path
-from ..mcp import mcp_tools
+from ..import_paths import import_path_of, load_by_path
 from ..messages import Caching, Message, Thinking
 from ..tools import Tool
+from ..tools.mcp import mcp_tools
 from .config import Compaction, Limits, ToolOptions
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from .. import providers
 from ..conf import agentloop_settings
 from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 from ..messages import (
     Message,
     MessageStatus,

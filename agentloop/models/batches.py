@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -98,26 +96,6 @@ class Batch(AbstractBatch):
         indexes = [
             models.Index(fields=["collected_at", "status"], name="agentloop_batch_open_idx"),
         ]
-
-    def refresh(self) -> Batch:
-        """Deprecated (goes in 0.3): ``agentloop.batches.refresh(batch)``."""
-        return self._by_the_service("refresh")
-
-    def cancel(self) -> Batch:
-        """Deprecated (goes in 0.3): ``agentloop.batches.cancel(batch)``."""
-        return self._by_the_service("cancel")
-
-    def _by_the_service(self, verb: str) -> Batch:
-        warnings.warn(
-            f"Batch.{verb}() is deprecated: use agentloop.batches.{verb}(batch)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        # Function-local: a deprecated alias; the batch service sits above the models.
-        from .. import batches
-
-        done: Batch = getattr(batches, verb)(self)
-        return done
 
 
 class BatchItem(models.Model):

@@ -7,7 +7,6 @@ in ``ConversationDelegations`` (models/delegations.py); the verbs that do more a
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -89,18 +88,6 @@ class ChatQuerySet(models.QuerySet["AbstractChat"]):
     complete_later.queryset_only = True  # type: ignore[attr-defined]
     resume.queryset_only = True  # type: ignore[attr-defined]
     with_model.queryset_only = True  # type: ignore[attr-defined]
-
-    def batch(self, auto_continue: bool = False) -> Any:
-        """Deprecated (goes in 0.3): ``agentloop.batch(queryset)``."""
-        warnings.warn(
-            "Chat.objects.batch() is deprecated: use agentloop.batch(chats)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        # Function-local: a deprecated alias; the batch service sits above the models.
-        from ..batches import submit
-
-        return submit(self, auto_continue=auto_continue)
 
 
 class ChatManager(models.Manager.from_queryset(ChatQuerySet)):  # type: ignore[misc]

@@ -12,7 +12,6 @@ from django.utils.translation import gettext_lazy as _
 
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from ..messages import MessageStatus, ToolCallState
-from .chat import Chat
 
 
 class Role(models.TextChoices):
@@ -163,7 +162,7 @@ class ToolResultField(models.OneToOneField):
 
 class Message(AbstractMessage):
     chat = models.ForeignKey(
-        Chat,
+        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
         related_name="messages",
@@ -189,7 +188,7 @@ class Message(AbstractMessage):
 
 class ToolCall(AbstractToolCall):
     chat = models.ForeignKey(
-        Chat,
+        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
         related_name="tool_calls",

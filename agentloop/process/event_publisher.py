@@ -1,6 +1,6 @@
 """One bounded publisher of live events per process: a step hands an event over and goes on.
 
-``agentloop.events`` puts each event on this process's queue; one thread sends what is
+``agentloop.live_events`` puts each event on this process's queue; one thread sends what is
 queued, a batch at a time (one Redis pipeline), so a slow or hung Redis holds that thread
 and never a step. One queue and one sender keep order: the events of a chat reach Redis in
 the order this process made them.
@@ -28,7 +28,7 @@ from .holder import PerProcess
 
 __all__ = ["Publisher", "publisher"]
 
-logger = logging.getLogger("agentloop.events")
+logger = logging.getLogger("agentloop.live_events")
 
 #: most events sent in one pipeline.
 BATCH = 500
@@ -42,7 +42,7 @@ WARN_EVERY = 60.0
 
 @dataclass(eq=False)
 class _Event:
-    backend: Any  # an agentloop.events.EventBackend (imported there; this module is below it)
+    backend: Any  # an agentloop.live_events.EventBackend (imported there; this module is below it)
     destination: str  # the backend's name for the chat's events (a Redis stream)
     type: str
     data: dict[str, Any]

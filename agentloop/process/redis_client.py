@@ -1,6 +1,6 @@
 """agentloop's one way to Redis: the client for ``AGENTLOOP["REDIS_URL"]`` and the key names.
 
-Live events (``agentloop.events``) and cancel notices (``agentloop.process.cancel_notices``)
+Live events (``agentloop.live_events``) and cancel notices (``agentloop.process.cancel_notices``)
 both name a chat the same way and put every key under ``REDIS_PREFIX``, so two
 sites sharing one Redis database never read each other's chats.
 """

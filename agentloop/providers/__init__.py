@@ -18,7 +18,7 @@ from typing import Any
 
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError, UnknownProviderError
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 from .base import ChunkCallback, Provider
 
 __all__ = [

@@ -23,8 +23,8 @@ from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.releases import one_line
 from ..django_store.store import transcript_select
 from ..engine.retries import backoff
-from ..events import publish_chunk
 from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError, PlaceWaiting
+from ..live_events import publish_chunk
 from .base import Job
 from .sending import send
 
@@ -229,7 +229,7 @@ def _after_a_lost_lease(chat_model: Any, chat_id: Any, claimed_at: Any) -> StepO
 
 
 def _publisher(chat: Any) -> Any:
-    """The stream callback that forwards chunks to live pages (see agentloop.events)."""
+    """The stream callback that forwards chunks to live pages (see agentloop.live_events)."""
 
     def forward(chunk: Any) -> None:
         publish_chunk(chat, chunk)

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
-from ..importing import load_by_path
+from ..import_paths import load_by_path
 from .base import Job, Runner
 
 __all__ = [

@@ -8,7 +8,7 @@ from django.utils.html import format_html
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from agentloop import providers
-from agentloop.permissions import get_chat_for_view
+from agentloop.web import get_chat_for_view
 from example_project.urls import urlpatterns as example_urls
 
 from .provider import provider

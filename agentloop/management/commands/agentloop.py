@@ -42,7 +42,7 @@ from ...agents import Agent
 from ...batches import poll
 from ...conf import agentloop_settings, get_chat_model
 from ...exceptions import AgentloopError
-from ...importing import load_by_path
+from ...import_paths import load_by_path
 from ...models import Batch, Chat, ChatState
 from ...runners import runner_name, wait_for_embedded_jobs
 from ...runners.sweeper import free_chat, resume_stalled, stalled_chats

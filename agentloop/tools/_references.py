@@ -4,18 +4,18 @@ A chat row stores each tool as a reference a worker in another process can load:
 path (``myapp.tools.lookup_order``), ``agent:<path>?{...}`` for an agent offered as a tool,
 ``handoff:<path>?{...}`` for a handoff to an agent, or ``mcp:server/tool?{...}`` for a tool
 of an MCP server. This module knows every kind; the
-kinds' own modules (:mod:`agentloop.tools`, :mod:`agentloop.mcp`) know none of the others.
+kinds' own modules (:mod:`agentloop.tools`, :mod:`agentloop.tools.mcp`) know none of the others.
 """
 
 from __future__ import annotations
 
 import json
 
-from .exceptions import ConfigurationError
-from .importing import import_path_of, load_by_path
+from ..exceptions import ConfigurationError
+from ..import_paths import import_path_of, load_by_path
+from ._tool import FunctionTool, Tool
 from .mcp import PREFIX as MCP_PREFIX
 from .mcp import load_mcp_tool
-from .tools import FunctionTool, Tool
 
 __all__ = ["load_tool", "tool_reference"]
 

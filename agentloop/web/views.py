@@ -12,7 +12,6 @@ the history as ``UIMessage`` objects.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -23,27 +22,45 @@ from django.http import (
     HttpResponse,
     HttpResponseRedirect,
     JsonResponse,
-    StreamingHttpResponse,
 )
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from .conf import get_chat_model
-from .exceptions import (
+from ..conf import get_chat_model
+from ..exceptions import (
     ChatBusyError,
     EditError,
     InvalidArgumentsError,
     PendingToolCallsError,
     ToolCallNotWaitingError,
 )
-from .json_input import JSONInputError, parse_json, request_json
-from .permissions import can_change_chat, can_view_chat, get_chat_for_change, get_chat_for_view
-from .sse import ReaderAccess, resume_point, stream_response
-from .stream_slots import hold, take_slot, too_many_streams
-from .ui_live import IN_FLIGHT, RunFollower, ui_stream_response
-from .ui_messages import row_payload, turn_rows, ui_messages
-from .ui_stream import UIStreamTranslator, answer_message_id, encode, error_line, parse_chat_request
+from ..json_input import JSONInputError, parse_json, request_json
+from ._access import (
+    can_change_chat,
+    can_view_chat,
+    get_chat_for_change,
+    get_chat_for_view,
+    holding_a_slot,
+)
+from ._live import (
+    IN_FLIGHT,
+    ReaderAccess,
+    RunFollower,
+    resume_point,
+    stream_response,
+    streaming_response,
+)
+from ._ui_protocol import (
+    UIStreamTranslator,
+    answer_message_id,
+    encode,
+    error_line,
+    parse_chat_request,
+    row_payload,
+    turn_rows,
+    ui_messages,
+)
 
 __all__ = [
     "answer_tool_call",
@@ -185,31 +202,13 @@ def edit_message(request: HttpRequest, pk: int, message_pk: int) -> HttpResponse
 @require_GET
 @login_required
 async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
-    """The chat's live events as Server-Sent Events (``agentloop.sse``).
+    """The chat's live events as Server-Sent Events (``agentloop.web._live``).
 
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
     chat = await sync_to_async(get_chat_for_view)(request, pk)
-    return await sync_to_async(_streaming)(request, lambda: stream_response(request, chat))
-
-
-def _streaming(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-    """``start()``'s response, holding one of the user's live stream slots while it streams
-    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
-    ``start()`` writes anything. A response that doesn't stream gives its slot back at once."""
-    slot = take_slot(request.user.pk)
-    if slot is None:
-        return too_many_streams()
-    try:
-        response = start()
-    except BaseException:
-        slot.release()
-        raise
-    if not isinstance(response, StreamingHttpResponse):
-        slot.release()
-        return response
-    return hold(response, slot)
+    return await sync_to_async(holding_a_slot)(request, lambda: stream_response(request, chat))
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
@@ -218,7 +217,7 @@ def _refused(reason: str, status: int) -> HttpResponse:
 
 
 # The useChat views are sync: their setup is a few queries, and under ASGI the response
-# still streams through an async iterator (agentloop.ui_live), holding no thread.
+# still streams through an async iterator (agentloop.web._live), holding no thread.
 @require_POST
 @login_required
 def usechat(request: HttpRequest) -> HttpResponseBase:
@@ -237,9 +236,9 @@ def usechat(request: HttpRequest) -> HttpResponseBase:
         started = _start_run(request, asked)
         if isinstance(started, HttpResponse):
             return started
-        return ui_stream_response(request, started)
+        return streaming_response(request, started)
 
-    return _streaming(request, start)
+    return holding_a_slot(request, start)
 
 
 def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
@@ -299,9 +298,9 @@ def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
         follower = _resume_run(request, pk)
         if follower is None:
             return HttpResponse(status=204)
-        return ui_stream_response(request, follower)
+        return streaming_response(request, follower)
 
-    return _streaming(request, start)
+    return holding_a_slot(request, start)
 
 
 def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:

@@ -1,4 +1,4 @@
-"""URLs: ``path("agentloop/", include("agentloop.urls"))``."""
+"""URLs: ``path("agentloop/", include("agentloop.web.urls"))``."""
 
 from django.urls import path
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from .exceptions import ConfigurationError
-from .messages import ToolCall
+from ..exceptions import ConfigurationError
+from ..messages import ToolCall
 
 __all__ = ["Handoff", "ToolContext", "current_tool_context", "running"]
 

@@ -9,7 +9,7 @@ talks to the server; a server that is down, too slow, or reports an error gives 
 an error result. The short form ``mcp:files/read_file`` is also understood: the schema is
 then fetched from the server when the tool is loaded (once per process).
 
-Calls go through :mod:`agentloop.mcp._connections` (sessions kept open on a background
+Calls go through :mod:`agentloop.tools.mcp._connections` (sessions kept open on a background
 event loop per process). The ``mcp`` package is needed only to talk to a server.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..exceptions import ConfigurationError, MCPServerError, ToolError
-from ..messages import ToolDefinition
-from ..tools import Tool, arguments_schema
+from ...exceptions import ConfigurationError, MCPServerError, ToolError
+from ...messages import ToolDefinition
+from .._tool import Tool, arguments_schema
 from ._connections import Stopped, close_connections, list_tools
 from ._connections import call_tool as _call_tool
 from ._settings import server_settings

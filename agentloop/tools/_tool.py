@@ -29,9 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from .exceptions import ConfigurationError, NeedsInput, ToolError
-from .messages import ToolCall, ToolDefinition
-from .tool_context import Handoff, ToolContext, current_tool_context, running
+from ..exceptions import ConfigurationError, NeedsInput, ToolError
+from ..messages import ToolCall, ToolDefinition
+from ._context import Handoff, ToolContext, current_tool_context, running
 
 __all__ = [
     "AskPerson",

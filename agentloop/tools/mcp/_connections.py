@@ -27,9 +27,9 @@ from contextlib import asynccontextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from ..conf import agentloop_settings
-from ..exceptions import ConfigurationError, MCPServerError
-from ..process.holder import PerProcess
+from ...conf import agentloop_settings
+from ...exceptions import ConfigurationError, MCPServerError
+from ...process.holder import PerProcess
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ class _Loop:
         so, the work is cancelled and :class:`Stopped` raised.
         """
         if threading.current_thread() is self.thread:
-            raise RuntimeError("agentloop.mcp can't wait for its own event loop")
+            raise RuntimeError("agentloop.tools.mcp can't wait for its own event loop")
 
         async def wrapped() -> T:
             return await work()

@@ -1,14 +1,17 @@
-"""How many live streams one user has open: at most ``EVENTS_STREAMS_PER_USER``.
+"""Who may see or change a chat, and how many live streams one user may hold open.
 
-Each open stream (the event stream, a ``useChat`` stream or its resume) holds a slot, taken by
-its view before anything is written (:func:`take_slot`; ``None`` at the cap: the view answers
-429), kept alive while its bytes flow and given back when the response is closed or ends
-(:func:`hold`). A slot lasts :func:`slot_seconds` without renewal, so a process that died
-holding some frees them by itself.
+The owner may see and change their chat; staff may with the model's permissions (``view_``
+or ``change_``). Anyone else is told the chat doesn't exist (404, not 403). Every view, the
+event stream and the admin share these rules.
 
-With ``REDIS_URL`` the slots are counted in Redis (a sorted set per user scored by expiry, on
-Redis's clock), so the cap holds across every process of a deployment; without Redis, per
-process.
+Each open stream (the event stream, a ``useChat`` stream or its resume) holds one of its
+user's ``EVENTS_STREAMS_PER_USER`` slots, taken by its view before anything is written
+(:func:`take_slot`; ``None`` at the cap: the view answers 429), kept alive while its bytes
+flow and given back when the response is closed or ends (:func:`hold`). A slot lasts
+:func:`slot_seconds` without renewal, so a process that died holding some frees them by
+itself. With ``REDIS_URL`` the slots are counted in Redis (a sorted set per user scored by
+expiry, on Redis's clock), so the cap holds across every process of a deployment; without
+Redis, per process.
 """
 
 from __future__ import annotations
@@ -17,16 +20,62 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 
-from .conf import agentloop_settings
-from .process import redis_client
+from ..conf import agentloop_settings, get_chat_model
+from ..process import redis_client
 
-__all__ = ["StreamSlot", "hold", "slot_seconds", "take_slot", "too_many_streams"]
+__all__ = [
+    "StreamSlot",
+    "can_change_chat",
+    "can_view_chat",
+    "get_chat_for_change",
+    "get_chat_for_view",
+    "hold",
+    "holding_a_slot",
+    "slot_seconds",
+    "take_slot",
+    "too_many_streams",
+]
+
+
+def can_change_chat(user: Any, chat: Any) -> bool:
+    """The owner, or staff holding the model's change permission."""
+    if chat.owner_id is not None and chat.owner_id == user.pk:
+        return True
+    opts = chat._meta
+    return bool(user.is_staff and user.has_perm(f"{opts.app_label}.change_{opts.model_name}"))
+
+
+def get_chat_for_change(request: HttpRequest, pk: Any) -> Any:
+    """The chat if this user may change it, else 404."""
+    chat_model = get_chat_model()
+    chat = chat_model.objects.filter(pk=pk).first()
+    if chat is None or not can_change_chat(request.user, chat):
+        raise Http404("No such chat.")
+    return chat
+
+
+def can_view_chat(user: Any, chat: Any) -> bool:
+    """The owner, or staff holding the model's view (or change) permission."""
+    if can_change_chat(user, chat):
+        return True
+    opts = chat._meta
+    return bool(user.is_staff and user.has_perm(f"{opts.app_label}.view_{opts.model_name}"))
+
+
+def get_chat_for_view(request: HttpRequest, pk: Any) -> Any:
+    """The chat if this user may see it, else 404."""
+    chat = get_chat_model().objects.filter(pk=pk).first()
+    if chat is None or not can_view_chat(request.user, chat):
+        raise Http404("No such chat.")
+    return chat
+
 
 logger = logging.getLogger(__name__)
 
@@ -196,3 +245,21 @@ def hold(response: StreamingHttpResponse, slot: StreamSlot) -> StreamingHttpResp
     )
     response.streaming_content = held
     return response
+
+
+def holding_a_slot(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+    """``start()``'s response, holding one of the user's live stream slots while it streams
+    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
+    ``start()`` writes anything. A response that doesn't stream gives its slot back at once."""
+    slot = take_slot(request.user.pk)
+    if slot is None:
+        return too_many_streams()
+    try:
+        response = start()
+    except BaseException:
+        slot.release()
+        raise
+    if not isinstance(response, StreamingHttpResponse):
+        slot.release()
+        return response
+    return hold(response, slot)

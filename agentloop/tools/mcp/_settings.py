@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..conf import agentloop_settings
-from ..exceptions import ConfigurationError
+from ...conf import agentloop_settings
+from ...exceptions import ConfigurationError
 
 __all__ = ["DEFAULT_TIMEOUT", "ServerSettings", "server_settings"]
 
