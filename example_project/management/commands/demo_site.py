@@ -28,7 +28,7 @@ from django.db import connection
 from django.urls import reverse
 
 from agentloop.conf import agentloop_settings
-from agentloop.importing import load_by_path
+from agentloop.import_paths import load_by_path
 from agentloop.models import Chat
 
 USERNAME = "demo"
