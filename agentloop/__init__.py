@@ -12,6 +12,7 @@ from typing import Any
 # only because other modules happen to use it.
 from . import providers as providers
 from .agents import Agent
+from .embeddings import Embeddings, aembed, embed
 from .engine import Conversation
 from .exceptions import (
     AgentloopError,
@@ -51,6 +52,7 @@ __all__ = [
     "Conversation",
     "DecisionConflictError",
     "EditError",
+    "Embeddings",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",
@@ -62,8 +64,10 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolError",
+    "aembed",
     "batch",
     "chat",
+    "embed",
     "tool",
 ]
 

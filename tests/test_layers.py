@@ -49,6 +49,9 @@ def _type_checking(node: ast.If) -> bool:
 #: back up: fix the layout instead.
 LOCAL_IMPORTS = {
     ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
+    ("agentloop.embeddings", "agentloop.embeddings.recording"): (
+        "app loading: importing agentloop loads no models"
+    ),
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",

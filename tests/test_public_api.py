@@ -30,6 +30,7 @@ EXPECTED_ALL = {
     "Conversation",
     "DecisionConflictError",
     "EditError",
+    "Embeddings",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",
@@ -41,8 +42,10 @@ EXPECTED_ALL = {
     "Tool",
     "ToolCall",
     "ToolError",
+    "aembed",
     "batch",
     "chat",
+    "embed",
     "tool",
 }
 
