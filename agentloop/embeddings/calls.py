@@ -108,14 +108,14 @@ def resolve(model: str, provider: str | None = None) -> tuple[Provider, str, str
         if wire is not None:
             return found, name, model_id, wire
         if builtin is None:
-            raise no_embeddings(found)
+            raise no_embeddings(name, found)
     with _lock:
         made = _made.get(name)
         if made is None:
             made = _made[name] = builtin(name=name)
     wire = wire_for(made, model_id)
     if wire is None:  # pragma: no cover - every built-in embeds
-        raise no_embeddings(made)
+        raise no_embeddings(name, made)
     return made, name, model_id, wire
 
 

@@ -410,10 +410,10 @@ def wire_for(provider: Provider, model: str) -> Wire | None:
     return None
 
 
-def no_embeddings(provider: Provider) -> ConfigurationError:
-    """The error for a provider without embeddings, naming those that have them."""
+def no_embeddings(name: str, provider: Provider) -> ConfigurationError:
+    """The error for the provider ``name`` without embeddings, naming those that have them."""
     return ConfigurationError(
-        f"Provider {provider.name!r} ({type(provider).__name__}) has no embeddings: use "
+        f"Provider {name!r} ({type(provider).__name__}) has no embeddings: use "
         "OpenAI or a compatible server, Gemini, Vertex AI, Bedrock, Azure, Cohere, or "
         'offline:hash-embedding (see "Embeddings" in the agentloop docs).'
     )
