@@ -82,6 +82,7 @@ OPTIONAL = {
     "google": "the vertex extra",
     "mcp": "the mcp extra",
     "opentelemetry": "the otel extra",
+    "pgvector": "the postgres extra",
     "psycopg": "the postgres extra",
     "readline": "not on every platform",
     "redis": "the celery extra",

@@ -55,6 +55,7 @@ EXPECTED_ALL = {
 EXPECTED_MODELS = {
     "AbstractBatch",
     "AbstractChat",
+    "AbstractMemory",
     "AbstractMessage",
     "AbstractToolCall",
     "AbstractUsage",
@@ -70,6 +71,8 @@ EXPECTED_MODELS = {
     "Chat",
     "ChatQuerySet",
     "ChatState",
+    "Memory",
+    "MemoryQuerySet",
     "Message",
     "MessageQuerySet",
     "RateLimitBucket",
