@@ -138,3 +138,26 @@ def _explain(rows: Any, query: list[float]) -> str:
         .order_by("distance")[:5]
     )
     return ordered.explain()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pgvector's HNSW is PostgreSQL's")
+def test_on_postgresql_a_subject_with_few_memories_among_many_still_finds_them(user: Any) -> None:
+    rng = random.Random(11)  # noqa: S311 - test data
+    rows = [
+        Memory(subject="crowd", text=f"c{index}",
+               embedding=[rng.gauss(0, 1) for _ in range(HNSW_DIMENSIONS)])
+        for index in range(300)
+    ]  # fmt: skip
+    rows += [
+        Memory(subject="few", text=f"f{index}",
+               embedding=[rng.gauss(0, 1) for _ in range(HNSW_DIMENSIONS)])
+        for index in range(3)
+    ]  # fmt: skip
+    for row in rows:
+        row.dimensions = HNSW_DIMENSIONS
+    Memory.objects.bulk_create(rows)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # the index scan, as at scale
+    query = [rng.gauss(0, 1) for _ in range(HNSW_DIMENSIONS)]
+    found = Memory.objects.filter(subject="few").nearest(query, k=3)
+    assert sorted(m.text for m in found) == ["f0", "f1", "f2"]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Cast, Now
 from django.utils import timezone
@@ -92,9 +92,16 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             from pgvector.django import CosineDistance, VectorField
 
             column = Cast("embedding", VectorField(dimensions=len(vector)))
-            return list(
-                rows.annotate(distance=CosineDistance(column, vector)).order_by("distance")[:k]
-            )
+            # HNSW scans go on until k rows pass the filter (pgvector 0.8's iterative scans,
+            # in exact order), for this transaction only: without it an index scan returns
+            # its ef_search nearest rows of any subject, and a subject with few memories
+            # among many finds none of them.
+            with transaction.atomic(using=self.db, savepoint=False):
+                with connections[self.db].cursor() as cursor:
+                    cursor.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+                return list(
+                    rows.annotate(distance=CosineDistance(column, vector)).order_by("distance")[:k]
+                )
         scored = sorted(
             (_cosine_distance(embedding, vector), pk)
             for pk, embedding in rows.values_list("pk", "embedding")
