@@ -3,7 +3,6 @@ usage rows and budgets (the recorded wire formats: tests/providers/test_embeddin
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -13,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from asgiref.sync import async_to_sync
 
 import agentloop
 from agentloop import providers
@@ -261,11 +261,12 @@ def test_embeddings_count_against_the_owners_budget(
     assert spend.tokens_per_day == 2_000_000
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_aembed_writes_the_same_rows(embedding_server: Any, user: Any) -> None:
     sent = embedding_server(lambda body: _vectors(len(body["input"]), tokens=4))
-    result = asyncio.run(
-        agentloop.aembed(["x", "y"], model="fake:text-embedding-3-small", owner=user)
+    # async_to_sync: the rows go on this test's connection (the ORM's thread in this context)
+    result = async_to_sync(agentloop.aembed)(
+        ["x", "y"], model="fake:text-embedding-3-small", owner=user
     )
     assert len(sent) == 1 and result.vectors == [[0.0, 1.0], [1.0, 1.0]]
     (row,) = Usage.objects.all()

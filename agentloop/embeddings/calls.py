@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
 
 from .. import providers
 from ..attachments import Attachment
@@ -29,6 +31,8 @@ from .vendors import EMBEDDING_BUILTINS
 from .wires import Parsed, Parts, Wire, batches, no_embeddings, wire_for
 
 __all__ = ["Embedding", "Embeddings", "Recorder", "inputs_of", "resolve"]
+
+T = TypeVar("T")
 
 #: writes one attempt's usage row (the Django layer's), or None: nothing is written.
 Recorder = Callable[[UsageRecord], None]
@@ -139,6 +143,13 @@ def _checked_dimensions(dimensions: Any) -> int | None:
             f"dimensions must be a whole number of at least 1, not {dimensions!r}"
         )
     return dimensions
+
+
+async def _on_the_orm_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on the thread Django's async ORM calls use in this context (a
+    request's thread under ASGI), as a persisted chat's database phases run: a usage row or
+    a rate limit's bucket never opens a connection on a thread nobody closes."""
+    return await sync_to_async(function, thread_sensitive=True)(*args)
 
 
 class Embedding:
@@ -258,13 +269,13 @@ class Embedding:
 
     async def arun(self, inputs: list[Parts], single: bool) -> Embeddings:
         """:meth:`run` for ``aembed``: requests over ``httpx.AsyncClient``; the rate limits'
-        buckets and the usage rows (database or Redis statements) on threads."""
+        buckets and the usage rows (database or Redis statements) on the ORM's thread."""
         return self._result([await self._abatch(part, single) for part in self._batches(inputs)])
 
     async def _abatch(self, inputs: list[Parts], single: bool) -> tuple[Parsed, UsageRecord]:
         for attempt in range(agentloop_settings.MODEL_RETRIES + 1):
             waits = self._waits(inputs)
-            while (wait := await asyncio.to_thread(next, waits, None)) is not None:
+            while (wait := await _on_the_orm_thread(next, waits, None)) is not None:
                 await asyncio.sleep(wait)
             started = time.monotonic()
             timeout = call_timeout(self.provider_name)
@@ -277,13 +288,13 @@ class Embedding:
                         f"{self.label} did not answer within the call deadline"
                     ) from exc
             except ProviderError as exc:
-                await asyncio.to_thread(self._write, self._usage(None, inputs, exc, started))
+                await _on_the_orm_thread(self._write, self._usage(None, inputs, exc, started))
                 delay = retry_delay(attempt, exc)
                 if delay is None or attempt == agentloop_settings.MODEL_RETRIES:
                     raise
                 await asyncio.sleep(delay)
                 continue
             usage = self._usage(parsed, inputs, None, started)
-            await asyncio.to_thread(self._write, usage)
+            await _on_the_orm_thread(self._write, usage)
             return parsed, usage
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
