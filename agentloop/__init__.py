@@ -15,6 +15,7 @@ from . import _deprecated  # noqa: F401  (installs the finder of old paths)
 # only because other modules happen to use it.
 from . import providers as providers
 from .agents import Agent
+from .embeddings import Embeddings, aembed, embed
 from .engine import Conversation
 from .exceptions import (
     AgentloopError,
@@ -54,6 +55,7 @@ __all__ = [
     "Conversation",
     "DecisionConflictError",
     "EditError",
+    "Embeddings",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",
@@ -65,8 +67,10 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolError",
+    "aembed",
     "batch",
     "chat",
+    "embed",
     "tool",
 ]
 

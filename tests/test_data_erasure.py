@@ -23,7 +23,7 @@ from agentloop import data
 from agentloop import live_events as events
 from agentloop.engine.tool_runner import DENIED_RESULT
 from agentloop.live_events import chat_key, get_backend
-from agentloop.models import Batch, BatchItem, Budget, Chat, Message, ToolCall, Usage
+from agentloop.models import Batch, BatchItem, Budget, Chat, Memory, Message, ToolCall, Usage
 from agentloop.testing import tool_call
 from tests.tools import ask_manager, transfer
 
@@ -302,6 +302,20 @@ def test_erasing_deletes_the_owners_budget_row_only(user, other):
         f"auth.user:{other.pk}", "teams.team:1",
     ]  # fmt: skip
     assert report.budgets_deleted == 1
+
+
+def test_erasing_deletes_the_owners_memories_only(user, other):
+    for person in (user, other):
+        Memory.objects.create(owner=person, subject=f"auth.user:{person.pk}", text="likes tea")
+    Memory.objects.create(subject=f"auth.user:{user.pk}", text="by subject, no owner")
+    Memory.objects.create(subject="teams.team:1", text="the team's")  # not the owner's own
+
+    report = data.erase_owner(user)
+
+    assert sorted(Memory.objects.values_list("subject", flat=True)) == [
+        f"auth.user:{other.pk}", "teams.team:1",
+    ]  # fmt: skip
+    assert report.memories_deleted == 2
 
 
 def test_erasing_a_waiting_chat_cancels_its_run_first(user):

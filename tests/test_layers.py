@@ -50,6 +50,9 @@ def _type_checking(node: ast.If) -> bool:
 LOCAL_IMPORTS = {
     ("agentloop", "agentloop.batches"): "app loading: importing agentloop loads no models",
     ("agentloop.apps", "agentloop._deprecated"): "app loading: AppConfig.ready()",
+    ("agentloop.embeddings", "agentloop.embeddings.recording"): (
+        "app loading: importing agentloop loads no models"
+    ),
     ("agentloop.apps", "agentloop.checks"): "app loading: AppConfig.ready()",
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
@@ -81,6 +84,7 @@ OPTIONAL = {
     "google": "the vertex extra",
     "mcp": "the mcp extra",
     "opentelemetry": "the otel extra",
+    "pgvector": "the postgres extra",
     "psycopg": "the postgres extra",
     "readline": "not on every platform",
     "redis": "the celery extra",

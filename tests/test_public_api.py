@@ -31,6 +31,7 @@ EXPECTED_ALL = {
     "Conversation",
     "DecisionConflictError",
     "EditError",
+    "Embeddings",
     "GuardrailBlockedError",
     "GuardrailError",
     "InvalidArgumentsError",
@@ -42,8 +43,10 @@ EXPECTED_ALL = {
     "Tool",
     "ToolCall",
     "ToolError",
+    "aembed",
     "batch",
     "chat",
+    "embed",
     "tool",
 }
 
@@ -53,6 +56,7 @@ EXPECTED_ALL = {
 EXPECTED_MODELS = {
     "AbstractBatch",
     "AbstractChat",
+    "AbstractMemory",
     "AbstractMessage",
     "AbstractToolCall",
     "AbstractUsage",
@@ -68,6 +72,8 @@ EXPECTED_MODELS = {
     "Chat",
     "ChatQuerySet",
     "ChatState",
+    "Memory",
+    "MemoryQuerySet",
     "Message",
     "MessageQuerySet",
     "RateLimitBucket",

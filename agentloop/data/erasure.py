@@ -29,6 +29,7 @@ from ..conf import agentloop_settings
 from ..engine.tool_runner import DENIED_RESULT
 from ..live_events import forget_messages
 from ..models.budgets import Budget
+from ..models.memories import Memory
 from ..process.redis_client import chat_name
 from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
 
@@ -64,6 +65,8 @@ class ErasureReport:
     words_erased: int = 0
     #: the owner's ``Budget`` rows deleted (with their reservations and places in flight).
     budgets_deleted: int = 0
+    #: the owner's memories deleted (theirs by owner, or by their subject's key).
+    memories_deleted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +83,8 @@ class ErasureReport:
             f"{gone.tool_calls} tool calls deleted; {usage}; {self.cancelled} runs cancelled "
             f"first ({self.fenced} still running, fenced); {self.decisions_unattributed} "
             f"decisions on other chats unattributed ({self.words_erased} with their words "
-            f"erased); {self.budgets_deleted} budget rows deleted."
+            f"erased); {self.budgets_deleted} budget rows, {self.memories_deleted} memories "
+            "deleted."
         )
 
 
@@ -131,6 +135,8 @@ def erase_owner(
     subject = f"{get_user_model()._meta.label_lower}:{pk}"  # budgets.owner_subject's key
     _, gone = Budget._default_manager.using(using).filter(subject=subject).delete()
     report.budgets_deleted = gone.get(Budget._meta.label, 0)
+    memories = Memory._default_manager.using(using).filter(Q(owner_id=pk) | Q(subject=subject))
+    report.memories_deleted = memories.delete()[0]
     return report
 
 

@@ -11,6 +11,8 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``usage``: ``Usage``, one row per provider attempt;
 - ``batches``: ``Batch`` and ``BatchItem``;
 - ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
+- ``memories``: ``Memory`` (what an owner's chats keep across conversations, with its
+  embedding);
 - ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
 - ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
   and what they return, ``BulkResult``.
@@ -27,6 +29,7 @@ from .batches import (
 from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
+from .memories import AbstractMemory, Memory, MemoryQuerySet
 from .messages import (
     AbstractMessage,
     AbstractToolCall,
@@ -42,6 +45,7 @@ from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 __all__ = [
     "AbstractBatch",
     "AbstractChat",
+    "AbstractMemory",
     "AbstractMessage",
     "AbstractToolCall",
     "AbstractUsage",
@@ -57,6 +61,8 @@ __all__ = [
     "Chat",
     "ChatQuerySet",
     "ChatState",
+    "Memory",
+    "MemoryQuerySet",
     "Message",
     "MessageQuerySet",
     "RateLimitBucket",

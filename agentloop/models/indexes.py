@@ -1,4 +1,5 @@
-"""Indexes on PostgreSQL's terms: INCLUDE columns there only, and built CONCURRENTLY there."""
+"""Indexes on PostgreSQL's terms: INCLUDE columns there only, built CONCURRENTLY there, and
+pgvector's extension and HNSW indexes there (the memories' vectors)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ from typing import Any
 
 from django.db import migrations, models
 
-__all__ = ["AddIndexConcurrentlyOnPostgres", "IncludingOnPostgres"]
+__all__ = [
+    "AddHnswIndexOnPostgres",
+    "AddIndexConcurrentlyOnPostgres",
+    "CreateVectorExtensionOnPostgres",
+    "IncludingOnPostgres",
+]
 
 
 class IncludingOnPostgres(models.Index):
@@ -63,3 +69,88 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
         schema_editor.remove_index(
             model, self.index, **({"concurrently": True} if concurrently else {})
         )
+
+
+class CreateVectorExtensionOnPostgres(migrations.operations.base.Operation):
+    """``CREATE EXTENSION vector`` (pgvector) on PostgreSQL, nothing elsewhere. When the server
+    has no such extension, or the role may not create it, the error says how to get it."""
+
+    reduces_to_sql = True
+    reversible = True
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass  # no model changes
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        connection = schema_editor.connection
+        if connection.vendor != "postgresql":
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'")
+            if cursor.fetchone():
+                return
+            cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+            available = cursor.fetchone() is not None
+        if not available:
+            raise RuntimeError(
+                "PostgreSQL has no 'vector' extension (pgvector), which agentloop's memories "
+                "need: install it on the database server (PGDG's postgresql-NN-pgvector "
+                "package, Homebrew's pgvector, or enable it on a managed PostgreSQL), then "
+                'migrate again (see "Memory" in the agentloop docs).'
+            )
+        schema_editor.execute("CREATE EXTENSION IF NOT EXISTS vector")
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        pass  # other tables may use the extension: it stays
+
+    def describe(self) -> str:
+        return "Create the pgvector extension (PostgreSQL only)"
+
+
+class AddHnswIndexOnPostgres(migrations.operations.base.Operation):
+    """An HNSW index (cosine distance) on PostgreSQL for the rows of ``model_name`` whose
+    ``dimensions`` is ``dimensions``: the vector column cast to ``vector(dimensions)``, a
+    partial index, so one column holds vectors of several models. Nothing elsewhere (the
+    search there is exact). Queries use the same cast (``MemoryQuerySet.nearest``)."""
+
+    reversible = True
+
+    def __init__(self, model_name: str, name: str, column: str, dimensions: int) -> None:
+        self.model_name = model_name
+        self.name = name
+        self.column = column
+        self.dimensions = dimensions
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs = {"model_name": self.model_name, "name": self.name, "column": self.column,
+                  "dimensions": self.dimensions}  # fmt: skip
+        return type(self).__qualname__, [], kwargs
+
+    def state_forwards(self, app_label: str, state: Any) -> None:
+        pass  # the index is PostgreSQL's own, not in the model's Meta
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if schema_editor.connection.vendor != "postgresql":
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        quote = schema_editor.quote_name
+        schema_editor.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote(self.name)} ON {quote(model._meta.db_table)} "
+            f"USING hnsw (({quote(self.column)}::vector({int(self.dimensions)})) "
+            f"vector_cosine_ops) WHERE {quote('dimensions')} = {int(self.dimensions)}"
+        )
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(f"DROP INDEX IF EXISTS {schema_editor.quote_name(self.name)}")
+
+    def describe(self) -> str:
+        return f"HNSW index {self.name} on {self.model_name} ({self.dimensions} dimensions)"

@@ -9,6 +9,7 @@ including the cap on an answer's size (``AGENTLOOP["MAX_RESPONSE_BYTES"]``, appl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -341,9 +342,7 @@ class HTTPProvider(Provider):
 
     # -- the request ---------------------------------------------------------------------------
     def _headers_for(self, request: ModelRequest) -> dict[str, str]:
-        headers = self.auth_headers(self.api_key())
-        headers.update(self._setting("headers") or {})
-        headers.update(self._headers)
+        headers = self._plain_headers()
         headers.update(request.headers)
         return headers
 
@@ -371,8 +370,11 @@ class HTTPProvider(Provider):
     def _post(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         """The arguments of the POST for ``request``."""
         body = self.build_body(request, stream)
-        post: dict[str, Any] = {"url": self.endpoint(request, stream), "json": body,
-                                 "headers": self._headers_for(request)}  # fmt: skip
+        return self._signed_post(self.endpoint(request, stream), body, self._headers_for(request))
+
+    def _signed_post(self, url: str, body: Any, headers: dict[str, str]) -> dict[str, Any]:
+        """The arguments of a JSON POST to ``url``: the call's deadline, then signed."""
+        post: dict[str, Any] = {"url": url, "json": body, "headers": headers}
         left = watchdog.remaining()
         if left is not None:
             # No single wait (connecting, the headers, a read) outlasts the call's deadline;
@@ -450,18 +452,58 @@ class HTTPProvider(Provider):
             await response.aread()
             self._raise_for_status(response)
 
-    def _json_answer(self, response: httpx.Response) -> ModelResponse:
-        """The answer of a read, non-streamed response (or its error)."""
+    # -- other JSON calls (embeddings): the same client, headers, signing, cap and errors ---------
+    def _plain_headers(self) -> dict[str, str]:
+        headers = self.auth_headers(self.api_key())
+        headers.update(self._setting("headers") or {})
+        headers.update(self._headers)
+        return headers
+
+    def post_json(self, url: str, body: Any) -> Any:
+        """POST ``body`` as JSON to ``url`` (a path under ``base_url``, or a whole URL) and
+        return the JSON answer: the key, headers, signing, size cap and error mapping of a
+        model call (``agentloop.embed`` sends its requests through this)."""
+        with call_errors(self.name, self._secrets) as sent:
+            post = sent(self._signed_post(url, body, self._plain_headers()))
+            with self._calling(post) as client:
+                with client.stream("POST", **post) as response:
+                    watchdog.watch_response(response)  # a cancel or the deadline shuts it
+                    cap_response(response, self.name)
+                    response.read()
+            return self._json_of(response)
+
+    async def apost_json(self, url: str, body: Any) -> Any:
+        """:meth:`post_json` over ``httpx.AsyncClient`` (on a thread with a sync-only
+        transport). The headers are made on a thread: an OAuth token or a signature may
+        need blocking calls (google-auth, Entra ID, botocore)."""
+        transport = self._transport
+        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+            return await asyncio.to_thread(self.post_json, url, body)
+        with call_errors(self.name, self._secrets) as sent:
+            post = sent(
+                await asyncio.to_thread(lambda: self._signed_post(url, body, self._plain_headers()))
+            )
+            async with self._async_calling(post) as client:
+                async with client.stream("POST", **post) as response:
+                    cap_response(response, self.name)
+                    await response.aread()
+            return self._json_of(response)
+
+    def _json_of(self, response: httpx.Response) -> Any:
+        """The JSON of a read, non-streamed response (or its error)."""
         self._raise_for_status(response)
         try:
-            data = response.json()
+            return response.json()
         except ValueError as exc:
             raise InvalidResponseError(
                 f"{self.name} answered with invalid JSON",
                 status=response.status_code,
                 body=redact(response.text[:2000], self._secrets()),
             ) from exc
-        return self._parse(data)
+
+    def _json_answer(self, response: httpx.Response) -> ModelResponse:
+        """The answer of a read, non-streamed response (or its error)."""
+        return self._parse(self._json_of(response))
 
     def _parse(self, data: Any) -> ModelResponse:
         with self._unexpected_shape("answered in"):

@@ -1,0 +1,193 @@
+"""Memory: what an owner's chats keep across conversations, searchable by meaning.
+
+A row belongs to a budget subject (``"auth.user:42"``, the owner by default; a team or a
+tenant when ``BUDGET_SUBJECT`` says so), optionally to an agent, and may come from a chat
+and a message. Its embedding is a pgvector ``vector`` column on PostgreSQL, searched by
+cosine distance through an HNSW index (migration 0021 builds one for 1,536 dimensions:
+``text-embedding-3-small``); on other databases a JSON list of numbers, searched exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, models, transaction
+from django.db.models import Q
+from django.db.models.functions import Cast, Now
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ..budgets.subjects import Subject
+from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from .chat import Chat
+from .messages import Message
+
+__all__ = ["HNSW_DIMENSIONS", "AbstractMemory", "EmbeddingField", "Memory", "MemoryQuerySet"]
+
+#: the dimensions migration 0021's HNSW index serves (a partial index on rows of that many).
+HNSW_DIMENSIONS = 1536
+
+
+class EmbeddingField(models.Field):
+    """A vector of floats: pgvector's ``vector`` column on PostgreSQL (any dimensions: each
+    row's count is in its ``dimensions`` column, and an HNSW index serves one count), a JSON
+    list in a text column elsewhere. Both read and write the text ``[0.1,0.2,...]``."""
+
+    description = _("Embedding vector")
+    empty_strings_allowed = False
+
+    def db_type(self, connection: Any) -> str:
+        return "vector" if connection.vendor == "postgresql" else "text"
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> list[float] | None:
+        return self.to_python(value)
+
+    def to_python(self, value: Any) -> list[float] | None:
+        if value is None or isinstance(value, list):
+            return value
+        return [float(number) for number in json.loads(value)]
+
+    def get_prep_value(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        numbers = [float(number) for number in value]
+        if not numbers or not all(math.isfinite(number) for number in numbers):
+            raise ValueError("An embedding is a non-empty list of finite numbers")
+        return "[" + ",".join(repr(number) for number in numbers) + "]"
+
+
+def _cosine_distance(a: Sequence[float], b: Sequence[float]) -> float:
+    """1 - cos(a, b), as pgvector's ``<=>`` computes it (2 for a zero vector's NaN)."""
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return 1.0 - dot / norms if norms else 2.0
+
+
+class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
+    def for_subject(self, subject: Any) -> MemoryQuerySet:
+        """The memories of ``subject`` (a user or any model instance, a key, a Subject)."""
+        return self.filter(subject=Subject.of(subject).key)
+
+    def live(self) -> MemoryQuerySet:
+        """Those not past their expiry (by the database's clock)."""
+        return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+
+    def nearest(self, vector: Sequence[float], k: int = 10) -> list[AbstractMemory]:
+        """The ``k`` memories nearest ``vector`` by cosine distance (each with ``distance``
+        set), nearest first, among those of this queryset embedded with as many dimensions.
+
+        PostgreSQL orders by pgvector's ``<=>`` in the database (the HNSW index of
+        :data:`HNSW_DIMENSIONS` serves it: an approximate search); other databases compare
+        every candidate here (an exact search: fine for one subject's memories)."""
+        if k < 1:
+            return []
+        vector = [float(number) for number in vector]
+        rows = self.filter(dimensions=len(vector), embedding__isnull=False)
+        if connections[self.db].vendor == "postgresql":
+            # The postgres extra: pgvector's field and operator, on PostgreSQL only.
+            from pgvector.django import CosineDistance, VectorField
+
+            column = Cast("embedding", VectorField(dimensions=len(vector)))
+            # HNSW scans go on until k rows pass the filter (pgvector 0.8's iterative scans,
+            # in exact order), for this transaction only: without it an index scan returns
+            # its ef_search nearest rows of any subject, and a subject with few memories
+            # among many finds none of them.
+            with transaction.atomic(using=self.db, savepoint=False):
+                with connections[self.db].cursor() as cursor:
+                    cursor.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+                return list(
+                    rows.annotate(distance=CosineDistance(column, vector)).order_by("distance")[:k]
+                )
+        scored = sorted(
+            (_cosine_distance(embedding, vector), pk)
+            for pk, embedding in rows.values_list("pk", "embedding")
+        )[:k]
+        found = self.model._default_manager.using(self.db).in_bulk([pk for _, pk in scored])
+        nearest = []
+        for distance, pk in scored:
+            memory = found[pk]
+            memory.distance = distance
+            nearest.append(memory)
+        return nearest
+
+
+class AbstractMemory(models.Model):
+    """One thing remembered: its text and metadata, its embedding, whose it is and where it
+    came from."""
+
+    #: the budget subject it belongs to (``Subject.key``: "auth.user:42").
+    subject = StorableCharField(_("subject"), max_length=255)
+    #: the agent it belongs to (its import path), or "" for every agent of the subject.
+    agent = StorableCharField(_("agent"), max_length=255, blank=True, default="")
+    text = StorableTextField(_("text"))
+    metadata = StorableJSONField(_("metadata"), default=dict, blank=True)
+    embedding = EmbeddingField(_("embedding"), null=True, blank=True)
+    #: "provider:model" that made ``embedding``, and its length (a search compares like with like).
+    embedding_model = StorableCharField(_("embedding model"), max_length=200, blank=True)
+    dimensions = models.PositiveIntegerField(_("dimensions"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
+
+    objects = MemoryQuerySet.as_manager()
+
+    #: set on the rows :meth:`MemoryQuerySet.nearest` returns: their cosine distance.
+    distance: float | None = None
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.text[:60]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # The length is read off the vector, so a search never compares unlike vectors.
+        self.dimensions = len(self.embedding) if self.embedding is not None else None
+        fields = kwargs.get("update_fields")
+        if fields is not None and "embedding" in fields:
+            kwargs["update_fields"] = {*fields, "dimensions"}
+        super().save(*args, **kwargs)
+
+
+class Memory(AbstractMemory):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,  # erasing an owner erases what was remembered of them
+        related_name="agentloop_memories",
+        db_index=False,  # (owner, created_at) below serves it
+    )
+    chat = models.ForeignKey(
+        Chat,
+        verbose_name=_("chat"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="memories",
+    )
+    message = models.ForeignKey(
+        Message,
+        verbose_name=_("message"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="memories",
+    )
+
+    class Meta(AbstractMemory.Meta):
+        abstract = False
+        verbose_name = _("memory")
+        verbose_name_plural = _("memories")
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["subject", "agent", "created_at"], name="agentloop_memory_subj_idx"
+            ),
+            models.Index(fields=["owner", "created_at"], name="agentloop_memory_owner_idx"),
+        ]
