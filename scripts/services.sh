@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts or checks the local PostgreSQL and Redis that the test suite talks to.
 #   start           start whichever is not answering, then wait until both answer (~30 s)
-#   check-postgres  exit 0 if PostgreSQL accepts connections on 127.0.0.1:5432
+#   check-postgres  exit 0 if PostgreSQL accepts connections on 127.0.0.1:5432 and offers pgvector
 set -euo pipefail
 
 HOST=127.0.0.1
@@ -75,7 +75,12 @@ case "${1:-}" in
         exit "$status"
         ;;
     check-postgres)
-        if postgres_up; then
+        # The memories' migration needs the vector extension (scripts/pgvector.sh builds it).
+        if postgres_up && command -v psql >/dev/null && [ -z "$(psql -h "$HOST" -p "$PG_PORT" \
+                -U postgres -d postgres -Atqc "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'" 2>/dev/null)" ]; then
+            echo "PostgreSQL: answering on $HOST:$PG_PORT, without pgvector (bash scripts/pgvector.sh as root, or PGDG's postgresql-NN-pgvector)"
+            exit 1
+        elif postgres_up; then
             echo "PostgreSQL: answering on $HOST:$PG_PORT"
         else
             echo "PostgreSQL: not answering on $HOST:$PG_PORT"

@@ -183,6 +183,72 @@ def build_transcript(chat, rounds, decider):
     return len(messages) + len(results)
 
 
+def copy_chats(count, owners, start):
+    """As ``add_chats(count, owners, start)``, in one INSERT ... SELECT per table: each new chat
+    and its rows are copies of the first chat of its kind that ``add_chats`` made (chat 0,
+    waiting for approval, or chat 1), with its own number, owner and model. The database
+    writes the rows (58,000 of them for 9,990 chats, a second where the ORM's bulk_create
+    took ten)."""
+    waiting, idle = (Chat.objects.get(title=f"chat {number}").pk for number in (0, 1))
+    last = start + count - 1
+
+    def columns(table_of, /, **computed):
+        """The model's columns but its key, and the SQL that fills each in the copy."""
+        names = [field.column for field in table_of._meta.concrete_fields if not field.primary_key]
+        return ", ".join(names), ", ".join(computed.get(name, f"old.{name}") for name in names)
+
+    def cases(expression, values):
+        whens = " ".join(f"WHEN {index} THEN {value}" for index, value in enumerate(values))
+        return f"CASE {expression} {whens} END"
+
+    number = "SUBSTR(new.title, 6)"  # '123' of 'chat 123'
+    template = f"CASE WHEN new.state = '{ChatState.WAITING}' THEN {waiting} ELSE {idle} END"
+    # the chats this call makes: after the last one of the chats before them
+    fresh = f"new.id > (SELECT MAX(id) FROM {Chat._meta.db_table} WHERE title = 'chat {start - 1}')"
+    chat_columns, chat_values = columns(
+        Chat,
+        title="'chat ' || n",
+        owner_id=cases(f"n % {len(owners)}", [owner.pk for owner in owners]),
+        model=cases(f"n % {len(MODELS)}", [f"'{model}'" for model in MODELS]),
+        state=f"CASE WHEN n % 7 = 0 THEN '{ChatState.WAITING}' ELSE '{ChatState.IDLE}' END",
+    )
+    message_table, call_table = Message._meta.db_table, ToolCall._meta.db_table
+    asking = f"(SELECT id FROM {message_table} WHERE chat_id = new.id AND role = 'assistant')"
+    statements = [
+        f"WITH RECURSIVE numbers(n) AS (SELECT {start} UNION ALL SELECT n + 1 FROM numbers "
+        f"WHERE n < {last}) INSERT INTO {Chat._meta.db_table} ({chat_columns}) SELECT "
+        f"{chat_values} FROM numbers, {Chat._meta.db_table} old WHERE old.id = CASE WHEN "
+        f"n % 7 = 0 THEN {waiting} ELSE {idle} END ORDER BY n",
+        # the question and the answer that asked for the tool, then the call, then its result
+        "INSERT INTO {table} ({0}) SELECT {1} FROM {chats} new, {table} old WHERE {fresh} AND "
+        "old.chat_id = {template} AND old.tool_call_id IS NULL ORDER BY new.id, old.id".format(
+            *columns(Message, chat_id="new.id"), table=message_table,
+            chats=Chat._meta.db_table, fresh=fresh, template=template,
+        ),
+        "INSERT INTO {table} ({0}) SELECT {1} FROM {chats} new, {table} old WHERE {fresh} AND "
+        "old.chat_id = {template} ORDER BY new.id".format(
+            *columns(ToolCall, chat_id="new.id", message_id=asking,
+                     call_id=f"'call_' || {number}"),
+            table=call_table, chats=Chat._meta.db_table, fresh=fresh, template=template,
+        ),
+        "INSERT INTO {table} ({0}) SELECT {1} FROM {chats} new, {table} old WHERE {fresh} AND "
+        "old.chat_id = {template} AND old.tool_call_id IS NOT NULL ORDER BY new.id".format(
+            *columns(Message, chat_id="new.id", tool_call_id=(
+                f"(SELECT id FROM {call_table} WHERE chat_id = new.id)")),
+            table=message_table, chats=Chat._meta.db_table, fresh=fresh, template=template,
+        ),
+        "INSERT INTO {table} ({0}) SELECT {1} FROM {chats} new, {table} old WHERE {fresh} AND "
+        "old.chat_id = {template} ORDER BY new.id".format(
+            *columns(Usage, chat_id="new.id", owner_id="new.owner_id", model="new.model"),
+            table=Usage._meta.db_table, chats=Chat._meta.db_table, fresh=fresh,
+            template=template,
+        ),
+    ]  # fmt: skip
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
 # -- queries at scale -------------------------------------------------------------------------
 def test_the_changelist_costs_the_same_queries_for_10_and_10000_chats(admin_client, owners):
     """Plain, and with every filter and a search applied (10,000 chats are built once)."""
@@ -190,7 +256,7 @@ def test_the_changelist_costs_the_same_queries_for_10_and_10000_chats(admin_clie
     add_chats(10, owners)
     small = [count_queries(admin_client, url)[0] for url in (CHANGELIST, filtered)]
 
-    add_chats(9990, owners, start=10)
+    copy_chats(9990, owners, start=10)
     large, response = count_queries(admin_client, CHANGELIST)
     large_filtered, filtered_response = count_queries(admin_client, filtered)
 
