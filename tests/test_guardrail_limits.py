@@ -12,7 +12,8 @@ request would; tests/test_guardrails_celery.py cancels a worker's job from this 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -46,13 +47,16 @@ def outcomes(row) -> list[tuple[str, str, str]]:
     return [(o["guardrail"], o["stage"], o["decision"]) for o in row.guardrails]
 
 
-def cancel_once_judging(chat: Chat) -> threading.Thread:
+def cancel_once_judging(chat: Chat, after: Callable[[], bool] = lambda: True) -> threading.Thread:
     """Another thread cancels ``chat`` through its own instance once a holding guardrail
-    has started (as a person's "stop" would come through a page)."""
+    has started and ``after()`` is true (as a person's "stop" would come through a page)."""
 
     def cancel() -> None:
         try:
             assert checks.HOLDS.entered.wait(30)
+            deadline = time.monotonic() + 30
+            while not after() and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert Chat.objects.get(pk=chat.pk).cancel() is True
         finally:
             connection.close()
@@ -62,10 +66,12 @@ def cancel_once_judging(chat: Chat) -> threading.Thread:
     return canceller
 
 
-def cancelled_while_judging(chat: Chat, verb, *args, **kwargs) -> None:
-    """Run ``verb`` while another thread cancels the chat; it raises CancelledError before
-    the holding guardrail returned."""
-    canceller = cancel_once_judging(chat)
+def cancelled_while_judging(
+    chat: Chat, verb, *args, after: Callable[[], bool] = lambda: True, **kwargs
+) -> None:
+    """Run ``verb`` while another thread cancels the chat (once ``after()`` is true); it
+    raises CancelledError before the holding guardrail returned."""
+    canceller = cancel_once_judging(chat, after)
     try:
         with pytest.raises(CancelledError):
             verb(*args, **kwargs)
@@ -228,7 +234,9 @@ def test_a_cancel_stops_the_wait_for_a_parallel_guardrail_after_the_answer_came(
     scripted.add(reply("A fast answer."))
     ask = chat.ask if verb == "ask" else async_to_sync(chat.aask)
 
-    cancelled_while_judging(chat, ask, "Hello")
+    # The guardrail starts with the model call: cancel once the answer came (not before the
+    # call went out, which a loaded machine made happen once).
+    cancelled_while_judging(chat, ask, "Hello", after=lambda: len(scripted.requests) == 1)
 
     assert len(scripted.requests) == 1
     assert Usage.objects.get(chat=chat).status == "cancelled"
