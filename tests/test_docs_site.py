@@ -39,6 +39,11 @@ def public_modules() -> set[str]:
     }  # fmt: skip
 
 
+def top_level(module: str) -> bool:
+    """``agentloop.<name>``, not private."""
+    return re.fullmatch(r"agentloop\.[a-z]\w*", module) is not None
+
+
 def referenced_modules() -> dict[str, list[str]]:
     """Each reference page (relative path) -> the modules its directives render."""
     return {
@@ -53,7 +58,9 @@ def test_the_api_reference_renders_public_modules_only():
     assert {"agentloop", "agentloop.models", "agentloop.web"} <= public
 
     rendered = [name for names in referenced_modules().values() for name in names]
-    assert [name for name in rendered if name not in public] == []
+    # Listed, or a module of the agentloop package itself (agentloop.tasks): never a module
+    # inside a subpackage, whose layout may change (agentloop.engine.conversation).
+    assert [name for name in rendered if name not in public and not top_level(name)] == []
     assert len(rendered) == len(set(rendered)), "a module is rendered on two pages"
 
 
@@ -69,6 +76,12 @@ def built_page(site: Path, page: Path) -> Path:
     relative = page.relative_to(DOCS).with_suffix("")
     folder = relative.parent if relative.name == "index" else relative
     return site / folder / "index.html"
+
+
+def test_a_module_inside_a_subpackage_is_not_top_level():
+    assert top_level("agentloop.tasks")
+    assert not top_level("agentloop._deprecated")
+    assert not top_level("agentloop.engine.conversation")
 
 
 def test_the_directive_pattern_reads_what_the_pages_hold():
