@@ -16,8 +16,6 @@ Skipped when node, npm, Chromium or the ``playwright`` package is missing, excep
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +24,10 @@ import pytest
 
 from agentloop.models import Chat, Message, ToolCall
 from tests.browsers import CHROMIUM, Server, free_port, log_in, open_tab
-from tests.processes import REPO_ROOT
+from tests.frontend_build import BUILT, build, node_missing
 from tests.tools import add, transfer
 from tests.usechat_site.provider import STORY
 
-FRONTEND = REPO_ROOT / "frontends" / "usechat"
-BUILT = FRONTEND / "dist" / "usechat.js"
 IN_CI = os.environ.get("CI") == "true"
 SERVER_SETTINGS = {
     "BACKGROUND": "embedded",
@@ -48,9 +44,8 @@ pytestmark = [
 
 
 def _missing() -> str | None:
-    for program in ("node", "npm"):
-        if shutil.which(program) is None:
-            return f"{program} is not installed (apt-get install nodejs npm)"
+    if reason := node_missing():
+        return reason
     if not Path(CHROMIUM).exists():
         return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
     try:
@@ -69,35 +64,10 @@ def _tools_available() -> None:
         pytest.skip(reason)
 
 
-def _stale() -> bool:
-    """The build is missing, or older than a source, the lock file or the configuration."""
-    if not BUILT.exists():
-        return True
-    sources = [*FRONTEND.joinpath("src").rglob("*"), FRONTEND / "package-lock.json"]
-    sources.append(FRONTEND / "vite.config.js")
-    return max(path.stat().st_mtime for path in sources) > BUILT.stat().st_mtime
-
-
-def _npm(*args: str) -> None:
-    result = subprocess.run(  # noqa: S603 - npm with fixed arguments
-        ["npm", *args],  # noqa: S607 - found on PATH, like any developer's npm
-        cwd=FRONTEND,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, f"npm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-
-
 @pytest.fixture(scope="module")
 def frontend(_tools_available) -> Path:
     """The built page (npm ci from the lock file when node_modules is missing)."""
-    if _stale():
-        if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
-            _npm("ci", "--no-audit", "--no-fund")
-        _npm("run", "build")
-    return BUILT
+    return build() / BUILT.name
 
 
 @pytest.fixture(scope="module")
