@@ -6,8 +6,8 @@ missing or older than its sources; the output stays in the tree (git-ignored). u
 serves it (ASGI) with the test settings plus the page (tests/usechat_site/); its chats
 run in the server's embedded background threads on the "usechat" model
 (tests/usechat_site/provider.py), and the page follows them through the UI message
-stream: streamed text, a tool call, an approval given in the page, cancel, and a reload
-in the middle of an answer.
+stream: streamed text, a tool call, an approval given and one denied in the page, cancel (of
+an answer, and of a call before it ran), and a reload in the middle of an answer.
 
 Skipped when node, npm, Chromium or the ``playwright`` package is missing, except under
 ``CI=true``, where that fails the run.
@@ -185,6 +185,40 @@ def test_approving_in_the_page_runs_the_call_and_the_chat_goes_on(page, site, ch
     page.reload()  # the history from the database shows the same
     expect(page.locator(".call.output-available .result")).to_have_text("sent 5 to bob")
     expect(answer_text(page)).to_have_text("Done: sent 5 to bob.")
+
+
+def test_denying_in_the_page_shows_the_call_denied_with_the_reason(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "pay")
+    waiting = page.locator(".call.approval-requested")
+    expect(waiting.locator(".tool")).to_have_text("transfer")
+
+    waiting.get_by_role("button", name="Deny").click()
+
+    expect(page.locator(".call.output-denied .result")).to_have_text("denied: No.")
+    expect(page.locator("#status")).to_have_text("ready")
+    assert ToolCall.objects.get(chat=chat, name="transfer").decision == "denied"
+    page.reload()  # the history from the database shows the same
+    expect(page.locator(".call.output-denied .result")).to_have_text("denied: No.")
+
+
+def test_a_call_cancelled_before_it_ran_shows_cancelled(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "pay")
+    expect(page.locator(".call.approval-requested .tool")).to_have_text("transfer")
+
+    assert Chat.objects.get(pk=chat.pk).cancel()  # from another tab, the admin, a shell
+    page.reload()
+
+    call = page.locator("li.msg-assistant.cancelled .call.cancelled")
+    expect(call.locator(".tool")).to_have_text("transfer")
+    expect(call.locator(".result")).to_have_text("cancelled")
+    expect(page.locator(".call.approval-requested")).to_have_count(0)
+    assert ToolCall.objects.get(chat=chat, name="transfer").state == "cancelled"
 
 
 def test_cancel_stops_the_answer_and_the_page_shows_what_was_kept(page, site, chat):
