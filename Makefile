@@ -62,10 +62,11 @@ test-postgres: venv
 test-quick: venv
 	DATABASE_URL= $(BIN)/pytest -n $(TEST_PROCESSES) -q -m "$(QUICK)"
 
-# The documentation site (mkdocs.yml) at http://127.0.0.1:8001/, rebuilt on every save; docs-build
+# The documentation site (mkdocs.yml) at http://127.0.0.1:8001/, rebuilt when a page or a docstring
+# changes (DOCS_PORT=8002 for another port); docs-build
 # writes it to site/ strictly (a broken link or a missing reference fails it), as the tests do.
 docs: venv
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(or $(DOCS_PORT),8001)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --watch agentloop --dev-addr 127.0.0.1:$(or $(DOCS_PORT),8001)
 
 docs-build: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site

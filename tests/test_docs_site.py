@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -98,14 +97,12 @@ def test_the_site_builds_strictly(tmp_path):
             pytest.fail(f"{reason}; under CI=true the docs site must build")
         pytest.skip(reason)
     site = tmp_path / "site"
-    started = time.monotonic()
     result = subprocess.run(  # noqa: S603 - this interpreter's own mkdocs
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
          str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
-    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
 
     # Every page of docs/ became a page of the site (strict mode refuses one left out of the nav).
@@ -120,4 +117,3 @@ def test_the_site_builds_strictly(tmp_path):
     signals_page = (site / "reference" / "signals" / "index.html").read_text()
     signals = importlib.import_module("agentloop.signals")
     assert [n for n in signals.__all__ if f'id="agentloop.signals.{n}"' not in signals_page] == []
-    assert elapsed < 240, f"the strict build took {elapsed:.0f} s"
