@@ -62,9 +62,9 @@ test-postgres: venv
 test-quick: venv
 	DATABASE_URL= $(BIN)/pytest -n $(TEST_PROCESSES) -q -m "$(QUICK)"
 
-# The documentation site (mkdocs.yml) at http://127.0.0.1:8001/, rebuilt when a page or a docstring
-# changes (DOCS_PORT=8002 for another port); docs-build
-# writes it to site/ strictly (a broken link or a missing reference fails it), as the tests do.
+# The documentation site (mkdocs.yml) at http://127.0.0.1:8001/ (DOCS_PORT=8002: another port),
+# rebuilt when a page or a docstring changes; docs-build writes it to site/ strictly (a broken
+# link or a missing reference fails it), as tests/test_docs_site.py does.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --watch agentloop --dev-addr 127.0.0.1:$(or $(DOCS_PORT),8001)
 
