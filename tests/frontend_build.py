@@ -4,6 +4,7 @@ Used by the useChat browser test and by the test that follows docs/frontends.md.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -55,9 +56,12 @@ def npm(*args: str) -> None:
 
 
 def build() -> Path:
-    """The built page's folder (``dist/``), built first when stale."""
-    if stale():
-        if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
-            npm("ci", "--no-audit", "--no-fund")
-        npm("run", "build")
+    """The built page's folder (``dist/``), built first when stale. One pytest process
+    builds at a time (a file lock): the others wait, then find it built."""
+    with (FRONTEND / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stale():
+            if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
+                npm("ci", "--no-audit", "--no-fund")
+            npm("run", "build")
     return BUILT.parent
