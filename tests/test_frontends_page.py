@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import INSTALL_PAGE, ROOT, site_files
+from tests.doc_blocks import INSTALL_PAGE, ROOT, blocks_of, site_files
 from tests.frontend_build import build, node_missing, skip_or_fail
 
 PAGE = ROOT / "docs" / "frontends.md"
@@ -88,6 +88,9 @@ def test_the_page_gives_settings_a_view_and_its_url():
     assert "LOGIN_URL" in settings_code
     assert '"agentloop/chat_react.html"' in files[1][1]
     assert (ROOT / "agentloop" / "templates" / "agentloop" / "chat_react.html").is_file()
+    # The build step the test stands in for (it copies the same build into frontend/dist).
+    (build_step,) = [b.code for b in blocks_of(PAGE.read_text()) if b.language == "bash"]
+    assert build_step.startswith("cd frontend && npm ci && npm run build")
 
 
 def _run(command: list, cwd: Path, env: dict[str, str]) -> str:
