@@ -23,7 +23,7 @@ QUICK = not subprocess and not worker and not browser and not install
 SHELL := bash
 .SHELLFLAGS := -o pipefail -ec
 
-.PHONY: venv demo lint test test-sqlite test-postgres test-quick bench clean
+.PHONY: venv demo lint test test-sqlite test-postgres test-quick bench clean docs docs-build
 
 venv: $(VENV)/.installed
 
@@ -61,6 +61,15 @@ test-postgres: venv
 # The edit-test loop: no worker, browser or other process; SQLite; no lint.
 test-quick: venv
 	DATABASE_URL= $(BIN)/pytest -n $(TEST_PROCESSES) -q -m "$(QUICK)"
+
+# The documentation site (mkdocs.yml) at http://127.0.0.1:8001/ (DOCS_PORT=8002: another port),
+# rebuilt when a page or a docstring changes; docs-build writes it to site/ strictly (a broken
+# link or a missing reference fails it), as tests/test_docs_site.py does.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --watch agentloop --dev-addr 127.0.0.1:$(or $(DOCS_PORT),8001)
+
+docs-build: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: venv
 	$(BIN)/python bench/step_overhead.py && $(BIN)/python bench/job_path.py

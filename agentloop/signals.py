@@ -21,38 +21,50 @@ __all__ = [
     "tool_call_started",
 ]
 
-#: before each model call (``before_message``).
 model_call_started = Signal()
-#: a message was saved: ``message`` (``after_message``).
+"""Before each model call (``before_message``)."""
+
 message_added = Signal()
-#: a tool is about to run: ``tool_call`` (``before_tool_call``).
+"""A message was saved: ``message`` (``after_message``)."""
+
 tool_call_started = Signal()
-#: a tool result was saved: ``message`` (``after_tool_result``).
+"""A tool is about to run: ``tool_call`` (``before_tool_call``)."""
+
 tool_call_finished = Signal()
-#: a run stopped at a checkpoint because cancel() was requested.
+"""A tool result was saved: ``message`` (``after_tool_result``)."""
+
 chat_cancelled = Signal()
-#: a limit or a guardrail's block stopped the turn: ``reason``.
+"""A run stopped at a checkpoint because cancel() was requested."""
+
 chat_stopped = Signal()
-#: a guardrail blocked a user message, an answer or a tool call: ``outcome`` (its
-#: ``GuardrailOutcome``: guardrail, stage, reason) and ``stops`` (the chat stops for it).
+"""A limit or a guardrail's block stopped the turn: ``reason``."""
+
 guardrail_blocked = Signal()
-#: a model call failed in a way retrying can't fix and the step tries the next model
-#: (``with_fallbacks``); args: chat, from_model, to_model, error.
+"""A guardrail blocked a user message, an answer or a tool call: ``outcome`` (its
+``GuardrailOutcome``: guardrail, stage, reason) and ``stops`` (the chat stops for it)."""
+
 model_fallback = Signal()
-#: ``halt(reason)`` stopped the run before a model call: ``reason`` (as given).
+"""A model call failed in a way retrying can't fix and the step tries the next model
+(``with_fallbacks``); args: chat, from_model, to_model, error."""
+
 chat_halted = Signal()
-#: a tool call handed the chat over to another agent (``Agent.as_handoff``,
-#: ``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
-#: a chat that had no agent), ``inputs``, ``tool_call`` (the call's row).
+"""``Halt(reason)`` stopped the run before a model call: ``reason`` (as given)."""
+
 chat_handed_off = Signal()
-#: a budget or quota of the chat's subject had no room for its next model call; the chat is
-#: stopped (``chat_stopped`` is sent too): ``reason`` (the chat's ``stop_reason``),
-#: ``subject`` (as shown, "owner 42") and ``limit`` ("cost_per_day", "chats_in_flight"...).
+"""A tool call handed the chat over to another agent (``Agent.as_handoff``,
+``ToolContext.hand_off``), committed: ``from_agent``, ``to_agent`` (import paths; "" for
+a chat that had no agent), ``inputs``, ``tool_call`` (the call's row)."""
+
 budget_exceeded = Signal()
-#: an edit or a regenerated answer superseded messages (kept, never sent again):
-#: ``message_ids`` (in order) and ``tool_call_ids`` (the provider ids of the calls among them
-#: that had no result: they never run). The replacement comes next, as ``message_added``.
+"""A budget or quota of the chat's subject had no room for its next model call; the chat is
+stopped (``chat_stopped`` is sent too): ``reason`` (the chat's ``stop_reason``),
+``subject`` (as shown, "owner 42") and ``limit`` ("cost_per_day", "chats_in_flight"...)."""
+
 messages_superseded = Signal()
-#: ``chat.fork(at=...)`` made a new chat: ``fork`` (the new chat) and ``message`` (the
-#: message of ``chat`` it was forked at).
+"""An edit or a regenerated answer superseded messages (kept, never sent again):
+``message_ids`` (in order) and ``tool_call_ids`` (the provider ids of the calls among them
+that had no result: they never run). The replacement comes next, as ``message_added``."""
+
 chat_forked = Signal()
+"""``Chat.fork(at=...)`` made a new chat: ``fork`` (the new chat) and ``message`` (the
+message of ``chat`` it was forked at)."""

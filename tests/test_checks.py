@@ -330,7 +330,7 @@ def test_w005_db_reuse_in_the_settings_celery_reads_passes(celery_with_broker):
 
 @override_settings(CELERY_BROKER_URL=BROKER, AGENTLOOP={"BACKGROUND": "auto"})
 def test_w005_a_database_with_djangos_pool_is_not_warned(celery_with_broker, monkeypatch):
-    # The fixup's close around each job is then a check-in (docs/background.md, choosing
+    # The fixup's close around each job is then a check-in (docs/running-at-scale.md, choosing
     # a pool); only the settings are read here, no pooled connection is opened.
     from django.db import connection
 

@@ -209,6 +209,7 @@ def test_the_wheel_carries_templates_static_files_migrations_and_the_model_catal
         "agentloop/providers/models.json",
         "agentloop/migrations/0001_initial.py",
         "agentloop/templates/admin/agentloop/chat/timeline.html",
+        "agentloop/templates/agentloop/chat_react.html",  # docs/frontends.md renders it
         "agentloop/static/agentloop/admin/timeline.css",
         "agentloop/py.typed",
     ):

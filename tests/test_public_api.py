@@ -279,7 +279,7 @@ def test_the_docs_import_only_public_modules():
     """Every page's ``from agentloop... import`` and ``include("agentloop...")`` names a module
     docs/design.md lists as public, or a public submodule of one."""
     public = _listed()
-    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    pages = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
     module = r"(agentloop(?:\.\w+)*)(?!\w)"
     pattern = re.compile(rf"(?:from|import) {module}|include\(\"{module}\"\)")
     offenders = [

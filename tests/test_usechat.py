@@ -20,9 +20,11 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client
 from django.urls import reverse
 
+from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.exceptions import AuthenticationError
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
+from agentloop.signals import tool_call_started
 from agentloop.testing import stream, tool_call
 from agentloop.tools import AskPerson
 from tests.redis_urls import redis_url
@@ -363,6 +365,54 @@ def test_cancel_from_the_cancel_view_ends_the_stream_with_an_abort(owner, chat, 
     ]
     kept = Message.objects.get(chat=chat, status="cancelled").content
     assert text_of(parts) == kept and 0 < len(kept) < len("".join(f"w{i} " for i in range(100)))
+
+
+def test_a_call_the_cancel_kept_from_running_is_shown_cancelled(owner, chat, scripted):
+    chat.with_tools(add)
+    calls = [tool_call("add", {"a": n, "b": 1}, id=f"c{n}") for n in (1, 2, 3)]
+    scripted.add(calls, "Not sent.")
+
+    def stop_button(sender, chat, tool_call, **kwargs):
+        if tool_call.call_id == "c2":  # c2 runs (it started), c3 never does
+            Chat.objects.get(pk=chat.pk).cancel()
+
+    tool_call_started.connect(stop_button)
+    try:
+        parts = read_parts(post(owner, body(chat, user_says("Add them"))))
+    finally:
+        tool_call_started.disconnect(stop_button)
+
+    states = dict(ToolCall.objects.filter(chat=chat).values_list("call_id", "state"))
+    assert states == {"c1": "succeeded", "c2": "succeeded", "c3": "cancelled"}
+    outputs = [p for p in parts if p["type"].startswith("tool-output")]
+    assert outputs == [
+        {"type": "tool-output-available", "toolCallId": "c1", "output": "2"},
+        {"type": "tool-output-available", "toolCallId": "c2", "output": "3"},
+        {"type": "tool-output-error", "toolCallId": "c3", "errorText": CANCELLED_TOOL_RESULT},
+    ]
+    assert parts[-2:] == [
+        {
+            "type": "message-metadata",
+            "messageMetadata": {"cancelled": True, "cancelledCalls": ["c3"]},
+        },
+        {"type": "abort", "reason": "cancelled"},
+    ]
+    # The history says the same after a reload.
+    answer = owner.get(reverse("agentloop:usechat-messages", args=[chat.pk])).json()["messages"][1]
+    assert answer["metadata"] == {"cancelled": True, "cancelledCalls": ["c3"]}
+    (third,) = [part for part in answer["parts"] if part.get("toolCallId") == "c3"]
+    assert (third["state"], third["errorText"]) == ("output-error", CANCELLED_TOOL_RESULT)
+
+
+def test_a_call_cancelled_while_it_waited_for_approval_is_shown_cancelled(owner, chat, waiting):
+    assert owner.post(reverse("agentloop:cancel", args=[chat.pk])).status_code == 204
+
+    answer = owner.get(reverse("agentloop:usechat-messages", args=[chat.pk])).json()["messages"][1]
+
+    assert ToolCall.objects.get(call_id="t1").state == "cancelled"
+    assert answer["metadata"] == {"cancelled": True, "cancelledCalls": ["t1"]}
+    assert answer["parts"][1]["state"] == "output-error"
+    assert answer["parts"][1]["errorText"] == CANCELLED_TOOL_RESULT
 
 
 def test_a_reader_that_leaves_stops_only_its_stream_not_the_run(owner, chat, scripted):

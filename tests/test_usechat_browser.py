@@ -6,8 +6,8 @@ missing or older than its sources; the output stays in the tree (git-ignored). u
 serves it (ASGI) with the test settings plus the page (tests/usechat_site/); its chats
 run in the server's embedded background threads on the "usechat" model
 (tests/usechat_site/provider.py), and the page follows them through the UI message
-stream: streamed text, a tool call, an approval given in the page, cancel, and a reload
-in the middle of an answer.
+stream: streamed text, a tool call, an approval given and one denied in the page, cancel (of
+an answer, and of a call before it ran), and a reload in the middle of an answer.
 
 Skipped when node, npm, Chromium or the ``playwright`` package is missing, except under
 ``CI=true``, where that fails the run.
@@ -16,8 +16,6 @@ Skipped when node, npm, Chromium or the ``playwright`` package is missing, excep
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +24,10 @@ import pytest
 
 from agentloop.models import Chat, Message, ToolCall
 from tests.browsers import CHROMIUM, Server, free_port, log_in, open_tab
-from tests.processes import REPO_ROOT
+from tests.frontend_build import BUILT, build, node_missing
 from tests.tools import add, transfer
 from tests.usechat_site.provider import STORY
 
-FRONTEND = REPO_ROOT / "frontends" / "usechat"
-BUILT = FRONTEND / "dist" / "usechat.js"
 IN_CI = os.environ.get("CI") == "true"
 SERVER_SETTINGS = {
     "BACKGROUND": "embedded",
@@ -48,9 +44,8 @@ pytestmark = [
 
 
 def _missing() -> str | None:
-    for program in ("node", "npm"):
-        if shutil.which(program) is None:
-            return f"{program} is not installed (apt-get install nodejs npm)"
+    if reason := node_missing():
+        return reason
     if not Path(CHROMIUM).exists():
         return f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)"
     try:
@@ -69,35 +64,10 @@ def _tools_available() -> None:
         pytest.skip(reason)
 
 
-def _stale() -> bool:
-    """The build is missing, or older than a source, the lock file or the configuration."""
-    if not BUILT.exists():
-        return True
-    sources = [*FRONTEND.joinpath("src").rglob("*"), FRONTEND / "package-lock.json"]
-    sources.append(FRONTEND / "vite.config.js")
-    return max(path.stat().st_mtime for path in sources) > BUILT.stat().st_mtime
-
-
-def _npm(*args: str) -> None:
-    result = subprocess.run(  # noqa: S603 - npm with fixed arguments
-        ["npm", *args],  # noqa: S607 - found on PATH, like any developer's npm
-        cwd=FRONTEND,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, f"npm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-
-
 @pytest.fixture(scope="module")
 def frontend(_tools_available) -> Path:
     """The built page (npm ci from the lock file when node_modules is missing)."""
-    if _stale():
-        if not (FRONTEND / "node_modules" / ".package-lock.json").exists():
-            _npm("ci", "--no-audit", "--no-fund")
-        _npm("run", "build")
-    return BUILT
+    return build() / BUILT.name
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +185,40 @@ def test_approving_in_the_page_runs_the_call_and_the_chat_goes_on(page, site, ch
     page.reload()  # the history from the database shows the same
     expect(page.locator(".call.output-available .result")).to_have_text("sent 5 to bob")
     expect(answer_text(page)).to_have_text("Done: sent 5 to bob.")
+
+
+def test_denying_in_the_page_shows_the_call_denied_with_the_reason(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "pay")
+    waiting = page.locator(".call.approval-requested")
+    expect(waiting.locator(".tool")).to_have_text("transfer")
+
+    waiting.get_by_role("button", name="Deny").click()
+
+    expect(page.locator(".call.output-denied .result")).to_have_text("denied: No.")
+    expect(page.locator("#status")).to_have_text("ready")
+    assert ToolCall.objects.get(chat=chat, name="transfer").decision == "denied"
+    page.reload()  # the history from the database shows the same
+    expect(page.locator(".call.output-denied .result")).to_have_text("denied: No.")
+
+
+def test_a_call_cancelled_before_it_ran_shows_cancelled(page, site, chat):
+    from playwright.sync_api import expect
+
+    open_chat(page, site, chat)
+    send(page, "pay")
+    expect(page.locator(".call.approval-requested .tool")).to_have_text("transfer")
+
+    assert Chat.objects.get(pk=chat.pk).cancel()  # from another tab, the admin, a shell
+    page.reload()
+
+    call = page.locator("li.msg-assistant.cancelled .call.cancelled")
+    expect(call.locator(".tool")).to_have_text("transfer")
+    expect(call.locator(".result")).to_have_text("cancelled")
+    expect(page.locator(".call.approval-requested")).to_have_count(0)
+    assert ToolCall.objects.get(chat=chat, name="transfer").state == "cancelled"
 
 
 def test_cancel_stops_the_answer_and_the_page_shows_what_was_kept(page, site, chat):

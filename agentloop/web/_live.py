@@ -544,6 +544,7 @@ class RunFollower(LiveReader):
         chunks = []
         for row in rows:
             chunks += translator.event({"type": "message", "data": row_payload(row)})
+        chunks += translator.cancel_calls(self._cancelled_calls())
         chunks += translator.pending(self.state.get("pending") or [])
         chunks += translator.end(
             self.state.get("state", ""),
@@ -570,6 +571,19 @@ class RunFollower(LiveReader):
                 .values("id", "wait_reason", "question")
             )
         return row
+
+    def _cancelled_calls(self) -> list[int]:
+        """The pks of the shown calls a cancel kept from running (no result saved)."""
+        if not self.translator.calls:
+            return []
+        call_model = self.chat_model._meta.get_field("tool_calls").related_model
+        return list(
+            call_model.objects.filter(
+                chat_id=self.chat_pk, pk__in=list(self.translator.calls), state="cancelled"
+            )
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
 
     def _decision(self, data: dict[str, Any]) -> str:
         call_model = self.chat_model._meta.get_field("tool_calls").related_model

@@ -22,15 +22,18 @@ included), id ``a<pk of that user message>``; each model answer is one step in i
   the ``ToolCall`` row's pk); a question: a ``data-agentloop-question`` part;
 - the end of the run: ``finish`` (``stop``; ``tool-calls`` when it waits for a person;
   ``other`` when a limit stopped it, the reason in the message's metadata), ``abort``
-  after a cancel (metadata ``{"cancelled": true}``), or one ``error`` line when it failed.
+  after a cancel (metadata ``{"cancelled": true}``, and ``cancelledCalls``: the ids of the
+  calls the cancel kept from running, each sent as a ``tool-output-error`` saying so), or one
+  ``error`` line when it failed.
 
 The history a page starts from (:func:`ui_messages`) is read from the database (never from
 a client): a user message per user row (``u<pk>``), and one assistant message per turn
 (``a<pk of the user message it answers>``) holding a ``step-start`` per model answer, its
 ``reasoning`` and ``text``, and a ``dynamic-tool`` part per call whose state follows the
 call: waiting for approval (``approval-requested``, approval id = the ``ToolCall`` pk), run
-(``output-available`` / ``output-error``), denied (``output-denied``), or not run yet
-(``input-available``). A call waiting for an answer also gets a ``data-agentloop-question``
+(``output-available`` / ``output-error``), denied (``output-denied``), cancelled before it
+ran (``output-error`` saying so, its id in the message's ``metadata.cancelledCalls``), or not
+run yet (``input-available``). A call waiting for an answer also gets a ``data-agentloop-question``
 part. The ids are those the stream uses, so a resumed stream replaces the very message it
 continues.
 
@@ -43,6 +46,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine import CANCELLED_TOOL_RESULT
 from ..live_events import blocked_reason, message_payload
 from ..storable_text import storable_text
 
@@ -223,8 +227,10 @@ class UIStreamTranslator:
         self.sent_rows: set[int] = set()
         #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
         self.calls: dict[int, str] = {}
-        #: a saved answer of this stream was cancelled.
+        #: a saved answer of this stream was cancelled, or calls were (``cancel_calls``).
         self.cancelled = False
+        #: toolCallIds of the calls a cancel kept from running, in the order sent.
+        self.cancelled_calls: list[str] = []
         self._requested: set[int] = set()
         self._asked: set[int] = set()
         self._step: _Step | None = None
@@ -259,6 +265,26 @@ class UIStreamTranslator:
         if kind == "message" and "id" in data:
             self.sent_rows.add(data["id"])  # a user or summary row: not part of an answer
         return []
+
+    def cancel_calls(self, call_pks: list[int]) -> list[Chunk]:
+        """Parts for calls a cancel kept from running (``ToolCall`` pks with state
+        ``cancelled`` and no result yet): an error output each, once, for calls the page shows;
+        the run then ends as cancelled."""
+        out: list[Chunk] = []
+        for pk in call_pks:
+            tool_call_id = self.calls.get(pk)
+            if tool_call_id is None or tool_call_id in self.cancelled_calls:
+                continue
+            self.cancelled_calls.append(tool_call_id)
+            self.cancelled = True
+            out.append(
+                {
+                    "type": "tool-output-error",
+                    "toolCallId": tool_call_id,
+                    "errorText": CANCELLED_TOOL_RESULT,
+                }
+            )
+        return out
 
     def pending(self, calls: list[dict[str, Any]]) -> list[Chunk]:
         """Parts for the calls waiting for a person (``{"id", "wait_reason", "question"}``
@@ -300,7 +326,10 @@ class UIStreamTranslator:
         if state == "failed":
             return [*out, {"type": "error", "errorText": error_line(error)}]
         if self.cancelled:
-            out.append({"type": "message-metadata", "messageMetadata": {"cancelled": True}})
+            metadata: dict[str, Any] = {"cancelled": True}
+            if self.cancelled_calls:
+                metadata["cancelledCalls"] = list(self.cancelled_calls)
+            out.append({"type": "message-metadata", "messageMetadata": metadata})
             return [*out, {"type": "abort", "reason": "cancelled"}]
         if state == "waiting":
             return [*out, {"type": "finish", "finishReason": "tool-calls"}]
@@ -526,8 +555,14 @@ def ui_messages(chat: Any, *, include_superseded: bool = False) -> list[dict[str
                 answer["metadata"] = {"blocked": blocked_reason(row)}
                 continue
             answer["parts"] += _answer_parts(row, parts_of_calls)
-            if row.status == "cancelled":
+            cancelled_calls = [c.call_id for c in row.tool_calls.all() if c.state == "cancelled"]
+            if row.status == "cancelled" or cancelled_calls:
                 answer["metadata"] = {**answer.get("metadata", {}), "cancelled": True}
+            if cancelled_calls:
+                answer["metadata"]["cancelledCalls"] = [
+                    *answer["metadata"].get("cancelledCalls", []),
+                    *cancelled_calls,
+                ]
             _mark_superseded(answer, row)
         elif row.role == "tool" and row.tool_call_id in parts_of_calls:
             _settle(parts_of_calls[row.tool_call_id], row)
@@ -556,6 +591,9 @@ def _answer_parts(row: Any, parts_of_calls: dict[Any, dict[str, Any]]) -> list[d
         if call.state == "waiting" and call.wait_reason == "approval":
             part["state"] = "approval-requested"
             part["approval"] = {"id": approval_id(call.pk)}
+        elif call.state == "cancelled":  # no result yet: the next message gives it this one
+            part["state"] = "output-error"
+            part["errorText"] = CANCELLED_TOOL_RESULT
         parts_of_calls[call.pk] = part
         parts.append(part)
         if call.state == "waiting" and call.wait_reason == "question":

@@ -1,4 +1,5 @@
-// A chat with an agentloop chat through useChat: messages, tool calls, approvals, cancel.
+// A chat with an agentloop chat through useChat: messages, tool calls, approvals, cancel;
+// a denied call shows "denied" (and the reason), a call a cancel kept from running "cancelled".
 // Everything shown comes from models and tools: React renders it as text, never as HTML.
 import { useChat } from "@ai-sdk/react";
 import {
@@ -61,8 +62,13 @@ export function Chat({ chatId, api, cancelUrl, history }: Props) {
 
 type Decide = ReturnType<typeof useChat>["addToolApprovalResponse"];
 
+// What agentloop puts in an answer's metadata after a cancel: the calls it kept from running.
+type Metadata = { cancelled?: boolean; cancelledCalls?: string[] } | undefined;
+
 function Message({ message, decide }: { message: UIMessage; decide: Decide }) {
-  const cancelled = (message.metadata as { cancelled?: boolean } | undefined)?.cancelled;
+  const metadata = message.metadata as Metadata;
+  const cancelled = metadata?.cancelled;
+  const cancelledCalls = metadata?.cancelledCalls ?? [];
   return (
     <li className={`msg msg-${message.role}${cancelled ? " cancelled" : ""}`} data-id={message.id}>
       {message.parts.map((part, index) => {
@@ -76,13 +82,22 @@ function Message({ message, decide }: { message: UIMessage; decide: Decide }) {
           );
         if (isToolUIPart(part)) {
           const name = part.type === "dynamic-tool" ? part.toolName : part.type.slice(5);
+          const callCancelled = cancelledCalls.includes(part.toolCallId);
+          const state = callCancelled ? "cancelled" : part.state;
           return (
-            <div key={index} className={`call ${part.state}`} data-call-id={part.toolCallId}>
+            <div key={index} className={`call ${state}`} data-call-id={part.toolCallId}>
               <span className="tool">{name}</span>{" "}
               <code className="args">{JSON.stringify(part.input ?? {})}</code>
-              {part.state === "output-available" && <span className="result">{String(part.output)}</span>}
-              {part.state === "output-error" && <span className="result">{part.errorText}</span>}
-              {part.state === "output-denied" && <span className="result">denied</span>}
+              {callCancelled && <span className="result">cancelled</span>}
+              {!callCancelled && part.state === "output-available" && (
+                <span className="result">{String(part.output)}</span>
+              )}
+              {!callCancelled && part.state === "output-error" && <span className="result">{part.errorText}</span>}
+              {part.state === "output-denied" && (
+                <span className="result">
+                  denied{part.approval?.reason ? `: ${part.approval.reason}` : ""}
+                </span>
+              )}
               {part.state === "approval-requested" && (
                 <span className="approval">
                   <button onClick={() => decide({ id: part.approval.id, approved: true })}>Approve</button>
