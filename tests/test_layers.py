@@ -66,7 +66,7 @@ DEPRECATED = {edge for edge, why in LOCAL_IMPORTS.items() if why.startswith("dep
 #: resolves by name at run time (a Message row has a foreign key to its Chat; a chat's verbs
 #: return Message rows). Nothing is imported at run time.
 MODEL_RELATIONS = {
-    ("agentloop.models.delegations", "agentloop.models.messages"): "a chat's verbs' rows",
+    ("agentloop.models.delegations", "agentloop.models.message"): "a chat's verbs' rows",
 }
 
 #: Function-local imports of other packages: optional extras, and Django read when used.

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, create_model
 
-from ..engine.config import ToolOptions
+from ..engine.chat_config import ToolOptions
 from ..engine.handoffs import agent_label
 from ..exceptions import ConfigurationError
 from ..importing import import_path_of, load_by_path

@@ -29,6 +29,6 @@ from __future__ import annotations
 
 from .polling import cancel, poll, refresh
 from .records import CLAIM_SECONDS
-from .sending import submit
+from .submitting import submit
 
 __all__ = ["CLAIM_SECONDS", "cancel", "poll", "refresh", "submit"]

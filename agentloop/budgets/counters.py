@@ -38,10 +38,10 @@ from django.utils import timezone
 from ..conf import agentloop_settings
 from ..engine.estimates import CallEstimate
 from ..exceptions import BudgetExceededError
+from .budget_models import budget_model, reservation_model
 from .limits import Limits, limits_of, reached
 from .money import units
 from .periods import day_now, month_now
-from .rows import budget_model, reservation_model
 from .slots import take_slot
 from .subjects import Subject
 

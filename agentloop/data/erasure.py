@@ -30,7 +30,7 @@ from ..engine.tool_runner import DENIED_RESULT
 from ..events import forget_messages
 from ..models.budgets import Budget
 from ..process.redis_client import chat_name
-from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
+from .deletion import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
 
 __all__ = ["ERASED", "ErasureReport", "erase_owner"]
 

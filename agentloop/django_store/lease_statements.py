@@ -11,7 +11,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .field_values import quick_json_converters
-from .holders import holder_id
+from .lease_holders import holder_id
 from .sql import bound_cursor, recover_prepared
 
 __all__ = ["LeaseStatements", "attnames", "statement"]

@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
-from .holders import holder_alive, holder_id
+from .lease_holders import holder_alive, holder_id
 from .lease_statements import attnames
 from .lease_statements import statement as _statements
 from .reconnect import CONNECTION_ERRORS, discard, unusable

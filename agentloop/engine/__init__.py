@@ -3,7 +3,7 @@
 Nothing here imports Django; the Django layer is one store among others.
 """
 
-from .config import ChatConfig, Limits, ToolOptions
+from .chat_config import ChatConfig, Limits, ToolOptions
 from .conversation import CANCELLED_TOOL_RESULT, Conversation, StreamCallback
 from .in_memory_store import MemoryStore
 from .store import ChatStore, ToolTransaction, UsageRecord

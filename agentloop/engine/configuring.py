@@ -17,7 +17,7 @@ from ..importing import import_path_of, load_by_path
 from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
 from ..tools import Tool
-from .config import Compaction, Limits, ToolOptions
+from .chat_config import Compaction, Limits, ToolOptions
 
 if TYPE_CHECKING:
     from .store import ChatStore

@@ -7,7 +7,7 @@ from ..messages import ToolCallState
 from .callbacks import Callbacks
 from .runs import HaltedRelease, Run
 from .store import ChatStore
-from .transcript import next_move, pending_round
+from .transcript_reading import next_move, pending_round
 
 __all__ = ["CANCELLED_TOOL_RESULT", "HALTED_PREFIX", "Control", "halt_text"]
 

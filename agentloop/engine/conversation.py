@@ -34,7 +34,7 @@ from .results import MessageT, StepResult
 from .runs import Runs
 from .store import ChatStore
 from .streaming import StreamCallback
-from .transcript import is_complete, is_waiting
+from .transcript_reading import is_complete, is_waiting
 
 __all__ = [
     "CANCELLED_TOOL_RESULT",

@@ -21,7 +21,7 @@ from .loop import Loop, checked_attachments
 from .runs import Run, Runs
 from .store import SUPERSEDED_DECISION, ChatStore, Edits, missing_part
 from .streaming import StreamCallback
-from .transcript import next_move
+from .transcript_reading import next_move
 
 __all__ = ["FORK_OPEN_CALL_RESULT", "KEEP", "SUPERSEDED_DECISION", "Editing"]
 

@@ -20,7 +20,7 @@ from ..exceptions import GuardrailBlockedError, GuardrailError
 from ..guardrails import Block, Guardrail, GuardrailContext, Pass, Replace
 from ..messages import GuardrailOutcome, Message, MessageStatus, ModelResponse, ToolCall
 from .store import ChatStore
-from .transcript import finished
+from .transcript_reading import finished
 
 __all__ = [
     "Case",

@@ -26,7 +26,7 @@ from .runs import Run, Runs
 from .store import ChatStore
 from .streaming import StreamCallback
 from .tool_runner import ToolRunner
-from .transcript import (
+from .transcript_reading import (
     counted_tool_results,
     finished,
     handoffs_in_turn,

@@ -29,9 +29,9 @@ from ..providers.base import Provider
 from . import tracing
 from .admission import Admission
 from .callbacks import Callbacks
+from .chat_config import ChatConfig
 from .checkpoints import Checkpoints
 from .compaction import window
-from .config import ChatConfig
 from .effects import AwaitJudging, Effects, Judge, Send, Sleep, StartJudging
 from .guarding import Guards, Verdict
 from .judging import ABANDONED, UNJUDGED, Judged, Judging, unkept_usage
@@ -40,7 +40,7 @@ from .sending import CallAbandoned
 from .store import ChatStore, UsageRecord
 from .streaming import StreamCallback, StreamState
 from .summaries import Summaries, failed_usage
-from .transcript import counted_tool_results, next_move, turn_start
+from .transcript_reading import counted_tool_results, next_move, turn_start
 
 if TYPE_CHECKING:
     from .runs import Run

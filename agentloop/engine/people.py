@@ -11,7 +11,7 @@ from ..messages import Message, ToolCall, ToolCallState
 from ..tools import arguments_problem, format_result
 from .store import ChatStore
 from .tool_runner import DENIED_RESULT
-from .transcript import pending_round
+from .transcript_reading import pending_round
 
 __all__ = ["PeopleInTheLoop"]
 

@@ -16,7 +16,7 @@ from . import tracing
 from .callbacks import Callbacks
 from .checkpoints import Checkpoints
 from .store import ChatStore, UsageRecord
-from .transcript import pending_round
+from .transcript_reading import pending_round
 
 __all__ = ["HaltedRelease", "Run", "Runs"]
 

@@ -2,7 +2,7 @@
 a cancel that stops it whether it waits for a slot or for the provider.
 
 Both drivers (:mod:`.drivers`) send through here. A call first takes a slot of each limit it
-falls under (:mod:`agentloop.providers.slots`), waiting in short slices: each slice looks at
+falls under (:mod:`agentloop.providers.call_slots`), waiting in short slices: each slice looks at
 the run's cancel (the notice at once, the flag as often as a stream would) and at the
 deadline, which counts from the call's start. Then the provider is asked under a
 :class:`~agentloop.providers.watchdog.CallWatch`: past the deadline, or at a cancel notice,
@@ -31,7 +31,7 @@ from ..exceptions import (
     StreamInterruptedError,
 )
 from ..messages import Chunk, ModelResponse
-from ..providers.slots import Slots, Ticket, slots_for
+from ..providers.call_slots import Slots, Ticket, slots_for
 from ..providers.watchdog import CallWatch, watching
 from .effects import Send
 

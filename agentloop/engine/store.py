@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
-from .config import ChatConfig
+from .chat_config import ChatConfig
 from .estimates import CallEstimate
 from .rate_limiting import RateLimiter, memory_limiter
 

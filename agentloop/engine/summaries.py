@@ -14,7 +14,7 @@ from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction
 from .admission import Admission
-from .config import ChatConfig
+from .chat_config import ChatConfig
 from .drivers import drive
 from .effects import Send
 from .retries import retry_delay

@@ -21,14 +21,14 @@ from ..tools import (
     ToolOutcome,
     arguments_problem,
 )
+from .chat_config import ToolOptions
 from .checkpoints import Checkpoints
-from .config import ToolOptions
 from .effects import Effects, Judge, Launch, RunTool, WaitAny
 from .guarding import Case, Guards, Verdict, stop_reason
 from .handoffs import RoundHandoffs
 from .store import ChatStore, ToolTransaction
 from .tool_execution import execute_tool, unaskable
-from .transcript import TOOL_LIMIT_RESULT
+from .transcript_reading import TOOL_LIMIT_RESULT
 
 __all__ = [
     "BLOCKED_PREFIX",

@@ -27,7 +27,7 @@ from .batches import (
 from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
-from .messages import (
+from .message import (
     AbstractMessage,
     AbstractToolCall,
     Message,
