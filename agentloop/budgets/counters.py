@@ -36,7 +36,7 @@ from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
 from ..exceptions import BudgetExceededError
 from .budget_models import budget_model, reservation_model
 from .limits import Limits, limits_of, reached

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..conf import agentloop_settings
 from ..engine import UsageRecord
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
 from ..engine.store import Budgets
 from ..exceptions import BudgetExceededError
 from . import counters, slots, statements

@@ -25,7 +25,7 @@ from django.db import connections
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
 from .budget_models import budget_model, reservation_model
 from .counters import Reservation
 from .money import units

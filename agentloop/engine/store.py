@@ -28,8 +28,7 @@ from typing import Any, Literal, TypeVar
 from ..conf import agentloop_settings
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
 from .chat_config import ChatConfig
-from .estimates import CallEstimate
-from .rate_limiting import RateLimiter, memory_limiter
+from .rate_limiting import CallEstimate, RateLimiter, memory_limiter
 
 __all__ = [
     "OPTIONAL_PARTS",

@@ -13,7 +13,7 @@ from tests.tools import add
 
 __all__ = ["TestFork", "TestSupersede"]
 
-#: what the engine gives a copied call whose result was not copied (engine.editing).
+#: what the engine gives a copied call whose result was not copied (engine.loop's Editing).
 NOT_RUN = "Not run: the conversation was forked before this call had a result."
 
 
