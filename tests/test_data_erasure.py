@@ -20,7 +20,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agentloop import data, events
-from agentloop.engine.tool_rounds import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.events import chat_key, get_backend
 from agentloop.models import Batch, BatchItem, Budget, Chat, Message, ToolCall, Usage
 from agentloop.testing import tool_call

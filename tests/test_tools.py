@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from agentloop import ConfigurationError, Tool, tool
-from agentloop.engine.drivers import execute_tool
+from agentloop.engine._drivers import execute_tool
 from agentloop.importing import import_path_of, load_by_path
 from agentloop.messages import ToolCall
 from agentloop.tool_refs import tool_reference

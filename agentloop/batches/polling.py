@@ -12,8 +12,8 @@ from django.utils import timezone
 from .. import providers
 from ..django_store.leases import claim
 from ..django_store.releases import one_line
+from ..engine._transcript_reading import next_move
 from ..engine.store import UsageRecord
-from ..engine.transcript_reading import next_move
 from ..exceptions import (
     BatchError,
     BatchItemNotRunError,

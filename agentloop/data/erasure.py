@@ -26,7 +26,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
-from ..engine.tool_rounds import DENIED_RESULT
+from ..engine._tool_rounds import DENIED_RESULT
 from ..events import forget_messages
 from ..models.budgets import Budget
 from ..process.redis_client import chat_name

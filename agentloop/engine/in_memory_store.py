@@ -17,7 +17,8 @@ from typing import Any
 
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
-from .chat_config import ChatConfig
+from ._chat_config import ChatConfig
+from ._transcript_reading import pending_round
 from .store import (
     SUPERSEDED_DECISION,
     ChatStore,
@@ -35,7 +36,6 @@ from .store import (
     Transcript,
     UsageRecord,
 )
-from .transcript_reading import pending_round
 
 __all__ = ["MemoryStore"]
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
-from .chat_config import ChatConfig
+from ._chat_config import ChatConfig
 from .rate_limiting import CallEstimate, RateLimiter, memory_limiter
 
 __all__ = [

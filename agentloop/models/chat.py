@@ -22,7 +22,7 @@ from ..django_store.fields import StorableCharField, StorableJSONField, Storable
 from ..django_store.releases import IN_LINE
 from ..django_store.sql import PreparedUpdate, get_by_pk
 from ..engine import Conversation
-from ..engine.transcript_reading import next_move
+from ..engine._transcript_reading import next_move
 from ..runners import enqueue
 from . import bulk
 from .chat_events import connect_chat_events

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from .. import signals
 from ..agents import agent_refresh, subagents
-from ..engine.judging import stop_reason
+from ..engine._judging import stop_reason
 
 if TYPE_CHECKING:
     from ..engine import Conversation

@@ -22,7 +22,7 @@ from ..django_store.database import transcript_select
 from ..django_store.leases import claim
 from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.releases import one_line
-from ..engine.effects import backoff
+from ..engine._effects import backoff
 from ..events import publish_chunk
 from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError, PlaceWaiting
 from .enqueueing import send

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from agentloop.engine.transcript_reading import next_move
+from agentloop.engine._transcript_reading import next_move
 from agentloop.messages import Message, MessageStatus, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
 from tests.store_contract.tool_calls import held, result_for

@@ -54,10 +54,9 @@ from ..messages import (
 from ..providers.base import Provider
 from ..providers.catalog import lookup
 from . import compaction, tracing
-from .chat_config import ChatConfig
-from .compaction import window
-from .drivers import CallAbandoned, call_timeout, drive, send
-from .effects import (
+from ._chat_config import ChatConfig
+from ._drivers import CallAbandoned, call_timeout, drive, send
+from ._effects import (
     AwaitJudging,
     Effects,
     Judge,
@@ -68,14 +67,15 @@ from .effects import (
     StreamState,
     retry_delay,
 )
-from .judging import ABANDONED, UNJUDGED, Guards, Judged, Judging, Verdict, unkept_usage
+from ._judging import ABANDONED, UNJUDGED, Guards, Judged, Judging, Verdict, unkept_usage
+from ._runs import Callbacks, Checkpoints
+from ._transcript_reading import counted_tool_results, next_move, turn_start
+from .compaction import window
 from .rate_limiting import CallEstimate, buckets_for, estimate_call
-from .runs import Callbacks, Checkpoints
 from .store import ChatStore, UsageRecord
-from .transcript_reading import counted_tool_results, next_move, turn_start
 
 if TYPE_CHECKING:
-    from .runs import Run
+    from ._runs import Run
 
 __all__ = ["Admission", "ModelCalls", "PreparedCall", "Summaries", "failed_usage"]
 
@@ -580,7 +580,7 @@ class ModelCalls:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, when the answering attempt started, and its budget reservation. Each
         attempt is admitted first (rate limits, budgets: admission, above); a usage row per
-        failure. The request and the backoff are effects (:mod:`.effects`): the driver does
+        failure. The request and the backoff are effects (:mod:`._effects`): the driver does
         the I/O.
         With ``judging`` (input guardrails judging meanwhile) the call is abandoned when
         they don't pass it, and ``Judged`` raised with their verdicts."""

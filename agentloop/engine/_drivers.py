@@ -1,4 +1,4 @@
-"""Performing a verb's effects (:mod:`.effects`): the two drivers (one for sync verbs, one
+"""Performing a verb's effects (:mod:`._effects`): the two drivers (one for sync verbs, one
 for async), a model request sent, and one tool call run.
 
 A verb is a generator: its decisions and its database phases run between two ``yield``s;
@@ -12,7 +12,7 @@ Before each wait (a model request, a backoff, a tool run, waiting for launched t
 call ``ChatStore.before_wait``, still in the database phase's thread: the Django store gives
 its connection back there, so a step holds none while it waits (docs/background.md).
 
-Sending a :class:`~.effects.Send`: a call first takes a slot of each limit it falls under
+Sending a :class:`~._effects.Send`: a call first takes a slot of each limit it falls under
 (:mod:`agentloop.providers.call_slots`), waiting in short slices: each slice looks at the
 run's cancel (the notice at once, the flag as often as a stream would) and at the deadline,
 which counts from the call's start. Then the provider is asked under a
@@ -67,7 +67,7 @@ from ..tools import (
     running,
 )
 from . import tracing
-from .effects import (
+from ._effects import (
     AwaitJudging,
     Effects,
     Judge,
@@ -78,8 +78,8 @@ from .effects import (
     StartJudging,
     WaitAny,
 )
-from .judging import SLICE, AsyncWatch, Judging, Watch, ajudge, judge
-from .runs import Checkpoints
+from ._judging import SLICE, AsyncWatch, Judging, Watch, ajudge, judge
+from ._runs import Checkpoints
 from .store import ChatStore
 
 __all__ = [

@@ -2,7 +2,7 @@
 model) until the chat is settled, waits for someone, or a halt or limit stops it; control
 beyond cancel; and editing.
 
-Each verb's body is a generator of effects (:mod:`.effects`): ``drive`` runs it for the sync
+Each verb's body is a generator of effects (:mod:`._effects`): ``drive`` runs it for the sync
 verbs, ``drive_async`` for their async twins.
 
 Control (``Control``): halting a run before its next model call, driving subagents a person
@@ -33,13 +33,12 @@ from ..exceptions import (
 from ..messages import Message, MessageStatus, ToolCallState
 from ..tools import Tool
 from . import tracing
-from .effects import Effects, StreamCallback
-from .judging import Guards
-from .model_calls import ModelCalls
-from .runs import Callbacks, HaltedRelease, Run, Runs
-from .store import SUPERSEDED_DECISION, ChatStore, Edits, missing_part
-from .tool_rounds import RoundHandoffs, ToolRunner
-from .transcript_reading import (
+from ._effects import Effects, StreamCallback
+from ._judging import Guards
+from ._model_calls import ModelCalls
+from ._runs import Callbacks, HaltedRelease, Run, Runs
+from ._tool_rounds import RoundHandoffs, ToolRunner
+from ._transcript_reading import (
     StepResult,
     counted_tool_results,
     finished,
@@ -47,6 +46,7 @@ from .transcript_reading import (
     next_move,
     pending_round,
 )
+from .store import SUPERSEDED_DECISION, ChatStore, Edits, missing_part
 
 __all__ = [
     "CANCELLED_TOOL_RESULT",

@@ -1,15 +1,15 @@
 """The loop's verbs, written once over a :class:`~.store.ChatStore`, and the ``with_*``
-methods that change a chat's config (:mod:`.chat_config`) through the store and return the
+methods that change a chat's config (:mod:`._chat_config`) through the store and return the
 chat, so calls chain.
 
 Every verb reads the transcript and decides from it alone, so a chat can be driven from any
 process: ``step()`` here, ``step()`` in a Celery worker later.
 
 A ``Conversation`` holds collaborating parts, each over the same store:
-:class:`~.runs.Runs` (claims, reads, cancels), :class:`~.model_calls.ModelCalls`,
-:class:`~.loop.Control` (halts, subagents), :class:`~.loop.Loop` (the verbs' bodies) and
-:class:`~.loop.Editing` (edits, forks). It is its own :class:`Configuration` and
-:class:`~.tool_rounds.PeopleInTheLoop` (by inheritance: their public methods are its verbs);
+:class:`~._runs.Runs` (claims, reads, cancels), :class:`~._model_calls.ModelCalls`,
+:class:`~._loop.Control` (halts, subagents), :class:`~._loop.Loop` (the verbs' bodies) and
+:class:`~._loop.Editing` (edits, forks). It is its own :class:`Configuration` and
+:class:`~._tool_rounds.PeopleInTheLoop` (by inheritance: their public methods are its verbs);
 the engine's own entry points of its parts (``emit``, ``prepare_model_call``,
 ``accept_response``, ``record_cancel``) are those parts' methods, bound at construction.
 """
@@ -32,10 +32,10 @@ from ..importing import import_path_of, load_by_path
 from ..mcp import mcp_tools
 from ..messages import Caching, Message, Thinking
 from ..tools import Tool
-from .chat_config import Compaction, Limits, ToolOptions
-from .drivers import drive, drive_async
-from .effects import StreamCallback
-from .loop import (
+from ._chat_config import Compaction, Limits, ToolOptions
+from ._drivers import drive, drive_async
+from ._effects import StreamCallback
+from ._loop import (
     CANCELLED_TOOL_RESULT,
     HALTED_PREFIX,
     KEEP,
@@ -45,11 +45,11 @@ from .loop import (
     checked_attachments,
     halt_text,
 )
-from .model_calls import ModelCalls, PreparedCall
-from .runs import Callbacks, Runs
+from ._model_calls import ModelCalls, PreparedCall
+from ._runs import Callbacks, Runs
+from ._tool_rounds import PeopleInTheLoop
+from ._transcript_reading import MessageT, StepResult, is_complete, is_waiting
 from .store import ChatStore
-from .tool_rounds import PeopleInTheLoop
-from .transcript_reading import MessageT, StepResult, is_complete, is_waiting
 
 if TYPE_CHECKING:
     from .store import ChatStore
@@ -379,14 +379,14 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
     emit: Callable[..., None]
     #: What ``generate()`` would send, without sending it (batches use this):
     #: ``prepare_model_call(transcript=None, *, stream=False, check_limits=True)``, see
-    #: :meth:`.model_calls.ModelCalls.prepare_model_call`.
+    #: :meth:`._model_calls.ModelCalls.prepare_model_call`.
     prepare_model_call: Callable[..., PreparedCall]
     #: Append the answer to a prepared call, with its usage row, as ``generate()`` does:
     #: ``accept_response(prepared, response, *, cost=None, duration_ms=None,
-    #: partial_key=None, release_after=())``, see :meth:`.model_calls.ModelCalls.accept_response`.
+    #: partial_key=None, release_after=())``, see :meth:`._model_calls.ModelCalls.accept_response`.
     accept_response: Callable[..., Any]
     #: Record a cancel observed outside a verb (a batch poller): ``record_cancel(exc, *,
-    #: usage=None, unanswered=None)``, see :meth:`.runs.Runs.record_cancel`.
+    #: usage=None, unanswered=None)``, see :meth:`._runs.Runs.record_cancel`.
     record_cancel: Callable[..., None]
 
     def __init__(self, store: ChatStore, *, owner: Any = None) -> None:
@@ -591,7 +591,7 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
         """``is_waiting()`` for async code."""
         return await self.store.run_phase(self.is_waiting)
 
-    # -- editing (``Editing`` in :mod:`.loop`; docs/editing.md) ------------------------------------
+    # -- editing (``Editing`` in :mod:`._loop`; docs/editing.md) -----------------------------------
     def regenerate(self, stream: StreamCallback | None = None) -> MessageT:
         """A new answer to the last user message, run here: that message is asked again (a
         copy of it starts a new turn, with fresh limits) and it and every row after it are
@@ -671,7 +671,7 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
         return await self.store.run_phase(partial(self.fork, at))
 
     # -- people in the loop: pending_approvals(), approve(), deny()... are PeopleInTheLoop's
-    #    (:mod:`.tool_rounds`), this class's base. -------------------------------------------------
+    #    (:mod:`._tool_rounds`), this class's base. ------------------------------------------------
 
     # -- control -------------------------------------------------------------------------------
     def halt(self, reason: str) -> bool:

@@ -7,7 +7,7 @@ its :class:`Verdict` fills as they decide. What the verdicts do (the outcomes ke
 message or call, a replaced text, a block that stops the chat, an error that fails it) is
 :class:`Guards`'.
 
-Running the checks is an effect (:mod:`.effects`) the drivers perform with ``judge`` (sync
+Running the checks is an effect (:mod:`._effects`) the drivers perform with ``judge`` (sync
 verbs) and ``ajudge`` (async verbs), panels in order. Each check is bounded: a sync one
 decides on a thread of its own (an ``async def`` one, under a sync verb, on that thread's
 event loop; under an async verb, as a task), while the verb waits in short slices, looking at
@@ -41,8 +41,8 @@ from ..exceptions import GuardrailBlockedError, GuardrailError
 from ..guardrails import Block, Guardrail, GuardrailContext, Pass, Replace
 from ..messages import GuardrailOutcome, Message, MessageStatus, ModelResponse, TokenUsage, ToolCall
 from ..providers.base import Provider
+from ._transcript_reading import finished
 from .store import ChatStore, UsageRecord
-from .transcript_reading import finished
 
 __all__ = [
     "ABANDONED",
@@ -550,7 +550,7 @@ class Judging:
     def __init__(self, panels: list[Panel]) -> None:
         self.panels = panels
         #: set once the verdict will not let the call stand (a block, a replacement, an
-        #: error): the call in flight is abandoned (see agentloop.engine.drivers).
+        #: error): the call in flight is abandoned (see agentloop.engine._drivers).
         self.stopped = threading.Event()
         #: set once the verdicts are in (``settle``): a waiter may wait on it, bounded.
         self.verdicts_in = threading.Event()

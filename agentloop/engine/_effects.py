@@ -1,7 +1,7 @@
 """The I/O a verb asks its driver for, streamed answers, and the one backoff policy.
 
 The verbs' decisions and database phases are written once, as generators that yield these
-effects; a sync driver and an async driver perform them (:mod:`.drivers`). A verb's
+effects; a sync driver and an async driver perform them (:mod:`._drivers`). A verb's
 generator runs its database phases itself (between two yields) and hands out only the
 waiting: a model request, a backoff sleep, a tool run. What an effect returns is sent back
 into the generator; what it raises is thrown into it, at the ``yield``, so the verb's own
@@ -31,12 +31,12 @@ from ..conf import agentloop_settings
 from ..exceptions import ProviderError
 from ..messages import Chunk, ModelRequest, TextDelta, ToolCall
 from ..providers.base import Provider
-from .runs import Checkpoints
+from ._runs import Checkpoints
 from .store import ChatStore
 
 if TYPE_CHECKING:
-    from .judging import Judging, Panel
-    from .runs import Checkpoints
+    from ._judging import Judging, Panel
+    from ._runs import Checkpoints
 
 __all__ = [
     "AwaitJudging",
@@ -214,7 +214,7 @@ Effects = Generator[Any, Any, T]
 class Send:
     """One provider request; with ``state`` it streams into it. Returns the ModelResponse.
 
-    The driver bounds it (:mod:`.drivers`): a slot of the provider's concurrency limit, a
+    The driver bounds it (:mod:`._drivers`): a slot of the provider's concurrency limit, a
     total deadline, and ``checkpoints`` to stop it at a cancel."""
 
     provider: Provider
@@ -265,7 +265,7 @@ class WaitAny:
 
 @dataclass
 class Judge:
-    """Run guardrails on ``panels`` (:mod:`.judging`), in order, each within its time
+    """Run guardrails on ``panels`` (:mod:`._judging`), in order, each within its time
     limit. Returns their verdicts; a cancel seen meanwhile (``checkpoints``) raises."""
 
     panels: list[Panel]

@@ -18,8 +18,8 @@ from ..conf import agentloop_settings
 from ..exceptions import CancelledError, ConfigurationError, LimitReachedError
 from ..messages import Message, ToolCall, ToolCallState
 from . import tracing
+from ._transcript_reading import pending_round
 from .store import ChatStore, UsageRecord
-from .transcript_reading import pending_round
 
 __all__ = ["Callbacks", "Checkpoints", "EVENTS", "HaltedRelease", "Run", "Runs"]
 

@@ -3,7 +3,7 @@
 A round runs its calls one after another or a bounded number at once. Every result is
 written as soon as its tool finishes, in its own transaction, so a crash loses at most the
 tool that was running. Database writes happen on the calling thread; running a tool is an
-effect (:mod:`.effects`) its driver performs: on a thread, or awaited on the event loop for
+effect (:mod:`._effects`) its driver performs: on a thread, or awaited on the event loop for
 an ``async def`` tool of an async verb.
 
 Handoffs: the chat handed over to another agent by the call that asked for it (a handoff
@@ -43,13 +43,13 @@ from ..tools import (
     arguments_problem,
     format_result,
 )
-from .chat_config import ToolOptions
-from .drivers import execute_tool, unaskable
-from .effects import Effects, Judge, Launch, RunTool, WaitAny
-from .judging import Case, Guards, Verdict, stop_reason
-from .runs import Checkpoints
+from ._chat_config import ToolOptions
+from ._drivers import execute_tool, unaskable
+from ._effects import Effects, Judge, Launch, RunTool, WaitAny
+from ._judging import Case, Guards, Verdict, stop_reason
+from ._runs import Checkpoints
+from ._transcript_reading import TOOL_LIMIT_RESULT, pending_round
 from .store import ChatStore, ToolTransaction
-from .transcript_reading import TOOL_LIMIT_RESULT, pending_round
 
 __all__ = [
     "BLOCKED_PREFIX",
