@@ -13,8 +13,7 @@ from ..engine.rate_limiting import CallEstimate
 from ..engine.store import Budgets
 from ..exceptions import BudgetExceededError
 from . import counters, slots, statements
-from .limits import budgets_on
-from .money import units
+from .limits import budgets_on, units
 from .subjects import Subject, subjects_of
 
 __all__ = ["ChatBudgets"]

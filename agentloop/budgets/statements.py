@@ -28,8 +28,7 @@ from ..conf import agentloop_settings
 from ..engine.rate_limiting import CallEstimate
 from .budget_models import budget_model, reservation_model
 from .counters import Reservation
-from .money import units
-from .periods import day_sql, month_sql, zone_name
+from .limits import day_sql, month_sql, units, zone_name
 from .subjects import Subject
 
 __all__ = ["charge_parts", "one_statement", "reserve_at_once"]
