@@ -43,6 +43,16 @@ MOVED: dict[str, str] = {
     "agentloop.ui_live": "agentloop.web._live",
     "agentloop.ui_stream": "agentloop.web._ui_protocol",
     "agentloop.ui_messages": "agentloop.web._ui_protocol",
+    # Modules inside the packages that users could import by path (the packages themselves
+    # export the same names, unchanged).
+    "agentloop.engine.memory": "agentloop.engine.in_memory_store",
+    "agentloop.engine.config": "agentloop.engine._chat_config",
+    "agentloop.engine.conversation": "agentloop.engine._conversation",
+    "agentloop.engine.results": "agentloop.engine._transcript_reading",
+    "agentloop.runners.base": "agentloop.runners.runner",
+    "agentloop.runners.sending": "agentloop.runners.enqueueing",
+    "agentloop.models.messages": "agentloop.models.message",
+    "agentloop.django_store.store": "agentloop.django_store.database",
 }
 
 #: old module path -> (the module its names went to, {old name: new name}).

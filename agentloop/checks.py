@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import providers
-from .budgets.checks import check_budgets, check_rate_limits
+from .budgets.budget_checks import check_budgets, check_rate_limits
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .engine import tracing
 from .exceptions import ConfigurationError
@@ -25,8 +25,8 @@ from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
 from .providers.vertex import VertexAIProvider
 from .runners import Runner, runner_name
+from .runners.enqueueing import BUILTINS as RUNNERS
 from .runners.pools import check_database_reuse
-from .runners.sending import BUILTINS as RUNNERS
 
 
 def _closest_keys_hint(unknown: list[str]) -> str:
@@ -108,7 +108,7 @@ _SECONDS_RULES = {
 
 
 #: keys with checks of their own, each problem of their entries said apart (agentloop.E012 to
-#: E014: ``agentloop.budgets.checks``, registered with these).
+#: E014: ``agentloop.budgets.budget_checks``, registered with these).
 _CHECKED_APART = frozenset({"BUDGETS", "BUDGET_SUBJECT", "RATE_LIMITS"})
 BUDGET_CHECKS = (check_budgets, check_rate_limits)
 #: E020: ``agentloop.runners.pools``, registered with it.

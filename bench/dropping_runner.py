@@ -4,7 +4,7 @@ agentloop's runners can't be imported before that."""
 
 from __future__ import annotations
 
-from agentloop.runners.base import Job, Runner
+from agentloop.runners.runner import Job, Runner
 
 
 class DroppingRunner(Runner):

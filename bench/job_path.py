@@ -177,9 +177,9 @@ class JobPath:
         )
         # (d)'s complete_later() sends its first job after the commit: not published here (no
         # broker, as in (a), whose next jobs aren't either); the bench runs the jobs itself.
-        from agentloop.runners import sending
+        from agentloop.runners import enqueueing
 
-        sending.send = lambda job: None
+        enqueueing.send = lambda job: None
 
     # -- data ---------------------------------------------------------------------------------
     def reset_tables(self) -> None:

@@ -117,7 +117,7 @@ def fill(count: int) -> int:
 @contextmanager
 def enqueues_counted() -> Iterator[list[Any]]:
     """Replace the sweeper's enqueue with a counter (and the backend's send, as a backstop)."""
-    from agentloop.runners import sending, sweeper  # local: they import Django models
+    from agentloop.runners import enqueueing, sweeper  # local: they import Django models
 
     sent: list[Any] = []
 
@@ -126,7 +126,7 @@ def enqueues_counted() -> Iterator[list[Any]]:
 
     patched = [
         (module, name, getattr(module, name))
-        for module, name in ((sweeper, "enqueue"), (sending, "send"))
+        for module, name in ((sweeper, "enqueue"), (enqueueing, "send"))
         if hasattr(module, name)
     ]
     for module, name, _ in patched:

@@ -106,11 +106,11 @@ class Variants:
     def __init__(self) -> None:
         from django.conf import settings
 
-        from agentloop.engine import conversation, model_calls, tool_runner
+        from agentloop.engine import _conversation, _model_calls, _tool_rounds
         from agentloop.engine import tracing as _tracing
 
         self.tracing = _tracing
-        self.engine_modules = (conversation, model_calls, tool_runner)
+        self.engine_modules = (_conversation, _model_calls, _tool_rounds)
         self.base = dict(settings.AGENTLOOP)
         off = _tracing._OFF
 

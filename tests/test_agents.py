@@ -23,7 +23,7 @@ import agentloop
 from agentloop import CancelledError, ConfigurationError
 from agentloop.agents import AgentTool
 from agentloop.agents.subagents import SUBAGENT_CANCELLED_RESULT
-from agentloop.engine.tool_runner import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.runners import wait_for_embedded_jobs

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 import agentloop
 from agentloop import InvalidArgumentsError
-from agentloop.engine.tool_runner import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.runners.approval_timeouts import deny_timed_out_approvals

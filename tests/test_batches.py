@@ -727,10 +727,10 @@ def interrupt(*args):
 
 def test_a_batch_recorded_but_not_sent_is_sent_by_a_poll(fake, user, monkeypatch):
     from agentloop import batches
-    from agentloop.batches import sending
+    from agentloop.batches import submitting
 
     ready, cancelled, moved_on = new_chat(user, "a"), new_chat(user, "b"), new_chat(user, "c")
-    monkeypatch.setattr(sending, "_send", interrupt)
+    monkeypatch.setattr(submitting, "_send", interrupt)
     with pytest.raises(Interrupted):
         agentloop.batch([ready, cancelled, moved_on])
     monkeypatch.undo()

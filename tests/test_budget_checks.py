@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from agentloop.budgets.checks import check_budgets, check_rate_limits
+from agentloop.budgets.budget_checks import check_budgets, check_rate_limits
 from agentloop.checks import check_settings
 from tests.processes import process_env
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from agentloop import BudgetExceededError
 from agentloop.budgets import release_expired, spend_of
-from agentloop.engine.estimates import CallEstimate
+from agentloop.engine.rate_limiting import CallEstimate
 from agentloop.models import Budget, BudgetReservation, Chat
 from tests.budget_helpers import counters
 from tests.processes import run_script, summary

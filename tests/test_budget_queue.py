@@ -14,7 +14,7 @@ import pytest
 from agentloop import BudgetExceededError
 from agentloop.budgets import counters, slots
 from agentloop.budgets.subjects import owner_subject
-from agentloop.engine.estimates import CallEstimate
+from agentloop.engine.rate_limiting import CallEstimate
 from agentloop.models import BudgetSlot, Chat, ChatState
 from agentloop.runners import Job, Runner, run_step
 from agentloop.runners.sweeper import resume_stalled

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agentloop import BudgetExceededError, CancelledError, providers, signals
 from agentloop.budgets import Subject, release_expired, spend_of
-from agentloop.engine.estimates import CallEstimate
+from agentloop.engine.rate_limiting import CallEstimate
 from agentloop.exceptions import RateLimitError
 from agentloop.messages import TokenUsage
 from agentloop.models import Budget, BudgetReservation, BudgetSlot, Chat, ChatState, Usage

@@ -14,7 +14,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from agentloop.engine.control import CANCELLED_TOOL_RESULT
+from agentloop.engine._loop import CANCELLED_TOOL_RESULT
 from agentloop.exceptions import UnknownProviderError
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.models.bulk import BulkResult

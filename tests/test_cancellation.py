@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from agentloop import CancelledError
-from agentloop.engine.conversation import CANCELLED_TOOL_RESULT
+from agentloop.engine._conversation import CANCELLED_TOOL_RESULT
 from agentloop.messages import MessageStatus, ToolCallState
 from agentloop.models import Chat, Usage
 from agentloop.testing import stream, tool_call

@@ -10,8 +10,8 @@ from django.urls import reverse
 
 import agentloop
 from agentloop import providers
+from agentloop.engine._model_calls import Summaries
 from agentloop.engine.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
-from agentloop.engine.summaries import Summaries
 from agentloop.exceptions import ConfigurationError, ContextLengthError
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Chat, Message, ToolCall, Usage

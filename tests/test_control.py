@@ -10,7 +10,7 @@ from django.urls import reverse
 
 import agentloop
 from agentloop import signals
-from agentloop.engine.transcript import TOOL_LIMIT_RESULT
+from agentloop.engine._transcript_reading import TOOL_LIMIT_RESULT
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.runners import run_step, wait_for_embedded_jobs
 from agentloop.testing import tool_call

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agentloop import data
 from agentloop import live_events as events
-from agentloop.engine.tool_runner import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.live_events import chat_key, get_backend
 from agentloop.models import Batch, BatchItem, Budget, Chat, Memory, Message, ToolCall, Usage
 from agentloop.testing import tool_call

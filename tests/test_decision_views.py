@@ -7,7 +7,7 @@ import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from agentloop.engine.tool_runner import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.messages import ToolCallState
 from agentloop.models import Chat, ToolCall
 from agentloop.runners import wait_for_embedded_jobs

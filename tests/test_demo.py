@@ -22,7 +22,7 @@ from django.test import override_settings
 
 import agentloop
 from agentloop import ToolError, providers
-from agentloop.engine.tool_execution import execute_tool
+from agentloop.engine._drivers import execute_tool
 from agentloop.messages import (
     Message,
     ModelRequest,

@@ -1,5 +1,5 @@
 """The store prepares column values without Django's calls where it can
-(``agentloop.django_store.field_values``): the result must be exactly what each field's own
+(``agentloop.django_store.fields``): the result must be exactly what each field's own
 ``get_db_prep_save`` gives, on this database, for every column a step writes and for values
 on and off the fast paths."""
 
@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, models
 from django.utils.translation import gettext_lazy
 
-from agentloop.django_store.field_values import Saving, save_value
+from agentloop.django_store.fields import Saving, save_value
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, Message, ToolCall, Usage
 

@@ -156,7 +156,7 @@ def test_inside_a_callers_atomic_block_the_connection_is_kept(hold_checker, user
 def test_prepared_statements_follow_the_physical_connection_a_pool_hands_out(user):
     """A pool gives a thread's Django connection one psycopg connection, then another, then
     the first again: a statement run twice on the first is prepared there."""
-    from agentloop.django_store.store import transcript_select
+    from agentloop.django_store.database import transcript_select
 
     chat = Chat.objects.create(model="holdcheck:m", owner=user)
     select = transcript_select(Chat, "default")

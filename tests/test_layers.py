@@ -1,11 +1,13 @@
 """The package's shape (a newcomer can carry it): no import circles between its modules counting
 every import; function-local imports only where listed (app loading, optional extras,
 deprecated aliases), each saying why it is local; no module past a sanity limit of 1,000 lines
-(modules are cut by concept, not by length)."""
+(modules are cut by concept, not by length); no two modules with one base name; the engine in
+at most 15 modules; docs/design.md's module map naming every public module."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -71,7 +73,7 @@ DEPRECATED = {edge for edge, why in LOCAL_IMPORTS.items() if why.startswith("dep
 #: resolves by name at run time (a Message row has a foreign key to its Chat; a chat's verbs
 #: return Message rows). Nothing is imported at run time.
 MODEL_RELATIONS = {
-    ("agentloop.models.delegations", "agentloop.models.messages"): "a chat's verbs' rows",
+    ("agentloop.models.delegations", "agentloop.models.message"): "a chat's verbs' rows",
 }
 
 #: Function-local imports of other packages: optional extras, and Django read when used.
@@ -304,13 +306,79 @@ def _module_map() -> str:
     return text[start : text.index("\n```", start + 4)]
 
 
-def test_the_design_pages_module_map_names_every_module():
-    named = _module_map()
-    missing = [
-        str(path.relative_to(ROOT))
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if "migrations" not in path.parts
-        and not (path.name == "__init__.py" and path.parent != PACKAGE)
-        and path.name not in named
+#: Base names more than one module may bear, each with the modules and why. A provider
+#: family's package names what its module holds: ``batch_apis/openai.py`` is OpenAI's batch
+#: API beside ``providers/openai.py``, the OpenAI provider; ``base.py`` is each package's own
+#: seam (the Provider, the BatchAPI, Gemini's shared base); ``provider.py`` and ``mapping.py``
+#: are a family's provider and its wire mapping. Nothing outside ``providers/`` shares a name.
+SHARED_BASE_NAMES = {
+    "anthropic.py": {"providers/anthropic.py", "providers/batch_apis/anthropic.py"},
+    "openai.py": {"providers/openai.py", "providers/batch_apis/openai.py"},
+    "base.py": {"providers/base.py", "providers/batch_apis/base.py", "providers/gemini/base.py"},
+    "provider.py": {
+        "providers/bedrock/provider.py",
+        "providers/gemini/provider.py",
+        "providers/vertex/provider.py",
+    },
+    "mapping.py": {"providers/bedrock/mapping.py", "providers/gemini/mapping.py"},
+}
+
+#: the engine's modules (``__init__.py`` aside): each a concept a newcomer can name.
+MAX_ENGINE_MODULES = 15
+
+
+def base_name(path: Path) -> str:
+    """A module's name as a reader says it: ``_chats.py`` and ``chats.py`` are one name."""
+    return path.name.lstrip("_")
+
+
+def shared_base_names(paths: Iterable[Path], package: Path = PACKAGE) -> list[str]:
+    """One line per base name two modules or more bear (``__init__.py`` aside) that
+    ``SHARED_BASE_NAMES`` doesn't list with exactly those modules."""
+    holders: dict[str, set[str]] = {}
+    for path in paths:
+        if path.name != "__init__.py":
+            holders.setdefault(base_name(path), set()).add(str(path.relative_to(package)))
+    return [
+        f"{name}: {', '.join(sorted(found))}"
+        for name, found in sorted(holders.items())
+        if len(found) > 1 and SHARED_BASE_NAMES.get(name) != found
     ]
+
+
+def test_no_two_modules_share_a_base_name():
+    offenders = shared_base_names(module_paths())
+    assert not offenders, "\n".join(["modules sharing a base name:", *offenders])
+
+
+def test_a_shared_base_name_is_found_with_every_module_that_bears_it(tmp_path):
+    for name in ("a/rows.py", "b/rows.py", "c/_rows.py", "a/__init__.py", "b/__init__.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert shared_base_names(sorted(tmp_path.rglob("*.py")), tmp_path) == [
+        "rows.py: a/rows.py, b/rows.py, c/_rows.py"
+    ]
+
+
+def test_the_engine_has_at_most_fifteen_modules():
+    engine = sorted(
+        path.name for path in (PACKAGE / "engine").glob("*.py") if path.name != "__init__.py"
+    )
+    assert len(engine) <= MAX_ENGINE_MODULES, f"{len(engine)} engine modules: {engine}"
+
+
+def test_the_design_pages_module_map_names_every_public_module_and_no_other():
+    """The map names each module by its base name (unique, above), a private one (``_x.py``)
+    at will: its package is what users import. Every name it gives is a module (or, like
+    ``manage.py``, a file at the project's top)."""
+    named = set(re.findall(r"(?<![\w.])(\w+\.py)\b", _module_map()))
+    modules_ = [path for path in module_paths() if path.name != "__init__.py"]
+    missing = [
+        _shown(path)
+        for path in modules_
+        if not path.name.startswith("_") and path.name not in named
+    ]
+    top = {path.name for path in ROOT.glob("*.py")}
+    stale = sorted(named - {path.name for path in modules_} - top - {"__init__.py"})
     assert missing == [], "docs/design.md's module map doesn't name: " + ", ".join(missing)
+    assert stale == [], "docs/design.md's module map names no module: " + ", ".join(stale)

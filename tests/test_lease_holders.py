@@ -19,8 +19,14 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from agentloop.django_store import leases as _leases
-from agentloop.django_store.lease_statements import LeaseStatements
-from agentloop.django_store.leases import Lease, beat, claim_row, holder_alive, holder_id
+from agentloop.django_store.leases import (
+    Lease,
+    LeaseStatements,
+    beat,
+    claim_row,
+    holder_alive,
+    holder_id,
+)
 from agentloop.models import Chat, ChatState, ToolCall
 from agentloop.runners import run_step
 from agentloop.testing import tool_call

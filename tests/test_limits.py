@@ -11,7 +11,7 @@ import time_machine
 import agentloop
 from agentloop import ConfigurationError, LimitReachedError, providers
 from agentloop.engine import Limits
-from agentloop.engine.transcript import TOOL_LIMIT_RESULT
+from agentloop.engine._transcript_reading import TOOL_LIMIT_RESULT
 from agentloop.testing import ScriptedProvider, tool_call
 from tests.tools import add
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from agentloop.django_store.leases import claim_row
 from agentloop.models import Chat, ChatState
 from agentloop.runners import Job, Runner
-from agentloop.runners.sending import send
+from agentloop.runners.enqueueing import send
 from agentloop.runners.sweeper import stalled_chats
 
 pytestmark = pytest.mark.django_db(transaction=True)

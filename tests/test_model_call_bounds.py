@@ -27,8 +27,8 @@ from agentloop.exceptions import CancelledError, ConfigurationError, ProviderTim
 from agentloop.messages import ModelRequest, ModelResponse
 from agentloop.models import Chat
 from agentloop.providers import ChunkCallback, Provider
+from agentloop.providers.call_slots import slots_for
 from agentloop.providers.openai import OpenAIProvider
-from agentloop.providers.slots import slots_for
 from tests.helpers import wait_until
 from tests.processes import run_script, start_script, summary
 from tests.sse_reading import REDIS_URL  # the Redis the event tests use

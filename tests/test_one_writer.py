@@ -232,7 +232,7 @@ def test_a_long_retry_after_fails_the_chat_after_step_retries_even_with_the_swee
         raise RateLimitError("slow down", status=429, retry_after=3600)
 
     providers.register("limited", FunctionProvider(always_limited))
-    monkeypatch.setattr("agentloop.engine.model_calls.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("agentloop.engine._model_calls.time.sleep", lambda seconds: None)
     try:
         chat = Chat.objects.create(model="limited:test", owner=user)
         chat.ask_later("Hi")

@@ -15,7 +15,7 @@ from agentloop import CancelledError, PendingToolCallsError, signals
 from agentloop import chat as memory_chat
 from agentloop.django_store.leases import Lease
 from agentloop.engine import CANCELLED_TOOL_RESULT
-from agentloop.engine.tool_runner import DENIED_RESULT
+from agentloop.engine._tool_rounds import DENIED_RESULT
 from agentloop.exceptions import (
     DecisionConflictError,
     InvalidArgumentsError,

@@ -509,9 +509,10 @@ def test_usage_totals_for_an_owner(chat, scripted, user, django_user_model):
 
 
 def test_trusted_builds_the_same_message_as_validation():
-    """The store builds its own rows' messages without validation (django_store.rows.trusted):
-    the result must equal, field for field, what pydantic would build and validate."""
-    from agentloop.django_store.rows import trusted
+    """The store builds its own rows' messages without validation
+    (django_store.transcript_rows.trusted): the result must equal, field for field, what
+    pydantic would build and validate."""
+    from agentloop.django_store.transcript_rows import trusted
     from agentloop.messages import Message, ToolCall
 
     call = {"id": "c1", "name": "add", "arguments": {"a": 1}, "key": 7}

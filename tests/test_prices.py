@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from agentloop.budgets.checks import check_prices
+from agentloop.budgets.budget_checks import check_prices
 from agentloop.conf import settings_errors
 from agentloop.messages import TokenUsage
 from agentloop.models import Budget, Chat

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 import agentloop
 from agentloop import CancelledError, providers
-from agentloop.django_store.store import DjangoStore
+from agentloop.django_store.database import DjangoStore
 from agentloop.engine.rate_limiting import (
     Bucket,
     MemoryRateLimiter,

@@ -12,7 +12,7 @@ from django.test import override_settings
 from agentloop.exceptions import ConfigurationError
 from agentloop.models import Chat, ChatState
 from agentloop.runners import Job, Runner, runner, runner_name
-from agentloop.runners.sending import send
+from agentloop.runners.enqueueing import send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,7 +90,7 @@ class BrokenRunner(Runner):
 
 
 def test_the_store_sends_no_job_itself_its_owner_does(recording, user):
-    from agentloop.django_store.store import DjangoStore
+    from agentloop.django_store.database import DjangoStore
     from agentloop.messages import Message
 
     with override_settings(AGENTLOOP={"RUNNER": f"{__name__}.RecordingRunner"}):

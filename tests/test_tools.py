@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from agentloop import ConfigurationError, Tool, tool
-from agentloop.engine.tool_execution import execute_tool
+from agentloop.engine._drivers import execute_tool
 from agentloop.import_paths import import_path_of, load_by_path
 from agentloop.messages import ToolCall
 from agentloop.tools import AskPerson, format_result, load_tool, tool_reference

@@ -1,11 +1,11 @@
 """Admin: a chat's change page is a timeline of its transcript; the list scales to many chats.
 
-Importing this package registers ``Chat`` (``chats``), ``ToolCall``, ``Usage`` and
-``Message`` (``rows``), ``Batch`` (``batches``) and ``Budget`` (``budgets``: spend against
-budget per subject) with the default admin site. The chat
-list's filters and actions live in ``filters`` and ``actions``; the timeline its change
-page renders is ``build_timeline`` (``timeline``); the approval inbox across chats is
-``ApprovalInbox`` (``inbox``), served by ``ChatAdmin``.
+Importing this package registers ``Chat`` (``chat_admin``), ``ToolCall``, ``Usage`` and
+``Message`` (``row_lists``), ``Batch`` (``batch_admin``) and ``Budget`` (``budget_admin``:
+spend against budget per subject) with the default admin site. The chat list's filters and
+actions live in ``filters`` and ``actions``; the timeline its change page renders is
+``build_timeline`` (``timeline``); the approval inbox across chats is ``ApprovalInbox``
+(``approval_inbox``), served by ``ChatAdmin``.
 """
 
 from .actions import (
@@ -16,11 +16,11 @@ from .actions import (
     resume_chats,
     switch_model,
 )
-from .batches import BatchAdmin
-from .budgets import BudgetAdmin
-from .chats import ChatAdmin
-from .inbox import ApprovalInbox
-from .rows import MessageAdmin, ToolCallAdmin, UsageAdmin
+from .approval_inbox import ApprovalInbox
+from .batch_admin import BatchAdmin
+from .budget_admin import BudgetAdmin
+from .chat_admin import ChatAdmin
+from .row_lists import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
 # What a project subclasses or reuses in an admin of its own (a custom chat model's admin:

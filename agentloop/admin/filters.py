@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..conf import agentloop_settings
 from ..django_store.releases import IN_LINE
-from ..engine.tool_runner import BLOCKED_PREFIX
+from ..engine._tool_rounds import BLOCKED_PREFIX
 from ..messages import MessageStatus, ToolCallState
 from ..models import ChatState
 from .relations import related_model

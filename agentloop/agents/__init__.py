@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import Field, create_model
 
 from ..conf import agentloop_settings, get_chat_model
-from ..engine.transcript import finished, next_move
+from ..engine._transcript_reading import finished, next_move
 from ..exceptions import (
     CancelledError,
     ChatStoppedError,

@@ -2,7 +2,7 @@
 
 ``Billing.as_handoff()`` (or ``chat.with_handoffs(Billing)``, or ``handoffs = [Billing]`` on
 an agent) is a tool named ``transfer_to_billing``. Calling it asks for the handoff
-(``ToolContext.hand_off``); the tool round makes it (``agentloop.engine.handoffs``) with
+(``ToolContext.hand_off``); the tool round makes it (``agentloop.engine._tool_rounds``) with
 :func:`take_over`, in the transaction that saves the call's result: the chat takes the new
 agent's configuration and records it (``agent_path``, ``agent_inputs``, ``agent_digest``),
 so the next model call is the new agent's, in this run and in any worker. ``Agent.find(pk)``
@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field, create_model
 
-from ..engine.config import ToolOptions
-from ..engine.handoffs import agent_label
+from ..engine._chat_config import ToolOptions
+from ..engine._tool_rounds import agent_label
 from ..exceptions import ConfigurationError
 from ..import_paths import import_path_of, load_by_path
 from ..providers import resolve

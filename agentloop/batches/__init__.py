@@ -20,7 +20,7 @@ Writes to a chat happen under its lease (one writer per chat), and each item mov
 ``pending`` with a conditional UPDATE in the transaction that writes its outcome, so two
 pollers never append the same answer twice.
 
-The modules: :mod:`.sending` (``submit``: checks, records and sends a batch),
+The modules: :mod:`.submitting` (``submit``: checks, records and sends a batch),
 :mod:`.polling` (``poll``, ``refresh``, ``cancel``: collecting the results into the chats)
 and :mod:`.records` (the batch's rows: counts, single UPDATEs, the poller's claim).
 """
@@ -29,6 +29,6 @@ from __future__ import annotations
 
 from .polling import cancel, poll, refresh
 from .records import CLAIM_SECONDS
-from .sending import submit
+from .submitting import submit
 
 __all__ = ["CLAIM_SECONDS", "cancel", "poll", "refresh", "submit"]

@@ -12,8 +12,8 @@ from django.utils import timezone
 from .. import providers
 from ..django_store.leases import claim
 from ..django_store.releases import one_line
+from ..engine._transcript_reading import next_move
 from ..engine.store import UsageRecord
-from ..engine.transcript import next_move
 from ..exceptions import (
     BatchError,
     BatchItemNotRunError,
@@ -24,7 +24,7 @@ from ..exceptions import (
 from ..messages import ModelResponse
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState
 from ..providers.batch_apis import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
-from . import records, sending
+from . import records, submitting
 
 __all__ = ["cancel", "poll", "refresh"]
 
@@ -124,11 +124,11 @@ def _resend(batch: Batch, api: BatchAPI) -> None:
             )
             continue
         prepared = chat.conversation.prepare_model_call(transcript, check_limits=False)
-        pairs.append((item, sending.Call(chat, prepared, latest)))
+        pairs.append((item, submitting.Call(chat, prepared, latest)))
     if not pairs:
         records.update(batch, status=BatchStatus.CANCELLED, collected_at=timezone.now())
         return
-    sending.send_or_leave(batch, api, pairs)
+    submitting.send_or_leave(batch, api, pairs)
 
 
 # -- cancelled chats -------------------------------------------------------------------------
@@ -348,27 +348,27 @@ def _record_discarded(
 def _continue(batch: Batch, chat_ids: list[int]) -> None:
     """Chats whose tools ran go into the next batch (one per provider, and per model where
     the provider's batches hold one); a provider error leaves it to the next poll."""
-    calls, problems = sending.prepare(list(Chat.objects.filter(pk__in=chat_ids).order_by("pk")))
+    calls, problems = submitting.prepare(list(Chat.objects.filter(pk__in=chat_ids).order_by("pk")))
     for chat, reason in problems:
         logger.info("Chat %s does not go into the next batch: it %s", chat.pk, reason)
-    for group in sending.grouped(calls, lambda call: call.prepared.provider_name).values():
+    for group in submitting.grouped(calls, lambda call: call.prepared.provider_name).values():
         api = batch_api(group[0].prepared.provider)
         if api is None:
             for call in group:
                 call.chat.complete_later()
             continue
-        rounds = [group] if api.mixed_models else list(sending.grouped(group, _model).values())
+        rounds = [group] if api.mixed_models else list(submitting.grouped(group, _model).values())
         for calls_of_round in rounds:
             _send_next(batch, api, calls_of_round)
 
 
-def _model(call: sending.Call) -> str:
+def _model(call: submitting.Call) -> str:
     return call.prepared.model_id
 
 
-def _send_next(previous: Batch, api: BatchAPI, calls: list[sending.Call]) -> None:
-    batch, items = sending.create(calls, auto_continue=True, previous=previous)
+def _send_next(previous: Batch, api: BatchAPI, calls: list[submitting.Call]) -> None:
+    batch, items = submitting.create(calls, auto_continue=True, previous=previous)
     try:
-        sending.send_or_leave(batch, api, list(zip(items, calls, strict=True)))
+        submitting.send_or_leave(batch, api, list(zip(items, calls, strict=True)))
     finally:
         records.release(batch)

@@ -36,12 +36,10 @@ from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
 from ..exceptions import BudgetExceededError
-from .limits import Limits, limits_of, reached
-from .money import units
-from .periods import day_now, month_now
-from .rows import budget_model, reservation_model
+from .budget_models import budget_model, reservation_model
+from .limits import Limits, day_now, limits_of, month_now, reached, units
 from .slots import take_slot
 from .subjects import Subject
 

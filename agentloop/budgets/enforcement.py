@@ -9,12 +9,11 @@ from typing import Any
 
 from ..conf import agentloop_settings
 from ..engine import UsageRecord
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
 from ..engine.store import Budgets
 from ..exceptions import BudgetExceededError
 from . import counters, slots, statements
-from .limits import budgets_on
-from .money import units
+from .limits import budgets_on, units
 from .subjects import Subject, subjects_of
 
 __all__ = ["ChatBudgets"]

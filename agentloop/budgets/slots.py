@@ -26,8 +26,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from .budget_models import budget_model, slot_model
 from .limits import limits_of
-from .rows import budget_model, slot_model
 
 __all__ = ["due", "leave", "running", "take_slot", "waiting_subjects"]
 

@@ -11,10 +11,8 @@ from typing import Any
 
 from django.apps import apps
 
-from .limits import LIMITS, Limits, limits_of
-from .money import dollars
-from .periods import this_day, this_month
-from .rows import budget_model, slot_model
+from .budget_models import budget_model, slot_model
+from .limits import LIMITS, Limits, dollars, limits_of, this_day, this_month
 from .slots import running
 from .subjects import Subject
 

@@ -25,11 +25,10 @@ from django.db import connections
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from ..engine.estimates import CallEstimate
+from ..engine.rate_limiting import CallEstimate
+from .budget_models import budget_model, reservation_model
 from .counters import Reservation
-from .money import units
-from .periods import day_sql, month_sql, zone_name
-from .rows import budget_model, reservation_model
+from .limits import day_sql, month_sql, units, zone_name
 from .subjects import Subject
 
 __all__ = ["charge_parts", "one_statement", "reserve_at_once"]

@@ -10,10 +10,10 @@
 Importing this module loads the models: import it once Django is set up.
 """
 
+from .deletion import Deleted
 from .erasure import ErasureReport, erase_owner
 from .export import FORMAT, VERSION, export_owner, write_export
 from .retention import RetentionReport, delete_idle_chats, idle_chats
-from .rows import Deleted
 
 __all__ = [
     "FORMAT",

@@ -26,12 +26,12 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
-from ..engine.tool_runner import DENIED_RESULT
+from ..engine._tool_rounds import DENIED_RESULT
 from ..live_events import forget_messages
 from ..models.budgets import Budget
 from ..models.memories import Memory
 from ..process.redis_client import chat_name
-from .rows import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
+from .deletion import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
 
 __all__ = ["ERASED", "ErasureReport", "erase_owner"]
 

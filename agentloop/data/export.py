@@ -33,7 +33,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from .rows import ChatModels, owner_pk, subagent_chats
+from .deletion import ChatModels, owner_pk, subagent_chats
 
 __all__ = ["FORMAT", "VERSION", "export_owner", "write_export"]
 

@@ -17,7 +17,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from .rows import ChatModels, Deleted, delete_chats
+from .deletion import ChatModels, Deleted, delete_chats
 
 __all__ = ["RetentionReport", "delete_idle_chats", "idle_chats"]
 

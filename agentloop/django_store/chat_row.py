@@ -10,8 +10,8 @@ from ..agents.subagents import has_children
 from ..engine import UsageRecord
 from ..engine.store import Tracing
 from ..messages import Message
-from .rows import JSON_COLUMNS, transcript_query
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
+from .transcript_rows import JSON_COLUMNS, transcript_query
 
 __all__ = ["ChatRow", "outcomes_json", "transcript_select"]
 

@@ -13,8 +13,8 @@ from ..engine import store as parts
 from ..engine.store import SUPERSEDED_DECISION, Superseded
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 from .chat_row import ChatRow
-from .rows import MESSAGE_COLUMNS, messages_from_rows
 from .run_control import RunControl
+from .transcript_rows import MESSAGE_COLUMNS, messages_from_rows
 
 __all__ = ["Edits"]
 

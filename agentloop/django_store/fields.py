@@ -3,7 +3,7 @@
 The one place where text becomes storable (``agentloop.storable_text``) is where Django builds a
 column's value for the database, ``get_prep_value``: every write goes through it (``save``,
 ``create``, ``update``, ``bulk_create``, the admin's forms, and the store's own statements,
-whose values ``field_values`` prepares the same way), so no path writes around it, and a
+whose values :func:`save_value` prepares the same way), so no path writes around it, and a
 lookup's value is made storable alike (a filter finds what was stored).
 
 In migrations these are Django's own fields (``deconstruct``): what they change is the
@@ -11,17 +11,47 @@ value, not the column, so no migration was needed and none is (a project's concr
 built from the abstract ones included). As with any field subclass, an expression that mixes
 one of these columns with a plain ``Value("...")`` (a ``Case``, a ``Coalesce``) names its
 ``output_field``.
+
+Column values as Django prepares them for saving, and reads JSON back, the usual cases
+done without its calls.
+
+``Field.get_db_prep_save`` goes through four or five Python calls per value (the expression
+check, ``get_db_prep_value``, ``get_prep_value``, the lazy-string check, ``to_python``), and
+a step's write prepares about forty values. For the field classes of Django's own that every
+row of a step has (text, booleans, integers, floats, aware datetimes, JSON), and for the
+value types those calls would return unchanged or hand to the backend's own adapter, the
+result is worked out here directly: the same value, or the same adapter call
+(``connection.ops``). The storable fields above are done here
+too: their text through ``storable_text``, their JSON through ``storable_json``, as their
+own ``get_prep_value`` does. Anything else, a field of another subclass included, goes to
+the field's own ``get_db_prep_save``.
+
+Reading, a chat row has a dozen JSON columns that nearly always hold ``[]`` or ``{}``:
+:func:`quick_json_converters` has those decoded without the JSON decoder.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import models
+from django.db.models.expressions import Col
 
 from ..storable_text import storable_json, storable_text
 
-__all__ = ["StorableCharField", "StorableJSONField", "StorableTextField"]
+__all__ = [
+    "EMPTY_ARRAY",
+    "EMPTY_OBJECT",
+    "EmptyJson",
+    "Saving",
+    "StorableCharField",
+    "StorableJSONField",
+    "StorableTextField",
+    "quick_json_converters",
+    "save_value",
+]
 
 
 def _text(value: Any) -> Any:
@@ -60,3 +90,162 @@ class StorableJSONField(_Storable, models.JSONField):
     numbers are stored as null (``storable_json``)."""
 
     storable = staticmethod(storable_json)
+
+
+# What a field of exactly one of these classes does with a value of the usual type.
+_TEXT, _BOOL, _FLOAT, _INT, _DATETIME, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON, _OTHER = (
+    range(10)
+)
+
+
+_KINDS: dict[type[Any], int] = {
+    models.CharField: _TEXT,
+    models.TextField: _TEXT,
+    models.BooleanField: _BOOL,
+    models.FloatField: _FLOAT,
+    models.IntegerField: _INT,
+    models.SmallIntegerField: _INT,
+    models.BigIntegerField: _INT,
+    models.PositiveIntegerField: _INT,
+    models.PositiveSmallIntegerField: _INT,
+    models.PositiveBigIntegerField: _INT,
+    models.DateTimeField: _DATETIME,
+    models.JSONField: _JSON,
+    models.ForeignKey: _RELATED,
+    models.OneToOneField: _RELATED,
+    StorableCharField: _STORABLE_TEXT,
+    StorableTextField: _STORABLE_TEXT,
+    StorableJSONField: _STORABLE_JSON,
+}
+
+
+#: the JSON fields read back with Django's own decoder (``quick_json_converters``).
+_PLAIN_JSON = (models.JSONField, StorableJSONField)
+
+
+def _kind(field: Any) -> int:
+    return _KINDS.get(type(field), _OTHER)
+
+
+def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any) -> Any:
+    """``field.get_db_prep_save(value, connection)``."""
+    kind_of_value = type(value)
+    if value is None:
+        if kind in (_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON):
+            return None  # each returns None as it is
+        if kind == _INT:
+            return connection.ops.adapt_integerfield_value(None, internal)
+        if kind == _DATETIME:
+            return connection.ops.adapt_datetimefield_value(None)
+    elif kind == _STORABLE_TEXT:  # first: most columns of agentloop's rows are these
+        if kind_of_value is str:
+            return storable_text(value)
+    elif kind == _TEXT:
+        if kind_of_value is str:
+            return value
+    elif kind == _BOOL:
+        if kind_of_value is bool:
+            return value
+    elif kind == _INT:
+        if kind_of_value is int:
+            return connection.ops.adapt_integerfield_value(value, internal)
+    elif kind == _FLOAT:
+        if kind_of_value is float:
+            return value
+    elif kind == _DATETIME:
+        # An aware datetime: no warning, no conversion before the backend's adapter.
+        if kind_of_value is datetime and value.utcoffset() is not None:
+            return connection.ops.adapt_datetimefield_value(value)
+    elif kind == _JSON and kind_of_value in (dict, list):
+        return connection.ops.adapt_json_value(value, field.encoder)
+    elif kind == _STORABLE_JSON and kind_of_value in (dict, list):
+        return connection.ops.adapt_json_value(storable_json(value), field.encoder)
+    return field.get_db_prep_save(value, connection)
+
+
+def save_value(field: Any, value: Any, connection: Any) -> Any:
+    """``field.get_db_prep_save(value, connection)`` for one value."""
+    return _prepared(field, _kind(field), field.get_internal_type(), value, connection)
+
+
+class EmptyJson:
+    """An empty JSON object or array of a plain ``JSONField`` (no encoder of its own), in place
+    of its prepared value: a statement may write it as a constant (``literal``)."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+    def __repr__(self) -> str:
+        return f"<EmptyJson {self.literal}>"
+
+
+EMPTY_OBJECT, EMPTY_ARRAY = EmptyJson("'{}'"), EmptyJson("'[]'")
+
+
+class Saving:
+    """The columns of ``fields``, prepared for saving (worked out once per field list)."""
+
+    def __init__(self, fields: Sequence[Any]) -> None:
+        self.fields = list(fields)
+        self._specs = [
+            (field, field.attname, _kind(field), field.get_internal_type()) for field in self.fields
+        ]
+
+    def of(self, instance: Any, connection: Any) -> list[Any]:
+        """Each field's value on ``instance``, prepared as ``get_db_prep_save`` would."""
+        return [
+            _prepared(field, kind, internal, getattr(instance, attname), connection)
+            for field, attname, kind, internal in self._specs
+        ]
+
+    def of_marking_empty_json(self, instance: Any, connection: Any) -> list[Any]:
+        """:meth:`of`, with :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY` for a plain JSON
+        column holding ``{}`` or ``[]`` (most of a step's JSON values)."""
+        values = []
+        for field, attname, kind, internal in self._specs:
+            value = getattr(instance, attname)
+            if (kind == _JSON or kind == _STORABLE_JSON) and not value and field.encoder is None:
+                if type(value) is dict:
+                    values.append(EMPTY_OBJECT)
+                    continue
+                if type(value) is list:
+                    values.append(EMPTY_ARRAY)
+                    continue
+            values.append(_prepared(field, kind, internal, value, connection))
+        return values
+
+    def values(self, values: Sequence[Any], connection: Any) -> list[Any]:
+        """``values`` (one per field, in order), prepared."""
+        return [
+            _prepared(field, kind, internal, value, connection)
+            for (field, _, kind, internal), value in zip(self._specs, values, strict=True)
+        ]
+
+
+def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[int, Any]:
+    """A compiler's ``get_converters()`` with the JSON columns of Django's own ``JSONField``
+    (no decoder of its own) decoding ``[]`` and ``{}`` at once; the others as they were."""
+    quick: dict[int, Any] = {}
+    for index, (functions, expression) in converters.items():
+        field: Any = getattr(expression, "target", None)
+        plain = (
+            type(field) in _PLAIN_JSON
+            and field.decoder is None
+            and type(expression) is Col
+            and functions == [field.from_db_value]
+        )
+        quick[index] = (
+            ([_json_reader(field.from_db_value)], expression) if plain else (functions, expression)
+        )
+    return quick
+
+
+def _json_reader(decode: Any) -> Any:
+    def read(value: Any, expression: Any, connection: Any) -> Any:
+        if value == "[]":
+            return []
+        if value == "{}":
+            return {}
+        return decode(value, expression, connection)
+
+    return read

@@ -20,16 +20,26 @@ A lease records its holder (host, boot, pid and the process's start time). A cla
 same host that finds the holder gone (the process died, or its pid now names another process)
 takes the chat at once instead of waiting for the expiry; across hosts a dead holder's lease
 runs out within three heartbeat periods (``LEASE_SECONDS``; the heartbeat renews every third).
+
+The lease's SQL (the claim, the renewals and the holder's lookup) is built once per chat
+model and database. A holder is ``"<host>/<boot>:<pid>:<start time>"``: the host's name
+and, on Linux, its boot (a pid means nothing after a reboot), the process id, and the
+process's start time (so a pid the kernel gave to another process since doesn't pass for
+the holder). Only a holder on this host can be judged; elsewhere the lease's expiry tells.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import socket
+import sqlite3
 import threading
 import time
 import weakref
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any
 
 from django.db import close_old_connections, connections
@@ -37,16 +47,15 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
-from .holders import holder_alive, holder_id
-from .lease_statements import attnames
-from .lease_statements import statement as _statements
+from .fields import quick_json_converters
 from .reconnect import CONNECTION_ERRORS, discard, unusable
-from .sql import PreparedUpdate
+from .sql import PreparedUpdate, bound_cursor, recover_prepared
 from .waiting import mark_retried, release_connection
 
 __all__ = [
-    "UNREAD",
     "Lease",
+    "LeaseStatements",
+    "UNREAD",
     "attnames",
     "claim",
     "claim_row",
@@ -54,13 +63,292 @@ __all__ = [
     "holder_alive",
     "holder_id",
     "renewal",
+    "lease_statements",
 ]
+
+
+_IDENTITY: tuple[int, str] = (0, "")
+
+
+def holder_id() -> str:
+    """This process as a lease holder: ``"<host>/<boot>:<pid>:<start time>"``."""
+    global _IDENTITY
+    pid = os.getpid()
+    if _IDENTITY[0] != pid:  # computed once per process (a forked child is a new holder)
+        _IDENTITY = (pid, f"{_host()}:{pid}:{_started(pid) or ''}")
+    return _IDENTITY[1]
+
+
+def _host() -> str:
+    """This host: its name and, on Linux, its boot (a pid means nothing after a reboot)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()[:8]
+    except OSError:
+        boot = ""
+    name = socket.gethostname()[:180]
+    return f"{name}/{boot}" if boot else name
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` from the process state on (field 3), or None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _started(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks after boot; Linux), None where that can't be read."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def holder_alive(holder: str) -> bool | None:
+    """Whether the process named by ``holder`` (see :func:`holder_id`) still runs: None when
+    this host can't tell (another host, or a holder written by an older version)."""
+    try:
+        host, pid_text, started = holder.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if host != _host():
+        return None  # another host: only the lease's expiry tells
+    if os.path.isdir("/proc/self"):
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("Z", "X", "x"):
+            return False  # gone, or a zombie nobody reaped yet
+        # The pid names another process now when it started at another time.
+        return not started or (len(fields) > 19 and fields[19] == started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LeaseStatements:
+    """The lease's statements for one chat model on one database, compiled once: the claim
+    (``UPDATE chat SET lease ... WHERE free RETURNING every column``, its row converted as
+    the ORM would), the renewals, and the holder's lookup."""
+
+    def __init__(self, chat_model: Any, using: str) -> None:
+        connection = connections[using]
+        meta = chat_model._meta
+        self.attnames = [field.attname for field in meta.concrete_fields]
+        # The converters of a plain SELECT of the same columns turn the RETURNING row into
+        # Python values exactly as the ORM would (JSON, datetimes on SQLite, ...).
+        query = chat_model._default_manager.using(using).values_list(*self.attnames).query
+        self.compiler = query.get_compiler(using=using)
+        self.compiler.setup_query()
+        columns = [selected[0] for selected in self.compiler.select]
+        self.converters = quick_json_converters(self.compiler.get_converters(columns))
+        quote = connection.ops.quote_name
+        table = quote(meta.db_table)
+        pk = self.pk = quote(meta.pk.column)
+        self.table = table
+        self.returning = connection.vendor == "postgresql" or (
+            connection.vendor == "sqlite" and sqlite3.sqlite_version_info >= (3, 35)
+        )
+        #: psycopg 3 can send the claim and the transcript read together (pipeline mode).
+        self.pipelines = connection.vendor == "postgresql" and _psycopg_pipelines()
+        #: PostgreSQL sets and judges every expiry by its own clock, inside the statement;
+        #: elsewhere (SQLite: one host) the parameters carry this host's clock.
+        self.db_clock = connection.vendor == "postgresql"
+        now = "clock_timestamp()" if self.db_clock else "%s"
+        self.expiry = f"{now} + %s * INTERVAL '1 second'" if self.db_clock else "%s"
+        self.pk_type = str(meta.pk.cast_db_type(connection))
+        selected = ", ".join(quote(field.column) for field in meta.concrete_fields)
+        token, expires = quote("lease_token"), quote("lease_expires_at")
+        assignments = (
+            f"{token} = %s, {expires} = {self.expiry}, {quote('updated_at')} = {now}, "
+            f"{quote('lease_holder')} = %s"
+        )
+        conditions = {
+            # A free chat: no lease, or an expired one.
+            False: f"{pk} = %s AND ({token} = '' OR {expires} < {now})",
+            # A lease whose holder is known to be gone, taken over by its token.
+            True: f"{pk} = %s AND {token} = %s",
+        }
+        # Only quoted identifiers from the model's metadata go into the text; values are
+        # always parameters.
+        returning = f" RETURNING {selected}" if self.returning else ""
+        # A job's claim also marks the chat running, and takes only a chat in flight: a
+        # duplicate job (a re-send after a broker restart, the sweeper) finds one that moved
+        # on (idle, failed...) untouched. A verb in-process keeps the state as it is.
+        in_flight = f" AND {quote('state')} IN ('queued', 'running')"
+        self.update_sql = {
+            (with_state, takeover, job): f"UPDATE {table} SET {assignments}"  # noqa: S608
+            + (f", {quote('state')} = %s" if with_state else "")
+            + f" WHERE {condition}{in_flight if job else ''}{returning}"
+            for with_state in (True, False)
+            for takeover, condition in conditions.items()
+            for job in (True, False)
+        }
+        # On PostgreSQL, outside a caller's transaction, the claim's commit doesn't wait for
+        # the WAL flush (synchronous_commit off for this statement's transaction only): the
+        # lease is visible to every process at once, and a server crash that lost it loses
+        # nothing built on it, since every later write (a call's claim, the step's rows) commits
+        # synchronously and flushes the WAL up to and including the claim.
+        self.quick_sql = {
+            form: sql.replace(
+                " WHERE ",
+                " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS "
+                f"{quote('agentloop_quick')} WHERE ",
+                1,
+            )
+            for form, sql in self.update_sql.items()
+        }
+        if connection.vendor != "postgresql":
+            self.quick_sql = self.update_sql
+        signals = f"{quote('cancel_requested_at')}, {quote('halt_reason')}"
+        self.renew_sql = (
+            f"UPDATE {table} SET {expires} = {self.expiry} "  # noqa: S608
+            f"WHERE {pk} = %s AND {token} = %s"
+        )
+        if self.returning:
+            self.renew_sql += f" RETURNING {signals}"
+        #: the renewal of many leases, completed by ``renew_many_sql``.
+        self._renew_many = (
+            f"UPDATE {table} SET {expires} = {self.expiry} "  # noqa: S608
+            f"WHERE ({pk}, {token}) IN (VALUES {{rows}}) RETURNING {pk}, {token}, {signals}"
+        )
+        self.select_sql = f"SELECT {selected} FROM {table} WHERE {pk} = %s"  # noqa: S608
+        self.holder_sql = f"SELECT {token}, {quote('lease_holder')} FROM {table} WHERE {pk} = %s"  # noqa: S608
+
+    def clock(self, seconds: float) -> tuple[list[Any], list[Any]]:
+        """The parameters of the expiry and of "now" (none for the database's own clock)."""
+        if self.db_clock:
+            return [seconds], []
+        now = timezone.now()
+        return [now + timedelta(seconds=seconds)], [now]
+
+    def renew_many_sql(self, count: int) -> str:
+        """The renewal of ``count`` leases in one statement, returning the renewed ones."""
+        row = f"(CAST(%s AS {self.pk_type}), CAST(%s AS varchar))" if self.db_clock else "(%s, %s)"
+        return self._renew_many.format(rows=", ".join([row] * count))
+
+    def convert(self, attname: str, value: Any) -> Any:
+        """One column's raw value as the ORM would return it."""
+        index = self.attnames.index(attname)
+        converters = {index: self.converters[index]} if index in self.converters else {}
+        if not converters:
+            return value
+        row = [None] * len(self.attnames)
+        row[index] = value
+        return next(iter(self.compiler.apply_converters([row], converters)))[index]
+
+    def run(
+        self,
+        using: str,
+        pk: Any,
+        token: str,
+        seconds: float,
+        state: str | None,
+        prefetch: tuple[str, list[Any]] | None = None,
+        *,
+        taking_over: str | None = None,
+        in_flight: bool = False,
+    ) -> tuple[Any, list[Any] | None]:
+        """The claimed row's values (converted), or None when the chat is held or missing;
+        and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
+        trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards).
+        ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry;
+        ``in_flight`` (a job's claim): only a chat that is queued or running is taken."""
+        connection = connections[using]
+        expiry, now = self.clock(seconds)
+        params: list[Any] = [token, *expiry, *now, holder_id()]
+        if state is not None:
+            params.append(state)
+        params += [pk, taking_over] if taking_over is not None else [pk, *now]
+        forms = self.update_sql if connection.in_atomic_block else self.quick_sql
+        update = forms[state is not None, taking_over is not None, in_flight and state is not None]
+        prefetched: list[Any] | None = None
+        if prefetch is not None and self.pipelines:
+            connection.ensure_connection()
+            try:
+                row, prefetched = self._pipelined(using, update, params, prefetch)
+            except Exception as exc:
+                # The server lost a prepared statement (a pooler, a migration): the
+                # pipeline's one implicit transaction rolled back, so it runs again.
+                retry = recover_prepared(using, exc, connection.connection)
+                if not retry or connection.in_atomic_block:
+                    raise
+                row, prefetched = self._pipelined(using, update, params, prefetch)
+        else:
+            with bound_cursor(using) as cursor:
+                cursor.execute(update, params)
+                if self.returning:
+                    row = cursor.fetchone()
+                elif cursor.rowcount:
+                    cursor.execute(self.select_sql, [pk])
+                    row = cursor.fetchone()
+                else:
+                    row = None
+        if row is None:
+            return None, None
+        if self.converters:
+            row = next(iter(self.compiler.apply_converters([row], self.converters)))
+        return row, prefetched
+
+    def holder(self, using: str, pk: Any) -> tuple[str, str] | None:
+        """The chat's lease token and its holder as stored now; None when it doesn't exist."""
+        with connections[using].cursor() as cursor:
+            cursor.execute(self.holder_sql, [pk])
+            row = cursor.fetchone()
+        return None if row is None else (str(row[0] or ""), str(row[1] or ""))
+
+    @staticmethod
+    def _pipelined(
+        using: str, update: str, params: list[Any], prefetch: tuple[str, list[Any]]
+    ) -> tuple[Any, list[Any]]:
+        connection = connections[using]
+        with bound_cursor(using) as cursor, bound_cursor(using) as reader:
+            # Both statements go out before either answer is awaited: one round trip. Their
+            # errors come at the pipeline's end, outside the cursors' translation.
+            with connection.wrap_database_errors, connection.connection.pipeline():
+                cursor.execute(update, params)
+                reader.execute(*prefetch)
+            return cursor.fetchone(), reader.fetchall()
+
+
+def _psycopg_pipelines() -> bool:
+    try:
+        # Function-local: psycopg is the "postgres" extra; SQLite projects don't have it.
+        import psycopg
+    except ImportError:
+        return False
+    return bool(psycopg.Pipeline.is_supported())
+
+
+_STATEMENTS: dict[tuple[Any, str], LeaseStatements] = {}
+
+
+def lease_statements(chat_model: Any, using: str) -> LeaseStatements:
+    """The statements of ``chat_model`` on database ``using`` (built on first use)."""
+    key = (chat_model, using)
+    found = _STATEMENTS.get(key)
+    if found is None:
+        found = _STATEMENTS[key] = LeaseStatements(chat_model, using)
+    return found
+
+
+def attnames(chat_model: Any, using: str) -> list[str]:
+    """The chat's column attributes in the order a claim returns them."""
+    return lease_statements(chat_model, using).attnames
+
 
 logger = logging.getLogger(__name__)
 
 
 #: a renewal's answer when the database can't return the cancel flag with it.
 UNREAD: Any = object()
+
+
 _LOST: Any = object()
 
 
@@ -136,7 +424,7 @@ class Lease:
     def _renew(self) -> Any:
         """Renew; the chat's cancel flag as read by the same statement (``UNREAD`` where the
         database can't return it), or ``_LOST`` when the lease is no longer ours."""
-        statement = _statements(self.chat_model, self.using)
+        statement = lease_statements(self.chat_model, self.using)
         sent = time.monotonic()
         with connections[self.using].cursor() as cursor:
             cursor.execute(*renewal(self))
@@ -157,7 +445,9 @@ class Lease:
         the cancel flag, converted as the ORM would."""
         if halt_reason:
             self.halt_reason = str(halt_reason)
-        return _statements(self.chat_model, self.using).convert("cancel_requested_at", raw_flag)
+        return lease_statements(self.chat_model, self.using).convert(
+            "cancel_requested_at", raw_flag
+        )
 
     def ensure(self) -> Any:
         """Renew, or raise :class:`LeaseLostError` (call first in a write transaction: the
@@ -235,7 +525,7 @@ class Lease:
 def renewal(lease: Lease) -> tuple[str, list[Any]]:
     """The renewal's UPDATE (RETURNING the cancel flag and the halt reason where the database
     can) and its parameters, for a statement that writes behind it (``django_store.writes``)."""
-    statement = _statements(lease.chat_model, lease.using)
+    statement = lease_statements(lease.chat_model, lease.using)
     expiry, _ = statement.clock(lease.seconds)
     return statement.renew_sql, [*expiry, lease.chat_pk, lease.token]
 
@@ -245,6 +535,8 @@ def _has_inbox(chat_model: Any) -> bool:
 
 
 _RELEASES: dict[tuple[Any, ...], PreparedUpdate] = {}
+
+
 #: the leases this process holds, by token (a lease left in the database by this process but
 #: held by no live ``Lease`` here was leaked by an error, and may be taken at once).
 _HELD: weakref.WeakValueDictionary[str, Lease] = weakref.WeakValueDictionary()
@@ -282,7 +574,7 @@ def claim_row(
     """
     seconds = float(seconds or agentloop_settings.LEASE_SECONDS)
     token = secrets.token_hex(16)
-    statement = _statements(chat_model, using)
+    statement = lease_statements(chat_model, using)
     sent = time.monotonic()
     row, prefetched = _claiming(
         using, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
@@ -351,7 +643,7 @@ def claim(
     if claimed is None:
         return None
     lease, row, prefetched = claimed
-    chat = chat_model.from_db(using, _statements(chat_model, using).attnames, row)
+    chat = chat_model.from_db(using, lease_statements(chat_model, using).attnames, row)
     return lease, chat, prefetched
 
 
@@ -466,7 +758,7 @@ def _renew_many(leases: Iterable[Lease]) -> dict[tuple[str, str], tuple[Any, Any
     ones' cancel flags and halt reasons, by (str(pk), token)."""
     leases = list(leases)
     first = leases[0]
-    statement = _statements(first.chat_model, first.using)
+    statement = lease_statements(first.chat_model, first.using)
     expiry, _ = statement.clock(first.seconds)
     params: list[Any] = list(expiry)
     for lease in leases:

@@ -12,7 +12,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..conf import agentloop_settings
-from ..engine.retries import backoff
+from ..engine._effects import backoff
 from ..exceptions import (
     CancelledError,
     ChatStoppedError,

@@ -27,7 +27,7 @@ from ..exceptions import CancelledError, ChatBusyError, LeaseLostError
 from ..messages import ToolCallState
 from ..process.cancel_notices import hear, stop_hearing
 from .chat_row import ChatRow
-from .config import Config
+from .configuration import Config
 from .leases import UNREAD, Lease, attnames, claim_row, heartbeats, renewal
 from .reconnect import retried
 from .releases import Release, release_fields

@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .field_values import Saving, quick_json_converters
+from .fields import Saving, quick_json_converters
 
 __all__ = [
     "PreparedInsert",

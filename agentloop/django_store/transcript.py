@@ -17,8 +17,8 @@ from ..engine import store as parts
 from ..messages import Message, MessageStatus
 from .chat_row import ChatRow, outcomes_json
 from .reconnect import committed_message, retried
-from .rows import held_calls, messages_from_rows
 from .run_control import RunControl
+from .transcript_rows import held_calls, messages_from_rows
 from .writes import GUARD, StepWrites, Values, inserted
 
 __all__ = ["Transcript"]

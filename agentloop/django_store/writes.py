@@ -18,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .chat_row import ChatRow
-from .field_values import EmptyJson, Saving, save_value
+from .fields import EmptyJson, Saving, save_value
 from .reconnect import committed_message
 from .sql import bound_cursor
 

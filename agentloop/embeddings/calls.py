@@ -19,9 +19,9 @@ from asgiref.sync import sync_to_async
 from .. import providers
 from ..attachments import Attachment
 from ..conf import agentloop_settings
+from ..engine._drivers import call_timeout
+from ..engine._effects import retry_delay
 from ..engine.rate_limiting import RateLimiter, buckets_for
-from ..engine.retries import retry_delay
-from ..engine.sending import call_timeout
 from ..engine.store import UsageRecord
 from ..exceptions import ConfigurationError, ProviderError, ProviderTimeout
 from ..messages import TokenUsage

@@ -14,8 +14,7 @@ from django.apps import apps
 from django.db import router, transaction
 
 from ..budgets import counters
-from ..budgets.limits import budgets_on
-from ..budgets.money import units
+from ..budgets.limits import budgets_on, units
 from ..budgets.subjects import Subject, owner_subject, subjects_of
 from ..engine.rate_limiting import RateLimiter
 from ..engine.store import UsageRecord

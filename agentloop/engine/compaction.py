@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..messages import Message
-from .transcript import finished
+from ._transcript_reading import finished
 
 __all__ = [
     "SUMMARY_INSTRUCTIONS",

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..exceptions import ChatBusyError, ConcurrentWriteError, DecisionConflictError
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
-from .config import ChatConfig
+from ._chat_config import ChatConfig
+from ._transcript_reading import pending_round
 from .store import (
     SUPERSEDED_DECISION,
     ChatStore,
@@ -35,7 +36,6 @@ from .store import (
     Transcript,
     UsageRecord,
 )
-from .transcript import pending_round
 
 __all__ = ["MemoryStore"]
 
@@ -82,7 +82,7 @@ class MemoryStore(
         self.agent_name = ""
         self._trace_id = ""
         #: the agent this chat follows (``Agent.chat()``, a handoff), the inputs it was given
-        #: and the digest of what was applied (see ``agentloop.agents.following``).
+        #: and the digest of what was applied (see ``agentloop.agents.agent_refresh``).
         self.agent: Any = None
         self.agent_inputs: dict[str, Any] = {}
         self.agent_digest = ""

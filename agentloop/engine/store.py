@@ -27,9 +27,8 @@ from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
-from .config import ChatConfig
-from .estimates import CallEstimate
-from .rate_limiting import RateLimiter, memory_limiter
+from ._chat_config import ChatConfig
+from .rate_limiting import CallEstimate, RateLimiter, memory_limiter
 
 __all__ = [
     "OPTIONAL_PARTS",

@@ -30,7 +30,7 @@ from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .memories import AbstractMemory, Memory, MemoryQuerySet
-from .messages import (
+from .message import (
     AbstractMessage,
     AbstractToolCall,
     Message,

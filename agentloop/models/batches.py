@@ -8,7 +8,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from .chat import Chat
-from .messages import Message
+from .message import Message
 
 
 class BatchStatus(models.TextChoices):

@@ -34,7 +34,7 @@ from ..django_store.bulk_updates import (
     database,
     update_returning,
 )
-from ..engine.control import halt_text
+from ..engine._loop import halt_text
 from ..process.cancel_notices import notify_many
 from ..runners import enqueue_many
 

@@ -16,12 +16,12 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..agents import subagents
+from ..django_store.database import DjangoStore
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from ..django_store.releases import IN_LINE
 from ..django_store.sql import PreparedUpdate, get_by_pk
-from ..django_store.store import DjangoStore
 from ..engine import Conversation
-from ..engine.transcript import next_move
+from ..engine._transcript_reading import next_move
 from ..runners import enqueue
 from . import bulk
 from .chat_events import connect_chat_events
@@ -149,7 +149,7 @@ class AbstractChat(ConversationDelegations, models.Model):
     agent_path = StorableCharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
     agent_inputs = StorableJSONField(_("agent inputs"), default=dict, blank=True)
-    #: digest of the agent configuration last applied (see ``agentloop.agents.following``).
+    #: digest of the agent configuration last applied (see ``agentloop.agents.agent_refresh``).
     agent_digest = StorableCharField(
         _("agent configuration digest"), max_length=64, blank=True, editable=False
     )

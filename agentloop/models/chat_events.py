@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from .. import signals
-from ..agents import following, subagents
-from ..engine.guarding import stop_reason
+from ..agents import agent_refresh, subagents
+from ..engine._judging import stop_reason
 
 if TYPE_CHECKING:
     from ..engine import Conversation
@@ -24,7 +24,7 @@ def connect_chat_events(chat: Any, conversation: Conversation) -> None:
     subagent hooks."""
     conversation.on("after_message", lambda m: subagents.settle_parent(chat, m))
     # A chat made by an agent follows the agent's code: each verb applies its configuration.
-    conversation.on("claimed", lambda: following.follow_agent(chat))
+    conversation.on("claimed", lambda: agent_refresh.follow_agent(chat))
     # In process, a parent's complete() drives on the subagents a person unblocked.
     conversation.on("subagents_waiting", lambda calls: subagents.drive_children(chat, calls))
     # A cancelled chat's running subagents stop too (their own subagents follow in turn).

@@ -25,7 +25,7 @@ R = TypeVar("R")
 ChatT = TypeVar("ChatT")
 
 if TYPE_CHECKING:
-    from .messages import AbstractMessage  # (at run time: models.messages imports the chat)
+    from .message import AbstractMessage  # (at run time: models.message imports the chat)
 
     #: the conversation a persisted chat drives (its methods return the chat's records).
     Engine = Conversation[AbstractMessage]

@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from ..budgets.subjects import Subject
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from .chat import Chat
-from .messages import Message
+from .message import Message
 
 __all__ = ["HNSW_DIMENSIONS", "AbstractMemory", "EmbeddingField", "Memory", "MemoryQuerySet"]
 

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ..django_store.fields import StorableCharField, StorableTextField
 from .chat import Chat
 from .indexes import IncludingOnPostgres
-from .messages import Message
+from .message import Message
 
 
 class UsageStatus(models.TextChoices):

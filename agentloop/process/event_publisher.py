@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .holder import PerProcess
+from .per_process import PerProcess
 
 __all__ = ["Publisher", "publisher"]
 

@@ -27,10 +27,10 @@ from ..messages import Chunk, ModelRequest, ModelResponse, TokenUsage
 from . import watchdog
 from .base import AsyncChunkCallback, ChunkCallback, Provider
 from .catalog import price_of
+from .client_pool import Lanes, read_to_the_end, tls_context
 from .common import with_parsed_json
 from .endpoints import configured_url, proxy_url, shown_address
 from .errors import call_errors, error_for_status, status_of_error
-from .lanes import Lanes, read_to_the_end, tls_context
 from .redaction import redact, secrets_sent, url_secrets
 from .response_cap import cap_response
 
@@ -196,7 +196,7 @@ class HTTPProvider(Provider):
             return self._client
 
     def _call_lanes(self) -> Lanes | None:
-        """The model calls' clients, one connection each (``lanes.py``); None with a
+        """The model calls' clients, one connection each (``client_pool.py``); None with a
         transport of the caller's (one object: the client is made over it)."""
         if self._transport is not None:
             return None

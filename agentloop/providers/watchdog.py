@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from ..process.holder import PerProcess
+from ..process.per_process import PerProcess
 
 __all__ = ["CallWatch", "current", "remaining", "watch_response", "watching"]
 

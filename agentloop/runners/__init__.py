@@ -9,10 +9,10 @@ until it is complete, waiting, cancelled, stopped or failed.
 
 from __future__ import annotations
 
-from .base import Job, Runner
 from .embedded import EmbeddedRunner, wait_for_embedded_jobs
+from .enqueueing import enqueue, enqueue_many, mark_unsent, runner, runner_name
 from .job import StepOutcome, run_job, run_step
-from .sending import enqueue, enqueue_many, mark_unsent, runner, runner_name
+from .runner import Job, Runner
 
 __all__ = [
     "EmbeddedRunner",

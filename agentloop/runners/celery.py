@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import current_app
 
-from .base import Job, Runner
+from .runner import Job, Runner
 
 __all__ = ["BROKER_MARK", "STEP_TASK", "CeleryRunner"]
 

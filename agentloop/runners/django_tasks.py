@@ -13,8 +13,8 @@ from typing import Any
 from django.tasks import task, task_backends
 from django.utils import timezone
 
-from .base import Job, Runner
 from .job import run_job
+from .runner import Job, Runner
 
 __all__ = ["DjangoTasksRunner", "step_chat"]
 

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections, connections
 
 from ..conf import agentloop_settings
-from .base import Job, Runner
+from .enqueueing import runner
 from .job import run_job
-from .sending import runner
+from .runner import Job, Runner
 
 __all__ = ["EmbeddedRunner", "wait_for_embedded_jobs"]
 

@@ -18,15 +18,15 @@ from django.apps import apps
 from django.db import router
 
 from ..conf import agentloop_settings
+from ..django_store.database import transcript_select
 from ..django_store.leases import claim
 from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.releases import one_line
-from ..django_store.store import transcript_select
-from ..engine.retries import backoff
+from ..engine._effects import backoff
 from ..exceptions import CancelledError, ChatStoppedError, LeaseLostError, PlaceWaiting
 from ..live_events import publish_chunk
-from .base import Job
-from .sending import send
+from .enqueueing import send
+from .runner import Job
 
 __all__ = ["StepOutcome", "next_job", "run_job", "run_step"]
 

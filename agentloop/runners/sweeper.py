@@ -14,7 +14,7 @@ from ..budgets.counters import release_expired
 from ..budgets.slots import due, waiting_subjects
 from ..conf import agentloop_settings
 from .approval_timeouts import deny_timed_out_approvals
-from .sending import enqueue, runner
+from .enqueueing import enqueue, runner
 
 __all__ = ["free_chat", "resend_queued", "resume_stalled", "stalled_chats"]
 

@@ -22,7 +22,7 @@ import django
 def main(chat_pk: int, go: Path) -> None:
     django.setup()
     from agentloop.engine import UsageRecord
-    from agentloop.engine.estimates import CallEstimate
+    from agentloop.engine.rate_limiting import CallEstimate
     from agentloop.exceptions import BudgetExceededError
     from agentloop.messages import TokenUsage
     from agentloop.models import Chat

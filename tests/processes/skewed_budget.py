@@ -26,7 +26,7 @@ def main(action: str, chat_pk: int, offset: float, dollars: str) -> None:
     django.setup()
     from agentloop.budgets import release_expired
     from agentloop.engine import UsageRecord
-    from agentloop.engine.estimates import CallEstimate
+    from agentloop.engine.rate_limiting import CallEstimate
     from agentloop.messages import TokenUsage
     from agentloop.models import Chat
 

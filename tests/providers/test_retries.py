@@ -158,7 +158,7 @@ def test_without_retry_after_the_backoff_doubles_with_full_jitter(
         bounds.append((low, high))
         return high
 
-    monkeypatch.setattr("agentloop.engine.retries.random.uniform", highest)
+    monkeypatch.setattr("agentloop.engine._effects.random.uniform", highest)
     server.responses += [failure(503), failure(502), failure(500), completion()]
 
     chat.ask("Hi")
@@ -169,7 +169,7 @@ def test_without_retry_after_the_backoff_doubles_with_full_jitter(
 
 @override_settings(AGENTLOOP={"RETRY_BACKOFF": 0.5, "RETRY_BACKOFF_MAX": 0.75})
 def test_the_jittered_backoff_never_exceeds_retry_backoff_max(server, sleeps, chat, monkeypatch):
-    monkeypatch.setattr("agentloop.engine.retries.random.uniform", lambda low, high: high)
+    monkeypatch.setattr("agentloop.engine._effects.random.uniform", lambda low, high: high)
     server.responses += [failure(503), failure(503), completion()]
 
     chat.ask("Hi")

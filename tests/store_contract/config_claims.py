@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from agentloop.engine.config import ChatConfig, Compaction, Limits, ToolOptions
+from agentloop.engine._chat_config import ChatConfig, Compaction, Limits, ToolOptions
 from agentloop.exceptions import ChatBusyError
 from agentloop.messages import Caching, Thinking
 from tests.store_contract.harness import Harness

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from agentloop.engine.transcript import next_move
+from agentloop.engine._transcript_reading import next_move
 from agentloop.messages import Message, MessageStatus, ToolCallState
 from tests.store_contract.harness import Harness, answer, call, usage
 from tests.store_contract.tool_calls import held, result_for
@@ -13,7 +13,7 @@ from tests.tools import add
 
 __all__ = ["TestFork", "TestSupersede"]
 
-#: what the engine gives a copied call whose result was not copied (engine.editing).
+#: what the engine gives a copied call whose result was not copied (engine._loop's Editing).
 NOT_RUN = "Not run: the conversation was forked before this call had a result."
 
 

@@ -175,7 +175,7 @@ class DjangoHarness(Harness):
         self.store = self.chat.conversation.store
 
     def _fresh(self) -> ChatStore:
-        from agentloop.django_store.store import DjangoStore
+        from agentloop.django_store.database import DjangoStore
         from agentloop.models import Chat
 
         return DjangoStore(Chat.objects.get(pk=self.chat.pk))
@@ -242,14 +242,14 @@ class DjangoHarness(Harness):
         return error
 
     def forked(self, record: Any) -> ChatStore:
-        from agentloop.django_store.store import DjangoStore
+        from agentloop.django_store.database import DjangoStore
         from agentloop.models import Chat
 
         assert isinstance(record, Chat) and record.pk not in (None, self.chat.pk), record
         return DjangoStore(Chat.objects.get(pk=record.pk))
 
     def fork_origin(self, store: ChatStore) -> tuple[bool, Any]:
-        from agentloop.django_store.store import DjangoStore
+        from agentloop.django_store.database import DjangoStore
 
         assert isinstance(store, DjangoStore)
         return store.chat.forked_from_id == self.chat.pk, store.chat.forked_from_message_id

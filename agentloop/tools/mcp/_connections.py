@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ...conf import agentloop_settings
 from ...exceptions import ConfigurationError, MCPServerError
-from ...process.holder import PerProcess
+from ...process.per_process import PerProcess
 from ._settings import ServerSettings
 
 if TYPE_CHECKING:

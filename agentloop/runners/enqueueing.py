@@ -2,7 +2,7 @@
 
 ``enqueue(chat_id)`` sends one step of a chat once the current transaction commits, through
 the runner ``AGENTLOOP["RUNNER"]`` names: ``"celery"``, ``"django_tasks"``, ``"embedded"``
-(in-process threads), an import path of a :class:`~agentloop.runners.base.Runner` subclass,
+(in-process threads), an import path of a :class:`~agentloop.runners.runner.Runner` subclass,
 or ``"auto"`` (Celery when its app has a broker, else embedded). A job the runner can't take
 (a broker down or restarting) marks its chat for the sweeper instead of failing the caller.
 """
@@ -22,7 +22,7 @@ from django.db.models.functions import Now
 from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
 from ..import_paths import load_by_path
-from .base import Job, Runner
+from .runner import Job, Runner
 
 __all__ = [
     "BUILTINS",

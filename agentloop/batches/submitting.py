@@ -13,8 +13,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ..engine.model_calls import PreparedCall
-from ..engine.transcript import next_move
+from ..engine._model_calls import PreparedCall
+from ..engine._transcript_reading import next_move
 from ..exceptions import BatchError, ConfigurationError, LimitReachedError, ProviderError
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState
 from ..providers.batch_apis import BatchAPI, batch_api

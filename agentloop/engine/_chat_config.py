@@ -1,5 +1,5 @@
 """A chat's config: the data a worker in any process needs to continue it (``ChatConfig``),
-and its parts. Plain data, validated; :mod:`.configuring` holds the ``with_*`` methods that
+and its parts. Plain data, validated; :mod:`._conversation` holds the ``with_*`` methods that
 change it through the store."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from .. import providers
 from ..conf import BudgetLimits, RateLimit, get_chat_model
 from ..import_paths import load_by_path
 from ..messages import TokenUsage
-from .rows import budget_model
+from .budget_models import budget_model
 
 __all__ = ["check_budgets", "check_prices", "check_rate_limits", "unpriced"]
 

@@ -1,4 +1,5 @@
-"""Reading a transcript: what is pending, whether it is settled, where the turn began.
+"""Reading a transcript: what is pending, whether it is settled, where the turn began, and
+what a step returns (the move it made, and the move a next step would make).
 
 Pure functions over a list of messages, shared by every verb. Partial and
 cancelled answers are skipped everywhere: they are records, not moves.
@@ -7,12 +8,15 @@ cancelled answers are skipped everywhere: they are records, not moves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from ..messages import Message, MessageStatus, ToolCall, ToolCallState
 
 __all__ = [
-    "TOOL_LIMIT_RESULT",
+    "MessageT",
     "Round",
+    "StepResult",
+    "TOOL_LIMIT_RESULT",
     "counted_tool_results",
     "finished",
     "handoffs_in_turn",
@@ -122,3 +126,18 @@ def handoffs_in_turn(transcript: list[Message]) -> int:
         for call in message.tool_calls
         if call.handoff
     )
+
+
+#: the message type a conversation's verbs return: ``agentloop.Message`` in memory, the
+#: message model (``agentloop.models.Message``) for a persisted chat.
+MessageT = TypeVar("MessageT")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did and what comes next."""
+
+    #: the last message the step added (the store's record), or None when it did nothing.
+    message: Any
+    #: "done", "wait", "tools" or "generate": the move a next step would make.
+    next_move: str

@@ -31,7 +31,7 @@ from ..engine.rate_limiting import RateLimiter
 from ..process.cancel_notices import listen_locally
 from ..rate_limits import fleet_limiter
 from .chat_row import ChatRow, transcript_select
-from .config import Config
+from .configuration import Config
 from .edits import Edits
 from .inbox import Inbox
 from .run_control import RunControl

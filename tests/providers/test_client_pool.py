@@ -1,4 +1,4 @@
-"""A provider's model calls go through lanes (agentloop/providers/lanes.py): one client and
+"""A provider's model calls go through lanes (agentloop/providers/client_pool.py): one client and
 one connection per call in flight, at most ``max_connections`` at once, idle ones kept for
 the next calls. A real HTTP/1.1 server on localhost answers after a pause and counts the
 requests in progress and the connections it accepted."""
@@ -151,7 +151,7 @@ def test_every_client_shares_one_tls_context_and_async_calls_make_none(settings,
     import asyncio
     import ssl
 
-    from agentloop.providers import lanes
+    from agentloop.providers import client_pool
 
     loads: list[Any] = []
     load = ssl.SSLContext.load_verify_locations
@@ -160,7 +160,7 @@ def test_every_client_shares_one_tls_context_and_async_calls_make_none(settings,
         loads.append(context)
         return load(context, *args, **kwargs)
 
-    monkeypatch.setattr(lanes, "_tls", None)
+    monkeypatch.setattr(client_pool, "_tls", None)
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
     request = ModelRequest(model="m", messages=[Message(role="user", content="hi")])
     with serving(_Slow(pause=0)) as server:
@@ -174,7 +174,7 @@ def test_every_client_shares_one_tls_context_and_async_calls_make_none(settings,
             assert _calls_at_once(provider, 3) == ["ok"] * 3
         finally:
             provider.close()
-    assert loads == [lanes.tls_context()]  # the CA bundle, read once
+    assert loads == [client_pool.tls_context()]  # the CA bundle, read once
 
 
 def test_async_calls_on_one_loop_keep_their_connections_until_the_loop_ends(settings):

@@ -1,24 +1,123 @@
 """A verb's run: the chat's claim taken and released around it, the transcript read once with
-the cancel flag (the start checkpoint), and a cancel recorded wherever the run sees it."""
+the cancel flag (the start checkpoint), a cancel recorded wherever the run sees it, the
+cancellation checkpoints (where a run looks at the cancel flag, and how often), and the
+chat's callbacks by event (what ``Conversation.on`` registers and the run's parts send).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from ..conf import agentloop_settings
-from ..exceptions import CancelledError, LimitReachedError
+from ..exceptions import CancelledError, ConfigurationError, LimitReachedError
 from ..messages import Message, ToolCall, ToolCallState
 from . import tracing
-from .callbacks import Callbacks
-from .checkpoints import Checkpoints
+from ._transcript_reading import pending_round
 from .store import ChatStore, UsageRecord
-from .transcript import pending_round
 
-__all__ = ["HaltedRelease", "Run", "Runs"]
+__all__ = ["Callbacks", "Checkpoints", "EVENTS", "HaltedRelease", "Run", "Runs"]
+
+
+#: the events a callback can be registered for.
+EVENTS = (
+    "before_message",
+    "after_message",
+    "before_tool_call",
+    "after_tool_result",
+    "cancelled",
+    "stopped",
+    "budget_exceeded",
+    "model_fallback",
+    "halted",
+    "handed_off",
+    "claimed",
+    "subagents_waiting",
+    "guardrail_blocked",
+    "superseded",
+    "forked",
+)
+
+
+class Callbacks:
+    """Callbacks registered per event, called in the order they were added."""
+
+    def __init__(self) -> None:
+        self._by_event: dict[str, list[Callable[..., Any]]] = defaultdict(list)
+
+    def add(self, event: str, callback: Callable[..., Any]) -> None:
+        """Register ``callback`` for ``event`` (``ConfigurationError`` for an unknown event)."""
+        if event not in EVENTS:
+            raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(EVENTS)}")
+        self._by_event[event].append(callback)
+
+    def emit(self, event: str, *args: Any) -> None:
+        """Call the callbacks of ``event`` with ``args``."""
+        for callback in self._by_event.get(event, ()):
+            callback(*args)
+
+    def listens(self, event: str) -> bool:
+        """Whether any callback waits for ``event``."""
+        return bool(self._by_event.get(event))
+
+
+#: how often a throttled checkpoint reads the flag while the store's notices cover the run
+#: (``store.stopping.notices_cover``): only a backstop then, for a notice lost in a way the
+#: subscription didn't notice.
+COVERED_INTERVAL = 5.0
+
+
+class Checkpoints:
+    """Reads the store's cancel flag; throttled reads cost nothing between polls.
+
+    Forced checks (start of a verb, around each tool) always read. Throttled ones
+    (before the model request, between streamed chunks) read at most once per
+    ``interval`` seconds, so a fast stream does not cost a query per chunk; while the
+    store's notices cover the run (a worker's Redis subscription), at most once per
+    ``COVERED_INTERVAL``: a cancel sets the notice, and the next checkpoint reads at once.
+    """
+
+    def __init__(self, store: ChatStore, interval: float) -> None:
+        self.store = store
+        self.interval = interval
+        self._last_read = float("-inf")
+
+    def observe(self, requested_at: object) -> None:
+        """A flag value read by someone else just now (with the transcript): count it as
+        this checkpoint's read."""
+        self._last_read = time.monotonic()
+        if requested_at is not None:
+            raise CancelledError("The run was cancelled.", requested_at=requested_at)
+
+    def due(self) -> bool:
+        """A throttled check would read the flag now (an async stream then reads it on the
+        database's thread; otherwise the check costs nothing and is skipped)."""
+        notice = self.store.cancel_notice
+        # A notice (same process, or a Redis message) makes the next check read at once.
+        if notice is not None and notice.is_set():
+            return True
+        elapsed = time.monotonic() - self._last_read
+        if elapsed < self.interval:
+            return False
+        return elapsed >= COVERED_INTERVAL or not self.store.stopping.notices_cover(self._last_read)
+
+    def check(self, *, force: bool = True) -> None:
+        """Raise :class:`CancelledError` if cancellation was requested."""
+        if not force and not self.due():
+            return
+        notice = self.store.cancel_notice
+        noticed = notice is not None and notice.is_set()
+        self._last_read = time.monotonic()
+        requested_at = self.store.stopping.cancel_requested_at()
+        if noticed and notice is not None:
+            notice.clear()  # after the read, which saw the flag the notice announced
+        if requested_at is not None:
+            raise CancelledError("The run was cancelled.", requested_at=requested_at)
 
 
 class HaltedRelease(LimitReachedError):  # noqa: N818 - a release record, never raised

@@ -1,9 +1,22 @@
-"""Running a round of tool calls: one after another or a bounded number at once.
+"""A round of tool calls, the handoffs it makes, and the people who decide held calls.
 
-Every result is written as soon as its tool finishes, in its own transaction, so a
-crash loses at most the tool that was running. Database writes happen on the
-calling thread; running a tool is an effect (:mod:`.effects`) its driver performs: on a
-thread, or awaited on the event loop for an ``async def`` tool of an async verb.
+A round runs its calls one after another or a bounded number at once. Every result is
+written as soon as its tool finishes, in its own transaction, so a crash loses at most the
+tool that was running. Database writes happen on the calling thread; running a tool is an
+effect (:mod:`._effects`) its driver performs: on a thread, or awaited on the event loop for
+an ``async def`` tool of an async verb.
+
+Handoffs: the chat handed over to another agent by the call that asked for it (a handoff
+tool, or any tool calling ``ToolContext.hand_off``), in the transaction that saves the call's
+result, so the very next model call is the new agent's, in this run or in a worker's next
+job, and a crash never leaves one without the other. At most one handoff per round: the
+first handoff tool in the answer's call order runs, later ones get an error result; a
+handoff asked for when the round already made one is not made. At most
+``AGENTLOOP["MAX_HANDOFFS"]`` per turn (A to B to A...): past it a handoff is refused with an
+error result and the current agent goes on.
+
+People in the loop (``PeopleInTheLoop``): approvals, questions, and calls waiting on
+subagents.
 """
 
 from __future__ import annotations
@@ -12,7 +25,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..exceptions import CancelledError, GuardrailError
+from ..conf import agentloop_settings
+from ..exceptions import (
+    CancelledError,
+    ConfigurationError,
+    DecisionConflictError,
+    GuardrailError,
+    InvalidArgumentsError,
+    ToolCallNotWaitingError,
+)
 from ..guardrails import Guardrail
 from ..messages import Message, ToolCall, ToolCallState
 from ..providers.common import INVALID_ARGUMENTS
@@ -20,32 +41,157 @@ from ..tools import (
     Tool,
     ToolOutcome,
     arguments_problem,
+    format_result,
 )
-from .checkpoints import Checkpoints
-from .config import ToolOptions
-from .effects import Effects, Judge, Launch, RunTool, WaitAny
-from .guarding import Case, Guards, Verdict, stop_reason
-from .handoffs import RoundHandoffs
+from ._chat_config import ToolOptions
+from ._drivers import execute_tool, unaskable
+from ._effects import Effects, Judge, Launch, RunTool, WaitAny
+from ._judging import Case, Guards, Verdict, stop_reason
+from ._runs import Checkpoints
+from ._transcript_reading import TOOL_LIMIT_RESULT, pending_round
 from .store import ChatStore, ToolTransaction
-from .tool_execution import execute_tool, unaskable
-from .transcript import TOOL_LIMIT_RESULT
 
 __all__ = [
     "BLOCKED_PREFIX",
     "BLOCKED_RESULT",
     "DENIED_RESULT",
+    "PeopleInTheLoop",
+    "RoundHandoffs",
     "STOPPED_RESULT",
     "ToolRunner",
+    "agent_label",
+    "hands_off",
 ]
+
+
+def hands_off(tool_class: Any) -> bool:
+    """A handoff tool (``Agent.as_handoff()``): running it only asks for the handoff."""
+    return getattr(tool_class, "handoff_agent", None) is not None
+
+
+def agent_label(path: str) -> str:
+    """``Billing`` for ``myapp.agents.Billing``; "" for no agent."""
+    return path.rpartition(".")[2]
+
+
+class RoundHandoffs:
+    """The handoffs of one tool round: which may be made, and making them."""
+
+    def __init__(
+        self, store: ChatStore, emit: Callable[..., None], owner: Any, *, made_in_turn: int
+    ) -> None:
+        self.store = store
+        self.emit = emit
+        #: what the new agent configures: the persisted chat, or the in-memory Conversation.
+        self.owner = owner
+        self.limit = int(agentloop_settings.MAX_HANDOFFS)
+        self.made_in_turn = made_in_turn
+        #: the handoff this round made: (the call's id, its record).
+        self.made: tuple[str, dict[str, Any]] | None = None
+        #: the call whose handoff is made and not yet announced ("handed_off").
+        self._unannounced: ToolCall | None = None
+
+    def refusal(self) -> str | None:
+        """Why a handoff can't be made now; None when it can."""
+        if self.store.handoffs is None:
+            return (
+                f"Not handed off: {type(self.store).__name__} keeps no handoffs "
+                "(store.handoffs is None)."
+            )
+        if self.made is not None:
+            call_id, record = self.made
+            return (
+                f"Not handed off: call {call_id} of this answer already handed the "
+                f"conversation to {agent_label(record['to'])}."
+            )
+        if self.made_in_turn >= self.limit:
+            return (
+                f"Not handed off: this turn already handed the conversation over "
+                f"{self.made_in_turn} times, the limit (AGENTLOOP['MAX_HANDOFFS'])."
+            )
+        return None
+
+    def refusals(self, calls: list[ToolCall], tools: dict[str, Any]) -> dict[str, ToolOutcome]:
+        """Before the round runs: the handoff tools' calls that won't run (all but the
+        answer's first, or all of them when no handoff can be made), with their results."""
+        refused: dict[str, ToolOutcome] = {}
+        first = True
+        for call in calls:
+            if not hands_off(tools.get(call.name)):
+                continue
+            reason = self.refusal()
+            if reason is None and not first:
+                reason = (
+                    "Not handed off: an answer hands the conversation to one agent; "
+                    "an earlier call of this answer does."
+                )
+            first = False
+            if reason is not None:
+                refused[call.id] = ToolOutcome(reason, is_error=True, error=reason)
+        return refused
+
+    def save(
+        self,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        tool_class: Any,
+        write: Callable[[ToolOutcome], Any],
+    ) -> tuple[ToolOutcome, Any]:
+        """Write ``call``'s result (``write``), its outcome asking for a handoff: the handoff
+        made in the same transaction (the new agent's configuration applied, the chat's agent
+        recorded, the call marked); when it can't be made, the result says why. Returns the
+        outcome written and what ``write`` returned; :meth:`announce` once committed."""
+        request = outcome.handoff
+        assert request is not None  # noqa: S101 - the runner routes only handoffs here
+        reason = self.refusal()
+        if reason is None:
+            try:
+                with self.store.atomic():
+                    # The new agent checks everything (inputs, model) before it writes.
+                    record = request.agent.take_over(self.owner, request.inputs)
+                    call.handoff = record
+                    assert self.store.handoffs is not None  # refusal() said so
+                    self.store.handoffs.record_handoff(call, record)
+                    result = write(outcome)
+            except ConfigurationError as exc:
+                call.handoff = None
+                target = getattr(request.agent, "__name__", str(request.agent))
+                reason = f"Not handed off to {target}: {exc}"
+            else:
+                self.made = (call.id, record)
+                self.made_in_turn += 1
+                self._unannounced = call
+                return outcome, result
+        if hands_off(tool_class):
+            refused = ToolOutcome(reason, is_error=True, error=reason)
+        else:
+            # Any other tool ran and has its own result: kept, with why no handoff was made.
+            refused = ToolOutcome(f"{outcome.content}\n\n[{reason}]")
+        return refused, write(refused)
+
+    def announce(self) -> None:
+        """Once the handoff's transaction committed: "handed_off" for it (once), so what
+        listens sees the chat under its new agent."""
+        call, self._unannounced = self._unannounced, None
+        if call is not None and call.handoff is not None:
+            self.emit("handed_off", call.handoff, self.store.tool_calls.native_tool_call(call))
+
 
 #: what the model is told about a call a person denied.
 DENIED_RESULT = "The user denied this tool call; it was not run."
+
+
 #: what the model is told about a call a tool guardrail blocked ("guardrail <name>: <why>").
 BLOCKED_RESULT = "Blocked by {reason}; the tool was not run."
+
+
 #: how every such result begins (the admin's "blocked by a guardrail" filter looks for it).
 BLOCKED_PREFIX = "Blocked by guardrail "
+
+
 #: ... and about the round's calls left when a tool guardrail stopped the chat.
 STOPPED_RESULT = "Not run: {reason} stopped the chat."
+
 
 Emit = Callable[..., None]
 
@@ -165,7 +311,7 @@ class ToolRunner:
         self, call: ToolCall, outcome: ToolOutcome
     ) -> tuple[ToolOutcome, tuple[Message, Any] | None]:
         """Write the result of ``call``, which asks for a handoff, making the handoff with it
-        (:mod:`.handoffs`); the outcome written (a refused handoff's says why) and the rows."""
+        (``RoundHandoffs``); the outcome written (a refused handoff's says why) and the rows."""
         if self.handoffs is None:
             kept = ToolOutcome(f"{outcome.content}\n\n[Not handed off: no handoffs here.]")
             return kept, self._write(call, kept)
@@ -463,3 +609,184 @@ class ToolRunner:
                         cancelled = exc  # let the running tools finish and be saved
         if cancelled is not None:
             raise cancelled
+
+
+#: what a call waiting for each reason waits for, in an error message.
+_WAITS_FOR = {"approval": "approval", "question": "an answer", "deferred": "a submitted result"}
+
+
+def _names(call: ToolCall, key: Any) -> bool:
+    """Whether ``key`` (a provider call id or a store key) names ``call``."""
+    return call.id == key or call.key == key or str(call.key) == str(key)
+
+
+class PeopleInTheLoop:
+    """What holds a chat, and the decisions that release it, for one chat's store: a base of
+    ``Conversation``, whose store and callbacks these are."""
+
+    store: ChatStore
+    _emit: Callable[..., None]
+
+    def pending_approvals(self) -> list[Any]:
+        """Tool calls waiting for a person to approve or deny them."""
+        return self._waiting_calls("approval")
+
+    def pending_questions(self) -> list[Any]:
+        """Tool calls waiting for a person's answer (``call.question`` asks it)."""
+        return self._waiting_calls("question")
+
+    def pending_results(self) -> list[Any]:
+        """Calls of deferred tools waiting for their result from outside (``submit_result``)."""
+        return self._waiting_calls("deferred")
+
+    def _waiting_calls(self, reason: str) -> list[Any]:
+        round_ = pending_round(self.store.transcript.load_transcript())
+        return [
+            self.store.tool_calls.native_tool_call(call)
+            for call in round_.unanswered
+            if call.state == ToolCallState.WAITING and call.wait_reason == reason
+        ]
+
+    def _find_waiting(self, tool_call_id: Any, reason: str) -> ToolCall:
+        """The waiting call named by its provider id, its store key, or a store record."""
+        key = getattr(tool_call_id, "pk", tool_call_id)
+        transcript = self.store.transcript.load_transcript()
+        round_ = pending_round(transcript)
+        for call in round_.message.tool_calls if round_.message is not None else []:
+            if _names(call, key):
+                if call.decision and (
+                    call.state != ToolCallState.WAITING or call not in round_.unanswered
+                ):
+                    # Someone decided it first (a race: the view answers 409).
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
+                    )
+                if (
+                    call not in round_.unanswered
+                    or call.state != ToolCallState.WAITING
+                    or call.wait_reason != reason
+                ):
+                    raise ToolCallNotWaitingError(
+                        f"Tool call {call.id!r} ({call.name}) is not waiting for "
+                        f"{_WAITS_FOR.get(reason, reason)}."
+                    )
+                return call
+        for message in transcript:
+            for call in message.tool_calls:
+                if call.decision and _names(call, key):
+                    # Decided in an earlier round (a late retry of a webhook, say).
+                    raise DecisionConflictError(
+                        f"Tool call {call.id!r} ({call.name}) was already {call.decision}."
+                    )
+        superseded = self.store.edits.superseded_calls() if self.store.edits is not None else []
+        for call in superseded:
+            if _names(call, key):
+                raise ToolCallNotWaitingError(
+                    f"Tool call {call.id!r} ({call.name}) was superseded (an edit or a "
+                    "regenerated answer replaced its message): it will not run."
+                )
+        raise ToolCallNotWaitingError(f"No pending tool call {tool_call_id!r} in this chat.")
+
+    def approve(
+        self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        """Let a call that needs approval run (at the next step), for exactly its arguments,
+        or for ``arguments`` edited by the approver: validated by the tool's ``Params`` first
+        (``InvalidArgumentsError``, nothing written); the model's are kept."""
+        call = self._find_waiting(tool_call_id, "approval")
+        if arguments is not None:
+            self._edit_arguments(call, arguments)
+        else:
+            # Held before the engine checked arguments first: approve only what could run.
+            self._check_arguments(call, call.arguments)
+        self.store.tool_calls.record_decision(call, "approved", by=by, reason="", result=None)
+
+    def _check_arguments(self, call: ToolCall, arguments: dict[str, Any]) -> None:
+        """``InvalidArgumentsError`` (one line) when the call's tool refuses ``arguments`` or
+        takes no parameter for some of their keys; nothing is checked for a tool the chat
+        no longer has (running it answers that)."""
+        tool_class = next((t for t in self.store.config.get_tools() if t.name == call.name), None)
+        problem = None if tool_class is None else arguments_problem(tool_class, arguments)
+        if problem is not None:
+            raise InvalidArgumentsError(problem)
+
+    def _edit_arguments(self, call: ToolCall, arguments: Any) -> None:
+        """Check the approver's arguments, then make them the call's (the approval's digest
+        binds them); the model's arguments go to ``original_arguments``."""
+        tool_class = next((t for t in self.store.config.get_tools() if t.name == call.name), None)
+        if tool_class is None:
+            raise InvalidArgumentsError(
+                f"Tool {call.name!r} is not among the chat's tools: its arguments can't be edited."
+            )
+        if not isinstance(arguments, dict):
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} must be a JSON object, not "
+                f"{type(arguments).__name__}."
+            )
+        self._check_arguments(call, arguments)
+        try:
+            edited = json.loads(json.dumps(arguments))  # what the row will hold
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentsError(
+                f"Arguments for tool {call.name!r} are not JSON: {exc}"
+            ) from None
+        if edited != call.arguments:
+            call.original_arguments, call.arguments = call.arguments, edited
+
+    def deny(self, tool_call_id: Any, reason: str = "", by: Any = None) -> Any:
+        """Refuse a call: the model gets an error result saying the user denied it."""
+        call = self._find_waiting(tool_call_id, "approval")
+        text = DENIED_RESULT + (f" Reason: {reason}" if reason else "")
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=True
+        )
+        record = self.store.tool_calls.record_decision(
+            call, "denied", by=by, reason=reason, result=result
+        )
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
+        """Answer a call's question: the answer becomes the call's result."""
+        call = self._find_waiting(tool_call_id, "question")
+        result = Message(role="tool", content=text, tool_call_id=call.id, tool_name=call.name)
+        record = self.store.tool_calls.record_decision(
+            call, "answered", by=by, reason="", result=result
+        )
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
+        """Give a deferred tool's call its result (``error=True``: the model sees an error
+        result). A conditional decision: a second submit gets ``DecisionConflictError``."""
+        call = self._find_waiting(tool_call_id, "deferred")
+        text = content if isinstance(content, str) else format_result(content)
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=error
+        )
+        record = self.store.tool_calls.record_decision(
+            call, "submitted", by=None, reason="", result=result
+        )
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return record
+
+    def settle_subagent(self, tool_call_id: Any, text: str, is_error: bool = False) -> bool:
+        """Give a call waiting on a subagent its result (an error result when the subagent's
+        run was cancelled); False if it wasn't waiting."""
+        try:
+            call = self._find_waiting(tool_call_id, "subagent")
+        except ToolCallNotWaitingError:
+            return False
+        result = Message(
+            role="tool", content=text, tool_call_id=call.id, tool_name=call.name, is_error=is_error
+        )
+        decision = "cancelled" if is_error else "answered"
+        record = self.store.tool_calls.record_decision(
+            call, decision, by=None, reason="", result=result
+        )
+        self._emit("after_tool_result", record)
+        self._emit("after_message", record)
+        return True

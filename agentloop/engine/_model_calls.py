@@ -1,9 +1,26 @@
-"""One model call: the limits checked, the request built, the provider asked (with retries),
-and the answer saved with its usage. ``Conversation.generate()`` and batches use it."""
+"""One model call: admitted, the request built, the provider asked (with retries), and the
+answer saved with its usage. ``Conversation.generate()`` and batches use it.
+
+Admission, before each attempt: the call is estimated (:mod:`.rate_limiting`), then takes
+from the rate-limit buckets of its provider and model, waiting in place in short slices, each
+looking at the run's cancel; a background step that would wait longer than
+``RATE_LIMIT_WAIT`` ends instead (``RateLimitWaiting``: its job is sent again when the limit
+has room). Last, the store reserves the estimate against the budgets of the chat's subjects
+(``store.budgets.reserve``); a budget with no room stops the turn (``BudgetExceededError``,
+the chat ``stopped`` with the reason), except a background step's chat finding every place of
+a chats-in-flight quota taken: it waits in line (``PlaceWaiting``: the chat stays queued, and
+its job is sent when a place frees). The usage row of the attempt settles the reservation to
+the exact cost.
+
+The compaction call: deciding that a request is too big for the context window, asking a
+model for the summary (:mod:`.compaction` says what it covers), and saving it with its usage
+row.
+"""
 
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +33,16 @@ from pydantic import BaseModel, ValidationError
 
 from .. import providers
 from ..conf import agentloop_settings
-from ..exceptions import CancelledError, ContextLengthError, LimitReachedError, ProviderError
+from ..exceptions import (
+    BudgetExceededError,
+    CancelledError,
+    ContextLengthError,
+    LimitReachedError,
+    PlaceWaiting,
+    ProviderError,
+    ProviderTimeout,
+    RateLimitWaiting,
+)
 from ..import_paths import load_by_path
 from ..messages import (
     Message,
@@ -26,26 +52,216 @@ from ..messages import (
     ToolCallState,
 )
 from ..providers.base import Provider
-from . import tracing
-from .admission import Admission
-from .callbacks import Callbacks
-from .checkpoints import Checkpoints
+from ..providers.catalog import lookup
+from . import compaction, tracing
+from ._chat_config import ChatConfig
+from ._drivers import CallAbandoned, call_timeout, drive, send
+from ._effects import (
+    AwaitJudging,
+    Effects,
+    Judge,
+    Send,
+    Sleep,
+    StartJudging,
+    StreamCallback,
+    StreamState,
+    retry_delay,
+)
+from ._judging import ABANDONED, UNJUDGED, Guards, Judged, Judging, Verdict, unkept_usage
+from ._runs import Callbacks, Checkpoints
+from ._transcript_reading import counted_tool_results, next_move, turn_start
 from .compaction import window
-from .config import ChatConfig
-from .effects import AwaitJudging, Effects, Judge, Send, Sleep, StartJudging
-from .guarding import Guards, Verdict
-from .judging import ABANDONED, UNJUDGED, Judged, Judging, unkept_usage
-from .retries import retry_delay
-from .sending import CallAbandoned
+from .rate_limiting import CallEstimate, buckets_for, estimate_call
 from .store import ChatStore, UsageRecord
-from .streaming import StreamCallback, StreamState
-from .summaries import Summaries, failed_usage
-from .transcript import counted_tool_results, next_move, turn_start
 
 if TYPE_CHECKING:
-    from .runs import Run
+    from ._runs import Run
 
-__all__ = ["ModelCalls", "PreparedCall"]
+__all__ = ["Admission", "ModelCalls", "PreparedCall", "Summaries", "failed_usage"]
+
+
+#: longest sleep between two looks at the cancel while waiting for a rate limit (seconds).
+SLICE = 0.25
+
+
+#: a wait at least this long is written on the chat (``waiting_for``) while it lasts.
+SHOWN_AFTER = 1.0
+
+
+class Admission:
+    """Lets one chat's model calls go: paced by the rate limits, within the budgets."""
+
+    def __init__(self, store: ChatStore, emit: Callable[..., None]) -> None:
+        self.store = store
+        self._emit = emit
+
+    def admit(
+        self,
+        provider: Provider,
+        provider_name: str,
+        request: ModelRequest,
+        checkpoints: Checkpoints | None,
+    ) -> Effects[Any]:
+        """Wait for the rate limits, then reserve the budget; the reservation (for the
+        attempt's usage row), or None when no budget counts the chat."""
+        estimate = estimate_call(provider, provider_name, request)
+        yield from self._pace(estimate, checkpoints)
+        try:
+            budgets = self.store.budgets
+            # A background step's chat queues for a chats-in-flight place; a verb in-process
+            # can't wait in line (its caller waits for it): it stops.
+            return budgets.reserve(estimate, wait=self.store.runs.background) if budgets else None
+        except BudgetExceededError as exc:
+            if exc.limit == "chats_in_flight" and self.store.runs.background:
+                raise PlaceWaiting(exc.reason) from exc  # not a stop: it queued for a place
+            self.store.stopping.record_stop(exc.reason)
+            self._emit("budget_exceeded", exc)
+            self._emit("stopped", exc.reason)
+            raise
+
+    def _pace(self, estimate: CallEstimate, checkpoints: Checkpoints | None) -> Effects[None]:
+        limiter = self.store.rate_limiter()
+        buckets = buckets_for(estimate.provider, estimate.model, estimate.tokens)
+        if limiter is None or not buckets:
+            return
+        timeout = call_timeout(estimate.provider)
+        started = time.monotonic()
+        shown = False
+        while (short := limiter.take(buckets)) is not None:
+            reason = f"rate limit: {short.bucket.label}"
+            waited = time.monotonic() - started
+            in_place = agentloop_settings.RATE_LIMIT_WAIT
+            if self.store.runs.background and waited + short.seconds > in_place:
+                # Not in a worker's slot: the job comes back when the bucket has room (a
+                # little later for some, so the chats that waited don't all come at once).
+                spread = random.uniform(0, min(1.0, short.seconds / 10))  # noqa: S311
+                raise RateLimitWaiting(short.seconds + spread, reason)
+            if timeout is not None and waited + short.seconds > timeout:
+                raise ProviderTimeout(
+                    f"{estimate.provider}: waited for the {reason} longer than the call's "
+                    f"{timeout:g} s deadline (MODEL_CALL_TIMEOUT)"
+                )
+            if not shown and short.seconds >= SHOWN_AFTER:
+                self.store.runs.note_waiting(reason)
+                shown = True
+            until = time.monotonic() + short.seconds
+            while (left := until - time.monotonic()) > 0:
+                yield Sleep(min(left, SLICE))
+                if checkpoints is not None:
+                    checkpoints.check(force=False)  # a cancel stops a waiting call
+        if shown:
+            self.store.runs.note_waiting("")  # a failure's release clears it too
+
+
+def failed_usage(
+    provider_name: str, model_id: str, error: BaseException, started: float
+) -> UsageRecord:
+    """The usage row of an attempt that failed with ``error`` (``started``: its monotonic start)."""
+    return UsageRecord(
+        provider=provider_name,
+        model=model_id,
+        status="failed",
+        error=f"{type(error).__name__}: {error}",
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+class Summaries:
+    """Compaction before a model call, and after a provider's context-length error."""
+
+    def __init__(
+        self, store: ChatStore, emit: Callable[..., None], admission: Admission | None = None
+    ) -> None:
+        self.store = store
+        self._emit = emit
+        #: paces the summary calls and holds them to the chat's budgets, as the others.
+        self.admission = admission or Admission(store, emit)
+
+    def _context_window(self, config: ChatConfig, model_id: str) -> int | None:
+        if config.context_window is not None:
+            return config.context_window
+        info = lookup(model_id)
+        return info.context_window if info is not None else None
+
+    def compaction_due(self, transcript: list[Message], config: ChatConfig, model_id: str) -> bool:
+        """The request's estimated input passes ``at`` x the context window."""
+        if config.compaction is None:
+            return False
+        size = self._context_window(config, model_id)
+        if size is None:
+            return False
+        messages = compaction.window(transcript)
+        reported = self.store.transcript.last_input_tokens()
+        if reported is not None and not compaction.reported_since_summary(transcript, reported[0]):
+            reported = None  # that request still held the rows a later summary replaced
+        estimate = compaction.estimate_tokens(messages, reported)
+        return estimate > config.compaction.at * size
+
+    def compact(self, transcript: list[Message], config: ChatConfig) -> Message | None:
+        """Summarise what the next request would send but the recent rows: the summary row and
+        its usage row are saved and added to ``transcript``. None when there is nothing to
+        summarise (or compaction is off)."""
+        if config.compaction is None:
+            return None
+        todo = compaction.plan(transcript, config.compaction.keep_recent)
+        if todo is None:
+            return None
+        model = config.compaction.model or config.model or agentloop_settings.DEFAULT_MODEL
+        provider_hint = None if config.compaction.model else config.provider
+        provider, model_id = providers.resolve(model, provider_hint)
+        provider_name = providers.split_model(model, provider_hint)[0]
+        request = ModelRequest(
+            model=model_id,
+            messages=[
+                Message(role="system", content=compaction.SUMMARY_INSTRUCTIONS),
+                Message(role="user", content=compaction.render(todo)),
+            ],
+            headers=config.headers,
+        )
+        started = time.monotonic()
+        response, reservation = self._summary_response(provider, provider_name, request)
+        summary = Message(
+            role="summary",
+            content=response.content,
+            model=response.model or model_id,
+            provider_data={compaction.THROUGH: todo.through},
+        )
+        usage = UsageRecord(
+            provider=provider_name,
+            model=model_id,
+            status="succeeded",
+            usage=response.usage,
+            cost=provider.cost(model_id, response.usage),
+            duration_ms=int((time.monotonic() - started) * 1000),
+            reservation=reservation,
+        )
+        record = self.store.transcript.save_answer(summary, usage)
+        transcript.append(summary)
+        self._emit("after_message", record)
+        return summary
+
+    def _summary_response(
+        self, provider: Provider, provider_name: str, request: ModelRequest
+    ) -> tuple[ModelResponse, Any]:
+        """The summary call, retried like any model call, each attempt admitted first; a
+        usage row for each failure. The response and its budget reservation."""
+        retries = int(agentloop_settings.MODEL_RETRIES)
+        for attempt in range(retries + 1):
+            reservation = drive(self.admission.admit(provider, provider_name, request, None))
+            started = time.monotonic()
+            try:
+                # Bounded like the chat's own calls: a slot, the deadline.
+                sent = send(Send(provider, request, None, provider_name=provider_name))
+                return sent, reservation
+            except Exception as exc:
+                failed = failed_usage(provider_name, request.model, exc, started)
+                failed.reservation = reservation
+                self.store.transcript.record_usage(failed)
+                delay = retry_delay(attempt, exc) if attempt < retries else None
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _now() -> datetime:
@@ -363,8 +579,8 @@ class ModelCalls:
     ) -> Effects[tuple[ModelResponse, Any, float, Any]]:
         """One model's answer, with the step's retries: the response, the key of its streamed
         partial row, when the answering attempt started, and its budget reservation. Each
-        attempt is admitted first (rate limits, budgets: :mod:`.admission`); a usage row per
-        failure. The request and the backoff are effects (:mod:`.effects`): the driver does
+        attempt is admitted first (rate limits, budgets: admission, above); a usage row per
+        failure. The request and the backoff are effects (:mod:`._effects`): the driver does
         the I/O.
         With ``judging`` (input guardrails judging meanwhile) the call is abandoned when
         they don't pass it, and ``Judged`` raised with their verdicts."""

@@ -6,7 +6,7 @@ provider's (or, for a provider without one, a slot of a ``"default"``-sized limi
 provider's own); with no limit it takes none. A call that finds no slot free waits in line
 (first come, first served, whether it waits in a thread, a greenlet or a coroutine): waiting
 is not a failure. The driver waits in short slices, so a cancel stops a waiting call and the
-wait counts against the call's deadline (:mod:`agentloop.engine.sending`).
+wait counts against the call's deadline (:mod:`agentloop.engine._drivers`).
 """
 
 from __future__ import annotations

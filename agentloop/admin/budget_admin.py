@@ -18,7 +18,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from ..budgets.money import shown
+from ..budgets.limits import shown
 from ..budgets.spend import Spend, spends
 from ..models import Budget
 

@@ -43,8 +43,8 @@ from .actions import (
     resume_chats,
     switch_model,
 )
+from .approval_inbox import ApprovalInbox
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
-from .inbox import ApprovalInbox
 from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
 
@@ -334,7 +334,7 @@ class ChatAdmin(admin.ModelAdmin):
             context["can_decide"] = can_decide
         return super().render_change_form(request, context, add, change, form_url, obj)
 
-    # -- the approval inbox (admin/inbox.py) ---------------------------------------------------
+    # -- the approval inbox (admin/approval_inbox.py) ----------------------------------------------
     @property
     def inbox(self) -> ApprovalInbox:
         """The inbox of the calls waiting for a person across this admin's chats."""
