@@ -21,6 +21,7 @@ from celery import bootsteps, shared_task
 from celery.signals import worker_init
 from django.db import connections
 
+from .evals.tasks import run_eval_case
 from .exceptions import ConfigurationError
 from .runners import Job, run_job
 from .runners.celery import STEP_TASK
@@ -34,6 +35,7 @@ __all__ = [
     "delete_idle_chats",
     "poll_batches",
     "resume_stalled_chats",
+    "run_eval_case",
     "step_chat",
 ]
 
