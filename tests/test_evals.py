@@ -204,3 +204,314 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
         list(Budget.objects.values_list(*counters)),
     )
     assert after == before
+
+
+# -- scorers ----------------------------------------------------------------------------------
+def outcome(answer: str, **more: Any) -> Outcome:
+    return Outcome(input="Where is order 7?", reference="Order 7: shipped", answer=answer, **more)
+
+
+@pytest.mark.parametrize(
+    ("spec", "answer", "passed", "reason"),
+    [
+        ({"kind": "exact"}, " Order 7: shipped ", True, "the answer is the expected one"),
+        ({"kind": "exact"}, "Order 7", False, "expected 'Order 7: shipped'"),
+        ({"kind": "exact", "value": "ORDER 7", "ignore_case": True}, "order 7", True, ""),
+        ({"kind": "contains", "value": ["7", "shipped"]}, "7 shipped", True, "contains every"),
+        ({"kind": "contains", "value": ["lost"]}, "7 shipped", False, "missing ['lost']"),
+        ({"kind": "regex", "pattern": r"^Order \d+"}, "Order 12", True, "matches"),
+        ({"kind": "regex", "pattern": r"^Order \d+"}, "order 12", False, "no match"),
+        ({"kind": "json_schema", "schema": {"type": "object", "required": ["id"]}},
+         '{"id": 1}', True, "valid"),
+        ({"kind": "json_schema", "schema": {"type": "object", "required": ["id"]}},
+         '{"x": 1}', False, "not valid: 'id' is a required property"),
+        ({"kind": "json_schema", "schema": {}}, "plain", False, "not JSON"),
+        ({"kind": "function", "path": "tests.eval_helpers.says_shipped"}, "shipped", True,
+         "says shipped"),
+        ({"kind": "function", "path": "tests.eval_helpers.says_shipped"}, "lost", False,
+         "no 'shipped'"),
+    ],
+)  # fmt: skip
+def test_text_scorers(spec, answer, passed, reason):
+    (score,) = score_outcome(check_scorers([spec]), outcome(answer))
+
+    assert (score.name, score.passed, score.score) == (spec["kind"], passed, float(passed))
+    assert reason in score.reason
+
+
+def test_contains_scores_the_share_of_values_found():
+    (score,) = score_outcome([{"kind": "contains", "value": ["a", "b", "c", "d"]}], outcome("ab"))
+
+    assert (score.score, score.passed) == (0.5, False)
+
+
+CALLS = [{"name": "lookup_order", "arguments": {"order": "7", "verbose": True}}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "passed", "reason"),
+    [
+        ({"kind": "tool_call", "name": "lookup_order"}, True, "called lookup_order"),
+        ({"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "7"}}, True,
+         "called lookup_order with {'order': '7'}"),
+        ({"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "8"}}, False,
+         "called lookup_order, not with {'order': '8'}"),
+        ({"kind": "tool_call", "name": "refund"}, False, "never called refund"),
+        ({"kind": "tool_call", "name": "refund", "called": False}, True, "did not call refund"),
+        ({"kind": "tool_call", "name": "lookup_order", "called": False}, False, "should not"),
+    ],
+)  # fmt: skip
+def test_tool_call_expectations(spec, passed, reason):
+    (score,) = score_outcome([spec], outcome("", tool_calls=CALLS))
+
+    assert score.passed is passed
+    assert reason in score.reason
+
+
+def test_cost_and_latency_ceilings():
+    specs = check_scorers(
+        [{"kind": "max_cost", "dollars": "0.01"}, {"kind": "max_latency", "ms": 500}]
+    )
+
+    cheap_fast = score_outcome(specs, outcome("", cost=Decimal("0.01"), latency_ms=500))
+    dear_slow = score_outcome(specs, outcome("", cost=Decimal("0.02"), latency_ms=501))
+
+    assert [s.passed for s in cheap_fast] == [True, True]
+    assert [(s.passed, s.reason) for s in dear_slow] == [
+        (False, "cost $0.02 > $0.01"),
+        (False, "501 ms > 500 ms"),
+    ]
+
+
+def test_the_judge_reads_the_rubric_and_its_reasoning_is_kept():
+    asked: list[ModelRequest] = []
+
+    def judge(request: ModelRequest) -> Any:
+        asked.append(request)
+        return reply('Looks right. {"reasoning": "names the order and its state", "score": 0.8}')
+
+    providers.register("judge", FunctionProvider(judge))
+    try:
+        (passing,) = score_outcome(
+            [{"kind": "judge", "model": "judge:x", "rubric": "Says where the order is."}],
+            outcome("Order 7 shipped yesterday"),
+        )
+        (strict,) = score_outcome(
+            [{"kind": "judge", "model": "judge:x", "threshold": 0.9, "name": "strict"}],
+            outcome("Order 7 shipped yesterday"),
+        )
+    finally:
+        providers.unregister("judge")
+
+    assert (passing.name, passing.score, passing.passed) == ("judge (judge:x)", 0.8, True)
+    assert passing.reason == "names the order and its state"
+    assert (strict.name, strict.passed) == ("strict", False)
+    system, user = asked[0].messages
+    assert "Rubric: Says where the order is." in system.content
+    assert "Order 7 shipped yesterday" in user.content and "Order 7: shipped" in user.content
+
+
+def test_a_judge_that_gives_no_score_fails_saying_what_it_said():
+    providers.register("judge", FunctionProvider(lambda request: reply("I like it.")))
+    try:
+        (score,) = score_outcome([{"kind": "judge", "model": "judge:x"}], outcome("x"))
+    finally:
+        providers.unregister("judge")
+
+    assert (score.passed, score.reason) == (False, "the judge gave no score: I like it.")
+
+
+@pytest.mark.parametrize(
+    ("specs", "error"),
+    [
+        ({"kind": "exact"}, "An eval run's scorers are a list"),
+        ([{"kind": "fuzzy"}], "scorer 1 must be a dict whose 'kind' is one of exact"),
+        ([{"kind": "exact"}, {"kind": "regex"}], "scorer 2 (regex) needs pattern"),
+        ([{"kind": "regex", "pattern": "("}], "scorer 1: 'pattern' is not a regex"),
+        ([{"kind": "exact", "valeu": "x"}], "scorer 1 (exact) has unknown keys ['valeu']"),
+        ([{"kind": "max_cost", "dollars": "lots"}], "scorer 1: 'dollars' must be a number"),
+        ([{"kind": "function", "path": "tests.nowhere.f"}], "tests.nowhere.f"),
+    ],
+)
+def test_bad_scorers_are_refused_before_any_case_runs(specs, error, user):
+    eval_set = set_from_jsonl("s", [json.dumps({"messages": [{"role": "user", "content": "x"}]})])
+
+    with pytest.raises(ConfigurationError) as raised:
+        start_run(eval_set, "evalmodel:v2", scorers=specs)
+
+    assert error in str(raised.value)
+    assert not EvalRun.objects.exists()
+
+
+def test_a_case_passes_only_when_every_scorer_passes(user):
+    stored_chat(user, "Where is order 7?")
+    scorers = [
+        {"kind": "contains", "value": "shipped"},
+        {"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "7"}},
+        {"kind": "max_cost", "dollars": "0.001"},  # it costs $0.03
+    ]
+
+    run = start_run(set_from_chats("s", Chat.objects.all()), "evalmodel:v2", scorers=scorers)
+
+    case = run.cases.get()
+    assert case.state == EvalCaseState.FAILED
+    assert [s["passed"] for s in case.scores] == [True, True, False]
+    assert case.score == pytest.approx(2 / 3)
+
+
+# -- claims -----------------------------------------------------------------------------------
+def pending_case(user: Any) -> EvalCase:
+    stored_chat(user, "hello")
+    run = start_run(set_from_chats("s", Chat.objects.all()), "evalmodel:v2", send=False)
+    return run.cases.get()
+
+
+def test_a_finished_case_is_never_run_again(user):
+    case = pending_case(user)
+
+    assert run_case(case.pk).action == "done"
+    assert run_case(case.pk).action == "finished"
+
+    case.refresh_from_db()
+    assert (case.state, case.attempts, case.lease_token) == (EvalCaseState.PASSED, 1, "")
+
+
+def test_a_case_held_by_a_live_lease_is_left_to_its_job(user):
+    case = pending_case(user)
+    expires = timezone.now() + timedelta(seconds=20)
+    EvalCase.objects.filter(pk=case.pk).update(
+        state=EvalCaseState.RUNNING, lease_token="other", lease_expires_at=expires
+    )
+
+    outcome = run_case(case.pk)
+
+    assert outcome.action == "held"
+    assert 19 < outcome.retry_in <= 21
+    case.refresh_from_db()
+    assert (case.state, case.lease_token, case.answer) == (EvalCaseState.RUNNING, "other", "")
+
+
+def test_a_case_whose_lease_expired_is_taken_over_and_run_once_more(user):
+    case = pending_case(user)
+    expired = timezone.now() - timedelta(seconds=1)
+    EvalCase.objects.filter(pk=case.pk).update(
+        state=EvalCaseState.RUNNING, lease_token="dead", lease_expires_at=expired, attempts=1
+    )
+
+    assert run_case(case.pk).action == "done"
+
+    case.refresh_from_db()
+    assert (case.state, case.attempts, case.answer) == (EvalCaseState.PASSED, 2, "answer: hello")
+
+
+def test_a_job_that_lost_its_lease_writes_nothing(user, monkeypatch):
+    case = pending_case(user)
+    from agentloop.evals import runs
+
+    real = runs.replay
+
+    def taken_over_meanwhile(*args: Any) -> Any:
+        attempt = real(*args)
+        EvalCase.objects.filter(pk=case.pk).update(lease_token="another job")
+        return attempt
+
+    monkeypatch.setattr(runs, "replay", taken_over_meanwhile)
+
+    assert run_case(case.pk).action == "lost"
+
+    case.refresh_from_db()
+    assert (case.state, case.lease_token, case.answer) == (EvalCaseState.RUNNING, "another job", "")
+
+
+def test_no_case_starts_once_the_run_cost_its_limit(user):
+    for n in range(3):
+        stored_chat(user, f"hello {n}")
+    eval_set = set_from_chats("s", Chat.objects.order_by("pk"))
+
+    run = start_run(eval_set, "evalmodel:v2", max_cost="0.01")  # one case costs $0.015
+
+    states = list(run.cases.order_by("position").values_list("state", flat=True))
+    assert states == [EvalCaseState.PASSED, EvalCaseState.SKIPPED, EvalCaseState.SKIPPED]
+    assert run.progress() == {
+        "pending": 0, "running": 0, "passed": 1, "failed": 0, "error": 0, "skipped": 2,
+        "total": 3,
+    }  # fmt: skip
+
+
+def test_a_case_whose_chat_is_gone_is_an_error(user):
+    case = pending_case(user)
+    Chat.objects.all().delete()
+
+    run_case(case.pk)
+
+    case.refresh_from_db()
+    assert case.state == EvalCaseState.ERROR
+    assert "The case can't be replayed: chat" in case.error
+
+
+# -- reports ----------------------------------------------------------------------------------
+def hand_made_run(
+    eval_set: EvalSet, name: str, cases: list[tuple[str, float, str, int]]
+) -> EvalRun:
+    run = EvalRun.objects.create(eval_set=eval_set, name=name, model="x:y")
+    EvalCase.objects.bulk_create(
+        EvalCase(
+            run=run, position=n, state=state, score=score, cost=Decimal(cost), latency_ms=latency
+        )  # fmt: skip
+        for n, (state, score, cost, latency) in enumerate(cases)
+    )
+    return run
+
+
+def test_compare_is_right_on_a_hand_made_pair_of_runs():
+    eval_set = EvalSet.objects.create(name="pair", items=[{}] * 4)
+    a = hand_made_run(eval_set, "a", [
+        ("passed", 1.0, "0.01", 100), ("passed", 1.0, "0.01", 200),
+        ("failed", 0.5, "0.01", 300), ("failed", 0.0, "0.01", 400),
+    ])  # fmt: skip
+    b = hand_made_run(eval_set, "b", [
+        ("passed", 1.0, "0.02", 50), ("failed", 0.5, "0.02", 60),
+        ("passed", 1.0, "0.02", 70), ("passed", 1.0, "0.02", 1000),
+    ])  # fmt: skip
+
+    comparison = compare(a, b)
+
+    assert (comparison.a.pass_rate, comparison.b.pass_rate) == (0.5, 0.75)
+    assert (comparison.a.mean_score, comparison.b.mean_score) == (0.625, 0.875)
+    assert (comparison.a.cost, comparison.b.cost) == (Decimal("0.04"), Decimal("0.08"))
+    assert (comparison.a.p50_ms, comparison.a.p95_ms) == (200, 400)
+    assert (comparison.b.p50_ms, comparison.b.p95_ms) == (60, 1000)
+    assert comparison.changed == [(1, "passed", "failed"), (2, "failed", "passed"),
+                                  (3, "failed", "passed")]  # fmt: skip
+    assert comparison.table("a", "b").splitlines() == [
+        "                               a        b",
+        "cases                          4        4",
+        "pass rate                  50.0%    75.0%",
+        "mean score                 0.625    0.875",
+        "cost                     $0.0400  $0.0800",
+        "p50 latency               200 ms    60 ms",
+        "p95 latency               400 ms  1000 ms",
+        "errors                         0        0",
+        "calls with no recording        0        0",
+        "",
+        "cases that changed: 3 (2 now pass, 1 no longer pass)",
+        "  case 1: passed -> failed",
+        "  case 2: failed -> passed",
+        "  case 3: failed -> passed",
+    ]
+
+
+def test_percentiles_are_nearest_rank():
+    assert percentile([], 0.5) is None
+    assert percentile([5], 0.95) == 5
+    assert percentile(list(range(1, 101)), 0.5) == 50
+    assert percentile(list(range(1, 101)), 0.95) == 95
+
+
+def test_summarize_leaves_out_skipped_cases():
+    eval_set = EvalSet.objects.create(name="s", items=[{}] * 2)
+    run = hand_made_run(eval_set, "r", [("passed", 1.0, "0.01", 10), ("skipped", None, "0", 0)])
+
+    summary = summarize(run)
+
+    assert (summary.total, summary.finished, summary.pass_rate) == (2, 1, 1.0)

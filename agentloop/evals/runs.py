@@ -64,7 +64,7 @@ def start_run(
     """A run of ``model`` (with the rest of the candidate) over ``eval_set``, one case per
     item; with ``send``, its cases go to the background (:func:`send_cases`). Scorers
     default to one ``exact`` comparison with the recorded answer."""
-    specs = check_scorers([{"kind": "exact"}] if scorers is None else list(scorers))
+    specs = check_scorers([{"kind": "exact"}] if scorers is None else scorers)
     if fail_under is not None and not 0 <= fail_under <= 1:
         raise ConfigurationError(f"fail_under is a pass rate from 0 to 1, not {fail_under}")
     with transaction.atomic():
