@@ -3,12 +3,14 @@ cases claimed once, and the reports; in this process (the Celery path: test_eval
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agentloop import providers
@@ -515,3 +517,125 @@ def test_summarize_leaves_out_skipped_cases():
     summary = summarize(run)
 
     assert (summary.total, summary.finished, summary.pass_rate) == (2, 1, 1.0)
+
+
+# -- the command ------------------------------------------------------------------------------
+def agentloop_command(*args: str) -> tuple[int, str, str]:
+    """``manage.py agentloop ARGS``: the exit status the shell sees (a CommandError's
+    ``returncode``), the output and the error line."""
+    out = io.StringIO()
+    try:
+        call_command("agentloop", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue(), str(exc)
+    return 0, out.getvalue(), ""
+
+
+def two_chat_set(user: Any) -> EvalSet:
+    stored_chat(user, "Where is order 7?")
+    stored_chat(user, "hello")
+    status, out, _ = agentloop_command("eval", "set", "support", "--latest", "2")
+    assert (status, out) == (0, "Eval set 'support' (pk 1): 2 cases.\n".replace(
+        "pk 1", f"pk {EvalSet.objects.get().pk}"))  # fmt: skip
+    return EvalSet.objects.get()
+
+
+def test_eval_run_exits_zero_at_or_over_the_threshold(user):
+    two_chat_set(user)
+    contains = '{"kind": "contains", "value": "shipped"}'
+
+    ok = agentloop_command("eval", "run", "support", "--model", "evalmodel:v2", "--fail-under", "1")
+    half = agentloop_command(
+        "eval", "run", "support", "--model", "evalmodel:v2", "--scorer", contains,
+        "--fail-under", "0.5",
+    )  # fmt: skip
+
+    assert ok[0] == 0
+    assert "Pass rate 100.0% (2/2)" in ok[1]
+    assert half[0] == 0
+    assert "Pass rate 50.0% (1/2)" in half[1]
+
+
+def test_eval_run_exits_one_under_the_threshold(user):
+    two_chat_set(user)
+    contains = '{"kind": "contains", "value": "shipped"}'
+
+    status, out, err = agentloop_command(
+        "eval", "run", "support", "--model", "evalmodel:v2", "--scorer", contains,
+        "--fail-under", "0.9",
+    )  # fmt: skip
+
+    assert status == 1
+    run = EvalRun.objects.get()
+    assert f"Eval run {run.pk} failed: pass rate 50.0% is under 90.0%." in err
+    assert "contains: missing ['shipped']" in out
+
+
+def test_eval_run_with_a_judge(user):
+    two_chat_set(user)
+    providers.register(
+        "judge", FunctionProvider(lambda r: reply('{"score": 1, "reasoning": "ok"}'))
+    )
+    try:
+        status, out, _ = agentloop_command(
+            "eval", "run", "support", "--model", "evalmodel:v2", "--judge", "judge:x",
+            "--rubric", "Polite.", "--scorer", '{"kind": "regex", "pattern": "."}',
+        )  # fmt: skip
+    finally:
+        providers.unregister("judge")
+
+    assert status == 0
+    run = EvalRun.objects.get()
+    assert run.scorers == [
+        {"kind": "regex", "pattern": "."},
+        {"kind": "judge", "model": "judge:x", "rubric": "Polite."},
+    ]
+    assert [s["reason"] for s in run.cases.first().scores] == ["matches '.'", "ok"]
+
+
+def test_eval_compare_prints_the_table(user):
+    two_chat_set(user)
+    agentloop_command("eval", "run", "support", "--model", "evalmodel:v2", "--name", "old")
+    agentloop_command(
+        "eval", "run", "support", "--model", "evalmodel:v2", "--name", "new",
+        "--instructions", "Be new.",
+    )  # fmt: skip
+    old, new = EvalRun.objects.order_by("pk")
+
+    status, out, _ = agentloop_command("eval", "compare", str(old.pk), str(new.pk))
+
+    assert status == 0
+    assert out.splitlines()[:3] == [
+        "                             old      new",
+        "cases                          2        2",
+        "pass rate                 100.0%   100.0%",
+    ]
+    assert "cases that changed: 0" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["eval", "run", "nope", "--model", "x:y"], "No eval set named 'nope'."),
+        (["eval", "run", "support", "--model", "x:y", "--scorer", "{"], "is not JSON"),
+        (["eval", "run", "support", "--model", "x:y", "--scorer", '{"kind": "f"}'],
+         "scorer 1 must be a dict whose 'kind' is one of"),
+        (["eval", "run", "support", "--model", "x:y", "--fail-under", "2"],
+         "fail_under is a pass rate from 0 to 1, not 2.0"),
+        (["eval", "run", "support", "--model", "x:y", "--max-cost", "lots"],
+         "--max-cost must be a number of dollars"),
+        (["eval", "compare", "98", "99"], "No eval run with the primary key 98."),
+        (["eval", "set", "support", "--latest", "1"], "An eval set named 'support' exists"),
+        (["eval", "set", "other", "--jsonl", "/nonexistent.jsonl"], "Can't read /nonexistent"),
+        (["eval", "set", "other", "--chat", "9999"], "No chat with the primary key 9999."),
+    ],
+)  # fmt: skip
+def test_eval_command_errors_are_one_line(user, args, error):
+    two_chat_set(user)
+
+    status, _, err = agentloop_command(*args)
+
+    assert status == 1
+    assert error in err
+    assert len(err.strip().splitlines()) == 1
+    assert EvalRun.objects.count() == 0
