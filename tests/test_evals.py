@@ -253,14 +253,14 @@ CALLS = [{"name": "lookup_order", "arguments": {"order": "7", "verbose": True}}]
 @pytest.mark.parametrize(
     ("spec", "passed", "reason"),
     [
-        ({"kind": "tool_call", "name": "lookup_order"}, True, "called lookup_order"),
-        ({"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "7"}}, True,
+        ({"kind": "tool_call", "tool": "lookup_order"}, True, "called lookup_order"),
+        ({"kind": "tool_call", "tool": "lookup_order", "arguments": {"order": "7"}}, True,
          "called lookup_order with {'order': '7'}"),
-        ({"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "8"}}, False,
+        ({"kind": "tool_call", "tool": "lookup_order", "arguments": {"order": "8"}}, False,
          "called lookup_order, not with {'order': '8'}"),
-        ({"kind": "tool_call", "name": "refund"}, False, "never called refund"),
-        ({"kind": "tool_call", "name": "refund", "called": False}, True, "did not call refund"),
-        ({"kind": "tool_call", "name": "lookup_order", "called": False}, False, "should not"),
+        ({"kind": "tool_call", "tool": "refund"}, False, "never called refund"),
+        ({"kind": "tool_call", "tool": "refund", "called": False}, True, "did not call refund"),
+        ({"kind": "tool_call", "tool": "lookup_order", "called": False}, False, "should not"),
     ],
 )  # fmt: skip
 def test_tool_call_expectations(spec, passed, reason):
@@ -349,7 +349,7 @@ def test_a_case_passes_only_when_every_scorer_passes(user):
     stored_chat(user, "Where is order 7?")
     scorers = [
         {"kind": "contains", "value": "shipped"},
-        {"kind": "tool_call", "name": "lookup_order", "arguments": {"order": "7"}},
+        {"kind": "tool_call", "tool": "lookup_order", "arguments": {"order": "7"}},
         {"kind": "max_cost", "dollars": "0.001"},  # it costs $0.03
     ]
 

@@ -1,8 +1,9 @@
 """Admin: a chat's change page is a timeline of its transcript; the list scales to many chats.
 
 Importing this package registers ``Chat`` (``chats``), ``ToolCall``, ``Usage`` and
-``Message`` (``rows``), ``Batch`` (``batches``) and ``Budget`` (``budgets``: spend against
-budget per subject) with the default admin site. The chat
+``Message`` (``rows``), ``Batch`` (``batches``), ``Budget`` (``budgets``: spend against
+budget per subject) and the evals' sets, runs and cases (``evals``) with the default admin
+site. The chat
 list's filters and actions live in ``filters`` and ``actions``; the timeline its change
 page renders is ``build_timeline`` (``timeline``); the approval inbox across chats is
 ``ApprovalInbox`` (``inbox``), served by ``ChatAdmin``.
@@ -19,6 +20,7 @@ from .actions import (
 from .batches import BatchAdmin
 from .budgets import BudgetAdmin
 from .chats import ChatAdmin
+from .evals import EvalCaseAdmin, EvalRunAdmin, EvalSetAdmin, make_eval_set
 from .inbox import ApprovalInbox
 from .rows import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
@@ -30,6 +32,9 @@ __all__ = [
     "BatchAdmin",
     "BudgetAdmin",
     "ChatAdmin",
+    "EvalCaseAdmin",
+    "EvalRunAdmin",
+    "EvalSetAdmin",
     "MessageAdmin",
     "Timeline",
     "ToolCallAdmin",
@@ -39,6 +44,7 @@ __all__ = [
     "cancel_chats",
     "deny_pending",
     "halt_chats",
+    "make_eval_set",
     "resume_chats",
     "switch_model",
 ]

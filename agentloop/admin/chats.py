@@ -43,6 +43,7 @@ from .actions import (
     resume_chats,
     switch_model,
 )
+from .evals import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
 from .inbox import ApprovalInbox
 from .relations import has_field, related_model
@@ -93,6 +94,7 @@ class ChatAdmin(admin.ModelAdmin):
     change_list_template = "admin/agentloop/chat/change_list.html"
     actions = [
         cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending,
+        make_eval_set,
     ]  # fmt: skip
     # Five columns fit the content column of a 1280 px screen beside both sidebars: the chat
     # shows its model under its title, the state what it waits for, the last activity the

@@ -13,7 +13,7 @@ A run names its scorers as dicts (stored on the row, so any worker can score), e
 ``json_schema`` the answer is JSON valid against ``schema``
 ``function``    ``path`` names ``function(outcome) -> bool | float | (score, reason)``;
                 a float passes at ``threshold`` (default 1.0)
-``tool_call``   a call of ``name`` was made (``called: false``: none was) whose arguments
+``tool_call``   a call of ``tool`` was made (``called: false``: none was) whose arguments
                 include ``arguments`` (each key equal)
 ``judge``       ``model`` reads the ``rubric``, the input, the recorded answer and the answer
                 and gives a score from 0 to 1 with its reasoning; passes at ``threshold``
@@ -80,7 +80,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "regex": (("pattern",), ()),
     "json_schema": (("schema",), ()),
     "function": (("path",), ("threshold",)),
-    "tool_call": (("name",), ("arguments", "called")),
+    "tool_call": (("tool",), ("arguments", "called")),
     "judge": (("model",), ("rubric", "threshold", "provider")),
     "max_cost": (("dollars",), ()),
     "max_latency": (("ms",), ()),
@@ -200,19 +200,19 @@ def _function(spec: dict[str, Any], outcome: Outcome) -> tuple[float, str, float
 
 def _tool_call(spec: dict[str, Any], outcome: Outcome) -> tuple[float, str]:
     wanted = spec.get("arguments") or {}
-    calls = [c for c in outcome.tool_calls if c.get("name") == spec["name"]]
+    calls = [c for c in outcome.tool_calls if c.get("name") == spec["tool"]]
     matching = [
         c for c in calls if all(c.get("arguments", {}).get(k) == v for k, v in wanted.items())
     ]
     if spec.get("called", True):
         if matching:
-            return 1.0, f"called {spec['name']}" + (f" with {wanted}" if wanted else "")
+            return 1.0, f"called {spec['tool']}" + (f" with {wanted}" if wanted else "")
         if calls:
-            return 0.0, f"called {spec['name']}, not with {wanted}: {calls[0].get('arguments')}"
-        return 0.0, f"never called {spec['name']}"
+            return 0.0, f"called {spec['tool']}, not with {wanted}: {calls[0].get('arguments')}"
+        return 0.0, f"never called {spec['tool']}"
     if matching:
-        return 0.0, f"called {spec['name']}, which it should not"
-    return 1.0, f"did not call {spec['name']}"
+        return 0.0, f"called {spec['tool']}, which it should not"
+    return 1.0, f"did not call {spec['tool']}"
 
 
 def _judge(spec: dict[str, Any], outcome: Outcome) -> Score:
