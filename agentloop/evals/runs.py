@@ -25,6 +25,7 @@ from django.utils import timezone
 from ..conf import agentloop_settings, get_chat_model
 from ..exceptions import ConfigurationError
 from ..models import EvalCase, EvalCaseState, EvalRun, EvalSet
+from ..runners import runner_name
 from .replay import Attempt, Candidate, replay
 from .scorers import Outcome, check_scorers, score_outcome
 from .sets import item_turn
@@ -92,9 +93,6 @@ def start_run(
 
 
 def _runs_in_background() -> bool:
-    # Function-local: runners.sending reads the runner setting; imported where it is asked.
-    from ..runners import runner_name
-
     return runner_name() == "celery"
 
 

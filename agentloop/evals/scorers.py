@@ -34,6 +34,7 @@ from typing import Any
 
 from ..exceptions import AgentloopError, ConfigurationError
 from ..import_paths import load_by_path
+from ..in_memory import chat
 
 __all__ = ["KINDS", "JUDGE_INSTRUCTIONS", "Outcome", "Score", "check_scorers", "score_outcome"]
 
@@ -170,11 +171,13 @@ def _regex(spec: dict[str, Any], outcome: Outcome) -> tuple[float, str]:
 
 def _json_schema(spec: dict[str, Any], outcome: Outcome) -> tuple[float, str]:
     try:
-        # Function-local: jsonschema comes with the mcp extra; only this scorer needs it.
-        import jsonschema
+        # Function-local: jsonschema comes with the mcp extra (it has no type stubs); only
+        # this scorer needs it.
+        import jsonschema  # type: ignore[import-untyped]
     except ImportError as exc:  # pragma: no cover - a dev dependency
         raise ConfigurationError(
-            "The json_schema scorer needs jsonschema: install agentloop[mcp]"
+            "The json_schema scorer needs jsonschema: pip install jsonschema "
+            "(or install agentloop[mcp])"
         ) from exc
     try:
         value = json.loads(outcome.answer)
@@ -216,9 +219,6 @@ def _tool_call(spec: dict[str, Any], outcome: Outcome) -> tuple[float, str]:
 
 
 def _judge(spec: dict[str, Any], outcome: Outcome) -> Score:
-    # Function-local: agentloop.in_memory imports the engine, which evals load lazily too.
-    from ..in_memory import chat
-
     judge = chat(spec["model"], provider=spec.get("provider"))
     judge.with_instructions(
         JUDGE_INSTRUCTIONS + "\n\nRubric: " + (spec.get("rubric") or DEFAULT_RUBRIC)
