@@ -639,3 +639,43 @@ def test_eval_command_errors_are_one_line(user, args, error):
     assert error in err
     assert len(err.strip().splitlines()) == 1
     assert EvalRun.objects.count() == 0
+
+
+# -- the admin --------------------------------------------------------------------------------
+def test_the_chat_lists_action_makes_an_eval_set(user, admin_client):
+    chats = [stored_chat(user, "Where is order 7?"), stored_chat(user, "hello")]
+
+    response = admin_client.post(
+        "/admin/agentloop/chat/",
+        {"action": "make_eval_set", "_selected_action": [c.pk for c in chats]},
+        follow=True,
+    )
+
+    eval_set = EvalSet.objects.get()
+    assert [item["chat"] for item in eval_set.items] == [c.pk for c in chats]
+    assert f"/admin/agentloop/evalset/{eval_set.pk}/change/" in response.content.decode()
+
+
+def test_a_runs_page_shows_each_case_beside_its_baseline_with_a_diff(user, admin_client):
+    stored_chat(user, "hello <b>there</b>")
+    eval_set = set_from_chats("s", Chat.objects.all())
+    baseline = start_run(eval_set, "evalmodel:v2", name="before")
+    providers.register("other", FunctionProvider(lambda r: reply("answer: hello <i>you</i>")))
+    try:
+        run = start_run(eval_set, "other:x", baseline=baseline, name="after")
+    finally:
+        providers.unregister("other")
+
+    listed = admin_client.get("/admin/agentloop/evalrun/").content.decode()
+    page = admin_client.get(f"/admin/agentloop/evalrun/{run.pk}/change/").content.decode()
+
+    assert "1/1 (0 passed, 1 failed, 0 errors, 0 running)" in listed
+    assert "1/1 (1 passed, 0 failed" in listed
+    assert "<del>&lt;b&gt;there&lt;/b&gt;</del> <ins>&lt;i&gt;you&lt;/i&gt;</ins>" in page
+    assert "<b>there</b>" not in page and "<i>you</i>" not in page  # model text is escaped
+    assert "baseline run" in page
+    assert (
+        admin_client.get(f"/admin/agentloop/evalcase/{run.cases.get().pk}/change/").status_code
+        == 200
+    )
+    assert admin_client.get(f"/admin/agentloop/evalset/{eval_set.pk}/change/").status_code == 200
