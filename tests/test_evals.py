@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -406,6 +407,29 @@ def test_a_case_whose_lease_expired_is_taken_over_and_run_once_more(user):
     assert (case.state, case.attempts, case.answer) == (EvalCaseState.PASSED, 2, "answer: hello")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_is_renewed_while_the_candidate_answers(user, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "LEASE_SECONDS": 0.3}
+    case = pending_case(user)
+    meanwhile: list[str] = []
+
+    def slow(request: ModelRequest) -> Any:
+        time.sleep(0.9)  # three leases long: renewed every 0.1 s meanwhile
+        meanwhile.append(run_case(case.pk).action)  # another job, now
+        return reply("answer: hello")
+
+    providers.register("slow", FunctionProvider(slow))
+    try:
+        EvalRun.objects.filter(pk=case.run_id).update(model="slow:x")
+        assert run_case(case.pk).action == "done"
+    finally:
+        providers.unregister("slow")
+
+    assert meanwhile == ["held"]
+    case.refresh_from_db()
+    assert (case.state, case.attempts) == (EvalCaseState.PASSED, 1)
+
+
 def test_a_job_that_lost_its_lease_writes_nothing(user, monkeypatch):
     case = pending_case(user)
     from agentloop.evals import runs
@@ -449,6 +473,18 @@ def test_a_case_whose_chat_is_gone_is_an_error(user):
     case.refresh_from_db()
     assert case.state == EvalCaseState.ERROR
     assert "The case can't be replayed: chat" in case.error
+
+
+def test_a_run_of_a_set_whose_chat_was_deleted_makes_its_case_an_error(user):
+    chat = stored_chat(user, "hello")
+    eval_set = set_from_chats("s", Chat.objects.all())
+    Chat.objects.all().delete()
+
+    run = start_run(eval_set, "evalmodel:v2")
+
+    case = run.cases.get()
+    assert (case.source_chat_id, case.input, case.reference) == (chat.pk, "hello", "answer: hello")
+    assert case.state == EvalCaseState.ERROR
 
 
 # -- reports ----------------------------------------------------------------------------------

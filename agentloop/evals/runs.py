@@ -76,6 +76,7 @@ def start_run(
             fail_under=fail_under, max_cost=None if max_cost is None else Decimal(str(max_cost)),
             baseline=baseline,
         )  # fmt: skip
+        items = eval_set.items
         EvalCase.objects.bulk_create(
             EvalCase(
                 run=run,
@@ -84,8 +85,8 @@ def start_run(
                 source_message_id=item.get("turn"),
                 input=item.get("input", ""),
                 reference=item.get("reference", ""),
-            )  # fmt: skip
-            for position, item in enumerate(eval_set.items)
+            )
+            for position, item in enumerate(items)
         )
         if send:
             send_cases(run)

@@ -133,14 +133,18 @@ class EvalCase(models.Model):
     )
     #: the item's index in the set.
     position = models.PositiveIntegerField(_("position"))
+    #: the chat and user message replayed, as references only (no constraint, nothing done
+    #: on delete): deleting or erasing chats never waits on eval rows, and a case keeps the
+    #: turn's text and recorded answer (``input``, ``reference``) when its chat is gone.
     source_chat = models.ForeignKey(
-        Chat, verbose_name=_("source chat"), null=True, blank=True,
-        on_delete=models.SET_NULL, related_name="+",
+        Chat, verbose_name=_("source chat"), null=True, blank=True, db_constraint=False,
+        on_delete=models.DO_NOTHING, related_name="+",
     )  # fmt: skip
     source_message = models.ForeignKey(
-        Message, verbose_name=_("user turn"), null=True, blank=True,
-        on_delete=models.SET_NULL, related_name="+",
+        Message, verbose_name=_("user turn"), null=True, blank=True, db_constraint=False,
+        on_delete=models.DO_NOTHING, related_name="+",
     )  # fmt: skip
+
     input = StorableTextField(_("input"), blank=True)
     reference = StorableTextField(_("recorded answer"), blank=True)
     state = StorableCharField(
