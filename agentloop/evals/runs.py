@@ -83,6 +83,7 @@ def start_run(
                 position=position,
                 source_chat_id=item.get("chat"),
                 source_message_id=item.get("turn"),
+                item=item,
                 input=item.get("input", ""),
                 reference=item.get("reference", ""),
             )
@@ -187,7 +188,7 @@ def _over_budget(run: EvalRun) -> bool:
 
 def run_case(case_id: Any) -> CaseOutcome:
     """Replay and score one case, if no other job holds it (the job body of every runner)."""
-    case = EvalCase.objects.select_related("run", "run__eval_set").filter(pk=case_id).first()
+    case = EvalCase.objects.select_related("run").filter(pk=case_id).first()
     if case is None:
         return CaseOutcome("gone")
     if case.state not in (EvalCaseState.PENDING, EvalCaseState.RUNNING):
@@ -225,8 +226,7 @@ def candidate_of(run: EvalRun) -> Candidate:
 
 def _outcome(case: EvalCase, run: EvalRun) -> dict[str, Any]:
     """The case's row values once replayed and scored (errors become the case's error)."""
-    items = run.eval_set.items
-    item = items[case.position] if case.position < len(items) else {}
+    item = case.item
     try:
         turn = item_turn(item, get_chat_model())
     except (ConfigurationError, KeyError, ValueError) as exc:

@@ -58,6 +58,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('position', models.PositiveIntegerField(verbose_name='position')),
+                ('item', models.JSONField(blank=True, default=dict, editable=False, verbose_name='item')),
                 ('input', models.TextField(blank=True, verbose_name='input')),
                 ('reference', models.TextField(blank=True, verbose_name='recorded answer')),
                 ('state', models.CharField(choices=[('pending', 'pending'), ('running', 'running'), ('passed', 'passed'), ('failed', 'failed'), ('error', 'error'), ('skipped', 'skipped')], default='pending', max_length=20, verbose_name='state')),

@@ -145,6 +145,8 @@ class EvalCase(models.Model):
         on_delete=models.DO_NOTHING, related_name="+",
     )  # fmt: skip
 
+    #: the set's item, copied: a case's job reads its own item, not the whole set.
+    item = StorableJSONField(_("item"), default=dict, blank=True, editable=False)
     input = StorableTextField(_("input"), blank=True)
     reference = StorableTextField(_("recorded answer"), blank=True)
     state = StorableCharField(
