@@ -5,10 +5,12 @@ the candidate is ``EvalModel`` (tests/eval_helpers.py), made from settings in ev
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from agentloop import providers
 from agentloop.evals.runs import start_run
@@ -88,3 +90,26 @@ def test_a_worker_killed_mid_run_loses_no_case_and_records_none_twice(background
     attempts = {c.input: c.attempts for c in cases}
     assert all(attempts[m] == 1 for m in set(attempts) - in_flight)
     assert EvalCase.objects.filter(run=run).count() == 16
+
+
+def test_the_command_runs_a_set_in_the_background_and_shows_progress(background, user):
+    stored_chats(user, [f"Where is order {n}? sleep=0.1" for n in range(6)] + ["hello"])
+    background.start_worker("w1", PROVIDERS=PROVIDERS)
+    call_command("agentloop", "eval", "set", "orders", "--latest", "7", stdout=io.StringIO())
+    out = io.StringIO()
+
+    with pytest.raises(CommandError) as failed:
+        call_command(
+            "agentloop", "eval", "run", "orders", "--model", "evalmodel:v2", "--background",
+            "--scorer", '{"kind": "contains", "value": "shipped"}', "--fail-under", "0.9",
+            stdout=out,
+        )  # fmt: skip
+
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("7 cases of 'orders' on evalmodel:v2.")
+    progress = [line for line in lines if " done (" in line]
+    assert progress[-1] == "  7/7 done (6 passed, 1 failed, 0 errors, 0 running)"
+    assert len(progress) >= 2  # shown as it went, not only at the end
+    assert "Pass rate 85.7% (6/7)" in out.getvalue()
+    assert failed.value.returncode == 1
+    assert background.runs() == []
