@@ -710,6 +710,8 @@ def test_a_runs_page_shows_each_case_beside_its_baseline_with_a_diff(user, admin
     assert "<del>&lt;b&gt;there&lt;/b&gt;</del> <ins>&lt;i&gt;you&lt;/i&gt;</ins>" in page
     assert "<b>there</b>" not in page and "<i>you</i>" not in page  # model text is escaped
     assert "baseline run" in page
+    assert page.count('class="agentloop-chart"') == 2  # cost and latency, this run and before
+    assert "after p95" in page and "before p50" in page
     assert (
         admin_client.get(f"/admin/agentloop/evalcase/{run.cases.get().pk}/change/").status_code
         == 200

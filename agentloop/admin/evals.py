@@ -1,7 +1,8 @@
 """Evals in the admin: sets, runs with their progress and pass rate, and a run's cases side
 by side with its baseline (the recorded answer, or another run's), with a word diff, the
-scores and their reasons. The chat list's action ``make_eval_set`` saves the selected chats
-as a set. Text from models and tools is escaped wherever it is shown."""
+scores and their reasons, and the cost and latency of both runs as SVG charts. The chat
+list's action ``make_eval_set`` saves the selected chats as a set. Text from models and
+tools is escaped wherever it is shown."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from django.utils.translation import gettext_lazy as _
 from ..evals.reports import summarize
 from ..evals.sets import set_from_chats
 from ..models import EvalCase, EvalRun, EvalSet
+from .svg_charts import horizontal_bars
 
 __all__ = ["EvalCaseAdmin", "EvalRunAdmin", "EvalSetAdmin", "make_eval_set", "word_diff"]
 
@@ -73,7 +75,7 @@ class EvalRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "eval_set", "model", "progress_shown", "pass_rate", "created_at")
     list_filter = ("eval_set",)
     list_select_related = ("eval_set",)
-    readonly_fields = ("progress_shown", "pass_rate", "side_by_side")
+    readonly_fields = ("progress_shown", "pass_rate", "charts", "side_by_side")
     raw_id_fields = ("baseline",)
 
     @admin.display(description=_("progress"))
@@ -91,6 +93,28 @@ class EvalRunAdmin(admin.ModelAdmin):
         if not summary.finished:
             return "—"
         return f"{summary.pass_rate:.1%} · ${summary.cost:.4f} · p50 {summary.p50_ms} ms"
+
+    @admin.display(description=_("cost and latency"))
+    def charts(self, obj: EvalRun) -> SafeString:
+        """Cost and latency of this run and its baseline run (when it has one), as SVG."""
+        runs = [(str(obj.name or _("this run")), summarize(obj))]
+        if obj.baseline is not None:
+            runs.append((str(obj.baseline.name or _("baseline")), summarize(obj.baseline)))
+        cost = horizontal_bars(
+            [(name, summary.cost, f"{summary.finished} cases") for name, summary in runs],
+            title=str(_("Cost")),
+            formatter=lambda value: f"${value:.4f}",
+        )
+        latency = horizontal_bars(
+            [
+                (f"{name} {label}", value or 0, "")
+                for name, summary in runs
+                for label, value in (("p50", summary.p50_ms), ("p95", summary.p95_ms))
+            ],
+            title=str(_("Latency")),
+            formatter=lambda value: f"{value:.0f} ms",
+        )
+        return format_html("{}{}", cost, latency)
 
     @admin.display(description=_("cases, side by side with the baseline"))
     def side_by_side(self, obj: EvalRun) -> SafeString:
