@@ -717,3 +717,21 @@ def test_a_runs_page_shows_each_case_beside_its_baseline_with_a_diff(user, admin
         == 200
     )
     assert admin_client.get(f"/admin/agentloop/evalset/{eval_set.pk}/change/").status_code == 200
+
+
+def test_a_candidate_that_keeps_calling_tools_is_stopped_as_an_error(user):
+    stored_chat(user, "Where is order 7?")
+    forever = FunctionProvider(lambda request: tool_call("lookup_order", {"order": "7"}))
+    providers.register("forever", forever)
+    try:
+        run = start_run(
+            set_from_chats("s", Chat.objects.all()), "forever:x",
+            settings={"limits": {"max_model_calls": 3}},
+        )  # fmt: skip
+    finally:
+        providers.unregister("forever")
+
+    case = run.cases.get()
+    assert case.state == EvalCaseState.ERROR
+    assert case.error == "max_model_calls reached (3 of 3)"
+    assert len(case.tool_calls) == 3

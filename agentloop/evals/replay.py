@@ -24,7 +24,10 @@ from ..import_paths import load_by_path
 from ..messages import Message, MessageStatus
 from ..tools import Tool, format_result, load_tool
 
-__all__ = ["NO_RECORDING", "Attempt", "Candidate", "Recording", "Turn", "replay"]
+__all__ = ["DEFAULT_LIMITS", "NO_RECORDING", "Attempt", "Candidate", "Recording", "Turn", "replay"]
+
+#: a replay's limits unless its run's ``settings["limits"]`` says otherwise.
+DEFAULT_LIMITS: dict[str, Any] = {"max_model_calls": 20}
 
 #: the result of a call that matches no recorded call.
 NO_RECORDING = "No recording: this eval has no recorded result of {name} with these arguments."
@@ -181,6 +184,8 @@ def _conversation(turn: Turn, candidate: Candidate) -> Conversation[Message]:
         conversation.with_max_output_tokens(settings["max_output_tokens"])
     if settings.get("provider_options"):
         conversation.with_provider_options(**settings["provider_options"])
+    # A candidate that keeps calling tools must not hold a worker forever.
+    conversation.with_limits(**{**DEFAULT_LIMITS, **(settings.get("limits") or {})})
     return conversation
 
 

@@ -89,8 +89,8 @@ def start_run(
             )
             for position, item in enumerate(items)
         )
-        if send:
-            send_cases(run)
+    if send:  # after the commit: a case run here holds no transaction open meanwhile
+        send_cases(run)
     return run
 
 

@@ -63,7 +63,8 @@ class EvalRun(models.Model):
     tools = StorableJSONField(_("tools (import paths)"), default=list, blank=True)
     #: an agent's import path: its model, instructions and tools unless set above.
     agent_path = StorableCharField(_("agent import path"), max_length=300, blank=True)
-    #: ``temperature``, ``max_output_tokens``, ``provider_options``.
+    #: ``temperature``, ``max_output_tokens``, ``provider_options``, ``limits`` (a case's
+    #: ``with_limits``; default ``{"max_model_calls": 20}``).
     settings = StorableJSONField(_("settings"), default=dict, blank=True)
     #: names of tools that run for real; every other tool answers from the recording.
     live_tools = StorableJSONField(_("tools run for real"), default=list, blank=True)
