@@ -17,7 +17,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -170,16 +170,18 @@ class _Heartbeat:
         self._thread.join()
 
     def _beat(self, case_id: Any, token: str) -> None:
-        # Function-local: the thread's own connection is closed when it ends.
-        from django.db import connection
-
         try:
             while not self._stop.wait(float(agentloop_settings.LEASE_SECONDS) / 3):
-                EvalCase.objects.filter(pk=case_id, lease_token=token).update(
-                    lease_expires_at=_lease_expiry()
-                )
+                try:
+                    EvalCase.objects.filter(pk=case_id, lease_token=token).update(
+                        lease_expires_at=_lease_expiry()
+                    )
+                except DatabaseError:
+                    # Tried again at the next beat; a lease that ends meanwhile may be taken
+                    # over, and then this job's outcome is not written (never twice).
+                    connection.close()
         finally:
-            connection.close()
+            connection.close()  # this thread's own connection
 
 
 def _over_budget(run: EvalRun) -> bool:
