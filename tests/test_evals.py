@@ -185,6 +185,25 @@ def test_the_candidates_instructions_replace_the_recorded_ones(user):
     assert seen == [[("system", "Be new."), ("user", "hi")]]
 
 
+def test_an_agent_as_candidate_brings_its_instructions(user):
+    chat = Chat.objects.create(model="evalmodel:v1", owner=user).with_instructions("Be old.")
+    chat.ask("hi")
+    seen: list[list[tuple[str, str]]] = []
+
+    def record(request: ModelRequest) -> Any:
+        seen.append([(m.role, m.content) for m in request.messages])
+        return reply("hello")
+
+    providers.register("seeing", FunctionProvider(record))
+    try:
+        run = start_run(set_from_chats("s", [chat]), "seeing:x", agent_path="tests.agents.Writer")
+    finally:
+        providers.unregister("seeing")
+
+    assert seen == [[("system", "You are WRITER."), ("user", "hi")]]  # the run's model, though
+    assert run.cases.get().answer == "hello"
+
+
 def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_month": "100"}}
     chat = stored_chat(user, "Where is order 7?")
