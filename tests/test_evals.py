@@ -711,6 +711,19 @@ def test_the_chat_lists_action_makes_an_eval_set(user, admin_client):
     assert f"/admin/agentloop/evalset/{eval_set.pk}/change/" in response.content.decode()
 
 
+def test_the_action_needs_the_permission_to_add_eval_sets(user, viewer):
+    chat = stored_chat(user, "hello")
+
+    response = viewer.post(
+        "/admin/agentloop/chat/",
+        {"action": "make_eval_set", "_selected_action": [chat.pk]},
+        follow=True,
+    )
+
+    assert "You may not add eval sets: nothing was made." in response.content.decode()
+    assert not EvalSet.objects.exists()
+
+
 def test_a_runs_page_shows_each_case_beside_its_baseline_with_a_diff(user, admin_client):
     stored_chat(user, "hello <b>there</b>")
     eval_set = set_from_chats("s", Chat.objects.all())

@@ -31,7 +31,13 @@ SHOWN_CASES = 200
 
 @admin.action(description=_("Make an eval set of the selected chats"), permissions=["view"])
 def make_eval_set(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    """One case per selected chat (its last user turn), in a set named by the time."""
+    """One case per selected chat (its last user turn), in a set named by the time; for
+    those who may add eval sets."""
+    if not request.user.has_perm(f"{EvalSet._meta.app_label}.add_evalset"):
+        modeladmin.message_user(
+            request, _("You may not add eval sets: nothing was made."), messages.ERROR
+        )
+        return
     name = f"chats {timezone.now():%Y-%m-%d %H:%M:%S}"
     eval_set = set_from_chats(name, queryset.order_by("pk"))
     link = reverse("admin:agentloop_evalset_change", args=[eval_set.pk])
