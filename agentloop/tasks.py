@@ -34,6 +34,7 @@ __all__ = [
     "delete_idle_chats",
     "poll_batches",
     "resume_stalled_chats",
+    "run_eval_case",
     "step_chat",
 ]
 
@@ -181,3 +182,18 @@ def _say_if_connections_starve(sender: Any, **kwargs: Any) -> None:
         logger.error(
             "%s Remove CELERY_DB_REUSE_MAX from this worker's settings (agentloop.E020).", problem
         )
+
+
+@shared_task(
+    name="agentloop.run_eval_case", acks_late=True, reject_on_worker_lost=True, ignore_result=True
+)
+def run_eval_case(case_id: Any) -> str:
+    """Replay and score one eval case; a case another job holds is sent again for when its
+    lease ends (a job whose worker died comes back that way). Returns what it did."""
+    # Function-local: the runs import the models; Celery may load tasks before apps are ready.
+    from .evals.running import run_case, send_jobs
+
+    outcome = run_case(case_id)
+    if outcome.retry_in is not None:
+        send_jobs([case_id], countdown=outcome.retry_in)
+    return outcome.action

@@ -75,8 +75,8 @@ _BACKEND_AGNOSTIC = {
 #: that runs on one database only is marked ``database`` by hand, so it runs on both Pythons.
 _SCENARIOS = {
     "test_bulk_control_celery", "test_budgets_celery", "test_celery_worker", "test_chaos",
-    "test_data_erasure_celery", "test_deferred", "test_halt_concurrent", "test_per_process",
-    "test_resume", "test_transactional_tools_celery",
+    "test_data_erasure_celery", "test_deferred", "test_evals_celery", "test_halt_concurrent",
+    "test_per_process", "test_resume", "test_transactional_tools_celery",
 }  # fmt: skip
 
 

@@ -197,3 +197,18 @@ def test_bulk_control_runs_every_verb_in_batches(bench_database: str, tmp_path: 
     assert rows["cancel (5 waiting for a person)"]["changed"] == 5
     assert rows["resume, jobs dropped"]["changed"] == 20
     assert rows["complete_later, jobs dropped"]["changed"] == 365  # all but the 40 running
+
+
+def test_eval_throughput_times_turns_and_eval_cases_alike(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "eval_throughput.json"
+    run(
+        "eval_throughput.py", "--cases=10", "--warmup=2", f"--database-url={bench_database}",
+        f"--json={out}",
+    )  # fmt: skip
+
+    row = json.loads(out.read_text())
+    assert row["cases"] == 10  # every chat answered once, every case passed (checked)
+    assert row["turns_s"] > 0 and row["eval_s"] > 0
+    assert row["ratio"] == pytest.approx(row["eval_s"] / row["turns_s"], rel=0.01)

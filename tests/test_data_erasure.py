@@ -22,8 +22,20 @@ from django.test.utils import CaptureQueriesContext
 from agentloop import data
 from agentloop import live_events as events
 from agentloop.engine._tool_rounds import DENIED_RESULT
+from agentloop.evals.sets import set_from_chats
 from agentloop.live_events import chat_key, get_backend
-from agentloop.models import Batch, BatchItem, Budget, Chat, Memory, Message, ToolCall, Usage
+from agentloop.models import (
+    Batch,
+    BatchItem,
+    Budget,
+    Chat,
+    EvalCase,
+    EvalRun,
+    Memory,
+    Message,
+    ToolCall,
+    Usage,
+)  # fmt: skip
 from agentloop.testing import tool_call
 from tests.tools import ask_manager, transfer
 
@@ -316,6 +328,25 @@ def test_erasing_deletes_the_owners_memories_only(user, other):
         f"auth.user:{other.pk}", "teams.team:1",
     ]  # fmt: skip
     assert report.memories_deleted == 2
+
+
+def test_erasing_deletes_the_eval_copies_of_the_owners_turns_only(user, other):
+    mine, _ = conversation(user)
+    theirs, _ = conversation(other)
+    eval_set = set_from_chats("support", [mine, theirs])
+    run = EvalRun.objects.create(eval_set=eval_set, model="scripted:test")
+    for position, (chat, item) in enumerate(zip((mine, theirs), eval_set.items, strict=True)):
+        EvalCase.objects.create(
+            run=run, position=position, source_chat=chat, item=item, input=item["input"]
+        )
+
+    report = data.erase_owner(user)
+
+    eval_set.refresh_from_db()
+    assert [item["chat"] for item in eval_set.items] == [theirs.pk]
+    assert list(run.cases.values_list("source_chat_id", flat=True)) == [theirs.pk]
+    assert (report.eval_cases_deleted, report.eval_items_removed) == (1, 1)
+    assert "1 eval cases deleted; 1 eval set items removed" in str(report)
 
 
 def test_erasing_a_waiting_chat_cancels_its_run_first(user):

@@ -59,6 +59,10 @@ LOCAL_IMPORTS = {
     ("agentloop.apps", "agentloop.receivers"): "app loading: AppConfig.ready()",
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
     ("agentloop.tasks", "agentloop.data"): "app loading: Celery imports tasks before apps",
+    ("agentloop.tasks", "agentloop.evals"): "app loading: Celery imports tasks before apps",
+    ("agentloop.tasks", "agentloop.evals.running"): (
+        "app loading: Celery imports tasks before apps"
+    ),
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),
@@ -84,6 +88,7 @@ OPTIONAL = {
     "django": "settings and apps read when used, not at import",
     "genai_prices": "the prices extra",
     "google": "the vertex extra",
+    "jsonschema": "the mcp extra (the evals' json_schema scorer)",
     "mcp": "the mcp extra",
     "opentelemetry": "the otel extra",
     "pgvector": "the postgres extra",

@@ -54,6 +54,10 @@ EXPECTED_ALL = {
 #: what ``agentloop.models`` promises: the concrete models, their abstract mixins (custom
 #: models, docs/custom-models.md), querysets and the choices their fields take.
 EXPECTED_MODELS = {
+    "EvalCase",
+    "EvalCaseState",
+    "EvalRun",
+    "EvalSet",
     "AbstractBatch",
     "AbstractChat",
     "AbstractMemory",
@@ -87,6 +91,10 @@ EXPECTED_MODELS = {
 
 #: what ``agentloop.admin`` promises: the model admins and actions a project's own admin reuses.
 EXPECTED_ADMIN = {
+    "EvalCaseAdmin",
+    "EvalRunAdmin",
+    "EvalSetAdmin",
+    "make_eval_set",
     "ApprovalInbox",
     "BatchAdmin",
     "BudgetAdmin",

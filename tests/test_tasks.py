@@ -6,6 +6,7 @@ import pytest
 from celery import current_app
 
 from agentloop import ConfigurationError, tasks
+from agentloop.evals.running import CASE_TASK
 from agentloop.runners.celery import STEP_TASK
 from agentloop.tasks import PERIODIC_TASKS, beat_schedule
 
@@ -19,7 +20,7 @@ def agentloop_tasks() -> set[str]:
 def test_the_schedule_names_every_periodic_task_and_nothing_else():
     scheduled = {entry["task"] for entry in beat_schedule().values()}
 
-    assert agentloop_tasks() - {STEP_TASK} == scheduled
+    assert agentloop_tasks() - {STEP_TASK, CASE_TASK} == scheduled
     assert set(PERIODIC_TASKS) == scheduled
     for name in scheduled:  # each is a task of agentloop.tasks, by that name
         assert any(getattr(task, "name", None) == name for task in vars(tasks).values())

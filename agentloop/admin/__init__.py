@@ -1,8 +1,9 @@
 """Admin: a chat's change page is a timeline of its transcript; the list scales to many chats.
 
 Importing this package registers ``Chat`` (``chat_admin``), ``ToolCall``, ``Usage`` and
-``Message`` (``row_lists``), ``Batch`` (``batch_admin``) and ``Budget`` (``budget_admin``:
-spend against budget per subject) with the default admin site. The chat list's filters and
+``Message`` (``row_lists``), ``Batch`` (``batch_admin``), ``Budget`` (``budget_admin``:
+spend against budget per subject) and the evals' sets, runs and cases (``eval_admin``) with the
+default admin site. The chat list's filters and
 actions live in ``filters`` and ``actions``; the timeline its change page renders is
 ``build_timeline`` (``timeline``); the approval inbox across chats is ``ApprovalInbox``
 (``approval_inbox``), served by ``ChatAdmin``.
@@ -20,6 +21,7 @@ from .approval_inbox import ApprovalInbox
 from .batch_admin import BatchAdmin
 from .budget_admin import BudgetAdmin
 from .chat_admin import ChatAdmin
+from .eval_admin import EvalCaseAdmin, EvalRunAdmin, EvalSetAdmin, make_eval_set
 from .row_lists import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
@@ -30,6 +32,9 @@ __all__ = [
     "BatchAdmin",
     "BudgetAdmin",
     "ChatAdmin",
+    "EvalCaseAdmin",
+    "EvalRunAdmin",
+    "EvalSetAdmin",
     "MessageAdmin",
     "Timeline",
     "ToolCallAdmin",
@@ -39,6 +44,7 @@ __all__ = [
     "cancel_chats",
     "deny_pending",
     "halt_chats",
+    "make_eval_set",
     "resume_chats",
     "switch_model",
 ]

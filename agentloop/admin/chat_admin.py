@@ -44,6 +44,7 @@ from .actions import (
     switch_model,
 )
 from .approval_inbox import ApprovalInbox
+from .eval_admin import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
 from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
@@ -93,6 +94,7 @@ class ChatAdmin(admin.ModelAdmin):
     change_list_template = "admin/agentloop/chat/change_list.html"
     actions = [
         cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending,
+        make_eval_set,
     ]  # fmt: skip
     # Five columns fit the content column of a 1280 px screen beside both sidebars: the chat
     # shows its model under its title, the state what it waits for, the last activity the

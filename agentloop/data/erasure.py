@@ -29,6 +29,7 @@ from ..conf import agentloop_settings
 from ..engine._tool_rounds import DENIED_RESULT
 from ..live_events import forget_messages
 from ..models.budgets import Budget
+from ..models.evals import EvalCase, EvalSet
 from ..models.memories import Memory
 from ..process.redis_client import chat_name
 from .deletion import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
@@ -67,6 +68,11 @@ class ErasureReport:
     budgets_deleted: int = 0
     #: the owner's memories deleted (theirs by owner, or by their subject's key).
     memories_deleted: int = 0
+    #: eval cases replayed from the owner's chats (their turn, answers and scores) deleted.
+    eval_cases_deleted: int = 0
+    #: items of eval sets taken from the owner's chats (their turn and its recorded answer)
+    #: removed from their sets.
+    eval_items_removed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,8 +89,9 @@ class ErasureReport:
             f"{gone.tool_calls} tool calls deleted; {usage}; {self.cancelled} runs cancelled "
             f"first ({self.fenced} still running, fenced); {self.decisions_unattributed} "
             f"decisions on other chats unattributed ({self.words_erased} with their words "
-            f"erased); {self.budgets_deleted} budget rows, {self.memories_deleted} memories "
-            "deleted."
+            f"erased); {self.budgets_deleted} budget rows, {self.memories_deleted} memories, "
+            f"{self.eval_cases_deleted} eval cases deleted; {self.eval_items_removed} eval set "
+            "items removed."
         )
 
 
@@ -137,7 +144,27 @@ def erase_owner(
     report.budgets_deleted = gone.get(Budget._meta.label, 0)
     memories = Memory._default_manager.using(using).filter(Q(owner_id=pk) | Q(subject=subject))
     report.memories_deleted = memories.delete()[0]
+    report.eval_cases_deleted, report.eval_items_removed = _erase_evals(set(family), using)
     return report
+
+
+def _erase_evals(chats: set[Any], using: str) -> tuple[int, int]:
+    """Delete the eval cases replayed from ``chats`` and remove the items taken from them
+    from their sets: both copy the owner's words. Returns (cases deleted, items removed)."""
+    cases = 0
+    keys = sorted(chats)
+    for start in range(0, len(keys), BATCH):
+        batch = keys[start : start + BATCH]
+        cases += EvalCase._default_manager.using(using).filter(source_chat_id__in=batch).delete()[0]
+    removed = 0
+    with transaction.atomic(using=using):
+        for eval_set in EvalSet._default_manager.using(using).select_for_update():
+            kept = [item for item in eval_set.items if item.get("chat") not in chats]
+            if len(kept) != len(eval_set.items):
+                removed += len(eval_set.items) - len(kept)
+                eval_set.items = kept
+                eval_set.save(update_fields=["items"])
+    return cases, removed
 
 
 def _erase_words(models: ChatModels, pk: Any, using: str) -> int:

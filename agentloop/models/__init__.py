@@ -13,6 +13,7 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
 - ``memories``: ``Memory`` (what an owner's chats keep across conversations, with its
   embedding);
+- ``evals``: ``EvalSet``, ``EvalRun`` and ``EvalCase`` (docs/evals.md);
 - ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
 - ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
   and what they return, ``BulkResult``.
@@ -29,6 +30,7 @@ from .batches import (
 from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
+from .evals import EvalCase, EvalCaseState, EvalRun, EvalSet
 from .memories import AbstractMemory, Memory, MemoryQuerySet
 from .message import (
     AbstractMessage,
@@ -61,6 +63,10 @@ __all__ = [
     "Chat",
     "ChatQuerySet",
     "ChatState",
+    "EvalCase",
+    "EvalCaseState",
+    "EvalRun",
+    "EvalSet",
     "Memory",
     "MemoryQuerySet",
     "Message",

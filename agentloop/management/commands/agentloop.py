@@ -12,6 +12,7 @@
     manage.py agentloop chats [--model GLOB] [--state S] [--owner U] [--older-than D] ...
                               [--dry-run] cancel | halt REASON | resume | complete-later
                               | with-model MODEL | list
+    manage.py agentloop eval set | run | compare | show     (agentloop.management.eval_command)
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
 tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
@@ -49,6 +50,7 @@ from ...runners.sweeper import free_chat, resume_stalled, stalled_chats
 from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 from ..chats import add_chats_parser, handle_chats
 from ..data import add_data_subcommands, data_handlers
+from ..eval_command import add_eval_parser, handle_eval
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -58,7 +60,7 @@ class Command(BaseCommand):
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
         "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
-        "idle chats), 'chats' (control many chats at once)."
+        "idle chats), 'chats' (control many chats at once), 'eval' (evals of stored chats)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -173,6 +175,7 @@ class Command(BaseCommand):
         )
         add_data_subcommands(subcommands)  # export, erase, retention (agentloop.management.data)
         add_chats_parser(subcommands)
+        add_eval_parser(subcommands)  # eval set | run | compare | show (management/eval_command.py)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         handlers = {
@@ -183,6 +186,7 @@ class Command(BaseCommand):
             "batches": self.handle_batches,
             **data_handlers(self),
             "chats": lambda **options: handle_chats(self, options),
+            "eval": lambda **options: handle_eval(self, options),
         }
         handlers[subcommand](**options)
 
