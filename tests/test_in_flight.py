@@ -274,13 +274,18 @@ def celery_queue(redis_client) -> Iterator[str]:
 
 def backends(application: str) -> int:
     """The worker's connections to the test database, as PostgreSQL sees them."""
+    return len(backend_rows(application))
+
+
+def backend_rows(application: str) -> list[tuple[Any, ...]]:
+    """The worker's backends: pid, client port, state, when it started, its last query."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = %s",
+            "SELECT pid, client_port, state, backend_start, left(query, 80) FROM "
+            "pg_stat_activity WHERE datname = current_database() AND application_name = %s",
             [application],
         )
-        return int(cursor.fetchone()[0])
+        return list(cursor.fetchall())
 
 
 # (Celery pool, its concurrency, Django's pool max_size per process, the chats enqueued)
@@ -317,10 +322,12 @@ def test_a_worker_waits_on_more_chats_than_its_pool_has_connections(
             for index, chat in enumerate(chats):
                 chat.with_tools(lookup)
                 chat.ask_later(f"q{index}").complete_later()
-            peak = 0
+            peak, at_peak = 0, []
             deadline = time.monotonic() + DEADLINE
             while not all(settled(chat) for chat in chats):
-                peak = max(peak, backends(application))
+                rows = backend_rows(application)
+                if len(rows) > peak:
+                    peak, at_peak = len(rows), rows
                 assert worker.poll() is None, read_log(tmp_path)
                 assert time.monotonic() < deadline, f"chats unfinished\n{read_log(tmp_path)}"
                 time.sleep(0.02)
@@ -340,7 +347,7 @@ def test_a_worker_waits_on_more_chats_than_its_pool_has_connections(
     # More chats waited on the model at once than the pool has connections...
     assert fake.peak > max_size
     # ...and the worker never held more than its pools' connections.
-    assert 0 < peak <= processes * max_size, f"{peak} backends"
+    assert 0 < peak <= processes * max_size, f"{peak} backends: {at_peak}\n{read_log(tmp_path)}"
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason="Django's connection pool: PostgreSQL")
