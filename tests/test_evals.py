@@ -167,7 +167,9 @@ def test_a_tool_opted_in_runs_for_real(user):
     assert LOOKED_UP == ["7"]
 
 
-def test_the_candidates_instructions_replace_the_recorded_ones(user):
+def replayed_to(user, **candidate: Any) -> tuple[list[list[tuple[str, str]]], Any]:
+    """What a candidate model is sent when a chat told "Be old." is replayed with
+    ``candidate`` (``start_run``'s options), and the run."""
     chat = Chat.objects.create(model="evalmodel:v1", owner=user).with_instructions("Be old.")
     chat.ask("hi")
     seen: list[list[tuple[str, str]]] = []
@@ -178,27 +180,20 @@ def test_the_candidates_instructions_replace_the_recorded_ones(user):
 
     providers.register("seeing", FunctionProvider(record))
     try:
-        start_run(set_from_chats("s", [chat]), "seeing:x", instructions="Be new.")
+        run = start_run(set_from_chats("s", [chat]), "seeing:x", **candidate)
     finally:
         providers.unregister("seeing")
+    return seen, run
+
+
+def test_the_candidates_instructions_replace_the_recorded_ones(user):
+    seen, _ = replayed_to(user, instructions="Be new.")
 
     assert seen == [[("system", "Be new."), ("user", "hi")]]
 
 
 def test_an_agent_as_candidate_brings_its_instructions(user):
-    chat = Chat.objects.create(model="evalmodel:v1", owner=user).with_instructions("Be old.")
-    chat.ask("hi")
-    seen: list[list[tuple[str, str]]] = []
-
-    def record(request: ModelRequest) -> Any:
-        seen.append([(m.role, m.content) for m in request.messages])
-        return reply("hello")
-
-    providers.register("seeing", FunctionProvider(record))
-    try:
-        run = start_run(set_from_chats("s", [chat]), "seeing:x", agent_path="tests.agents.Writer")
-    finally:
-        providers.unregister("seeing")
+    seen, run = replayed_to(user, agent_path="tests.agents.Writer")
 
     assert seen == [[("system", "You are WRITER."), ("user", "hi")]]  # the run's model, though
     assert run.cases.get().answer == "hello"
