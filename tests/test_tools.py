@@ -189,6 +189,31 @@ def test_decorated_function_description_is_the_docstring_summary_without_section
     assert search_docs.description == "Searches the documentation."
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "Finds a city.\n\nArgs:\n    name: The city's name,\n        in any case.\n\n"
+        "Returns:\n    Its id.",
+        "Finds a city.\n\nParameters\n----------\nname : str\n    The city's name,\n"
+        "    in any case.\n\nReturns\n-------\nint\n    Its id.",
+        "Finds a city.\n\n:param name: The city's name,\n    in any case.\n:returns: Its id.",
+    ],
+    ids=["google", "numpy", "rest"],
+)
+def test_a_docstring_in_each_style_gives_the_description_and_the_arguments(doc):
+    def find_city(name: str) -> int:
+        return 1
+
+    find_city.__doc__ = doc
+    made = tool(find_city)
+
+    assert made.description == "Finds a city."
+    assert made.definition().parameters["properties"]["name"] == {
+        "type": "string",
+        "description": "The city's name, in any case.",
+    }
+
+
 def test_decorated_function_accepts_name_description_and_idempotent_overrides():
     assert find_word.name == "lookup"
     assert find_word.description == "Looks a word up."

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints, overload
 
+import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
@@ -223,44 +224,19 @@ def _strip_titles(node: Any) -> None:
             _strip_titles(item)
 
 
-_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
-_OTHER_SECTIONS = {
-    "returns:", "return:", "yields:", "yield:", "raises:", "examples:", "example:",
-    "notes:", "note:", "warnings:", "warning:", "see also:", "todo:", "attributes:",
-}  # fmt: skip
-
-
 def _split_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """The summary and the ``Args:`` descriptions of a Google-style docstring."""
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    in_args = False
-    in_other_section = False  # Returns:, Raises: ... are not part of the description
-    current: str | None = None
-    for line in inspect.cleandoc(doc).splitlines():
-        stripped = line.strip()
-        if stripped.lower() in {"args:", "arguments:", "parameters:", "params:"}:
-            in_args, in_other_section = True, False
-            continue
-        if stripped.lower() in _OTHER_SECTIONS and not line.startswith(" "):
-            in_args, in_other_section = False, True
-            continue
-        if in_other_section:
-            continue
-        if in_args:
-            if stripped.endswith(":") and not line.startswith(" "):
-                in_args = False  # another section begins
-                in_other_section = True
-                continue
-            match = _ARG_LINE.match(line)
-            if match and line.startswith(" ") and not line.startswith("        "):
-                current = match.group(1)
-                params[current] = match.group(2).strip()
-            elif current and stripped:
-                params[current] += " " + stripped
-            continue
-        summary.append(line)
-    return "\n".join(summary).strip(), params
+    """The description (summary and body, without sections such as ``Returns:``) and the
+    parameters' descriptions of a docstring in Google, NumPy, reST or Epydoc style."""
+    parsed = docstring_parser.parse(doc)
+    summary = "\n\n".join(
+        part for part in (parsed.short_description, parsed.long_description) if part
+    )
+    params = {
+        param.arg_name: " ".join(param.description.split())
+        for param in parsed.params
+        if param.description
+    }
+    return summary, params
 
 
 class FunctionTool(Tool):
