@@ -125,6 +125,22 @@ def test_the_export_holds_every_chat_message_tool_call_decision_and_usage_row(us
     json.dumps(document)  # JSON values only
 
 
+def test_the_export_holds_the_owners_memories_without_their_embeddings(user, other):
+    mine = Memory.objects.create(owner=user, subject=f"auth.user:{user.pk}", text="likes tea")
+    by_subject = Memory.objects.create(subject=f"auth.user:{user.pk}", text="lives in Oslo")
+    Memory.objects.create(owner=other, subject=f"auth.user:{other.pk}", text="not hers")
+    Memory.objects.create(subject="teams.team:1", text="the team's")
+
+    document = data.export_owner(user)
+
+    assert [(m["id"], m["text"]) for m in document["memories"]] == [
+        (mine.pk, "likes tea"), (by_subject.pk, "lives in Oslo"),
+    ]  # fmt: skip
+    assert "embedding" not in document["memories"][0]
+    assert document["memories"][0]["subject"] == f"auth.user:{user.pk}"
+    json.dumps(document)  # JSON values only
+
+
 def test_attachments_can_be_referenced_instead_of_included(user):
     conversation(user)
 
@@ -142,6 +158,7 @@ def test_attachments_can_be_referenced_instead_of_included(user):
 
 def test_the_written_export_is_the_same_document(user):
     conversation(user, decided_by=user)
+    Memory.objects.create(owner=user, subject=f"auth.user:{user.pk}", text="likes tea")
     out = io.StringIO()
 
     data.write_export(user, out)
@@ -155,7 +172,8 @@ def test_an_owner_with_nothing_exports_an_empty_document(user):
     out = io.StringIO()
     data.write_export(user, out)
     written = json.loads(out.getvalue())
-    assert (written["chats"], written["usage"], written["totals"]["attempts"]) == ([], [], 0)
+    assert (written["chats"], written["usage"], written["memories"]) == ([], [], [])
+    assert written["totals"]["attempts"] == 0
 
 
 def test_the_export_costs_the_same_queries_however_long_the_chats(user):

@@ -11,12 +11,15 @@ in memory whole. Its shape (``"format": "agentloop.owner-export"``, ``"version":
                                               "state", "decision", ...}]}]}],
      "usage": [{"id", "chat_id", "message_id", "model", "input_tokens", "cost", ...}],
      "decisions_on_other_chats": [{"tool_call_id", "chat_id", "name", "decision", ...}],
+     "memories": [{"id", "subject", "agent", "text", "metadata", "chat_id", ...}],
      "totals": {...}}
 
 Subagent chats are listed with the others (``parent_id`` says whose they are). Attachments
 are included as stored (``data`` in base64, or their ``url``), or with
 ``attachments="reference"`` only described: kind, media type, name, size and SHA-256.
-Times are ISO 8601, costs decimal strings.
+Times are ISO 8601, costs decimal strings. Memories are the owner's (by ``owner``, or by
+their budget subject's key, as erasure finds them), without their embeddings (numbers
+computed from the text, which is there).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 from django.utils import timezone
 
+from ..models.memories import Memory
 from .deletion import ChatModels, owner_pk, subagent_chats
 
 __all__ = ["FORMAT", "VERSION", "export_owner", "write_export"]
@@ -55,6 +59,10 @@ _CONFIGURATION_FIELDS = (
 _MESSAGE_FIELDS = (
     "id", "role", "content", "status", "is_error", "parsed", "model", "finish_reason",
     "thinking", "provider_data", "created_at", "tool_call_id",
+)  # fmt: skip
+_MEMORY_FIELDS = (
+    "id", "subject", "agent", "text", "metadata", "embedding_model", "dimensions", "chat_id",
+    "message_id", "created_at", "updated_at", "expires_at",
 )  # fmt: skip
 _TOOL_CALL_FIELDS = (
     "id", "call_id", "name", "arguments", "original_arguments", "state", "error",
@@ -89,6 +97,7 @@ def export_owner(
     document["chats"] = list(parts.chats())
     document["usage"] = list(parts.usage())
     document["decisions_on_other_chats"] = parts.decisions()
+    document["memories"] = parts.memories()
     document["totals"] = parts.totals
     return document
 
@@ -111,6 +120,7 @@ def write_export(
     for number, row in enumerate(parts.usage()):
         out.write(("," if number else "") + "\n  " + _dumps(row))
     out.write(f'\n ],\n "decisions_on_other_chats": {_dumps(parts.decisions())},')
+    out.write(f'\n "memories": {_dumps(parts.memories())},')
     out.write(f'\n "totals": {_dumps(parts.totals)}\n}}\n')
 
 
@@ -212,6 +222,17 @@ class _Parts:
         return [
             {"tool_call_id": _plain(row.pop("id")), **_values(row, tuple(row))} for row in decided
         ]
+
+    def memories(self) -> list[dict[str, Any]]:
+        """The owner's memories: theirs by ``owner``, or by their subject's key."""
+        subject = f"{get_user_model()._meta.label_lower}:{self.pk}"  # budgets.owner_subject's
+        rows = (
+            Memory._default_manager.using(self.using)
+            .filter(Q(owner_id=self.pk) | Q(subject=subject))
+            .order_by("id")
+            .values(*_MEMORY_FIELDS)
+        )
+        return [_values(row, _MEMORY_FIELDS) for row in rows]
 
 
 def _fields(row: Any, names: tuple[str, ...]) -> dict[str, Any]:
