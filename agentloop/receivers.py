@@ -9,9 +9,8 @@ from django.dispatch import receiver
 
 from . import providers
 from .conf import agentloop_settings
-from .live_events import delete_events, get_backend, publish_message, publish_superseded
+from .live_events import delete_events
 from .models import AbstractChat
-from .signals import chat_cancelled, message_added, messages_superseded
 
 
 @receiver(setting_changed)
@@ -20,29 +19,6 @@ def reload_agentloop_settings(*, setting: str, **kwargs: Any) -> None:
     if setting == "AGENTLOOP":
         agentloop_settings.reload()
         providers.forget_configured()
-
-
-@receiver(message_added)
-def publish_message_event(*, chat: Any, message: Any, **kwargs: Any) -> None:
-    """Live pages hear of every saved message (``agentloop.live_events``; Redis only)."""
-    publish_message(chat, message)
-
-
-@receiver(messages_superseded)
-def publish_superseded_event(*, chat: Any, message_ids: list[Any], **kwargs: Any) -> None:
-    """Live pages hear which messages an edit or a regenerated answer replaced (Redis)."""
-    publish_superseded(chat, message_ids)
-
-
-@receiver(chat_cancelled)
-def publish_cancelled_answer(*, chat: Any, **kwargs: Any) -> None:
-    """An answer cut short by ``cancel()`` is kept as a ``cancelled`` row, which sends no
-    ``message_added``: live pages hear of it here, to mark the text they streamed."""
-    if not get_backend().keeps_events:
-        return  # the database backend reads the row itself
-    latest = chat.messages.order_by("-id").first()
-    if latest is not None and latest.status == "cancelled":
-        publish_message(chat, latest)
 
 
 def forget_chat_events(*, instance: Any, **kwargs: Any) -> None:

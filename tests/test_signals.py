@@ -151,3 +151,27 @@ def test_a_receiver_for_another_sender_gets_nothing(chat, scripted):
         signals.message_added.disconnect(receiver, sender=Message)
 
     assert heard == []
+
+
+def test_a_chat_wires_no_callback_per_event_or_per_step(chat, scripted, monkeypatch):
+    """The signals, live events and subagent hooks come from the chat's one listener:
+    loading a chat and running a turn with tools registers no callback at all."""
+    from agentloop.engine._runs import Callbacks  # the engine's private event registry
+
+    registered: list[str] = []
+    original = Callbacks.add
+    monkeypatch.setattr(
+        Callbacks,
+        "add",
+        lambda self, event, cb: (registered.append(event), original(self, event, cb)),
+    )
+    scripted.add(tool_call("add", {"a": 1, "b": 2}), "3")
+    fresh = Chat.objects.get(pk=chat.pk)
+    assert fresh.ask("1 + 2?").content == "3"
+    assert registered == []
+    # ... while a callback given by hand is still heard, after the listener's signals.
+    heard: list[str] = []
+    fresh.after_message(lambda message: heard.append(message.role))
+    scripted.add("4")
+    fresh.ask("2 + 2?")
+    assert registered == ["after_message"] and heard == ["user", "assistant"]

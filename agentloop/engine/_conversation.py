@@ -389,11 +389,13 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
     #: usage=None, unanswered=None)``, see :meth:`._runs.Runs.record_cancel`.
     record_cancel: Callable[..., None]
 
-    def __init__(self, store: ChatStore, *, owner: Any = None) -> None:
+    def __init__(self, store: ChatStore, *, owner: Any = None, listener: object = None) -> None:
         super().__init__(store)
         #: what tools see as ``self.context.chat``: the persisted chat, or this object.
         self.owner = owner if owner is not None else self
-        self._callbacks = Callbacks()
+        # One object hearing every event it has a method for (a persisted chat's signals and
+        # hooks), before the callbacks given to ``on()``.
+        self._callbacks = Callbacks(listener)
         self._runs = Runs(store, self._callbacks)
         self._calls = ModelCalls(
             store,

@@ -7,7 +7,6 @@ chat's callbacks by event (what ``Conversation.on`` registers and the run's part
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,26 +43,50 @@ EVENTS = (
 )
 
 
-class Callbacks:
-    """Callbacks registered per event, called in the order they were added."""
+#: the events each listener class defines a method for (worked out once per class).
+_HEARD: dict[type, frozenset[str]] = {}
 
-    def __init__(self) -> None:
-        self._by_event: dict[str, list[Callable[..., Any]]] = defaultdict(list)
+
+def _heard_by(kind: type) -> frozenset[str]:
+    heard = _HEARD.get(kind)
+    if heard is None:
+        heard = _HEARD[kind] = frozenset(
+            event for event in EVENTS if callable(getattr(kind, event, None))
+        )
+    return heard
+
+
+class Callbacks:
+    """A conversation's events, heard by its listener and by the callbacks registered per
+    event, in that order.
+
+    The listener is one object whose methods are named after :data:`EVENTS` (a persisted
+    chat's signals, live events and subagent hooks: ``agentloop.models.chat_events``): given
+    once, it costs nothing per event it doesn't define, and a conversation with no listener
+    and no callbacks wires nothing.
+    """
+
+    def __init__(self, listener: object | None = None) -> None:
+        self._by_event: dict[str, list[Callable[..., Any]]] = {}
+        self._listener = listener
+        self._heard = _heard_by(type(listener)) if listener is not None else frozenset()
 
     def add(self, event: str, callback: Callable[..., Any]) -> None:
         """Register ``callback`` for ``event`` (``ConfigurationError`` for an unknown event)."""
         if event not in EVENTS:
             raise ConfigurationError(f"Unknown event {event!r}; choose from {', '.join(EVENTS)}")
-        self._by_event[event].append(callback)
+        self._by_event.setdefault(event, []).append(callback)
 
     def emit(self, event: str, *args: Any) -> None:
-        """Call the callbacks of ``event`` with ``args``."""
+        """Call the listener's method and the callbacks of ``event`` with ``args``."""
+        if event in self._heard:
+            getattr(self._listener, event)(*args)
         for callback in self._by_event.get(event, ()):
             callback(*args)
 
     def listens(self, event: str) -> bool:
-        """Whether any callback waits for ``event``."""
-        return bool(self._by_event.get(event))
+        """Whether the listener or any callback waits for ``event``."""
+        return event in self._heard or bool(self._by_event.get(event))
 
 
 #: how often a throttled checkpoint reads the flag while the store's notices cover the run

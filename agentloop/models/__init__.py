@@ -6,7 +6,7 @@ long as the related names match (``messages``, ``tool_calls``, ``usage_records``
 Each module holds one kind of row, its states, queryset and abstract mixin:
 
 - ``chat``: ``Chat`` (its verbs delegate to ``chat.conversation``);
-  ``chat_events``: signals and the subagent hooks its conversation's events fire;
+  ``chat_events``: the signals, live events and subagent hooks its conversation's events fire;
 - ``messages``: ``Message`` and ``ToolCall``;
 - ``usage``: ``Usage``, one row per provider attempt;
 - ``batches``: ``Batch`` and ``BatchItem``;

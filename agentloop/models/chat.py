@@ -24,7 +24,7 @@ from ..engine import Conversation
 from ..engine._transcript_reading import next_move
 from ..runners import enqueue
 from . import bulk
-from .chat_events import connect_chat_events
+from .chat_events import ChatEvents
 from .delegations import ConversationDelegations
 
 
@@ -210,8 +210,7 @@ class AbstractChat(ConversationDelegations, models.Model):
         cached: Conversation | None = self.__dict__.get("_conversation")
         if cached is None:
             store = DjangoStore(self, send_next=self._send_next, send_job=self._send_job)
-            cached = Conversation(store, owner=self)
-            connect_chat_events(self, cached)
+            cached = Conversation(store, owner=self, listener=ChatEvents(self))
             self.__dict__["_conversation"] = cached
         return cached
 
