@@ -61,7 +61,9 @@ def user_says(text: str, id: str = "client-1") -> dict[str, Any]:  # noqa: A002
 
 
 def post(client: Client, payload: str, **extra: Any):
-    return client.post(reverse("agentloop:ag-ui"), payload, content_type="application/json", **extra)
+    return client.post(
+        reverse("agentloop:ag-ui"), payload, content_type="application/json", **extra
+    )
 
 
 def read_events(response) -> list[dict[str, Any]]:
@@ -120,7 +122,12 @@ def test_a_message_is_answered_as_ag_ui_events(owner, chat, scripted):
         {"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"},
         {"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": "Hello, Ada."},
         {"type": "TEXT_MESSAGE_END", "messageId": message_id},
-        {"type": "RUN_FINISHED", "threadId": thread, "runId": "run-1", "outcome": {"type": "success"}},
+        {
+            "type": "RUN_FINISHED",
+            "threadId": thread,
+            "runId": "run-1",
+            "outcome": {"type": "success"},
+        },
     ]
     assert events[1]["type"] == "STATE_SNAPSHOT"
     assert events[1]["snapshot"]["chat"] == thread
@@ -167,7 +174,9 @@ def test_the_async_stream_under_asgi(user, chat, scripted):
 
     async def main() -> bytes:
         response = await client.post(
-            reverse("agentloop:ag-ui"), run_input(chat, user_says("Hi")), content_type="application/json"
+            reverse("agentloop:ag-ui"),
+            run_input(chat, user_says("Hi")),
+            content_type="application/json",
         )
         assert response.is_async
         return b"".join([piece async for piece in response.streaming_content])
@@ -290,7 +299,9 @@ def test_an_interrupt_answered_twice_is_409(owner, chat, scripted, waiting):
     assert ToolCall.objects.filter(call_id="t1", decision="approved").count() == 1
 
 
-def test_an_interrupt_of_another_chat_is_409_and_changes_nothing(owner, user, chat, scripted, waiting):
+def test_an_interrupt_of_another_chat_is_409_and_changes_nothing(
+    owner, user, chat, scripted, waiting
+):
     other = Chat.objects.create(model="scripted:test", owner=user).with_tools(transfer)
     scripted.add(tool_call("transfer", {"amount": 9, "to": "eve"}, id="t2"))
     other.ask("Pay Eve")
@@ -487,7 +498,12 @@ def test_parse_reads_resume_entries_and_trailing_tool_messages():
             "messages": [
                 {"id": "u", "role": "user", "content": "Hi"},
                 {"id": "a", "role": "assistant", "toolCalls": []},
-                {"id": "t", "role": "tool", "toolCallId": "q1", "content": [{"type": "text", "text": "Lisbon"}]},
+                {
+                    "id": "t",
+                    "role": "tool",
+                    "toolCallId": "q1",
+                    "content": [{"type": "text", "text": "Lisbon"}],
+                },
             ],
         }
     )
@@ -503,7 +519,10 @@ def test_streamed_chunks_then_the_saved_answer_close_the_message():
     out = translator.event({"type": "chunk", "data": {"text": "Hel"}})
     out += translator.event({"type": "chunk", "data": {"text": "lo"}})
     out += translator.event(
-        {"type": "message", "data": {"id": 40, "role": "assistant", "content": "Hello", "tool_calls": []}}
+        {
+            "type": "message",
+            "data": {"id": 40, "role": "assistant", "content": "Hello", "tool_calls": []},
+        }
     )
     out += translator.end("idle")
 
@@ -521,7 +540,9 @@ def test_streamed_chunks_then_the_saved_answer_close_the_message():
 def test_streamed_tool_call_pieces_and_a_retried_answer():
     translator = AgUiTranslator("7", "r")
 
-    out = translator.event({"type": "tool_call_delta", "data": {"index": 0, "id": "c1", "name": "add"}})
+    out = translator.event(
+        {"type": "tool_call_delta", "data": {"index": 0, "id": "c1", "name": "add"}}
+    )
     out += translator.event({"type": "tool_call_delta", "data": {"index": 0, "arguments": '{"a":'}})
     out += translator.event({"type": "partial", "data": {"id": 41, "content": "abc"}})
     retried = translator.event({"type": "partial", "data": {"id": 41, "content": "xyz"}})
@@ -542,7 +563,12 @@ def test_streamed_tool_call_pieces_and_a_retried_answer():
 def test_pending_calls_become_custom_events_and_the_interrupt_outcome():
     translator = AgUiTranslator("7", "r")
     translator.know(
-        {"id": 40, "tool_calls": [{"id": 5, "call_id": "c5", "name": "transfer", "arguments": {"amount": 1}}]}
+        {
+            "id": 40,
+            "tool_calls": [
+                {"id": 5, "call_id": "c5", "name": "transfer", "arguments": {"amount": 1}}
+            ],
+        }
     )
 
     out = translator.pending([{"id": 5, "wait_reason": "approval", "question": ""}])
@@ -557,7 +583,9 @@ def test_pending_calls_become_custom_events_and_the_interrupt_outcome():
 
 def test_cancel_and_stop_outcomes():
     cancelled = AgUiTranslator("7", "r")
-    cancelled.know({"id": 40, "tool_calls": [{"id": 5, "call_id": "c5", "name": "t", "arguments": {}}]})
+    cancelled.know(
+        {"id": 40, "tool_calls": [{"id": 5, "call_id": "c5", "name": "t", "arguments": {}}]}
+    )
     out = cancelled.cancel_calls([5]) + cancelled.end("idle")
     stopped = AgUiTranslator("7", "r").end("stopped", stop_reason="max_steps reached")
 
