@@ -12,6 +12,7 @@ drives the same view with the real ``@ag-ui/client`` package.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -23,14 +24,17 @@ from django.urls import reverse
 from agentloop.engine import CANCELLED_TOOL_RESULT
 from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
-from agentloop.testing import tool_call
+from agentloop.testing import stream, tool_call
 from agentloop.tools import AskPerson
 from agentloop.web._ag_ui import AgUiTranslator, Answer, parse_run_input
+from tests.redis_urls import redis_url
 from tests.tools import add, transfer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 DEADLINE = 30.0
+IN_CI = os.environ.get("CI") == "true"
+REDIS_URL = redis_url(1 + os.getpid() % 14)
 FAST = {"EVENTS_POLL_INTERVAL": 0.02, "EVENTS_KEEPALIVE": 0.5, "PARTIAL_SAVE_INTERVAL": 0.0}
 
 
@@ -172,7 +176,7 @@ def test_the_async_stream_under_asgi(user, chat, scripted):
     client = AsyncClient()
     client.force_login(user)
 
-    async def main() -> bytes:
+    async def main():
         response = await client.post(
             reverse("agentloop:ag-ui"),
             run_input(chat, user_says("Hi")),
@@ -195,6 +199,37 @@ def test_a_failed_run_ends_with_run_error_and_one_line(owner, chat, scripted):
     assert events[-1]["type"] == "RUN_ERROR"
     assert events[-1]["code"] == "chat_failed"
     assert "\n" not in events[-1]["message"] and "secret.py" not in events[-1]["message"]
+
+
+@pytest.fixture
+def redis_events(settings):
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
+    try:
+        client.flushdb()
+    except redis.RedisError as exc:
+        if IN_CI:
+            pytest.fail(f"Redis does not answer at {REDIS_URL}: {exc}")
+        pytest.skip(f"Redis does not answer at {REDIS_URL}")
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "REDIS_URL": REDIS_URL}
+    yield
+    client.flushdb()
+    client.close()
+
+
+def test_with_redis_text_and_tool_calls_stream_chunk_by_chunk(redis_events, owner, chat, scripted):
+    chat.with_tools(add)
+    words = [f"w{i} " for i in range(5)]
+    scripted.add(tool_call("add", {"a": 2, "b": 3}, id="c1"), stream(*words, delay=0.05))
+
+    events = without_state(read_events(post(owner, run_input(chat, user_says("Count")))))
+
+    contents = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert contents == words  # one event per chunk
+    assert [e["type"] for e in events if e["type"].startswith("TOOL_CALL")] == [
+        "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT",
+    ]  # fmt: skip
+    assert events[-1]["outcome"] == {"type": "success"}
 
 
 # -- interrupts: approvals and questions ---------------------------------------------------------
@@ -359,20 +394,17 @@ def test_no_new_message_replays_the_persisted_chat_and_its_interrupt(owner, chat
     events = read_events(post(owner, run_input(chat, run_id="reload")))
 
     snapshot = next(e for e in events if e["type"] == "MESSAGES_SNAPSHOT")
+    [function] = [call.pop("function") for call in snapshot["messages"][1]["toolCalls"]]
     assert snapshot["messages"] == [
         {"id": f"u{user_row.pk}", "role": "user", "content": "Pay Bob"},
         {
             "id": f"m{answer_row.pk}",
             "role": "assistant",
-            "toolCalls": [
-                {
-                    "id": "t1",
-                    "type": "function",
-                    "function": {"name": "transfer", "arguments": '{"amount": 5, "to": "bob"}'},
-                }
-            ],
+            "toolCalls": [{"id": "t1", "type": "function"}],
         },
     ]
+    assert function["name"] == "transfer"
+    assert json.loads(function["arguments"]) == {"amount": 5, "to": "bob"}  # JSON text, any order
     assert [e["type"] for e in without_state(events)] == [
         "RUN_STARTED", "MESSAGES_SNAPSHOT", "CUSTOM", "RUN_FINISHED",
     ]  # fmt: skip
@@ -397,8 +429,6 @@ def test_the_servers_own_user_message_sent_back_is_not_new(owner, chat, scripted
 
 
 def test_a_replay_while_the_run_is_in_flight_follows_it_to_the_end(owner, chat, scripted):
-    from agentloop.testing import stream
-
     scripted.add(stream("one ", "two ", "three", delay=0.2))
     first = post(owner, run_input(chat, user_says("Count")))
     pieces = iter(first.streaming_content)
@@ -460,21 +490,24 @@ def test_login_is_required_and_get_is_refused(client, owner, chat):
     assert not Message.objects.filter(chat=chat).exists()
 
 
+BASE = {"threadId": "1", "runId": "r", "messages": []}
+
+
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ("[]", "must be a JSON object"),
-        ('{"threadId": "x", "runId": "r", "messages": []}', "threadId must be the chat's id"),
-        ('{"threadId": "1", "messages": []}', "runId must be a string"),
-        ('{"threadId": "1", "runId": "r", "messages": {}}', "messages must be a list"),
-        ('{"threadId": "1", "runId": "r", "messages": [], "tools": {}}', "tools must be a list"),
-        ('{"threadId": "1", "runId": "r", "messages": [], "resume": [{"interruptId": "x", "status": "resolved"}]}', "interruptId"),
-        ('{"threadId": "1", "runId": "r", "messages": [], "resume": [{"interruptId": "1", "status": "maybe"}]}', "status must be"),
-        ('{"threadId": "1", "runId": "r", "messages": [{"id": "a", "role": "user", "content": " "}]}', "has no text"),
+        ([], "must be a JSON object"),
+        ({**BASE, "threadId": "x"}, "threadId must be the chat's id"),
+        ({"threadId": "1", "messages": []}, "runId must be a string"),
+        ({**BASE, "messages": {}}, "messages must be a list"),
+        ({**BASE, "tools": {}}, "tools must be a list"),
+        ({**BASE, "resume": [{"interruptId": "x", "status": "resolved"}]}, "interruptId"),
+        ({**BASE, "resume": [{"interruptId": "1", "status": "maybe"}]}, "status must be"),
+        ({**BASE, "messages": [{"id": "a", "role": "user", "content": " "}]}, "has no text"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_400_with_one_line(owner, body, problem):
-    response = post(owner, body)
+    response = post(owner, json.dumps(body))
 
     assert response.status_code == 400
     text = response.content.decode()
