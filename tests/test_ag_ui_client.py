@@ -25,6 +25,7 @@ from django.utils.crypto import get_random_string
 
 from agentloop.models import Chat, Message, ToolCall
 from tests.browsers import Server, free_port
+from tests.doc_blocks import ROOT, blocks_of
 from tests.frontend_build import install_agui_client, node_missing, skip_or_fail
 from tests.tools import transfer
 
@@ -69,9 +70,23 @@ def site(client_folder, django_db_setup, django_db_blocker, tmp_path_factory) ->
     server.stop()
 
 
+def documented_steps() -> str:
+    """docs/frontends.md's steps for the AG-UI client (its bash block naming round-trip.mjs)."""
+    page = (ROOT / "docs" / "frontends.md").read_text()
+    (steps,) = [
+        b.code for b in blocks_of(page) if b.language == "bash" and "round-trip.mjs" in b.code
+    ]
+    return steps
+
+
 def run_client(folder: Any, site: Server, chat: Chat, person: Any) -> dict[str, Any]:
     """round-trip.mjs's report, logged in as ``person`` (a session and a CSRF token, as a
-    page of the site would have them)."""
+    page of the site would have them), run as docs/frontends.md says (checked here)."""
+    steps = documented_steps()
+    assert steps.startswith("cd frontends/agui-client && npm ci\n")
+    assert "AGENTLOOP_COOKIE=" in steps and "AGENTLOOP_CSRF=" in steps
+    assert "node round-trip.mjs http://localhost:8000/agentloop/ag-ui 42" in steps
+    assert reverse("agentloop:ag-ui") == "/agentloop/ag-ui"
     browser = Client()
     browser.force_login(person)
     session = browser.cookies[settings.SESSION_COOKIE_NAME].value
