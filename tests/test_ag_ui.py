@@ -570,6 +570,45 @@ def test_streamed_chunks_then_the_saved_answer_close_the_message():
     assert not translator.diverged
 
 
+def test_a_saved_answer_longer_than_what_streamed_sends_the_rest_in_the_same_message():
+    translator = AgUiTranslator("7", "r")
+
+    out = translator.event({"type": "partial", "data": {"id": 41, "content": "Hello"}})
+    out += translator.event(
+        {"type": "message", "data": {"id": 41, "role": "assistant", "content": "Hello, Ada."}}
+    )
+
+    assert out == [
+        {"type": "TEXT_MESSAGE_START", "messageId": "m41", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m41", "delta": "Hello"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m41", "delta": ", Ada."},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m41"},
+    ]
+    assert not translator.diverged
+
+
+def test_a_saved_answer_unlike_what_streamed_is_a_new_message_and_asks_for_a_snapshot():
+    translator = AgUiTranslator("7", "r")
+
+    out = translator.event({"type": "partial", "data": {"id": 41, "content": "Draft"}})
+    out += translator.event(
+        {"type": "message", "data": {"id": 41, "role": "assistant", "content": "Final."}}
+    )
+
+    saved = out[3]["messageId"]
+    assert saved != "m41"  # an id of its own: the client adds no text to "Draft"
+    assert [(e["type"], e["messageId"]) for e in out] == [
+        ("TEXT_MESSAGE_START", "m41"),
+        ("TEXT_MESSAGE_CONTENT", "m41"),
+        ("TEXT_MESSAGE_END", "m41"),
+        ("TEXT_MESSAGE_START", saved),
+        ("TEXT_MESSAGE_CONTENT", saved),
+        ("TEXT_MESSAGE_END", saved),
+    ]
+    assert out[4]["delta"] == "Final."
+    assert translator.diverged
+
+
 def test_streamed_tool_call_pieces_and_a_retried_answer():
     translator = AgUiTranslator("7", "r")
 

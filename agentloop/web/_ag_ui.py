@@ -358,6 +358,7 @@ class AgUiTranslator:
         self._cancelled_calls: set[int] = set()
         self._state: str | None = None
         self._answer: _Answer | None = None
+        self._used_ids: set[str] = set()
         self._count = 0
 
     # -- what the client has already ------------------------------------------------------
@@ -486,10 +487,19 @@ class AgUiTranslator:
         shown = {"interruptId": interrupt["id"], "toolCallId": interrupt["toolCallId"], **value}
         return {"type": "CUSTOM", "name": name, "value": shown}
 
+    def _fresh_id(self, message_id: str) -> str:
+        """``message_id``, unless this stream used it for a message already (a retried
+        answer's row keeps its pk): then a new one (the snapshot at the end has the row's)."""
+        if message_id not in self._used_ids:
+            return message_id
+        self._count += 1
+        return f"{message_id}-{self._count}"
+
     def _open(self, out: list[Chunk], message_id: str | None = None) -> _Answer:
         if self._answer is None:
             self._count += 1
             self._answer = _Answer(message_id or f"{self.run_id}-{self._count}")
+            self._used_ids.add(self._answer.message_id)
         return self._answer
 
     def _text(self, text: str, message_id: str | None = None) -> list[Chunk]:
@@ -516,9 +526,7 @@ class AgUiTranslator:
             # snapshot at the end replaces it.
             self.diverged = True
             out = self._close()
-            return out + self._text(
-                content, f"{message_id}-{self._count + 1}" if message_id else None
-            )
+            return out + self._text(content, self._fresh_id(message_id) if message_id else None)
         return self._text(
             content[len(answer.text) :] if answer is not None else content, message_id
         )
@@ -573,21 +581,26 @@ class AgUiTranslator:
             self.cancelled = True
         content = str(data.get("content") or "")
         calls = data.get("tool_calls") or []
-        streamed_as_saved = (
+        # What streamed may lag behind the saved text (the last partial save, the last
+        # chunks): the rest is sent in the same message. Anything else was another answer.
+        continued = (
             answer is not None
-            and answer.text == content
+            and content.startswith(answer.text)
             and set(answer.tools.values()) <= {call["call_id"] for call in calls}
         )
         out: list[Chunk] = []
-        if answer is not None and not streamed_as_saved:
+        if answer is not None and not continued:
             self.diverged = True
             out += self._close()
             answer = None
-        if answer is None:
+        if answer is not None:
+            out += self._text(content[len(answer.text) :])
+        else:
             if not (content or calls):
                 return out  # nothing to show (an answer cancelled before its first word)
-            out += self._text(content, f"m{pk}")
-            answer = self._open(out, f"m{pk}")  # opened by _text, unless it has no text
+            message_id = self._fresh_id(f"m{pk}")
+            out += self._text(content, message_id)
+            answer = self._open(out, message_id)  # opened by _text, unless it has no text
         if answer.text_open:
             out.append({"type": "TEXT_MESSAGE_END", "messageId": answer.message_id})
             answer.text_open = False
