@@ -26,7 +26,7 @@ from agentloop.models import Chat, ChatState, Message, ToolCall
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream, tool_call
 from agentloop.tools import AskPerson
-from agentloop.web._ag_ui import AgUiTranslator, Answer, parse_run_input
+from agentloop.web._ag_ui import AgUiFollower, AgUiTranslator, Answer, parse_run_input
 from tests.redis_urls import redis_url
 from tests.tools import add, transfer
 
@@ -457,6 +457,23 @@ def test_a_cancelled_call_is_replayed_with_a_result_saying_so(owner, chat, scrip
     cancelled = snapshot["messages"][-1]
     assert cancelled["role"] == "tool" and cancelled["toolCallId"] == "t1"
     assert cancelled["content"] == CANCELLED_TOOL_RESULT
+
+
+def test_a_run_whose_saved_answer_differs_ends_with_a_snapshot_from_the_database(chat, scripted):
+    scripted.add("Final answer.")
+    chat.ask("Hi")
+    translator = AgUiTranslator(str(chat.pk), "r")
+    translator.event({"type": "chunk", "data": {"text": "A draft that was retried"}})
+    follower = AgUiFollower(chat, None, translator, floor=0, head=[])
+    follower.state = {"state": "idle", "error": "", "stop_reason": "", "pending": []}
+
+    frames = [json.loads(frame.removeprefix(b"data: ")) for frame in follower.finish()]
+
+    assert [e["type"] for e in frames] == [
+        "TEXT_MESSAGE_END", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END",
+        "MESSAGES_SNAPSHOT", "RUN_FINISHED",
+    ]  # fmt: skip
+    assert [m["content"] for m in frames[-2]["messages"]] == ["Hi", "Final answer."]
 
 
 # -- access and bad input ------------------------------------------------------------------------
