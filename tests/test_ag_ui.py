@@ -531,6 +531,17 @@ def test_bad_input_is_400_with_one_line(owner, body, problem):
     assert problem in text and "\n" not in text
 
 
+def test_a_body_nested_too_deep_is_400_before_it_is_read(owner, chat):
+    deep = "[" * 200 + "]" * 200
+    payload = run_input(chat, user_says("Hi")).replace('"tools": []', f'"tools": {deep}')
+
+    response = post(owner, payload)
+
+    assert response.status_code == 400
+    assert "nested too deeply" in response.content.decode()
+    assert not Message.objects.filter(chat=chat).exists()
+
+
 # -- the translation, without a database ---------------------------------------------------------
 def test_parse_reads_resume_entries_and_trailing_tool_messages():
     resumed = parse_run_input(
