@@ -191,6 +191,22 @@ def test_the_async_stream_under_asgi(user, chat, scripted):
     assert content.endswith(b'"outcome":{"type":"success"}}\n\n')
 
 
+def test_a_cancel_mid_answer_ends_the_run_cancelled_with_the_message_closed(owner, chat, scripted):
+    scripted.add(stream(*[f"w{i} " for i in range(20)], delay=0.1))
+    response = post(owner, run_input(chat, user_says("Count")))
+    pieces, seen = iter(response.streaming_content), b""
+    while b"TEXT_MESSAGE_CONTENT" not in seen:
+        seen += next(pieces)
+    Chat.objects.get(pk=chat.pk).cancel()
+    rest = b"".join(pieces)
+
+    events = [json.loads(b[6:]) for b in (seen + rest).split(b"\n\n") if b.startswith(b"data: ")]
+    kinds = [e["type"] for e in events]
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert kinds.count("TEXT_MESSAGE_START") == kinds.count("TEXT_MESSAGE_END") >= 1
+    assert kinds.index("TEXT_MESSAGE_END") < kinds.index("RUN_FINISHED")
+
+
 def test_a_failed_run_ends_with_run_error_and_one_line(owner, chat, scripted):
     scripted.add(RuntimeError("boom\n  File secret.py, line 1"))
 
