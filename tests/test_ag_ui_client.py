@@ -12,6 +12,7 @@ Skipped when node or npm is missing, except under ``CI=true``, where that fails 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -96,7 +97,7 @@ def run_client(folder: Any, site: Server, chat: Chat, person: Any) -> dict[str, 
         ["node", "round-trip.mjs", site.url + reverse("agentloop:ag-ui"), str(chat.pk)],  # noqa: S607
         cwd=folder,
         env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PATH": os.environ.get("PATH", ""),  # where node_missing() found node
             "AGENTLOOP_COOKIE": cookie,
             "AGENTLOOP_CSRF": token,
         },
