@@ -1,6 +1,8 @@
 """The React page of frontends/usechat, built with node (``npm ci``, ``npm run build``) when its
 build output is missing or older than its sources; the output stays in the tree (git-ignored).
-Used by the useChat browser test and by the test that follows docs/frontends.md."""
+Used by the useChat browser test and by the test that follows docs/frontends.md. And the
+AG-UI client of frontends/agui-client (``npm ci`` only: its script runs as it is), used by
+tests/test_ag_ui_client.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from tests.processes import REPO_ROOT
 
 FRONTEND = REPO_ROOT / "frontends" / "usechat"
+AGUI_CLIENT = REPO_ROOT / "frontends" / "agui-client"
 BUILT = FRONTEND / "dist" / "usechat.js"
 IN_CI = os.environ.get("CI") == "true"
 
@@ -43,10 +46,10 @@ def stale() -> bool:
     return max(path.stat().st_mtime for path in sources) > BUILT.stat().st_mtime
 
 
-def npm(*args: str) -> None:
+def npm(*args: str, folder: Path = FRONTEND) -> None:
     result = subprocess.run(  # noqa: S603 - npm with fixed arguments
         ["npm", *args],  # noqa: S607 - found on PATH, like any developer's npm
-        cwd=FRONTEND,
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=600,
@@ -65,3 +68,15 @@ def build() -> Path:
                 npm("ci", "--no-audit", "--no-fund")
             npm("run", "build")
     return BUILT.parent
+
+
+def install_agui_client() -> Path:
+    """frontends/agui-client with its packages installed (``npm ci`` from the lock file when
+    they are missing or older than it); one pytest process installs at a time."""
+    installed = AGUI_CLIENT / "node_modules" / ".package-lock.json"
+    with (AGUI_CLIENT / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_file = AGUI_CLIENT / "package-lock.json"
+        if not installed.exists() or installed.stat().st_mtime < lock_file.stat().st_mtime:
+            npm("ci", "--no-audit", "--no-fund", folder=AGUI_CLIENT)
+    return AGUI_CLIENT

@@ -89,7 +89,12 @@ def test_the_page_gives_settings_a_view_and_its_url():
     assert '"agentloop/chat_react.html"' in files[1][1]
     assert (ROOT / "agentloop" / "templates" / "agentloop" / "chat_react.html").is_file()
     # The build step the test stands in for (it copies the same build into frontend/dist).
-    (build_step,) = [b.code for b in blocks_of(PAGE.read_text()) if b.language == "bash"]
+    # (The page's other bash block is the AG-UI client's: tests/test_ag_ui_client.py's.)
+    (build_step,) = [
+        b.code
+        for b in blocks_of(PAGE.read_text())
+        if b.language == "bash" and "npm run build" in b.code
+    ]
     assert build_step.startswith("cd frontend && npm ci && npm run build")
 
 

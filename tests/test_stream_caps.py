@@ -84,6 +84,15 @@ def test_past_the_cap_a_user_gets_a_429_while_another_still_streams(
         reverse("agentloop:usechat"), usechat_body(chat, "Hi"), content_type="application/json"
     )
     assert (posted.status_code, posted.content.decode()) == (429, TOO_MANY)
+    run_input = {
+        "threadId": str(chat.pk),
+        "runId": "r",
+        "messages": [{"id": "m1", "role": "user", "content": "Hi"}],
+    }
+    ag_ui = owner.post(
+        reverse("agentloop:ag-ui"), json.dumps(run_input), content_type="application/json"
+    )
+    assert (ag_ui.status_code, ag_ui.content.decode()) == (429, TOO_MANY)  # AG-UI: the same
     assert not Message.objects.filter(chat=chat).exists()
     Chat.objects.filter(pk=chat.pk).update(state=ChatState.RUNNING)  # something to resume
     resumed = owner.get(reverse("agentloop:usechat-stream", args=[chat.pk]))

@@ -14,7 +14,8 @@ and partial answers) through one of two readers, each a :class:`LiveReader`:
 - :class:`RunFollower` serves the ``useChat`` views: the events fed to a
   ``UIStreamTranslator`` (``agentloop.web._ui_protocol``), to the end of the run: the rows
   no event brought yet (events are published after the rows are saved) are read from the
-  database, then the closing parts and ``[DONE]``.
+  database, then the closing parts and ``[DONE]``. The AG-UI view's reader
+  (``agentloop.web._ag_ui.AgUiFollower``) is one too, with its own translator.
 
 The loop is written once (:func:`_steps`, which only says what to do next) and run by two
 drivers: :func:`stream` (sync, for WSGI and ``runserver``: one thread per open stream) and
@@ -44,7 +45,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.contrib import auth
@@ -55,7 +56,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
 from ._access import can_view_chat
-from ._ui_protocol import DONE, HEADERS, UIStreamTranslator, encode, row_payload
+from ._ui_protocol import DONE, HEADERS, encode, row_payload
 
 __all__ = [
     "CUT_MARK",
@@ -66,6 +67,7 @@ __all__ = [
     "ReaderAccess",
     "RunFollower",
     "SharedReads",
+    "Translator",
     "astream",
     "cut_to_fit",
     "format_event",
@@ -465,6 +467,28 @@ class ChatEventReader(LiveReader):
         return state
 
 
+class Translator(Protocol):
+    """What a :class:`RunFollower` drives: a protocol's translation of a chat's events
+    (``UIStreamTranslator``; ``agentloop.web._ag_ui.AgUiTranslator``)."""
+
+    #: pks of the message rows sent (or known to the page already).
+    sent_rows: set[int]
+    #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
+    calls: dict[int, str]
+
+    def event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The parts of one live event."""
+
+    def cancel_calls(self, call_pks: list[int]) -> list[dict[str, Any]]:
+        """The parts of the shown calls a cancel kept from running."""
+
+    def pending(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The parts of the calls waiting for a person."""
+
+    def end(self, state: str, error: str = "", stop_reason: str = "") -> list[dict[str, Any]]:
+        """The last parts of a run over in ``state``."""
+
+
 class RunFollower(LiveReader):
     """The ``useChat`` stream's reader: one chat's run as the UI message stream, to its end.
 
@@ -476,12 +500,14 @@ class RunFollower(LiveReader):
 
     headers = HEADERS
     take_reads_rows = True
+    #: the stream's last line, after the translator's last parts.
+    closing = DONE
 
     def __init__(
         self,
         chat: Any,
         after: str | None,
-        translator: UIStreamTranslator,
+        translator: Translator,
         floor: int,
         head: list[bytes],
         access: ReaderAccess | None = None,
@@ -546,12 +572,17 @@ class RunFollower(LiveReader):
             chunks += translator.event({"type": "message", "data": row_payload(row)})
         chunks += translator.cancel_calls(self._cancelled_calls())
         chunks += translator.pending(self.state.get("pending") or [])
+        chunks += self.before_end()
         chunks += translator.end(
             self.state.get("state", ""),
             self.state.get("error", ""),
             self.state.get("stop_reason", ""),
         )
-        return [encode(chunk) for chunk in chunks] + [DONE]
+        return [encode(chunk) for chunk in chunks] + ([self.closing] if self.closing else [])
+
+    def before_end(self) -> list[dict[str, Any]]:
+        """Parts sent after the run's rows and before its end (none here)."""
+        return []
 
     def _chat_state(self) -> dict[str, Any] | None:
         """The chat's state, error and calls waiting for a person (None: the chat is gone)."""

@@ -7,7 +7,8 @@ and a redirect back for plain HTML forms.
 
 The ``usechat`` views speak the AI SDK's UI message stream protocol (``useChat``;
 docs/frontends.md): a message or approvals in, the run streamed out; the resume stream;
-the history as ``UIMessage`` objects.
+the history as ``UIMessage`` objects. The ``ag_ui`` view speaks the AG-UI protocol (the same
+page): a ``RunAgentInput`` in, the run out as AG-UI events.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ._access import (
     get_chat_for_view,
     holding_a_slot,
 )
+from ._ag_ui import AgUiFollower, AgUiTranslator, decide, messages_snapshot, parse_run_input
 from ._live import (
     IN_FLIGHT,
     ReaderAccess,
@@ -56,6 +58,7 @@ from ._ui_protocol import (
     answer_message_id,
     encode,
     error_line,
+    parse_approval_id,
     parse_chat_request,
     row_payload,
     turn_rows,
@@ -63,6 +66,7 @@ from ._ui_protocol import (
 )
 
 __all__ = [
+    "ag_ui",
     "answer_tool_call",
     "approve_tool_call",
     "can_change_chat",
@@ -335,3 +339,72 @@ def usechat_messages(request: HttpRequest, pk: int) -> JsonResponse:
             "messages": ui_messages(chat, include_superseded=include_superseded),
         }
     )
+
+
+# -- AG-UI (docs/frontends.md) -------------------------------------------------------------------
+@require_POST
+@login_required
+def ag_ui(request: HttpRequest) -> HttpResponseBase:
+    """An AG-UI ``RunAgentInput`` (``threadId``: the chat's pk): a new user message is added
+    and the chat runs in the background; interrupts' answers (``resume``) approve, deny or
+    answer the waiting calls; with neither, the persisted chat is replayed. The run streams
+    as AG-UI events to its end (``agentloop.web._ag_ui``)."""
+    try:
+        body = request_json(request)
+    except JSONInputError as exc:
+        return _refused(str(exc), 400)
+    asked = parse_run_input(body)
+    if asked.problem:
+        return _refused(asked.problem, 400)
+
+    def start() -> HttpResponseBase:
+        started = _start_ag_ui_run(request, asked)
+        if isinstance(started, HttpResponse):
+            return started
+        return streaming_response(request, started)
+
+    return holding_a_slot(request, start)
+
+
+def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFollower:
+    chat = get_chat_for_change(request, asked.chat_pk)
+    # Read before anything is written: what is saved from now on is streamed.
+    position = resume_point(chat)
+    translator = AgUiTranslator(str(chat.pk), asked.run_id)
+    answers = asked.answers or asked.tool_answers
+    replay = None
+    user_pk, rows = turn_rows(chat)
+    if asked.text and not _sent_by_us(chat, asked.message_id):
+        try:
+            chat.ask_later(asked.text, if_busy="reject")
+        except ChatBusyError:
+            return _refused("The chat is answering already: wait, or cancel its run.", 409)
+        except PendingToolCallsError:
+            return _refused("Answer the interrupts (the waiting tool calls) first.", 409)
+        user_pk, rows = turn_rows(chat)
+        if chat.state not in IN_FLIGHT:
+            chat.complete_later()
+    elif answers:
+        for row in rows:  # the client shows this turn already: its calls get results now
+            translator.know(row_payload(row))
+        refused = decide(chat, request.user, answers)
+        if refused is not None and (asked.answers or refused[0] != 409):
+            return _refused(refused[1], refused[0])
+        if refused is not None:  # tool messages that answer nothing: results it was sent
+            replay = messages_snapshot(chat)
+    else:
+        replay = messages_snapshot(chat)
+    floor = max([user_pk, *(row.pk for row in rows)])
+    if replay is not None:  # the client holds the chat as the database has it
+        for payload in replay[1]:
+            translator.know(payload)
+        floor = max([floor, *(payload["id"] for payload in replay[1])])
+    chat.refresh_from_db(fields=["state"])
+    head = [encode(e) for e in translator.start(chat.state, replay[0] if replay else None)]
+    return AgUiFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+
+
+def _sent_by_us(chat: Any, message_id: str) -> bool:
+    """The client's last user message is one the server sent it (``u<pk>``): not new."""
+    pk = parse_approval_id(message_id[1:]) if message_id.startswith("u") else None
+    return pk is not None and chat.messages.filter(pk=pk, role="user").exists()
