@@ -38,8 +38,8 @@ call: waiting for approval (``approval-requested``, approval id = the ``ToolCall
 (``output-available`` / ``output-error``), denied (``output-denied``), cancelled before it
 ran (``output-error`` saying so, its id in the message's ``metadata.cancelledCalls``), or not
 run yet (``input-available``). A call waiting for an answer also gets a ``data-agentloop-question``
-part; an answer with structured output, a ``data-agentloop-output`` part holding it. The ids are those the stream uses, so a resumed stream replaces the very message it
-continues.
+part; an answer with structured output, a ``data-agentloop-output`` part holding it. The
+ids are those the stream uses, so a resumed stream replaces the very message it continues.
 
 Texts from models and tools are passed on as data; the page must show them as text.
 """
