@@ -293,15 +293,14 @@ def test_without_redis_usechat_sends_the_saved_output_and_the_history_keeps_it(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_answer_that_fails_validation_sends_no_final_output(
-    fast_polls, owner, user, scripted
-):
+def test_an_answer_that_fails_validation_sends_no_final_output(fast_polls, owner, user, scripted):
     chat = Chat.objects.create(model="scripted:test", owner=user).with_schema(Person)
     scripted.add(stream('{"name": "John"}'))
 
     parts = read_parts(
         owner.post(
-            reverse("agentloop:usechat"), body(chat, user_says("Invent John")),
+            reverse("agentloop:usechat"),
+            body(chat, user_says("Invent John")),
             content_type="application/json",
         )  # fmt: skip
     )
