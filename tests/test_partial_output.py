@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -23,6 +24,8 @@ from agentloop.messages import PartialOutput, TextDelta
 from agentloop.models import Chat
 from agentloop.runners import wait_for_embedded_jobs
 from agentloop.testing import stream
+from tests import guardrail_checks as checks
+from tests.helpers import wait_until
 from tests.test_usechat import body, read_parts, user_says
 
 DEADLINE = 30.0
@@ -156,6 +159,31 @@ def test_an_async_verb_awaits_an_async_callback_for_each_partial(memory_chat, sc
 
     assert partials(seen) == PARTIALS
     assert answer.parsed == FINAL
+
+
+def test_partials_are_held_with_the_chunks_while_input_guardrails_judge(
+    memory_chat, scripted, monkeypatch
+):
+    release = threading.Event()
+    monkeypatch.setattr(checks, "RELEASE", release)
+    memory_chat.with_guardrails(checks.slow_moderation)
+    scripted.add(stream(*PIECES))
+    seen: list[Any] = []
+    answers: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(memory_chat.ask("Invent John", stream=seen.append))
+    )
+    thread.start()
+
+    wait_until(lambda: scripted.remaining == 0, "the model call")
+    assert seen == []  # not judged yet: neither the text nor the object shows
+    release.set()
+    thread.join(30)
+
+    assert partials(seen) == PARTIALS
+    kinds = [event.kind for event in seen]
+    assert all(kinds[i - 1] == "text" for i, kind in enumerate(kinds) if kind == "partial_output")
+    assert answers[0].parsed == FINAL
 
 
 @pytest.mark.django_db
