@@ -65,7 +65,7 @@ def run(text: str, delta: int, every_delta: bool) -> tuple[float, int, int]:
         started = time.perf_counter()
         for start in range(0, len(text), delta):
             sent += parser.feed(text[start : start + delta]) is not None
-        sent += parser.flush() is not None
+        sent += parser.flush(ended=True) is not None
         seconds = time.perf_counter() - started
     finally:
         _effects.REPARSE_FRACTION, _effects.ALWAYS_PARSED = fraction, always

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from django.urls import reverse
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import agentloop
@@ -240,6 +242,42 @@ def test_a_number_being_written_is_left_out_until_it_ends():
     grown = parser.feed(', "name": "A')
 
     assert grown is not None and grown.value == {"age": 12, "name": "A"}
+
+
+# -- what arrives from a provider: any JSON, cut anywhere; any text -----------------------------
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def cut(text: str, points: list[int]) -> list[str]:
+    edges = sorted({0, len(text), *(point % (len(text) + 1) for point in points)})
+    return [text[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(JSON_VALUES, st.lists(st.integers(0, 10**6)))
+def test_any_json_cut_anywhere_ends_as_itself_each_partial_new(document, points):
+    text = json.dumps(document)
+    parser = _effects.OutputParser(None)  # a JSON schema: parsed, not validated
+
+    sent = [parser.feed(piece) for piece in cut(text, points)] + [parser.flush(ended=True)]
+
+    values = [partial.value for partial in sent if partial is not None]
+    assert values[-1] == document
+    assert all(a != b for a, b in zip(values, values[1:], strict=False))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(), max_size=12))
+def test_any_text_never_raises_and_a_model_sees_only_objects(pieces):
+    parser = _effects.OutputParser(Person)
+
+    sent = [parser.feed(piece) for piece in pieces] + [parser.flush(ended=True)]
+
+    assert all(isinstance(partial.value, dict) for partial in sent if partial is not None)
 
 
 # -- live events (Redis) from a background step ------------------------------------------------

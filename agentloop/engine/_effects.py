@@ -154,14 +154,15 @@ class OutputParser:
             return None  # parsed again once it has grown enough (or at the end)
         return self.flush()
 
-    def flush(self) -> PartialOutput | None:
-        """Parse what came since the last parse (the end of the stream); the new partial."""
-        if self.parsed_size == self.size:
+    def flush(self, *, ended: bool = False) -> PartialOutput | None:
+        """Parse what came since the last parse; the new partial. ``ended``: the stream is
+        over, so a number the text ends with is finished too."""
+        if self.parsed_size == self.size and not ended:
             return None
         self.parsed_size = self.size
         text = "".join(self.parts)
         self.parts = [text]
-        value = self._value(text)
+        value = self._value(text if ended else _settled(text))
         if value is _NOTHING or value == self.last:
             return None
         self.last = value
@@ -169,7 +170,7 @@ class OutputParser:
 
     def _value(self, text: str) -> Any:
         try:
-            value = from_json(_settled(text), allow_partial="trailing-strings")
+            value = from_json(text, allow_partial="trailing-strings")
         except ValueError:
             return _NOTHING  # not JSON (yet): a blank start, prose before the object
         if self.adapter is None:
@@ -261,7 +262,7 @@ class StreamState:
 
     def finish(self) -> None:
         """The stream ended: the last partial output, when the last parse was skipped."""
-        last = self.output.flush() if self.output is not None else None
+        last = self.output.flush(ended=True) if self.output is not None else None
         if last is None:
             return
         if self._holding():
@@ -271,7 +272,7 @@ class StreamState:
 
     async def afinish(self) -> None:
         """``finish`` for an async verb."""
-        last = self.output.flush() if self.output is not None else None
+        last = self.output.flush(ended=True) if self.output is not None else None
         if last is None:
             return
         if self._holding():
