@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 
 from .conf import agentloop_settings
-from .messages import TextDelta, ToolCallDelta
+from .messages import PartialOutput, TextDelta, ToolCallDelta
 from .process import redis_client, stream_reader
 from .process.event_publisher import publisher
 from .process.redis_client import chat_key
@@ -81,6 +81,9 @@ def message_payload(message: Any) -> dict[str, Any]:
             {"id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
             for call in calls
         ]
+        parsed = getattr(message, "parsed", None)
+        if parsed is not None and payload.get("blocked") is None:
+            payload["parsed"] = parsed  # a with_schema answer's validated structured output
     return payload
 
 
@@ -381,7 +384,8 @@ def publish_superseded(chat: Any, message_ids: list[Any]) -> None:
 
 
 def publish_chunk(chat: Any, chunk: Any) -> None:
-    """Announce a streamed piece of an answer (Redis only; the database keeps partials)."""
+    """Announce a streamed piece of an answer, or a structured answer's partial output
+    (Redis only; the database keeps partials)."""
     backend = get_backend()
     if not backend.keeps_events:
         return
@@ -389,6 +393,10 @@ def publish_chunk(chat: Any, chunk: Any) -> None:
         _publish(backend, chat, "chunk", {"text": chunk.text})
     elif isinstance(chunk, ToolCallDelta):
         _publish(backend, chat, "tool_call_delta", chunk.model_dump())
+    elif isinstance(chunk, PartialOutput):
+        # The whole value so far: a reader that missed some (or joins late) needs only the
+        # latest. Parsed from JSON text, so it is JSON again.
+        _publish(backend, chat, "partial_output", {"value": chunk.value})
 
 
 def erase_events(chat_keys: list[str], ttl: int) -> None:

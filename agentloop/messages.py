@@ -2,7 +2,9 @@
 
 These are plain pydantic models with no Django in them: the engine reads a
 transcript as a list of :class:`Message`, hands providers a :class:`ModelRequest`
-and gets a :class:`ModelResponse` back. Streamed pieces are :data:`Chunk` values.
+and gets a :class:`ModelResponse` back. Streamed pieces are :data:`Chunk` values; what a
+stream callback gets is a :data:`StreamEvent`: the chunks, and a ``with_schema`` answer's
+:class:`PartialOutput` as it grows.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ __all__ = [
     "MessageStatus",
     "ModelRequest",
     "ModelResponse",
+    "PartialOutput",
     "Role",
+    "StreamEvent",
     "TextDelta",
     "Thinking",
     "ThinkingDelta",
@@ -216,6 +220,23 @@ class ThinkingDelta(BaseModel):
 
 Chunk = Annotated[TextDelta | ToolCallDelta | ThinkingDelta, Field(discriminator="kind")]
 chunk_adapter: TypeAdapter[TextDelta | ToolCallDelta | ThinkingDelta] = TypeAdapter(Chunk)
+
+
+class PartialOutput(BaseModel):
+    """The structured output of a ``with_schema`` answer while it streams: the JSON written
+    so far, parsed (the objects and lists still open closed, the string being written cut
+    where it is, a number still being written left out) and, with a pydantic model, valid as
+    far as it goes (only fields still to come are missing). A stream callback gets one after
+    a text chunk whenever it differs from the last; the saved message's ``parsed`` is the
+    final, validated one."""
+
+    kind: Literal["partial_output"] = "partial_output"
+    #: JSON values: dicts, lists, strings, numbers, booleans, None.
+    value: Any
+
+
+#: what a stream callback is called with: the provider's chunks, and the engine's partials.
+StreamEvent = TextDelta | ToolCallDelta | ThinkingDelta | PartialOutput
 
 
 # -- numbers a provider reports: read at one boundary -------------------------------------------

@@ -225,7 +225,10 @@ def send(effect: Send) -> ModelResponse:
         call.check_abandoned()
         with watching(call.watch):
             try:
-                return effect.provider.request(effect.request, on_chunk=call.on_chunk())
+                response = effect.provider.request(effect.request, on_chunk=call.on_chunk())
+                if effect.state is not None:
+                    effect.state.finish()  # a structured answer's last partial
+                return response
             except CallAbandoned:
                 raise
             except Exception as exc:
@@ -292,7 +295,9 @@ async def _arequest(call: _Call, phase: Phase) -> ModelResponse:
             try:
                 if state is None:
                     return await effect.provider.arequest(effect.request)
-                return await effect.provider.arequest(effect.request, on_chunk=on_chunk)
+                response = await effect.provider.arequest(effect.request, on_chunk=on_chunk)
+                await state.afinish()  # a structured answer's last partial
+                return response
             except asyncio.CancelledError as exc:
                 if not aborted or task.uncancel() > 0:
                     raise  # cancelled from outside too: not ours to turn into an error

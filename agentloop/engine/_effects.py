@@ -7,7 +7,9 @@ waiting: a model request, a backoff sleep, a tool run. What an effect returns is
 into the generator; what it raises is thrown into it, at the ``yield``, so the verb's own
 ``try``/``except`` handle it exactly as if the call had been made in place.
 
-A streamed answer is collected here: chunks forwarded, cancellation checked, partials saved.
+A streamed answer is collected here: chunks forwarded, cancellation checked, partials saved;
+a ``with_schema`` answer's JSON parsed as it grows (:class:`OutputParser`), its
+``PartialOutput`` forwarded after the chunk that changed it.
 While input guardrails judge the message during the call (``run_in_parallel``), chunks are
 held: not forwarded, no partial saved, so nothing of an answer to a message they block is
 shown or kept. They go out once the guardrails pass.
@@ -24,12 +26,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from ..conf import agentloop_settings
 from ..exceptions import ProviderError
-from ..messages import Chunk, ModelRequest, TextDelta, ToolCall
+from ..messages import Chunk, ModelRequest, PartialOutput, StreamEvent, TextDelta, ToolCall
 from ..providers.base import Provider
 from ._runs import Checkpoints
 from .store import ChatStore
@@ -43,6 +48,7 @@ __all__ = [
     "Effects",
     "Judge",
     "Launch",
+    "OutputParser",
     "RunTool",
     "Send",
     "Sleep",
@@ -88,8 +94,93 @@ def retry_delay(attempt: int, error: BaseException) -> float | None:
     return min(backoff(attempt, error.retry_after), agentloop_settings.RETRY_BACKOFF_MAX)
 
 
-#: called with each chunk of a streamed answer; for async verbs it may be ``async def``.
-StreamCallback = Callable[[Chunk], Any]
+#: called with each chunk of a streamed answer, and a ``with_schema`` answer's partials
+#: (``PartialOutput``); for async verbs it may be ``async def``.
+StreamCallback = Callable[[StreamEvent], Any]
+
+#: a streamed answer is parsed again only once it grew by this fraction (1/N) of its length
+#: since the last parse: the parses of an answer cost about N times its length in all, not
+#: one parse of the whole text per delta (quadratic: seconds for a 20 KB answer).
+REPARSE_FRACTION = 32
+#: up to this many characters every delta is parsed (short answers show every change).
+ALWAYS_PARSED = 512
+#: what a number may be written with: one at the very end may not be finished.
+_NUMBER_CHARACTERS = frozenset("0123456789+-.eE")
+#: no value parsed (not JSON yet, or not valid against the model).
+_NOTHING: Any = object()
+
+
+@lru_cache(maxsize=64)
+def _adapter(model: type[BaseModel]) -> TypeAdapter[Any]:
+    return TypeAdapter(model)
+
+
+def _settled(text: str) -> str:
+    """``text`` without a number it ends with (``{"age": 3`` may go on as 30)."""
+    start = len(text)
+    while start > 0 and text[start - 1] in _NUMBER_CHARACTERS:
+        start -= 1
+    if start == len(text) or not text[:start].rstrip().endswith((":", ",", "[")):
+        return text
+    return text[:start]
+
+
+class OutputParser:
+    """A ``with_schema`` answer's JSON, parsed as its text streams in.
+
+    pydantic-core's partial mode reads the text so far (open objects and lists closed, the
+    last string cut where it is); with a pydantic model, the value is validated in pydantic's
+    partial mode and kept only when nothing but fields still to come is missing. A value is
+    reported only when it differs from the last one reported. Text that isn't JSON (yet, or
+    at all) reports nothing and never raises: the final answer is parsed and validated as
+    always once it is complete.
+    """
+
+    def __init__(self, model: type[BaseModel] | None) -> None:
+        self.adapter = _adapter(model) if model is not None else None
+        self.parts: list[str] = []
+        self.size = 0
+        self.parsed_size = 0
+        self.last: Any = _NOTHING
+
+    def feed(self, text: str) -> PartialOutput | None:
+        """A delta's text; the new partial when it is parsed now and changed."""
+        if not text:
+            return None
+        self.parts.append(text)
+        self.size += len(text)
+        grown = self.size - self.parsed_size
+        if self.size > ALWAYS_PARSED and grown * REPARSE_FRACTION < self.size:
+            return None  # parsed again once it has grown enough (or at the end)
+        return self.flush()
+
+    def flush(self, *, ended: bool = False) -> PartialOutput | None:
+        """Parse what came since the last parse; the new partial. ``ended``: the stream is
+        over, so a number the text ends with is finished too."""
+        if self.parsed_size == self.size and not ended:
+            return None
+        self.parsed_size = self.size
+        text = "".join(self.parts)
+        self.parts = [text]
+        value = self._value(text if ended else _settled(text))
+        if value is _NOTHING or value == self.last:
+            return None
+        self.last = value
+        return PartialOutput(value=value)
+
+    def _value(self, text: str) -> Any:
+        try:
+            value = from_json(text, allow_partial="trailing-strings")
+        except ValueError:
+            return _NOTHING  # not JSON (yet): a blank start, prose before the object
+        if self.adapter is None:
+            return value
+        try:
+            self.adapter.validate_python(value, experimental_allow_partial="trailing-strings")
+        except ValidationError as exc:
+            if any(error["type"] != "missing" for error in exc.errors()):
+                return _NOTHING  # wrong already: the final validation says so
+        return value
 
 
 #: runs a database phase of an async verb (``ChatStore.run_phase``).
@@ -106,6 +197,7 @@ class StreamState:
         stream: StreamCallback | None,
         model: str,
         judging: Judging | None = None,
+        output: OutputParser | None = None,
     ) -> None:
         self.store = store
         self.checkpoints = checkpoints
@@ -119,7 +211,9 @@ class StreamState:
         self._last_save: float | None = None
         #: input guardrails judging meanwhile: chunks are held until they pass.
         self.judging = judging
-        self.held: list[Chunk] = []
+        self.held: list[StreamEvent] = []
+        #: a ``with_schema`` answer's JSON, parsed as it grows (None: no schema).
+        self.output = output
 
     @property
     def text(self) -> str:
@@ -135,50 +229,85 @@ class StreamState:
         return False
 
     def on_chunk(self, chunk: Chunk) -> None:
-        """A chunk of a sync request: forwarded, kept, then the checkpoint."""
-        if self._holding():
-            self.held.append(chunk)
-            self._collect(chunk)
+        """A chunk of a sync request: forwarded (with the partial output it makes), kept,
+        then the checkpoint."""
+        holding = self._holding()
+        if not holding:
+            self.release()
+        save = self._collect(chunk)
+        events = self._events(chunk)
+        if holding:
+            self.held += events
             self.checkpoints.check(force=False)
             return
-        self.release()
-        if self.stream is not None:
-            self.stream(chunk)
-        self._after(self._collect(chunk))
+        self._forward(events)
+        self._after(save)
 
     async def aon_chunk(self, chunk: Chunk, phase: Phase) -> None:
         """A chunk of an async request: the callback (sync or ``async def``) runs on the
         loop; the partial save and the checkpoint, when due, run as a database phase."""
-        if self._holding():
-            self.held.append(chunk)
-            self._collect(chunk)
+        holding = self._holding()
+        if not holding:
+            await self.arelease()
+        save = self._collect(chunk)
+        events = self._events(chunk)
+        if holding:
+            self.held += events
             if self.checkpoints.due():
                 await phase(partial(self.checkpoints.check, force=False))
             return
-        await self.arelease()
-        if self.stream is not None:
-            result = self.stream(chunk)
-            if inspect.isawaitable(result):
-                await result
-        save = self._collect(chunk)
+        await self._aforward(events)
         if save or self.checkpoints.due():
             await phase(self._after, save)
+
+    def finish(self) -> None:
+        """The stream ended: the last partial output, when the last parse was skipped."""
+        last = self.output.flush(ended=True) if self.output is not None else None
+        if last is None:
+            return
+        if self._holding():
+            self.held.append(last)
+        else:
+            self._forward([last])
+
+    async def afinish(self) -> None:
+        """``finish`` for an async verb."""
+        last = self.output.flush(ended=True) if self.output is not None else None
+        if last is None:
+            return
+        if self._holding():
+            self.held.append(last)
+        else:
+            await self._aforward([last])
 
     def release(self) -> None:
         """The guardrails passed: the chunks held meanwhile go out, in order."""
         self.judging = None
         held, self.held = self.held, []
-        if self.stream is not None:
-            for chunk in held:
-                self.stream(chunk)
+        self._forward(held)
 
     async def arelease(self) -> None:
         """``release`` for an async verb (the callback may be ``async def``)."""
         self.judging = None
         held, self.held = self.held, []
+        await self._aforward(held)
+
+    def _events(self, chunk: Chunk) -> list[StreamEvent]:
+        """The chunk, and the partial output its text changed."""
+        if self.output is None or not isinstance(chunk, TextDelta):
+            return [chunk]
+        grown = self.output.feed(chunk.text)
+        return [chunk] if grown is None else [chunk, grown]
+
+    def _forward(self, events: list[StreamEvent]) -> None:
         if self.stream is not None:
-            for chunk in held:
-                result = self.stream(chunk)
+            for event in events:
+                self.stream(event)
+
+    async def _aforward(self, events: list[StreamEvent]) -> None:
+        if self.stream is not None:
+            for event in events:
+                result = self.stream(event)
                 if inspect.isawaitable(result):
                     await result
 

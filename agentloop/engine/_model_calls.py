@@ -60,6 +60,7 @@ from ._effects import (
     AwaitJudging,
     Effects,
     Judge,
+    OutputParser,
     Send,
     Sleep,
     StartJudging,
@@ -599,7 +600,8 @@ class ModelCalls:
                 if partial_key is not None:  # a failed attempt's partial that nothing finishes
                     self.store.transcript.fail_partial(partial_key)
                 raise
-            state = StreamState(self.store, checkpoints, stream, model_id, judging)
+            output = self._output_parser() if stream is not None else None
+            state = StreamState(self.store, checkpoints, stream, model_id, judging, output)
             state.partial_key = partial_key
             started = time.monotonic()
             try:
@@ -703,12 +705,24 @@ class ModelCalls:
             status=MessageStatus.COMPLETE,
         )
 
-    def _parse(self, content: str) -> Any:
+    def _output_model(self) -> type[BaseModel] | None:
+        """The pydantic model answers are validated against: the one given in this process,
+        else the one the chat keeps the import path of; None for a JSON schema."""
         model = self._schema_model()
         path = self.store.config.get_config().schema_path
         if model is None and path:
             loaded = load_by_path(path)
             model = loaded if isinstance(loaded, type) and issubclass(loaded, BaseModel) else None
+        return model
+
+    def _output_parser(self) -> OutputParser | None:
+        """What parses a streamed answer's structured output as it grows (no schema: None)."""
+        if not self.store.config.get_config().output_schema:
+            return None
+        return OutputParser(self._output_model())
+
+    def _parse(self, content: str) -> Any:
+        model = self._output_model()
         try:
             if model is not None:
                 return model.model_validate_json(content).model_dump(mode="json")

@@ -20,6 +20,10 @@ included), id ``a<pk of that user message>``; each model answer is one step in i
   ``tool-output-denied`` for a call a person denied;
 - a call waiting for a person's approval: ``tool-approval-request`` (the approval id is
   the ``ToolCall`` row's pk); a question: a ``data-agentloop-question`` part;
+- a ``with_schema`` answer's structured output: a ``data-agentloop-output`` part per
+  ``partial_output`` event while it streams (the object so far; one id per step, so each
+  part replaces the last), and, once the answer is saved, its validated ``parsed`` under
+  the same id;
 - the end of the run: ``finish`` (``stop``; ``tool-calls`` when it waits for a person;
   ``other`` when a limit stopped it, the reason in the message's metadata), ``abort``
   after a cancel (metadata ``{"cancelled": true}``, and ``cancelledCalls``: the ids of the
@@ -34,8 +38,8 @@ call: waiting for approval (``approval-requested``, approval id = the ``ToolCall
 (``output-available`` / ``output-error``), denied (``output-denied``), cancelled before it
 ran (``output-error`` saying so, its id in the message's ``metadata.cancelledCalls``), or not
 run yet (``input-available``). A call waiting for an answer also gets a ``data-agentloop-question``
-part. The ids are those the stream uses, so a resumed stream replaces the very message it
-continues.
+part; an answer with structured output, a ``data-agentloop-output`` part holding it. The
+ids are those the stream uses, so a resumed stream replaces the very message it continues.
 
 Texts from models and tools are passed on as data; the page must show them as text.
 """
@@ -55,6 +59,7 @@ __all__ = [
     "Chunk",
     "DONE",
     "HEADERS",
+    "OUTPUT_PART",
     "QUESTION_PART",
     "UIStreamTranslator",
     "answer_message_id",
@@ -83,6 +88,8 @@ HEADERS = {
 DONE = b"data: [DONE]\n\n"
 #: the type of the data part that shows a call's question to a person.
 QUESTION_PART = "data-agentloop-question"
+#: the type of the data part that holds a structured answer's output (partial, then final).
+OUTPUT_PART = "data-agentloop-output"
 #: the longest error line sent (a chat's ``error`` is one line already; this bounds it).
 _ERROR_CHARACTERS = 500
 
@@ -213,6 +220,7 @@ class _Step:
     text_id: str | None = None  # the open text part
     text: str = ""
     tools: dict[int, str] = field(default_factory=dict)  # delta index -> toolCallId
+    output_id: str | None = None  # the data part of its structured output
 
 
 class UIStreamTranslator:
@@ -258,6 +266,11 @@ class UIStreamTranslator:
             return self._partial(str(data.get("content") or ""))
         if kind == "tool_call_delta":
             return self._tool_delta(data)
+        if kind == "partial_output":
+            out: list[Chunk] = []
+            step = self._open(out)
+            out.append(self._output(step, data.get("value")))
+            return out
         if kind == "message" and data.get("role") == "assistant":
             return self._answer(data)
         if kind == "message" and data.get("role") == "tool":
@@ -397,6 +410,12 @@ class UIStreamTranslator:
             )
         return out
 
+    def _output(self, step: _Step, value: Any) -> Chunk:
+        """The structured output so far (or the saved one), under the step's one id."""
+        if step.output_id is None:
+            step.output_id = self._new_id("output")
+        return {"type": OUTPUT_PART, "id": step.output_id, "data": value}
+
     def _close_step(self) -> list[Chunk]:
         step, self._step = self._step, None
         if step is None:
@@ -438,6 +457,10 @@ class UIStreamTranslator:
             out.append({"type": "reset-step"})
         if not streamed_as_saved:
             out += self._whole_answer(content, thinking)
+        if data.get("parsed") is not None:
+            # The validated output replaces the partials (a reset step starts a new id).
+            kept = step if streamed_as_saved and step is not None else _Step()
+            out.append(self._output(kept, data["parsed"]))
         for call in calls:
             out.append(
                 {
@@ -580,6 +603,8 @@ def _answer_parts(row: Any, parts_of_calls: dict[Any, dict[str, Any]]) -> list[d
         parts.append({"type": "reasoning", "text": row.thinking, "state": "done"})
     if row.content:
         parts.append({"type": "text", "text": row.content, "state": "done"})
+    if row.parsed is not None:
+        parts.append({"type": OUTPUT_PART, "id": f"output-{row.pk}", "data": row.parsed})
     for call in row.tool_calls.all():
         part: dict[str, Any] = {
             "type": "dynamic-tool",
