@@ -49,6 +49,9 @@ class Callbacks:
 
     def __init__(self) -> None:
         self._by_event: dict[str, list[Callable[..., Any]]] = defaultdict(list)
+        #: called with every event and its arguments while a stream iterates a run
+        #: (``listening``); the engine's own events for it ("answer_saved") included.
+        self._listeners: list[Callable[..., Any]] = []
 
     def add(self, event: str, callback: Callable[..., Any]) -> None:
         """Register ``callback`` for ``event`` (``ConfigurationError`` for an unknown event)."""
@@ -60,6 +63,17 @@ class Callbacks:
         """Call the callbacks of ``event`` with ``args``."""
         for callback in self._by_event.get(event, ()):
             callback(*args)
+        for listener in self._listeners:
+            listener(event, *args)
+
+    @contextmanager
+    def listening(self, listener: Callable[..., Any]) -> Iterator[None]:
+        """Call ``listener(event, *args)`` for every event sent within the block."""
+        self._listeners.append(listener)
+        try:
+            yield
+        finally:
+            self._listeners.remove(listener)
 
     def listens(self, event: str) -> bool:
         """Whether any callback waits for ``event``."""
