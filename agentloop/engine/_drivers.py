@@ -76,6 +76,7 @@ from ._effects import (
     Effects,
     Judge,
     Launch,
+    Pause,
     RunTool,
     Send,
     Sleep,
@@ -471,7 +472,10 @@ def _advance(
         ended, effect = _resume(effects, value, error)
         if ended:
             return ended, effect
-        if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
+        if isinstance(effect, Pause):  # only an iterated sync run stops there
+            value, error = None, None
+            continue
+        if not isinstance(effect, Launch | StartJudging | Pause):  # starting waits for nothing
             before_wait()
         if not (tools_here and isinstance(effect, RunTool)) or effect.tool_class.is_async():
             return ended, effect
@@ -500,6 +504,8 @@ class _Performer:
         self.pool_size = 0
 
     def perform(self, effect: Any) -> Any:
+        if isinstance(effect, Pause):
+            return None
         if isinstance(effect, Send):
             return send(effect)  # bounded: a slot, a deadline, a cancel watchdog
         if isinstance(effect, Sleep):
@@ -547,7 +553,9 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                 return result
             value, error = None, None
             try:
-                if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
+                if not isinstance(
+                    effect, Launch | StartJudging | Pause
+                ):  # starting waits for nothing
                     before_wait()
                 value = performer.perform(effect)
             except BaseException as exc:
@@ -700,7 +708,14 @@ def drive_pulled(
                 continue
             value, error = None, None
             try:
-                if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
+                checkpoints = getattr(effect, "checkpoints", None)
+                if tap.closed and isinstance(effect, Pause | Send) and checkpoints is not None:
+                    # Left before the round's calls start or the model is asked: the cancel
+                    # stops the run here (as the checkpoint after would), nothing started.
+                    checkpoints.check()
+                if not isinstance(
+                    effect, Launch | StartJudging | Pause
+                ):  # starting waits for nothing
                     store.before_wait()
                 if isinstance(effect, Send) and effect.state is not None:
                     pulled = _PulledCall(effect)
@@ -778,6 +793,8 @@ async def drive_async(effects: Effects[T], store: ChatStore) -> T:
 
 
 async def _perform(effect: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
+    if isinstance(effect, Pause):
+        return None
     if isinstance(effect, Send):
         return await asend(effect, phase)  # bounded: a slot, a deadline, a cancel watchdog
     if isinstance(effect, Sleep):

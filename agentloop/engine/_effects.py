@@ -43,6 +43,7 @@ __all__ = [
     "Effects",
     "Judge",
     "Launch",
+    "Pause",
     "RunTool",
     "Send",
     "Sleep",
@@ -226,6 +227,16 @@ class Send:
     #: input guardrails judging meanwhile: the call is abandoned when their verdict won't
     #: let it stand (``CallAbandoned``), and its stream is held until they pass.
     judging: Judging | None = None
+
+
+@dataclass
+class Pause:
+    """A point where a run iterated by ``chat.stream()`` hands its events out before going on:
+    a tool round, before any of its calls is started (so leaving the stream at a call the
+    model asked for keeps it from running). The other drivers go on at once. Returns None;
+    a stream closed meanwhile raises the run's cancel here (``checkpoints``)."""
+
+    checkpoints: Checkpoints
 
 
 @dataclass
