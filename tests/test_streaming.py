@@ -98,7 +98,12 @@ def test_a_tool_round_streams_its_text_its_calls_their_results_then_the_answer(c
         "TextDeltaEvent",
         "FinalMessageEvent",
     ]
-    assert [e.text for e in events if isinstance(e, TextDeltaEvent)] == ["Let me ", "add.", "It is ", "3."]
+    assert [e.text for e in events if isinstance(e, TextDeltaEvent)] == [
+        "Let me ",
+        "add.",
+        "It is ",
+        "3.",
+    ]
     asked = events[4]
     assert (asked.call.id, asked.call.name, asked.call.arguments) == ("c1", "add", {"a": 1, "b": 2})
     assert asked.call.state == ToolCallState.PENDING  # as asked: the event is a snapshot

@@ -567,7 +567,9 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
             with self._callbacks.listening(tap.listen):
                 return await drive_async(self._loop.completing(on_chunk, asked), self.store)
 
-        return AsyncEventStream(start, partial(self.store.run_phase, self._stop_streamed))
+        # Closed before the run ended: the run stops at its next checkpoint, as at a cancel().
+        stop = partial(self.store.run_phase, self.store.stopping.request_cancel)
+        return AsyncEventStream(start, stop)
 
     def _asked(self, content: str | None, attachments: Any) -> tuple[str, Any] | None:
         """What a stream asks (None: it completes), its attachments checked now."""
@@ -583,10 +585,6 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
             message = yield from drive_pulled(effects, self.store, tap)
         if not tap.closed:
             yield FinalMessageEvent(message)
-
-    def _stop_streamed(self) -> None:
-        """A stream closed before its run ended: the run stops at its next checkpoint."""
-        self.store.stopping.request_cancel()
 
     # -- the async twins: the same effects, driven by ``drive_async`` -----------------------
     # The decisions and database phases are the sync verb's own, run with
