@@ -439,3 +439,88 @@ def test_final_message_event_is_the_last_event_and_a_frozen_dataclass(scripted):
     assert isinstance(final, FinalMessageEvent)
     with pytest.raises(AttributeError):
         final.message = None  # type: ignore[misc]
+
+
+# -- the run's other machinery, iterated ----------------------------------------------------
+def test_concurrent_tools_run_on_their_pool_and_their_results_stream(chat, scripted):
+    chat.with_tool_options(concurrency="threads")
+    scripted.add(
+        [
+            tool_call("record", {"label": "a", "seconds": 0.05}, id="r1"),
+            tool_call("record", {"label": "b", "seconds": 0.05}, id="r2"),
+        ],
+        stream("Both ", "done."),
+    )
+
+    events = list(chat.stream("Record a and b"))
+
+    assert kinds(events).count("ToolCallEvent") == 2
+    results = sorted(e.message.content for e in events if isinstance(e, ToolResultEvent))
+    assert results == ["a", "b"]
+    assert all(name.startswith("agentloop-tool") for name in test_tools.RECORDED_THREADS)
+    assert events[-1].message.content == "Both done."
+
+
+def test_an_error_in_the_loops_body_cancels_the_run_and_propagates(chat, scripted):
+    scripted.add(stream(*WORDS))
+
+    with pytest.raises(KeyError, match="mine"):
+        for event in chat.stream("Talk"):
+            if event.text == "word1 ":
+                raise KeyError("mine")
+
+    assert statuses(chat)[-1][:2] == ("assistant", "cancelled")
+    scripted.add("Still here.")
+    assert chat.ask("Hello?").content == "Still here."
+
+
+def test_the_run_holds_the_chat_while_the_loops_body_runs(scripted):
+    chat = agentloop.chat("scripted:test")
+    scripted.add(stream("a", "b"))
+    refused: list[BaseException] = []
+
+    def ask_from_elsewhere() -> None:
+        try:
+            chat.ask("Me too")
+        except agentloop.ChatBusyError as exc:
+            refused.append(exc)
+
+    for event in chat.stream("Hi"):
+        if isinstance(event, TextDeltaEvent) and event.text == "a":
+            other = threading.Thread(target=ask_from_elsewhere)
+            other.start()
+            other.join()
+
+    assert len(refused) == 1  # another thread's verb: refused, as during any run
+    assert [m.content for m in chat.messages] == ["Hi", "ab"]
+
+
+def test_a_held_stream_goes_out_once_a_parallel_input_guardrail_passes(scripted):
+    from tests import guardrail_checks
+
+    chat = agentloop.chat("scripted:test").with_guardrails(guardrail_checks.slow_moderation)
+    scripted.add(stream("Fine ", "answer."))
+    guardrail_checks.RELEASE = None  # decides at once: the chunks are held until then
+    try:
+        events = list(chat.stream("A harmless question"))
+    finally:
+        guardrail_checks.forget()
+
+    assert [e.text for e in events if isinstance(e, TextDeltaEvent)] == ["Fine ", "answer."]
+    assert events[-1].message.content == "Fine answer."
+
+
+def test_a_blocked_message_streams_nothing_and_raises(scripted):
+    from tests import guardrail_checks
+
+    chat = agentloop.chat("scripted:test").with_guardrails(guardrail_checks.slow_moderation)
+    scripted.add(stream("Never ", "shown."))
+    seen: list[Any] = []
+    try:
+        with pytest.raises(agentloop.GuardrailBlockedError):
+            for event in chat.stream("Something forbidden"):
+                seen.append(event)
+    finally:
+        guardrail_checks.forget()
+
+    assert [e for e in seen if isinstance(e, TextDeltaEvent)] == []
