@@ -524,3 +524,32 @@ def test_a_blocked_message_streams_nothing_and_raises(scripted):
         guardrail_checks.forget()
 
     assert [e for e in seen if isinstance(e, TextDeltaEvent)] == []
+
+
+def test_a_streaming_response_closed_early_cancels_the_run(chat, scripted):
+    from django.core.signals import request_finished
+    from django.db import close_old_connections
+    from django.http import StreamingHttpResponse
+
+    scripted.add(stream(*WORDS))
+    events = chat.stream("Talk")
+
+    def body() -> Any:
+        with events:
+            for event in events:
+                if isinstance(event, TextDeltaEvent):
+                    yield event.text.encode()
+
+    response = StreamingHttpResponse(body(), content_type="text/plain")
+    pieces = iter(response.streaming_content)
+    assert next(pieces) == b"word0 "
+    # What the server does when the browser goes away (without request_finished closing
+    # the test's connection, as Django's test client keeps it).
+    request_finished.disconnect(close_old_connections)
+    try:
+        response.close()
+    finally:
+        request_finished.connect(close_old_connections)
+
+    assert statuses(chat)[-1][:2] == ("assistant", "cancelled")
+    assert events.result is None
