@@ -181,7 +181,8 @@ class EventStream(Generic[M]):
     your loop's body runs while the run waits for it. An error of the run is raised from
     the iterator after the events that came before it. ``result`` is the last message once
     the run ended. ``close()`` (or leaving a ``with`` block, or breaking out of a ``for``
-    loop over the call) stops a run that hasn't ended as ``cancel()`` would.
+    loop over the call) stops a run that hasn't ended as ``cancel()`` would. Iterate it from
+    one thread: the run's database work is done on the thread that iterates.
     """
 
     def __init__(self, events: Generator[Any, None, Any]) -> None:

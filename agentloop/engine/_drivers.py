@@ -475,7 +475,7 @@ def _advance(
         if isinstance(effect, Pause):  # only an iterated sync run stops there
             value, error = None, None
             continue
-        if not isinstance(effect, Launch | StartJudging | Pause):  # starting waits for nothing
+        if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
             before_wait()
         if not (tools_here and isinstance(effect, RunTool)) or effect.tool_class.is_async():
             return ended, effect
@@ -494,6 +494,10 @@ def _sync_call(tool: RunTool) -> Callable[[], Any]:
     return partial(
         execute_tool, tool.tool_class, tool.call, tool.chat, tool.background, tool.cancel_check
     )
+
+
+#: effects that wait for nothing (a start, a pause): no connection is given back before them.
+_WAITS_FOR_NOTHING = (Launch, StartJudging, Pause)
 
 
 class _Performer:
@@ -553,9 +557,7 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                 return result
             value, error = None, None
             try:
-                if not isinstance(
-                    effect, Launch | StartJudging | Pause
-                ):  # starting waits for nothing
+                if not isinstance(effect, _WAITS_FOR_NOTHING):
                     before_wait()
                 value = performer.perform(effect)
             except BaseException as exc:
@@ -713,12 +715,12 @@ def drive_pulled(
                     # Left before the round's calls start or the model is asked: the cancel
                     # stops the run here (as the checkpoint after would), nothing started.
                     checkpoints.check()
-                if not isinstance(
-                    effect, Launch | StartJudging | Pause
-                ):  # starting waits for nothing
+                if not isinstance(effect, _WAITS_FOR_NOTHING):
                     store.before_wait()
                 if isinstance(effect, Send) and effect.state is not None:
                     pulled = _PulledCall(effect)
+                elif tap.closed and isinstance(effect, Sleep):
+                    pass  # no backoff before a retry the cancel stops anyway
                 else:
                     value = performer.perform(effect)
             except BaseException as exc:
