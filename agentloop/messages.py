@@ -3,7 +3,7 @@
 These are plain pydantic models with no Django in them: the engine reads a
 transcript as a list of :class:`Message`, hands providers a :class:`ModelRequest`
 and gets a :class:`ModelResponse` back. Streamed pieces are :data:`Chunk` values; what a
-stream callback gets is a :data:`StreamEvent`: the chunks, and a ``with_schema`` answer's
+stream callback gets is a :data:`StreamUpdate`: the chunks, and a ``with_schema`` answer's
 :class:`PartialOutput` as it grows.
 """
 
@@ -44,7 +44,7 @@ __all__ = [
     "ModelResponse",
     "PartialOutput",
     "Role",
-    "StreamEvent",
+    "StreamUpdate",
     "TextDelta",
     "Thinking",
     "ThinkingDelta",
@@ -236,7 +236,7 @@ class PartialOutput(BaseModel):
 
 
 #: what a stream callback is called with: the provider's chunks, and the engine's partials.
-StreamEvent = TextDelta | ToolCallDelta | ThinkingDelta | PartialOutput
+StreamUpdate = TextDelta | ToolCallDelta | ThinkingDelta | PartialOutput
 
 
 # -- numbers a provider reports: read at one boundary -------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connections
 
 from .exceptions import AgentloopError, CancelledError, ChatStoppedError
-from .messages import StreamEvent, TextDelta
+from .messages import StreamUpdate, TextDelta
 
 __all__ = ["PROMPT", "TerminalChat", "TranscriptPrinter", "visible"]
 
@@ -110,7 +110,7 @@ class TranscriptPrinter:
     def before_message(self) -> None:
         self.streamed_text = False
 
-    def on_chunk(self, chunk: StreamEvent) -> None:
+    def on_chunk(self, chunk: StreamUpdate) -> None:
         if not isinstance(chunk, TextDelta) or not chunk.text:
             return  # tool calls are printed when they start
         if not self.streaming:

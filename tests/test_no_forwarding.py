@@ -26,6 +26,8 @@ EXEMPT: dict[str, str] = {
     "_CappedStream.close": "httpx.SyncByteStream's interface, answered by the capped stream",
     "_AsyncCappedStream.aclose": "httpx.AsyncByteStream's interface, likewise",
     "VertexAIProvider.credential_secrets": "HTTPProvider's hook, answered by its credentials",
+    "EventStream.close": "a generator's close(), on the stream that also keeps its result",
+    "AsyncEventStream.aclose": "an async generator's aclose(), likewise",
 }
 
 

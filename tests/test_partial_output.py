@@ -26,6 +26,7 @@ from agentloop.engine import _effects
 from agentloop.messages import PartialOutput, TextDelta
 from agentloop.models import Chat
 from agentloop.runners import wait_for_embedded_jobs
+from agentloop.streaming import FinalMessageEvent, PartialOutputEvent, TextDeltaEvent
 from agentloop.testing import stream
 from tests import guardrail_checks as checks
 from tests.helpers import wait_until
@@ -85,6 +86,29 @@ def test_each_partial_follows_the_text_chunk_that_made_it(memory_chat, scripted)
     assert kinds.count("text") == len(PIECES)
     assert all(kinds[i - 1] == "text" for i, kind in enumerate(kinds) if kind == "partial_output")
     assert "".join(event.text for event in seen if isinstance(event, TextDelta)) == "".join(PIECES)
+
+
+def test_an_iterated_run_hands_out_each_partial_as_an_event(memory_chat, scripted):
+    """``chat.stream()`` (docs/streaming.md) carries the partials too, after their text."""
+
+    scripted.add(stream(*PIECES))
+
+    seen = list(memory_chat.stream("Invent John"))
+
+    assert [event.value for event in seen if isinstance(event, PartialOutputEvent)] == PARTIALS
+    assert [type(event) for event in seen[:2]] == [TextDeltaEvent, PartialOutputEvent]
+    assert isinstance(seen[-1], FinalMessageEvent) and seen[-1].message.parsed == FINAL
+
+
+def test_an_async_iterated_run_hands_out_each_partial_as_an_event(memory_chat, scripted):
+    scripted.add(stream(*PIECES))
+
+    async def main() -> list[Any]:
+        return [event async for event in memory_chat.astream("Invent John")]
+
+    seen = asyncio.run(main())
+
+    assert [event.value for event in seen if isinstance(event, PartialOutputEvent)] == PARTIALS
 
 
 def test_a_chat_without_a_schema_gets_only_its_chunks(scripted):

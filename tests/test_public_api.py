@@ -128,9 +128,27 @@ EXPECTED_DATA = {
 }
 
 
+#: what ``agentloop.streaming`` promises: the events of an iterated run and its two streams
+#: (docs/streaming.md).
+EXPECTED_STREAMING = {
+    "AsyncEventStream",
+    "EventStream",
+    "EventTap",
+    "FinalMessageEvent",
+    "PartialOutputEvent",
+    "StreamEvent",
+    "TextDeltaEvent",
+    "ThinkingDeltaEvent",
+    "ToolCallDeltaEvent",
+    "ToolCallEvent",
+    "ToolResultEvent",
+}
+
+
 @pytest.mark.parametrize(
     ("module", "expected"),
     [
+        ("agentloop.streaming", EXPECTED_STREAMING),
         ("agentloop.models", EXPECTED_MODELS),
         ("agentloop.admin", EXPECTED_ADMIN),
         ("agentloop.data", EXPECTED_DATA),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Self
 
@@ -30,10 +30,11 @@ from ..exceptions import ChatBusyError, ConfigurationError, PendingToolCallsErro
 from ..guardrails import Guardrail, as_guardrail
 from ..import_paths import import_path_of, load_by_path
 from ..messages import Caching, Message, Thinking
+from ..streaming import AsyncEventStream, EventStream, EventTap, FinalMessageEvent
 from ..tools import Tool
 from ..tools.mcp import mcp_tools
 from ._chat_config import Compaction, Limits, ToolOptions
-from ._drivers import drive, drive_async
+from ._drivers import drive, drive_async, drive_pulled
 from ._effects import StreamCallback
 from ._loop import (
     CANCELLED_TOOL_RESULT,
@@ -543,6 +544,49 @@ class Conversation(Configuration, PeopleInTheLoop, Generic[MessageT]):
     ) -> MessageT:
         """``ask_later(content, attachments)`` then ``complete()``; returns the answer."""
         return drive(self._loop.completing(stream, (content, attachments)), self.store)
+
+    # -- iterated runs: ask() and complete() as their events (docs/streaming.md) ------------
+    def stream(
+        self, content: str | None = None, *, attachments: Any = None
+    ) -> EventStream[MessageT]:
+        """``ask(content)`` as an iterator of its events (with no ``content``: ``complete()``,
+        the run picking up where the chat is): text and thinking pieces as they stream, each
+        tool call the model asked for, each tool result, then the last message
+        (``agentloop.streaming``). The run starts at the first ``next()`` and goes on in
+        this thread between events. Closing the stream early (a ``break``, ``close()``, the
+        end of a ``with`` block) cancels the run as ``cancel()`` would."""
+        tap = EventTap()
+        return EventStream(self._streamed(tap, self._asked(content, attachments)))
+
+    def astream(
+        self, content: str | None = None, *, attachments: Any = None
+    ) -> AsyncEventStream[MessageT]:
+        """``stream()`` for async code: ``async for event in chat.astream(...)``; the run
+        goes on as a task of this event loop, at most a chunk ahead of you."""
+        asked = self._asked(content, attachments)
+
+        async def start(tap: EventTap, on_chunk: StreamCallback) -> MessageT:
+            with self._callbacks.listening(tap.listen):
+                return await drive_async(self._loop.completing(on_chunk, asked), self.store)
+
+        # Closed before the run ended: the run stops at its next checkpoint, as at a cancel().
+        stop = partial(self.store.run_phase, self.store.stopping.request_cancel)
+        return AsyncEventStream(start, stop)
+
+    def _asked(self, content: str | None, attachments: Any) -> tuple[str, Any] | None:
+        """What a stream asks (None: it completes), its attachments checked now."""
+        if content is None:
+            if attachments is not None:
+                raise ConfigurationError("stream() takes attachments with a message only.")
+            return None
+        return content, checked_attachments(attachments)
+
+    def _streamed(self, tap: EventTap, asked: tuple[str, Any] | None) -> Generator[Any, None, None]:
+        with self._callbacks.listening(tap.listen):
+            effects = self._loop.completing(tap.on_chunk, asked)
+            message = yield from drive_pulled(effects, self.store, tap)
+        if not tap.closed:
+            yield FinalMessageEvent(message)
 
     # -- the async twins: the same effects, driven by ``drive_async`` -----------------------
     # The decisions and database phases are the sync verb's own, run with

@@ -32,21 +32,24 @@ awaited), and whatever it returned, raised or asked for (a handoff too) turned i
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
-from typing import Any, TypeVar
+from queue import SimpleQueue
+from typing import Any, NoReturn, TypeVar
 
 from asgiref.sync import async_to_sync, sync_to_async
 from pydantic import ValidationError
 
 from ..conf import agentloop_settings
 from ..exceptions import (
+    CancelledError,
     ConfigurationError,
     ProviderError,
     ProviderTimeout,
@@ -57,6 +60,7 @@ from ..exceptions import (
 from ..messages import Chunk, ModelResponse, ToolCall
 from ..providers.call_slots import Slots, Ticket, slots_for
 from ..providers.watchdog import CallWatch, watching
+from ..streaming import EventTap
 from ..tools import (
     Tool,
     ToolContext,
@@ -72,6 +76,7 @@ from ._effects import (
     Effects,
     Judge,
     Launch,
+    Pause,
     RunTool,
     Send,
     Sleep,
@@ -89,6 +94,7 @@ __all__ = [
     "call_timeout",
     "drive",
     "drive_async",
+    "drive_pulled",
     "execute_tool",
     "send",
     "unaskable",
@@ -201,6 +207,32 @@ class _Call:
         replaced.__cause__ = error
         return replaced
 
+    def failed(self, error: Exception) -> NoReturn:
+        """Raise what a sync call that raised ``error`` raises: the run's CancelledError
+        after a cancel's abort, ``CallAbandoned`` after a guardrail's, else ``error_for``."""
+        checkpoints = self.effect.checkpoints
+        if self.watch.reason == "cancel" and checkpoints is not None:
+            checkpoints.check()  # raises the run's CancelledError
+        if self.watch.reason == "guardrail":
+            raise CallAbandoned("input guardrails did not pass the message") from error
+        raise self.error_for(error)
+
+    def take_slots(self, held: Held) -> None:
+        """Wait in this thread for a slot of each limit the call falls under (``held``
+        gets each ticket), looking at the run's cancel and the deadline meanwhile."""
+        checkpoints = self.effect.checkpoints
+        for slots in self.slots:
+            woken = threading.Event()
+            held.append((slots, ticket := slots.request(woken.set)))
+            while not ticket.granted:
+                if checkpoints is not None:
+                    checkpoints.check(force=False)
+                if self.expired():
+                    raise self.timed_out(waiting=True)
+                woken.wait(self.slice())
+                if ticket.granted and self.too_late():
+                    raise self.timed_out(waiting=True)
+
     def give_back(self, held: Held) -> None:
         for slots, ticket in reversed(held):
             slots.give_back(ticket)
@@ -211,17 +243,7 @@ def send(effect: Send) -> ModelResponse:
     call = _Call(effect)
     held: Held = []
     try:
-        for slots in call.slots:
-            woken = threading.Event()
-            held.append((slots, ticket := slots.request(woken.set)))
-            while not ticket.granted:
-                if effect.checkpoints is not None:
-                    effect.checkpoints.check(force=False)
-                if call.expired():
-                    raise call.timed_out(waiting=True)
-                woken.wait(call.slice())
-                if ticket.granted and call.too_late():
-                    raise call.timed_out(waiting=True)
+        call.take_slots(held)
         call.check_abandoned()
         with watching(call.watch):
             try:
@@ -232,11 +254,7 @@ def send(effect: Send) -> ModelResponse:
             except CallAbandoned:
                 raise
             except Exception as exc:
-                if call.watch.reason == "cancel" and effect.checkpoints is not None:
-                    effect.checkpoints.check()  # raises the run's CancelledError
-                if call.watch.reason == "guardrail":
-                    raise CallAbandoned("input guardrails did not pass the message") from exc
-                raise call.error_for(exc)  # noqa: B904 - error_for keeps the cause
+                call.failed(exc)
     finally:
         call.give_back(held)
 
@@ -459,6 +477,9 @@ def _advance(
         ended, effect = _resume(effects, value, error)
         if ended:
             return ended, effect
+        if isinstance(effect, Pause):  # only an iterated sync run stops there
+            value, error = None, None
+            continue
         if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
             before_wait()
         if not (tools_here and isinstance(effect, RunTool)) or effect.tool_class.is_async():
@@ -480,12 +501,57 @@ def _sync_call(tool: RunTool) -> Callable[[], Any]:
     )
 
 
+#: effects that wait for nothing (a start, a pause): no connection is given back before them.
+_WAITS_FOR_NOTHING = (Launch, StartJudging, Pause)
+
+
+class _Performer:
+    """What the sync drivers do with an effect: the I/O in place, concurrent tools on a pool."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.pool_size = 0
+
+    def perform(self, effect: Any) -> Any:
+        if isinstance(effect, Pause):
+            return None
+        if isinstance(effect, Send):
+            return send(effect)  # bounded: a slot, a deadline, a cancel watchdog
+        if isinstance(effect, Sleep):
+            time.sleep(effect.seconds)
+            return None
+        if isinstance(effect, RunTool):
+            return _sync_call(effect)()
+        if isinstance(effect, Launch):
+            if self.pool is None or self.pool_size != effect.size:
+                # A round's tools all finished before the next round launches any.
+                self.close()
+                self.pool = ThreadPoolExecutor(effect.size, thread_name_prefix="agentloop-tool")
+                self.pool_size = effect.size
+            # carry: the tool thread's spans join this verb's trace.
+            return self.pool.submit(tracing.carry(effect.tool.wrap(_sync_call(effect.tool))))
+        if isinstance(effect, WaitAny):
+            done, _ = wait(effect.handles, return_when=FIRST_COMPLETED)
+            return [(future, future.result()) for future in done]
+        if isinstance(effect, Judge):
+            return judge(effect.panels, effect.wrap, _watch(effect.checkpoints))
+        if isinstance(effect, StartJudging):
+            return _start_judging(effect)
+        if isinstance(effect, AwaitJudging):
+            return _await_judging(effect)
+        raise TypeError(f"unknown effect {effect!r}")  # pragma: no cover - a bug
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+
 def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
     """Run a verb's effects in this thread: the I/O in place, concurrent tools on a pool;
     ``store.before_wait()`` ahead of each wait."""
     before_wait = store.before_wait if store is not None else _no_wait
-    pool: ThreadPoolExecutor | None = None
-    pool_size = 0
+    performer = _Performer()
     value: Any = None
     error: BaseException | None = None
     try:
@@ -496,40 +562,179 @@ def drive(effects: Effects[T], store: ChatStore | None = None) -> T:
                 return result
             value, error = None, None
             try:
-                if not isinstance(effect, Launch | StartJudging):  # starting waits for nothing
+                if not isinstance(effect, _WAITS_FOR_NOTHING):
                     before_wait()
-                if isinstance(effect, Send):
-                    value = send(effect)  # bounded: a slot, a deadline, a cancel watchdog
-                elif isinstance(effect, Sleep):
-                    time.sleep(effect.seconds)
-                elif isinstance(effect, RunTool):
-                    value = _sync_call(effect)()
-                elif isinstance(effect, Launch):
-                    if pool is None or pool_size != effect.size:
-                        # A round's tools all finished before the next round launches any.
-                        if pool is not None:
-                            pool.shutdown()
-                        pool = ThreadPoolExecutor(effect.size, thread_name_prefix="agentloop-tool")
-                        pool_size = effect.size
-                    # carry: the tool thread's spans join this verb's trace.
-                    value = pool.submit(tracing.carry(effect.tool.wrap(_sync_call(effect.tool))))
-                elif isinstance(effect, WaitAny):
-                    done, _ = wait(effect.handles, return_when=FIRST_COMPLETED)
-                    value = [(future, future.result()) for future in done]
-                elif isinstance(effect, Judge):
-                    value = judge(effect.panels, effect.wrap, _watch(effect.checkpoints))
-                elif isinstance(effect, StartJudging):
-                    value = _start_judging(effect)
-                elif isinstance(effect, AwaitJudging):
-                    value = _await_judging(effect)
-                else:  # pragma: no cover - an effect this driver doesn't know is a bug
-                    raise TypeError(f"unknown effect {effect!r}")
+                value = performer.perform(effect)
             except BaseException as exc:
                 error = exc
     finally:
         effects.close()
-        if pool is not None:
-            pool.shutdown()
+        performer.close()
+
+
+#: what a streamed call's helper thread hands over once the provider's request returned.
+_END = object()
+
+
+class _PulledCall:
+    """A streamed :class:`Send` whose chunks the driver pulls one at a time
+    (:func:`drive_pulled`). Only the provider's request runs on a helper thread, which hands
+    each chunk over and waits for the go-ahead (a queue of one: it never reads ahead); the
+    chunk is handled in the driver's thread (the deadline, the cancel checkpoint, the partial
+    save: the verb's database work stays on the verb's thread). What handling a chunk raises
+    is raised inside the provider at that chunk, which closes its stream, as in ``send``."""
+
+    def __init__(self, effect: Send) -> None:
+        self.effect = effect
+        self.call = _Call(effect)
+        self.held: Held = []
+        try:
+            self.call.take_slots(self.held)
+            self.call.check_abandoned()
+        except BaseException:
+            self.call.give_back(self.held)
+            raise
+        self.each = self.call.on_chunk()
+        self.handed: SimpleQueue[Any] = SimpleQueue()
+        self.replies: SimpleQueue[BaseException | None] = SimpleQueue()
+        #: the helper waits for the go-ahead on the chunk handled last.
+        self.owed = False
+        self.response: ModelResponse | None = None
+        self.failure: BaseException | None = None
+        # The copied context: the call's watch and the verb's trace hold on the helper too.
+        context = contextvars.copy_context()
+        self.thread = threading.Thread(
+            target=context.run, args=(self._request,), name="agentloop-stream", daemon=True
+        )
+        self.thread.start()
+
+    def _request(self) -> None:
+        try:
+            with watching(self.call.watch):
+                self.response = self.effect.provider.request(
+                    self.effect.request, on_chunk=self._hand_over
+                )
+        except BaseException as exc:
+            self.failure = exc
+        finally:
+            self.handed.put(_END)
+
+    def _hand_over(self, chunk: Chunk) -> None:
+        self.handed.put(chunk)
+        reply = self.replies.get()
+        if reply is not None:
+            raise reply
+
+    def advance(self) -> bool:
+        """Handle the next chunk (its events go to the run's tap); True once the call ended."""
+        if self.owed:
+            self.owed = False
+            self.replies.put(None)
+        item = self.handed.get()
+        if item is _END:
+            self.thread.join()
+            return True
+        assert self.each is not None  # noqa: S101 - only streams are pulled
+        try:
+            self.each(item)
+        except BaseException as exc:
+            self.replies.put(exc)
+        else:
+            self.owed = True
+        return False
+
+    def outcome(self) -> tuple[ModelResponse | None, BaseException | None]:
+        """The call's answer, or what it raises (as ``send`` would raise it)."""
+        try:
+            if self.failure is None:
+                return self.response, None
+            if isinstance(self.failure, CallAbandoned) or not isinstance(self.failure, Exception):
+                return None, self.failure
+            try:
+                self.call.failed(self.failure)
+            except BaseException as exc:
+                return None, exc
+        finally:
+            self.call.give_back(self.held)
+
+    def abandon(self) -> None:
+        """The driver left mid-call: the provider is stopped at its next chunk (not waited
+        for: it may be reading the network); the slots go back."""
+        if self.thread.is_alive():
+            self.replies.put(CancelledError("The stream was left mid-call."))
+            self.call.give_back(self.held)
+            self.held = []
+
+
+def drive_pulled(
+    effects: Effects[T], store: ChatStore, tap: EventTap
+) -> Generator[Any, None, T | None]:
+    """``drive()`` as a generator of the run's events (``chat.stream()``), in this thread:
+    between two of them the run waits for whoever iterates.
+
+    The events are what ``tap`` collected (streamed chunks, callbacks); they go out after
+    each move of the verb (so a call the model asked for is seen before it runs) and after
+    each streamed chunk. An error of the verb is raised after the events before it. Closed
+    before the verb ended (``GeneratorExit`` at a ``yield``), the run is cancelled as
+    ``cancel()`` would cancel it, driven on (nothing handed out) until a checkpoint stops
+    it, and the generator ends quietly; an error other than that cancel is raised."""
+    performer = _Performer()
+    pulled: _PulledCall | None = None
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            ended, failure, call_ended = False, None, False
+            if pulled is None:
+                try:
+                    ended, effect = _resume(effects, value, error)
+                except BaseException as exc:
+                    failure = exc
+            else:
+                call_ended = pulled.advance()
+            if not tap.closed:
+                try:
+                    # A list's iterator has no close(): a close() of this generator raises
+                    # GeneratorExit right here.
+                    yield from tap.take()
+                except GeneratorExit:
+                    tap.close()
+                    if not ended and failure is None:
+                        store.stopping.request_cancel()  # the checkpoints stop the run
+            if failure is not None:
+                if tap.closed and isinstance(failure, CancelledError):
+                    return None  # the stream was closed: no result
+                raise failure
+            if ended:
+                result: T = effect
+                return result
+            if pulled is not None:
+                if call_ended:
+                    value, error = pulled.outcome()
+                    pulled = None
+                continue
+            value, error = None, None
+            try:
+                checkpoints = getattr(effect, "checkpoints", None)
+                if tap.closed and isinstance(effect, Pause | Send) and checkpoints is not None:
+                    # Left before the round's calls start or the model is asked: the cancel
+                    # stops the run here (as the checkpoint after would), nothing started.
+                    checkpoints.check()
+                if not isinstance(effect, _WAITS_FOR_NOTHING):
+                    store.before_wait()
+                if isinstance(effect, Send) and effect.state is not None:
+                    pulled = _PulledCall(effect)
+                elif tap.closed and isinstance(effect, Sleep):
+                    pass  # no backoff before a retry the cancel stops anyway
+                else:
+                    value = performer.perform(effect)
+            except BaseException as exc:
+                error = exc
+    finally:
+        if pulled is not None:
+            pulled.abandon()
+        effects.close()
+        performer.close()
 
 
 def _watch(checkpoints: Checkpoints | None) -> Watch | None:
@@ -595,6 +800,8 @@ async def drive_async(effects: Effects[T], store: ChatStore) -> T:
 
 
 async def _perform(effect: Any, phase: Any, tasks: set[asyncio.Future[Any]]) -> Any:
+    if isinstance(effect, Pause):
+        return None
     if isinstance(effect, Send):
         return await asend(effect, phase)  # bounded: a slot, a deadline, a cancel watchdog
     if isinstance(effect, Sleep):

@@ -34,7 +34,7 @@ from pydantic_core import from_json
 
 from ..conf import agentloop_settings
 from ..exceptions import ProviderError
-from ..messages import Chunk, ModelRequest, PartialOutput, StreamEvent, TextDelta, ToolCall
+from ..messages import Chunk, ModelRequest, PartialOutput, StreamUpdate, TextDelta, ToolCall
 from ..providers.base import Provider
 from ._runs import Checkpoints
 from .store import ChatStore
@@ -49,6 +49,7 @@ __all__ = [
     "Judge",
     "Launch",
     "OutputParser",
+    "Pause",
     "RunTool",
     "Send",
     "Sleep",
@@ -96,7 +97,7 @@ def retry_delay(attempt: int, error: BaseException) -> float | None:
 
 #: called with each chunk of a streamed answer, and a ``with_schema`` answer's partials
 #: (``PartialOutput``); for async verbs it may be ``async def``.
-StreamCallback = Callable[[StreamEvent], Any]
+StreamCallback = Callable[[StreamUpdate], Any]
 
 #: a streamed answer is parsed again only once it grew by this fraction (1/N) of its length
 #: since the last parse: the parses of an answer cost about N times its length in all, not
@@ -211,7 +212,7 @@ class StreamState:
         self._last_save: float | None = None
         #: input guardrails judging meanwhile: chunks are held until they pass.
         self.judging = judging
-        self.held: list[StreamEvent] = []
+        self.held: list[StreamUpdate] = []
         #: a ``with_schema`` answer's JSON, parsed as it grows (None: no schema).
         self.output = output
 
@@ -292,19 +293,19 @@ class StreamState:
         held, self.held = self.held, []
         await self._aforward(held)
 
-    def _events(self, chunk: Chunk) -> list[StreamEvent]:
+    def _events(self, chunk: Chunk) -> list[StreamUpdate]:
         """The chunk, and the partial output its text changed."""
         if self.output is None or not isinstance(chunk, TextDelta):
             return [chunk]
         grown = self.output.feed(chunk.text)
         return [chunk] if grown is None else [chunk, grown]
 
-    def _forward(self, events: list[StreamEvent]) -> None:
+    def _forward(self, events: list[StreamUpdate]) -> None:
         if self.stream is not None:
             for event in events:
                 self.stream(event)
 
-    async def _aforward(self, events: list[StreamEvent]) -> None:
+    async def _aforward(self, events: list[StreamUpdate]) -> None:
         if self.stream is not None:
             for event in events:
                 result = self.stream(event)
@@ -355,6 +356,16 @@ class Send:
     #: input guardrails judging meanwhile: the call is abandoned when their verdict won't
     #: let it stand (``CallAbandoned``), and its stream is held until they pass.
     judging: Judging | None = None
+
+
+@dataclass
+class Pause:
+    """A point where a run iterated by ``chat.stream()`` hands its events out before going on:
+    a tool round, before any of its calls is started (so leaving the stream at a call the
+    model asked for keeps it from running). The other drivers go on at once. Returns None;
+    a stream closed meanwhile raises the run's cancel here (``checkpoints``)."""
+
+    checkpoints: Checkpoints
 
 
 @dataclass

@@ -456,6 +456,8 @@ class ModelCalls:
         )
         prepared.transcript.append(message)
         self._emit("after_message", record)
+        # Not a callback (no ``on()`` takes it): an iterated run's tool calls, as asked.
+        self._emit("answer_saved", message)
         return record
 
     def generate(

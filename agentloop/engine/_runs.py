@@ -70,6 +70,9 @@ class Callbacks:
         self._by_event: dict[str, list[Callable[..., Any]]] = {}
         self._listener = listener
         self._heard = _heard_by(type(listener)) if listener is not None else frozenset()
+        #: called with every event and its arguments while a stream iterates a run
+        #: (``listening``); the engine's own events for it ("answer_saved") included.
+        self._taps: list[Callable[..., Any]] = []
 
     def add(self, event: str, callback: Callable[..., Any]) -> None:
         """Register ``callback`` for ``event`` (``ConfigurationError`` for an unknown event)."""
@@ -83,6 +86,17 @@ class Callbacks:
             getattr(self._listener, event)(*args)
         for callback in self._by_event.get(event, ()):
             callback(*args)
+        for tap in self._taps:
+            tap(event, *args)
+
+    @contextmanager
+    def listening(self, tap: Callable[..., Any]) -> Iterator[None]:
+        """Call ``tap(event, *args)`` for every event sent within the block."""
+        self._taps.append(tap)
+        try:
+            yield
+        finally:
+            self._taps.remove(tap)
 
     def listens(self, event: str) -> bool:
         """Whether the listener or any callback waits for ``event``."""

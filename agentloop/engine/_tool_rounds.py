@@ -45,7 +45,7 @@ from ..tools import (
 )
 from ._chat_config import ToolOptions
 from ._drivers import execute_tool, unaskable
-from ._effects import Effects, Judge, Launch, RunTool, WaitAny
+from ._effects import Effects, Judge, Launch, Pause, RunTool, WaitAny
 from ._judging import Case, Guards, Verdict, stop_reason
 from ._runs import Checkpoints
 from ._transcript_reading import TOOL_LIMIT_RESULT, pending_round
@@ -484,6 +484,7 @@ class ToolRunner:
     def run(self, round_calls: list[ToolCall], unanswered: list[ToolCall]) -> Effects[list[Any]]:
         """Run ``unanswered`` (calls of ``round_calls`` without a result)."""
         self.unanswered = unanswered
+        yield Pause(self.checkpoints)  # an iterated run's events go out before any call starts
         # Calls held by a person or a subagent are not ours to run.
         calls = [call for call in unanswered if call.state != ToolCallState.WAITING]
         refusals = {call.id: self._refusal(call, round_calls) for call in calls}

@@ -146,6 +146,10 @@ class ConversationDelegations:
     astep = Verb(Engine.astep)
     acomplete = Verb(Engine.acomplete)
 
+    # iterated runs (docs/streaming.md): ask()/complete() as their events
+    stream = Verb(Engine.stream)
+    astream = Verb(Engine.astream)
+
     # editing (docs/editing.md): replaced rows are superseded, kept, never sent again
     regenerate = Verb(Engine.regenerate)
     regenerate_later = ChainedVerb(Engine.regenerate_later)

@@ -13,6 +13,14 @@ import agentloop
 from agentloop import Message, tool
 from agentloop.engine import Conversation
 from agentloop.models import AbstractMessage, Chat
+from agentloop.streaming import (
+    AsyncEventStream,
+    EventStream,
+    FinalMessageEvent,
+    StreamEvent,
+    TextDeltaEvent,
+    ToolResultEvent,
+)
 from agentloop.tools import FunctionTool
 
 
@@ -66,3 +74,31 @@ async def persisted_async() -> None:
     assert_type(await chat.aask("Hi"), AbstractMessage)
     assert_type(await chat.astep(), AbstractMessage | None)
     assert_type(await chat.acomplete(), AbstractMessage)
+
+
+def streams() -> None:
+    chat = agentloop.chat("offline:any", tools=[add])
+    events = chat.stream("What is 2 + 3?")
+    assert_type(events, EventStream[Message])
+    for event in events:
+        assert_type(event, StreamEvent[Message])
+        if isinstance(event, TextDeltaEvent):
+            assert_type(event.text, str)
+        elif isinstance(event, ToolResultEvent):
+            assert_type(event.message, Message)
+        elif isinstance(event, FinalMessageEvent):
+            assert_type(event.message, Message)
+    assert_type(events.result, Message | None)
+    assert_type(chat.stream(), EventStream[Message])
+    persisted = Chat(model="offline:any")
+    assert_type(persisted.stream("Hi"), EventStream[AbstractMessage])
+
+
+async def async_streams() -> None:
+    chat = agentloop.chat("offline:any")
+    events = chat.astream("Hi")
+    assert_type(events, AsyncEventStream[Message])
+    async with events:
+        async for event in events:
+            assert_type(event, StreamEvent[Message])
+    assert_type(Chat(model="offline:any").astream(), AsyncEventStream[AbstractMessage])
