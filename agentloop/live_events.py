@@ -81,6 +81,11 @@ def message_payload(message: Any) -> dict[str, Any]:
             {"id": call.pk, "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
             for call in calls
         ]
+        recall = getattr(message, "recall", None)
+        if recall is not None:
+            # A chat with_memory: the memories the answer was given (ids and similarity only:
+            # their text is the owner's, read where the page may show it).
+            payload["recall"] = recall
     return payload
 
 
