@@ -51,7 +51,10 @@ def test_an_owners_next_chat_recalls_what_one_chat_remembered_and_another_owner_
     run(background, first, "tools:remember that I use Vim")
     (memory,) = Memory.objects.all()
     assert (memory.text, memory.owner, memory.chat, memory.subject) == (
-        FACT, user, first, f"auth.user:{user.pk}"
+        FACT,
+        user,
+        first,
+        f"auth.user:{user.pk}",
     )
     assert memory.embedding_model == MODEL and memory.embedding
 

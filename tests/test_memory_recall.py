@@ -27,7 +27,6 @@ from agentloop.memory import (
     MEMORY_TOOLS,
     MemoryScope,
     forget,
-    recall,
     remember,
     render_memories,
     update_working_memory,
@@ -87,7 +86,10 @@ def test_remember_keeps_a_memory_of_the_chats_owner_and_recall_finds_it(user, sc
 
     (memory,) = Memory.objects.all()
     assert (memory.subject, memory.agent, memory.owner, memory.chat) == (
-        f"auth.user:{user.pk}", "", user, chat
+        f"auth.user:{user.pk}",
+        "",
+        user,
+        chat,
     )
     assert memory.embedding_model == MODEL and memory.dimensions == len(memory.embedding)
     remembered, found = tool_results(chat)
@@ -342,7 +344,9 @@ def test_working_memory_is_kept_by_its_tool_and_given_with_the_instructions(user
     assert "<working_memory></working_memory>" in system_prompt(scripted.requests[0])
     (row,) = WorkingMemory.objects.all()
     assert (row.subject, row.owner, row.text) == (
-        f"auth.user:{user.pk}", user, "Name: Ada. Editor: <Vim>."
+        f"auth.user:{user.pk}",
+        user,
+        "Name: Ada. Editor: <Vim>.",
     )
     # the owner's next chat starts with it
     nxt = memory_chat(user, working=True)

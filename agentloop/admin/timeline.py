@@ -319,8 +319,8 @@ def _add_recalls(entries: list[Entry]) -> None:
     }
     if not recalls:
         return
-    ids = {item.get("id") for items in recalls.values() for item in items}
-    texts = dict(Memory.objects.filter(pk__in=ids).values_list("pk", "text"))
+    ids: set[Any] = {item.get("id") for items in recalls.values() for item in items}
+    texts: dict[Any, str] = dict(Memory.objects.filter(pk__in=ids).values_list("pk", "text"))
     for entry in entries:
         for item in recalls.get(id(entry), []):
             memory_id = item.get("id")

@@ -156,9 +156,9 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
     last_key: Any = None
     for row in rows:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
-         provider_data, attachments, guardrails, recall, answers_id, answers_name, call_key, call_id,
-         call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
-         decision, decision_digest, handoff, call_guardrails,
+         provider_data, attachments, guardrails, recall, answers_id, answers_name, call_key,
+         call_id, call_name, call_arguments, call_state, call_provider_data, wait_reason,
+         question, decision, decision_digest, handoff, call_guardrails,
          original_arguments) = row  # fmt: skip
         if last is None or last_key != key:
             # Rows are our own: built without validation, as ``trusted`` builds them.

@@ -362,9 +362,7 @@ class Configuration:
             self.store.config.update_config(memory=None)
             return self
         if self.store.memory is None:
-            raise ConfigurationError(
-                missing_part(self.store, "memory", "no memories across chats")
-            )
+            raise ConfigurationError(missing_part(self.store, "memory", "no memories across chats"))
         try:
             options = MemoryOptions(
                 k=k,

@@ -41,9 +41,7 @@ def render_memories(memories: list[Any], working: str | None = None) -> str:
     escaped so it can't close it) and the working memory (``None``: not asked for)."""
     parts = []
     if memories:
-        lines = [
-            f'<memory id="{memory.pk}">{as_data(memory.text)}</memory>' for memory in memories
-        ]
+        lines = [f'<memory id="{memory.pk}">{as_data(memory.text)}</memory>' for memory in memories]
         parts.append(MEMORIES_HEADER + "\n" + "\n".join(lines))
     if working is not None:
         parts.append(f"{WORKING_HEADER}\n<working_memory>{as_data(working)}</working_memory>")

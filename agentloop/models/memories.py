@@ -106,21 +106,24 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             # among many finds none of them. Set by the statement itself (one round trip):
             # an uncorrelated subquery in WHERE is an InitPlan the plan's gating Result
             # evaluates once, before the index scan returns its first row.
-            scanning = rows.alias(
-                _iterative=RawSQL(
-                    "(SELECT set_config('hnsw.iterative_scan', 'strict_order', true))", ()
-                )
-            ).filter(_iterative="strict_order")
-            return list(
-                scanning.annotate(distance=CosineDistance(column, vector)).order_by("distance")[:k]
+            iterative = RawSQL(
+                "(SELECT set_config('hnsw.iterative_scan', 'strict_order', true))", ()
             )
+            ordered = rows.annotate(distance=CosineDistance(column, vector))
+            scanning = ordered.alias(_iterative=iterative).filter(_iterative="strict_order")
+            return list(scanning.order_by("distance")[:k])
         # One statement here too: every candidate, scored exactly.
-        scored = sorted(
-            ((_cosine_distance(memory.embedding, vector), memory.pk, memory) for memory in rows),
-            key=lambda item: item[:2],
-        )[:k]
-        nearest = []
-        for distance, _, memory in scored:
+        candidates: list[AbstractMemory] = list(rows)
+        scored = (
+            sorted(
+                (_cosine_distance(memory.embedding or [], vector), memory.pk, memory)
+                for memory in candidates
+            )[:k]
+            if candidates
+            else []
+        )
+        nearest: list[AbstractMemory] = []
+        for distance, _pk, memory in scored:
             memory.distance = distance
             nearest.append(memory)
         return nearest
@@ -129,8 +132,8 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
         """The memories of this queryset among ``similarities`` (``(pk, similarity)``), in
         that order, each with ``distance`` set back from its similarity (one statement); a
         memory deleted or expired meanwhile is left out."""
-        found = self.in_bulk([pk for pk, _ in similarities])
-        kept = []
+        found: dict[Any, Any] = self.in_bulk([pk for pk, _ in similarities])
+        kept: list[AbstractMemory] = []
         for pk, similarity in similarities:
             memory = found.get(pk)
             if memory is not None:
