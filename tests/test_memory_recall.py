@@ -13,6 +13,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
@@ -405,3 +406,13 @@ def test_an_owners_export_holds_their_working_memory_and_erasure_deletes_it(user
     report = erase_owner(user)
     assert report.memories_deleted == 1
     assert list(WorkingMemory.objects.values_list("text", flat=True)) == ["Grace."]
+
+
+def test_an_async_verb_recalls_as_the_sync_one_does(user, scripted):
+    # async_to_sync from the test's thread: the phases run on it, in the test's transaction
+    mine = keep(user, "Ada likes green tea")
+    chat = memory_chat(user)
+    scripted.add("Tea.")
+    answer = async_to_sync(chat.aask)("Do I like tea?")
+    assert [record["id"] for record in answer.recall] == [mine.pk]
+    assert "Ada likes green tea" in system_prompt(scripted.requests[0])
