@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
+from django.core.management.base import OutputWrapper
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -416,3 +417,21 @@ def test_an_async_verb_recalls_as_the_sync_one_does(user, scripted):
     answer = async_to_sync(chat.aask)("Do I like tea?")
     assert [record["id"] for record in answer.recall] == [mine.pk]
     assert "Ada likes green tea" in system_prompt(scripted.requests[0])
+
+
+def test_the_terminal_shows_which_memories_an_answer_was_given(user, scripted):
+    import io
+
+    from django.core.management.color import no_style
+
+    from agentloop.terminal import TranscriptPrinter
+
+    mine = keep(user, "Ada likes \x1b[8mhidden\x1b[0m tea")
+    out = io.StringIO()
+    chat = memory_chat(user)
+    TranscriptPrinter(OutputWrapper(out), no_style()).attach(chat)
+    scripted.add("Tea.")
+    chat.ask("Do I like tea?")
+    printed = out.getvalue()
+    assert f"[recalled: #{mine.pk} (" in printed and "Assistant: Tea." in printed
+    assert "\x1b" not in printed and "hidden" not in printed  # ids only, never the text
