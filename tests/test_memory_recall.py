@@ -8,14 +8,16 @@ tests/test_memory_celery.py."""
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 from unittest import mock
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection
 from django.core.management.base import OutputWrapper
+from django.core.management.color import no_style
+from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -24,6 +26,7 @@ import agentloop
 from agentloop import live_events
 from agentloop.agents import Agent
 from agentloop.budgets import Subject
+from agentloop.data import erase_owner, export_owner
 from agentloop.embeddings import calls as embedding_calls
 from agentloop.exceptions import ConfigurationError
 from agentloop.memory import (
@@ -35,6 +38,7 @@ from agentloop.memory import (
     update_working_memory,
 )
 from agentloop.models import Chat, Memory, WorkingMemory
+from agentloop.terminal import TranscriptPrinter
 from agentloop.testing import tool_call
 
 pytestmark = pytest.mark.django_db
@@ -398,8 +402,6 @@ def test_the_admin_timeline_shows_the_recalled_memories_escaped(admin_client, us
 
 
 def test_an_owners_export_holds_their_working_memory_and_erasure_deletes_it(user, grace):
-    from agentloop.data import erase_owner, export_owner
-
     mine = WorkingMemory.objects.create(subject=Subject.of(user).key, owner=user, text="Ada.")
     WorkingMemory.objects.create(subject=Subject.of(grace).key, owner=grace, text="Grace.")
     document = export_owner(user)
@@ -420,12 +422,6 @@ def test_an_async_verb_recalls_as_the_sync_one_does(user, scripted):
 
 
 def test_the_terminal_shows_which_memories_an_answer_was_given(user, scripted):
-    import io
-
-    from django.core.management.color import no_style
-
-    from agentloop.terminal import TranscriptPrinter
-
     mine = keep(user, "Ada likes \x1b[8mhidden\x1b[0m tea")
     out = io.StringIO()
     chat = memory_chat(user)
