@@ -99,6 +99,7 @@ def test_remember_keeps_a_memory_of_the_chats_owner_and_recall_finds_it(user, sc
         chat,
     )
     assert memory.embedding_model == MODEL and memory.dimensions == len(memory.embedding)
+    assert memory.message == chat.messages.filter(role="assistant").first()  # that asked
     remembered, found = tool_results(chat)
     assert remembered == f"Remembered (memory {memory.pk})."
     (hit,) = json.loads(found)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Subquery
 from django.db.models.functions import Now
 
 from ..embeddings import embed
@@ -57,6 +58,11 @@ def remember(text: str, context: ToolContext) -> str:
     )
     if isinstance(chat, row._meta.get_field("chat").related_model):
         row.chat = chat
+        key = context.tool_call.key
+        if key is not None:
+            # The answer that asked for it, read by the INSERT itself (no statement of its own).
+            asking = chat.tool_calls.filter(pk=key).values("message_id")[:1]
+            row.message_id = Subquery(asking)
     row.save()
     return f"Remembered (memory {row.pk})."
 
