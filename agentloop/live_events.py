@@ -84,6 +84,11 @@ def message_payload(message: Any) -> dict[str, Any]:
         parsed = getattr(message, "parsed", None)
         if parsed is not None and payload.get("blocked") is None:
             payload["parsed"] = parsed  # a with_schema answer's validated structured output
+        recall = getattr(message, "recall", None)
+        if recall is not None:
+            # A chat with_memory: the memories the answer was given (ids and similarity only:
+            # their text is the owner's, read where the page may show it).
+            payload["recall"] = recall
     return payload
 
 

@@ -181,6 +181,9 @@ class Message(BaseModel):
     provider_data: dict[str, Any] = Field(default_factory=dict)
     #: what the chat's input (user message) or output (answer) guardrails decided about it.
     guardrails: list[GuardrailOutcome] = Field(default_factory=list)
+    #: for an answer of a chat ``with_memory``: the memories it was given
+    #: (``[{"id": ..., "similarity": ...}]``); None: no recall was made for it.
+    recall: list[dict[str, Any]] | None = None
     created_at: datetime | None = None
     key: Any = None
     #: replaced by an edit or a regenerated answer: kept for the record, never sent again

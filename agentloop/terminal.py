@@ -126,6 +126,15 @@ class TranscriptPrinter:
             label = self.style.SUCCESS(self.label)
             self.out.write(f"{self.indent}{label} {visible(message.content)}")
         self.end_line()
+        recall = getattr(message, "recall", None)
+        if recall:
+            # Which memories the answer was given (ids and similarity: no memory's text).
+            shown = ", ".join(
+                f"#{visible(item.get('id'))} ({float(item.get('similarity') or 0):.2f})"
+                for item in recall
+                if isinstance(item, dict)
+            )
+            self.out.write(self.style.NOTICE(f"{self.indent}  [recalled: {shown}]"))
 
     def before_tool_call(self, tool_call: Any) -> None:
         self.end_line()

@@ -76,7 +76,7 @@ _BACKEND_AGNOSTIC = {
 _SCENARIOS = {
     "test_bulk_control_celery", "test_budgets_celery", "test_celery_worker", "test_chaos",
     "test_data_erasure_celery", "test_deferred", "test_evals_celery", "test_halt_concurrent",
-    "test_per_process", "test_resume", "test_transactional_tools_celery",
+    "test_memory_celery", "test_per_process", "test_resume", "test_transactional_tools_celery",
 }  # fmt: skip
 
 

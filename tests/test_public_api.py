@@ -87,6 +87,7 @@ EXPECTED_MODELS = {
     "Usage",
     "UsageQuerySet",
     "UsageStatus",
+    "WorkingMemory",
 }
 
 #: what ``agentloop.admin`` promises: the model admins and actions a project's own admin reuses.
@@ -145,6 +146,20 @@ EXPECTED_STREAMING = {
 }
 
 
+#: what ``agentloop.memory`` promises: the memory tools, the recall part, whose memories a
+#: chat reaches (docs/memory.md).
+EXPECTED_MEMORY = {
+    "MEMORY_TOOLS",
+    "ChatMemories",
+    "MemoryScope",
+    "forget",
+    "recall",
+    "remember",
+    "render_memories",
+    "update_working_memory",
+}
+
+
 @pytest.mark.parametrize(
     ("module", "expected"),
     [
@@ -152,6 +167,7 @@ EXPECTED_STREAMING = {
         ("agentloop.models", EXPECTED_MODELS),
         ("agentloop.admin", EXPECTED_ADMIN),
         ("agentloop.data", EXPECTED_DATA),
+        ("agentloop.memory", EXPECTED_MEMORY),
     ],
 )
 def test_the_models_and_admin_surfaces_are_the_expected_ones(module, expected):

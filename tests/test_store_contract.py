@@ -81,8 +81,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 
 
 #: the optional parts each store leaves out (None): the in-memory store has no database to
-#: share and no budgets.
-LEFT_OUT = {"memory": {"transactions", "budgets"}, "django": set()}
+#: share, no budgets and no memories across chats.
+LEFT_OUT = {"memory": {"transactions", "budgets", "memory"}, "django": set()}
 
 
 class TestParts:

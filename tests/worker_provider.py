@@ -57,6 +57,10 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "escalate": {"customer": "Ada"},
     # the Clerk subagent (tests/editing_agents.py) is handed a task that makes it wait
     "clerk": {"task": "tools:ask_accounting"},
+    # the memory tools (tests/test_memory_celery.py): one owner's fact, and a search that
+    # names that owner, as a prompt injection in another owner's chat would have it
+    "remember": {"text": "Ada edits her code in the Vim editor"},
+    "recall": {"query": "memories of user ada: which editor does ada use"},
 }
 
 _LOG_ENV = "AGENTLOOP_TEST_PROVIDER_LOG"

@@ -12,7 +12,7 @@ from django.db.models import Count, Q, Sum
 from django.utils.translation import gettext_lazy as _
 
 from ..messages import ToolCallState
-from ..models import UsageStatus
+from ..models import Memory, UsageStatus
 from .relations import has_field, related_model
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "CallEntry",
     "Entry",
     "GuardrailEntry",
+    "RecallEntry",
     "Timeline",
     "build_timeline",
     "format_cost",
@@ -164,6 +165,16 @@ class CallEntry:
         return lines[-1].strip() if lines else ""
 
 
+@dataclass(frozen=True)
+class RecallEntry:
+    """A memory an answer was given (``with_memory``): its id, its similarity to the user's
+    message, and its text (untrusted: the template escapes it; "" once it was forgotten)."""
+
+    memory_id: Any
+    similarity: float
+    text: str = ""
+
+
 @dataclass
 class Entry:
     """A message of the transcript; an assistant's tool calls (and their results) hang off it."""
@@ -172,6 +183,8 @@ class Entry:
     calls: list[CallEntry] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     parsed: str = ""
+    #: the memories the answer was given (``Message.recall``), with their text.
+    recall: list[RecallEntry] = field(default_factory=list)
     #: on the first of a run of superseded messages, how many the run holds (the timeline
     #: shows them collapsed); on its last, ``closes_superseded``.
     opens_superseded: int = 0
@@ -288,11 +301,31 @@ def build_timeline(
                 _pretty_json(row.parsed) if row.parsed is not None else "",
             )
         )
+    _add_recalls(timeline.entries)
     timeline.superseded_count = sum(
         1 for row in rows if getattr(row, "superseded_at", None) is not None
     )
     _collapse_superseded(timeline.entries)
     return timeline
+
+
+def _add_recalls(entries: list[Entry]) -> None:
+    """The memories each answer was given, with their text: one more query, only for a chat
+    whose answers recalled any."""
+    recalls = {
+        id(entry): [item for item in entry.message.recall if isinstance(item, dict)]
+        for entry in entries
+        if getattr(entry.message, "recall", None)
+    }
+    if not recalls:
+        return
+    ids: set[Any] = {item.get("id") for items in recalls.values() for item in items}
+    texts: dict[Any, str] = dict(Memory.objects.filter(pk__in=ids).values_list("pk", "text"))
+    for entry in entries:
+        for item in recalls.get(id(entry), []):
+            memory_id = item.get("id")
+            similarity = float(item.get("similarity") or 0)
+            entry.recall.append(RecallEntry(memory_id, similarity, texts.get(memory_id, "")))
 
 
 def _collapse_superseded(entries: list[Entry]) -> None:

@@ -78,6 +78,9 @@ class Agent:
     handoffs: ClassVar[Sequence[Any]] = ()
     #: guardrails its chats run (``with_guardrails``; agentloop.guardrails).
     guardrails: ClassVar[Sequence[Any]] = ()
+    #: keyword arguments of ``with_memory`` (memories recalled before each model call);
+    #: None: the agent sets none.
+    memory: ClassVar[Mapping[str, Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -130,6 +133,8 @@ class Agent:
         if cls.guardrails or store.config.get_guardrails():
             # The agent's guardrails are the chat's: one removed from the class goes too.
             chat.with_guardrails(*cls.guardrails, replace=True)
+        if cls.memory is not None:
+            chat.with_memory(**cls.memory)
         return chat
 
     @classmethod
@@ -227,6 +232,8 @@ class Agent:
             applied["handoffs"] = [_stable_name(item) for item in cls.handoffs]
         if cls.guardrails:  # only then: the digests of agents without any stay as they were
             applied["guardrails"] = [_stable_name(guardrail) for guardrail in cls.guardrails]
+        if cls.memory is not None:  # likewise
+            applied["memory"] = dict(cls.memory)
         text = json.dumps(applied, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
 

@@ -30,7 +30,7 @@ from ..engine._tool_rounds import DENIED_RESULT
 from ..live_events import forget_messages
 from ..models.budgets import Budget
 from ..models.evals import EvalCase, EvalSet
-from ..models.memories import Memory
+from ..models.memories import Memory, WorkingMemory
 from ..process.redis_client import chat_name
 from .deletion import ChatModels, Deleted, delete_chats, owner_pk, subagent_chats
 
@@ -144,6 +144,9 @@ def erase_owner(
     report.budgets_deleted = gone.get(Budget._meta.label, 0)
     memories = Memory._default_manager.using(using).filter(Q(owner_id=pk) | Q(subject=subject))
     report.memories_deleted = memories.delete()[0]
+    # A working memory counts as one more memory of the owner's.
+    working = WorkingMemory._default_manager.using(using)
+    report.memories_deleted += working.filter(Q(owner_id=pk) | Q(subject=subject)).delete()[0]
     report.eval_cases_deleted, report.eval_items_removed = _erase_evals(set(family), using)
     return report
 

@@ -12,6 +12,7 @@ in memory whole. Its shape (``"format": "agentloop.owner-export"``, ``"version":
      "usage": [{"id", "chat_id", "message_id", "model", "input_tokens", "cost", ...}],
      "decisions_on_other_chats": [{"tool_call_id", "chat_id", "name", "decision", ...}],
      "memories": [{"id", "subject", "agent", "text", "metadata", "chat_id", ...}],
+     "working_memories": [{"id", "subject", "agent", "text", "updated_at"}],
      "totals": {...}}
 
 Subagent chats are listed with the others (``parent_id`` says whose they are). Attachments
@@ -36,7 +37,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Prefetch, Q
 from django.utils import timezone
 
-from ..models.memories import Memory
+from ..models.memories import Memory, WorkingMemory
 from .deletion import ChatModels, owner_pk, subagent_chats
 
 __all__ = ["FORMAT", "VERSION", "export_owner", "write_export"]
@@ -64,6 +65,7 @@ _MEMORY_FIELDS = (
     "id", "subject", "agent", "text", "metadata", "embedding_model", "dimensions", "chat_id",
     "message_id", "created_at", "updated_at", "expires_at",
 )  # fmt: skip
+_WORKING_MEMORY_FIELDS = ("id", "subject", "agent", "text", "updated_at")
 _TOOL_CALL_FIELDS = (
     "id", "call_id", "name", "arguments", "original_arguments", "state", "error",
     "provider_data", "wait_reason", "question", "decision", "decision_reason",
@@ -98,6 +100,7 @@ def export_owner(
     document["usage"] = list(parts.usage())
     document["decisions_on_other_chats"] = parts.decisions()
     document["memories"] = parts.memories()
+    document["working_memories"] = parts.working_memories()
     document["totals"] = parts.totals
     return document
 
@@ -121,6 +124,7 @@ def write_export(
         out.write(("," if number else "") + "\n  " + _dumps(row))
     out.write(f'\n ],\n "decisions_on_other_chats": {_dumps(parts.decisions())},')
     out.write(f'\n "memories": {_dumps(parts.memories())},')
+    out.write(f'\n "working_memories": {_dumps(parts.working_memories())},')
     out.write(f'\n "totals": {_dumps(parts.totals)}\n}}\n')
 
 
@@ -233,6 +237,17 @@ class _Parts:
             .values(*_MEMORY_FIELDS)
         )
         return [_values(row, _MEMORY_FIELDS) for row in rows]
+
+    def working_memories(self) -> list[dict[str, Any]]:
+        """The owner's working memories, found as their memories are."""
+        subject = f"{get_user_model()._meta.label_lower}:{self.pk}"
+        rows = (
+            WorkingMemory._default_manager.using(self.using)
+            .filter(Q(owner_id=self.pk) | Q(subject=subject))
+            .order_by("id")
+            .values(*_WORKING_MEMORY_FIELDS)
+        )
+        return [_values(row, _WORKING_MEMORY_FIELDS) for row in rows]
 
 
 def _fields(row: Any, names: tuple[str, ...]) -> dict[str, Any]:

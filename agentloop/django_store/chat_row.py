@@ -141,6 +141,7 @@ class ChatRow(Tracing):
                 for attachment in message.attachments
             ],
             guardrails=outcomes_json(message.guardrails),
+            recall=message.recall,
             **extra,
         )
 

@@ -32,6 +32,7 @@ _CONFIG_COLUMNS = {
     "compaction": "compaction",
     "fallbacks": "fallbacks",
     "guardrail_paths": "guardrails",
+    "memory": "memory",
 }
 
 #: tool classes by the chat's tool references, for every chat of this process.
@@ -81,6 +82,7 @@ class Config(Configuration):
                 "compaction": chat.compaction,
                 "fallbacks": chat.fallbacks or [],
                 "guardrail_paths": chat.guardrails or [],
+                "memory": chat.memory,
             }
         )
 

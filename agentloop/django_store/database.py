@@ -28,6 +28,7 @@ from django.db import connections, transaction
 from ..budgets.enforcement import ChatBudgets
 from ..engine import ChatStore
 from ..engine.rate_limiting import RateLimiter
+from ..memory import ChatMemories
 from ..process.cancel_notices import listen_locally
 from ..rate_limits import fleet_limiter
 from .chat_row import ChatRow, transcript_select
@@ -61,6 +62,7 @@ class DjangoStore(ChatStore):
     forks: Edits
     tracing: ChatRow
     budgets: ChatBudgets
+    memory: ChatMemories
 
     def __init__(
         self,
@@ -89,6 +91,7 @@ class DjangoStore(ChatStore):
         self.inbox = Inbox(self.row, self.runs)
         self.edits = self.forks = Edits(self.row, self.runs)
         self.tracing = self.row
+        self.memory = ChatMemories(chat)
 
     @contextmanager
     def atomic(self) -> Iterator[None]:

@@ -54,6 +54,7 @@ MESSAGE_COLUMNS = (
     "provider_data",
     "attachments",
     "guardrails",
+    "recall",
     "tool_call__call_id",
     "tool_call__name",
     "tool_calls__id",
@@ -83,6 +84,7 @@ JSON_COLUMNS = frozenset(
         "provider_data",
         "attachments",
         "guardrails",
+        "recall",
         "tool_calls__arguments",
         "tool_calls__provider_data",
         "tool_calls__handoff",
@@ -154,9 +156,9 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
     last_key: Any = None
     for row in rows:
         (key, role, content, status, is_error, parsed, model, finish_reason, thinking,
-         provider_data, attachments, guardrails, answers_id, answers_name, call_key, call_id,
-         call_name, call_arguments, call_state, call_provider_data, wait_reason, question,
-         decision, decision_digest, handoff, call_guardrails,
+         provider_data, attachments, guardrails, recall, answers_id, answers_name, call_key,
+         call_id, call_name, call_arguments, call_state, call_provider_data, wait_reason,
+         question, decision, decision_digest, handoff, call_guardrails,
          original_arguments) = row  # fmt: skip
         if last is None or last_key != key:
             # Rows are our own: built without validation, as ``trusted`` builds them.
@@ -175,6 +177,7 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
                 "thinking": thinking,
                 "provider_data": {} if provider_data == "{}" else _json(provider_data, {}),
                 "guardrails": [] if guardrails == "[]" else _guardrails(guardrails),
+                "recall": None if recall is None else _json(recall, None),
                 "created_at": None,  # read on demand: turn_started_at()
                 "key": key,
                 "superseded": False,  # the transcript's query leaves superseded rows out

@@ -6,7 +6,7 @@ below and the modules ``store`` (the store interface and its parts), ``in_memory
 internals, one concept each (docs/design.md says which holds what).
 """
 
-from ._chat_config import ChatConfig, Limits, ToolOptions
+from ._chat_config import ChatConfig, Limits, MemoryOptions, ToolOptions
 from ._conversation import CANCELLED_TOOL_RESULT, Conversation, StreamCallback
 from .in_memory_store import MemoryStore
 from .store import ChatStore, ToolTransaction, UsageRecord
@@ -17,6 +17,7 @@ __all__ = [
     "ChatStore",
     "Conversation",
     "Limits",
+    "MemoryOptions",
     "MemoryStore",
     "StreamCallback",
     "ToolOptions",

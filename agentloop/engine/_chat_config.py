@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..messages import Caching, Thinking
 
-__all__ = ["ChatConfig", "Compaction", "Limits", "ToolOptions"]
+__all__ = ["ChatConfig", "Compaction", "Limits", "MemoryOptions", "ToolOptions"]
 
 
 class ToolOptions(BaseModel):
@@ -61,6 +61,25 @@ class Compaction(BaseModel):
     model: str | None = None
 
 
+class MemoryOptions(BaseModel):
+    """Memories given to the model before each call (``with_memory``; docs/memory.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: at most this many memories, the nearest the latest user message.
+    k: int = Field(default=5, ge=1, le=100)
+    #: none less similar than this (cosine similarity, -1 to 1).
+    min_similarity: float = Field(default=0.0, ge=-1, le=1)
+    #: the recalled memories' text within about this many tokens (nearest first).
+    max_tokens: int = Field(default=500, ge=1)
+    #: the memories of the chat's agent only (its import path), not the subject's shared ones.
+    per_agent: bool = False
+    #: the subject's working memory (a profile the model keeps) goes with the instructions.
+    working: bool = False
+    #: the embedding model ("provider:model"); None: ``agentloop.embed``'s default.
+    model: str | None = None
+
+
 class ChatConfig(BaseModel):
     """Everything about a chat that is not its transcript."""
 
@@ -91,3 +110,5 @@ class ChatConfig(BaseModel):
     fallbacks: list[str] = Field(default_factory=list)
     #: guardrails by import path (persisted chats; ``with_guardrails``).
     guardrail_paths: list[str] = Field(default_factory=list)
+    #: memories recalled before each model call (``with_memory``); None: off.
+    memory: MemoryOptions | None = None

@@ -33,7 +33,7 @@ from ..messages import Caching, Message, Thinking
 from ..streaming import AsyncEventStream, EventStream, EventTap, FinalMessageEvent
 from ..tools import Tool
 from ..tools.mcp import mcp_tools
-from ._chat_config import Compaction, Limits, ToolOptions
+from ._chat_config import Compaction, Limits, MemoryOptions, ToolOptions
 from ._drivers import drive, drive_async, drive_pulled
 from ._effects import StreamCallback
 from ._loop import (
@@ -50,7 +50,7 @@ from ._model_calls import ModelCalls, PreparedCall
 from ._runs import Callbacks, Runs
 from ._tool_rounds import PeopleInTheLoop
 from ._transcript_reading import MessageT, StepResult, is_complete, is_waiting
-from .store import ChatStore
+from .store import ChatStore, missing_part
 
 if TYPE_CHECKING:
     from .store import ChatStore
@@ -341,6 +341,46 @@ class Configuration:
                 f"at={at!r}, keep_recent={keep_recent!r}"
             ) from None
         self.store.config.update_config(compaction=compaction)
+        return self
+
+    def with_memory(
+        self,
+        k: int | None = 5,
+        *,
+        min_similarity: float = 0.0,
+        max_tokens: int = 500,
+        per_agent: bool = False,
+        working: bool = False,
+        model: str | None = None,
+    ) -> Self:
+        """Before each model call, give the model the ``k`` memories (``agentloop.memory``)
+        of the chat's subject nearest its latest user message, none less similar than
+        ``min_similarity`` (cosine, -1 to 1), their text within about ``max_tokens``;
+        ``per_agent``: only those of the chat's agent; ``working``: the subject's working
+        memory too; ``model``: the embedding model (the memories' own). ``k=None``: off.
+        The memories go with the instructions, marked as data (docs/memory.md)."""
+        if k is None:
+            self.store.config.update_config(memory=None)
+            return self
+        if self.store.memory is None:
+            raise ConfigurationError(missing_part(self.store, "memory", "no memories across chats"))
+        try:
+            options = MemoryOptions(
+                k=k,
+                min_similarity=min_similarity,
+                max_tokens=max_tokens,
+                per_agent=per_agent,
+                working=working,
+                model=model,
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors()
+            )
+            raise ConfigurationError(f"with_memory(): {problems}") from None
+        if model is not None:
+            providers.split_model(model)  # fail now on a model nobody can serve
+        self.store.config.update_config(memory=options)
         return self
 
     def with_fallbacks(self, *models: str) -> Self:

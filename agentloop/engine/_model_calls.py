@@ -73,7 +73,7 @@ from ._runs import Callbacks, Checkpoints
 from ._transcript_reading import counted_tool_results, next_move, turn_start
 from .compaction import window
 from .rate_limiting import CallEstimate, buckets_for, estimate_call
-from .store import ChatStore, UsageRecord
+from .store import ChatStore, Recalled, UsageRecord
 
 if TYPE_CHECKING:
     from ._runs import Run
@@ -269,6 +269,16 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _with_instructions(messages: list[Message], text: str) -> list[Message]:
+    """``messages`` with ``text`` after the instructions (the first system message), or as
+    the instructions when there are none: every provider sends it as its system prompt."""
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        joined = f"{first.content}\n\n{text}" if first.content else text
+        return [first.model_copy(update={"content": joined}), *messages[1:]]
+    return [Message(role="system", content=text), *messages]
+
+
 @dataclass
 class PreparedCall:
     """A model call ready to send: ``generate()`` sends it at once, a batch later."""
@@ -278,6 +288,8 @@ class PreparedCall:
     model_id: str
     request: ModelRequest
     transcript: list[Message]
+    #: the memories the request was given (``with_memory``): kept on the answer.
+    recalled: Recalled | None = None
 
 
 def falls_back(error: BaseException) -> bool:
@@ -341,12 +353,25 @@ class ModelCalls:
             self._emit("stopped", reason)
             raise LimitReachedError(reason)
 
+    def _recall(self, transcript: list[Message], config: ChatConfig) -> Recalled | None:
+        """The memories a call of a ``with_memory`` chat is given (None: memory is off)."""
+        if config.memory is None or self.store.memory is None:
+            return None
+        return self.store.memory.recall(transcript, config.memory)
+
     def _request(
-        self, transcript: list[Message], config: ChatConfig, model_id: str, stream: bool
+        self,
+        transcript: list[Message],
+        config: ChatConfig,
+        model_id: str,
+        stream: bool,
+        recalled: Recalled | None = None,
     ) -> ModelRequest:
         options = config.tool_options
         tools = [tool.definition() for tool in self.store.config.get_tools()]
         messages = window(transcript)  # after a compaction: instructions, summary, recent rows
+        if recalled is not None and recalled.text:
+            messages = _with_instructions(messages, recalled.text)
         choice = options.choice
         if choice not in (None, "auto", "none") and messages and messages[-1].role == "tool":
             # A forced choice ("required", a tool name) applies to the turn's first call;
@@ -391,7 +416,9 @@ class ModelCalls:
         prepared = self._prepare_for(transcript, config, None, stream)
         if check_limits and self.summaries.compaction_due(transcript, config, prepared.model_id):
             self.summaries.compact(transcript, config)
-            prepared.request = self._request(transcript, config, prepared.model_id, stream)
+            prepared.request = self._request(
+                transcript, config, prepared.model_id, stream, prepared.recalled
+            )
         return prepared
 
     def _prepare_for(
@@ -401,12 +428,16 @@ class ModelCalls:
         hint = None if model else config.provider
         model = model or config.model or agentloop_settings.DEFAULT_MODEL
         provider, model_id = providers.resolve(model, hint)
+        # Each call of a turn (a fallback's, a retry's after compaction) is given the same
+        # memories: the store recalls once per user message.
+        recalled = self._recall(transcript, config)
         return PreparedCall(
             provider=provider,
             provider_name=providers.split_model(model, hint)[0],
             model_id=model_id,
-            request=self._request(transcript, config, model_id, stream),
+            request=self._request(transcript, config, model_id, stream, recalled),
             transcript=transcript,
+            recalled=recalled,
         )
 
     def accept_response(
@@ -431,6 +462,8 @@ class ModelCalls:
         ``reservation``: the call's budget reservation, settled by the same write.
         """
         message = self._answer(response, prepared.transcript, prepared.model_id)
+        if prepared.recalled is not None:
+            message.recall = prepared.recalled.memories  # written with the answer: no statement
         if verdict is not None:
             message.guardrails = list(verdict.outcomes)
             if not verdict.passed:

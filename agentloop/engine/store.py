@@ -8,7 +8,8 @@ A store is a small core (the hooks around a verb's database work) and parts, eac
 interface written once here: ``store.config``, ``store.runs`` (the claim),
 ``store.transcript``, ``store.tool_calls`` and ``store.stopping`` are always there; the
 optional parts (``store.inbox``, ``store.costs``, ``store.tracing``, ``store.handoffs``,
-``store.transactions``, ``store.edits``, ``store.forks``, ``store.budgets``) are an object or
+``store.transactions``, ``store.edits``, ``store.forks``, ``store.budgets``,
+``store.memory``) are an object or
 None, and the engine does without a missing one, or refuses clearly what needs it. The engine
 calls the parts directly. Each method that writes says what must happen atomically: that is
 what makes a crash at any point resumable.
@@ -27,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 from ..conf import agentloop_settings
 from ..messages import Message, TokenUsage, ToolCall, ToolCallState, checked_cost
-from ._chat_config import ChatConfig
+from ._chat_config import ChatConfig, MemoryOptions
 from .rate_limiting import CallEstimate, RateLimiter, memory_limiter
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "Forks",
     "Handoffs",
     "Inbox",
+    "Memories",
+    "Recalled",
     "RunClaim",
     "Stopping",
     "Superseded",
@@ -473,6 +476,30 @@ class Budgets(ABC):
         write settles it to the exact cost; None: no budget counts this call."""
 
 
+@dataclass
+class Recalled:
+    """What :meth:`Memories.recall` gives one model call."""
+
+    #: what goes with the instructions (the memories' and the working memory's text, marked
+    #: as data, not instructions); "" when there is nothing to give.
+    text: str = ""
+    #: the memories recalled, ``[{"id": ..., "similarity": ...}]`` nearest first: kept on the
+    #: answer (``Message.recall``), so the turn's later calls recall the same ones.
+    memories: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Memories(ABC):
+    """``store.memory`` (docs/memory.md): memories recalled before a model call
+    (``with_memory``). Without it ``with_memory`` refuses."""
+
+    @abstractmethod
+    def recall(self, transcript: list[Message], options: MemoryOptions) -> Recalled:
+        """The memories nearest the turn's user message (the latest), within ``options``,
+        and the working memory when ``options.working``. The turn's first call embeds the
+        message once; its later calls (and other processes continuing the turn) take the
+        memories an earlier answer of the turn kept (``Message.recall``) by their ids."""
+
+
 #: the optional parts, by attribute name.
 OPTIONAL_PARTS: dict[str, type] = {
     "inbox": Inbox,
@@ -483,6 +510,7 @@ OPTIONAL_PARTS: dict[str, type] = {
     "edits": Edits,
     "forks": Forks,
     "budgets": Budgets,
+    "memory": Memories,
 }
 
 
@@ -506,6 +534,7 @@ class ChatStore(ABC):
     edits: Edits | None = None
     forks: Forks | None = None
     budgets: Budgets | None = None
+    memory: Memories | None = None
 
     #: set when a cancel request is known to have arrived, so throttled checkpoints
     #: read the flag at once instead of at the next poll (None: polling only).

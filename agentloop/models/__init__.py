@@ -31,7 +31,7 @@ from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .evals import EvalCase, EvalCaseState, EvalRun, EvalSet
-from .memories import AbstractMemory, Memory, MemoryQuerySet
+from .memories import AbstractMemory, Memory, MemoryQuerySet, WorkingMemory
 from .message import (
     AbstractMessage,
     AbstractToolCall,
@@ -78,4 +78,5 @@ __all__ = [
     "Usage",
     "UsageQuerySet",
     "UsageStatus",
+    "WorkingMemory",
 ]

@@ -146,6 +146,8 @@ class AbstractChat(ConversationDelegations, models.Model):
     guardrails = StorableJSONField(
         _("guardrails (import paths)"), default=list, db_default=[], blank=True
     )
+    #: ``with_memory``: {"k", "min_similarity", "max_tokens", ...}; null: no recall.
+    memory = StorableJSONField(_("memory"), null=True, blank=True)
     agent_path = StorableCharField(_("agent import path"), max_length=300, blank=True)
     #: the inputs the agent's instructions were filled from (re-applied when the code changes).
     agent_inputs = StorableJSONField(_("agent inputs"), default=dict, blank=True)

@@ -123,6 +123,7 @@ class ConversationDelegations:
     with_context_window = ChainedVerb(Engine.with_context_window)
     with_compaction = ChainedVerb(Engine.with_compaction)
     with_fallbacks = ChainedVerb(Engine.with_fallbacks)
+    with_memory = ChainedVerb(Engine.with_memory)
     with_limits = ChainedVerb(Engine.with_limits)
 
     # callbacks (this instance only; signals reach every chat)

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, models, transaction
+from django.db import connections, models
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -26,7 +27,14 @@ from ..django_store.fields import StorableCharField, StorableJSONField, Storable
 from .chat import Chat
 from .message import Message
 
-__all__ = ["HNSW_DIMENSIONS", "AbstractMemory", "EmbeddingField", "Memory", "MemoryQuerySet"]
+__all__ = [
+    "HNSW_DIMENSIONS",
+    "AbstractMemory",
+    "EmbeddingField",
+    "Memory",
+    "MemoryQuerySet",
+    "WorkingMemory",
+]
 
 #: the dimensions migration 0021's HNSW index serves (a partial index on rows of that many).
 HNSW_DIMENSIONS = 1536
@@ -95,24 +103,43 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             # HNSW scans go on until k rows pass the filter (pgvector 0.8's iterative scans,
             # in exact order), for this transaction only: without it an index scan returns
             # its ef_search nearest rows of any subject, and a subject with few memories
-            # among many finds none of them.
-            with transaction.atomic(using=self.db, savepoint=False):
-                with connections[self.db].cursor() as cursor:
-                    cursor.execute("SET LOCAL hnsw.iterative_scan = strict_order")
-                return list(
-                    rows.annotate(distance=CosineDistance(column, vector)).order_by("distance")[:k]
-                )
-        scored = sorted(
-            (_cosine_distance(embedding, vector), pk)
-            for pk, embedding in rows.values_list("pk", "embedding")
-        )[:k]
-        found = self.model._default_manager.using(self.db).in_bulk([pk for _, pk in scored])
-        nearest = []
-        for distance, pk in scored:
-            memory = found[pk]
+            # among many finds none of them. Set by the statement itself (one round trip):
+            # an uncorrelated subquery in WHERE is an InitPlan the plan's gating Result
+            # evaluates once, before the index scan returns its first row.
+            iterative = RawSQL(
+                "(SELECT set_config('hnsw.iterative_scan', 'strict_order', true))", ()
+            )
+            ordered = rows.annotate(distance=CosineDistance(column, vector))
+            scanning = ordered.alias(_iterative=iterative).filter(_iterative="strict_order")
+            return list(scanning.order_by("distance")[:k])
+        # One statement here too: every candidate, scored exactly.
+        candidates: list[AbstractMemory] = list(rows)
+        scored = (
+            sorted(
+                (_cosine_distance(memory.embedding or [], vector), memory.pk, memory)
+                for memory in candidates
+            )[:k]
+            if candidates
+            else []
+        )
+        nearest: list[AbstractMemory] = []
+        for distance, _pk, memory in scored:
             memory.distance = distance
             nearest.append(memory)
         return nearest
+
+    def by_ids(self, similarities: Sequence[tuple[Any, float]]) -> list[AbstractMemory]:
+        """The memories of this queryset among ``similarities`` (``(pk, similarity)``), in
+        that order, each with ``distance`` set back from its similarity (one statement); a
+        memory deleted or expired meanwhile is left out."""
+        found: dict[Any, Any] = self.in_bulk([pk for pk, _ in similarities])
+        kept: list[AbstractMemory] = []
+        for pk, similarity in similarities:
+            memory = found.get(pk)
+            if memory is not None:
+                memory.distance = 1.0 - similarity
+                kept.append(memory)
+        return kept
 
 
 class AbstractMemory(models.Model):
@@ -191,3 +218,36 @@ class Memory(AbstractMemory):
             ),
             models.Index(fields=["owner", "created_at"], name="agentloop_memory_owner_idx"),
         ]
+
+
+class WorkingMemory(models.Model):
+    """A subject's working memory: one document (a profile, the state of a task) the model
+    keeps up to date with the ``update_working_memory`` tool, given with the instructions of
+    every model call of a chat ``with_memory(working=True)``."""
+
+    #: the budget subject it belongs to (``Subject.key``), and optionally one agent.
+    subject = StorableCharField(_("subject"), max_length=255)
+    agent = StorableCharField(_("agent"), max_length=255, blank=True, default="")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("owner"),
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,  # erasing an owner erases it
+        related_name="agentloop_working_memories",
+    )
+    #: the document (model text: untrusted, escape it wherever it is shown).
+    text = StorableTextField(_("text"), blank=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("working memory")
+        verbose_name_plural = _("working memories")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subject", "agent"], name="agentloop_working_memory_subject"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.text[:60]

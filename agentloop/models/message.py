@@ -72,6 +72,9 @@ class AbstractMessage(models.Model):
     guardrails = StorableJSONField(
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
     )
+    #: for an answer of a chat ``with_memory``: the memories it was given, nearest first
+    #: (``[{"id": <Memory pk>, "similarity": 0.83}]``); null: no recall was made for it.
+    recall = StorableJSONField(_("memories recalled"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
     #: when an edit or a regenerated answer replaced this message (null: it is current). A
     #: superseded message stays, with its usage rows, and is never sent to a model again.
