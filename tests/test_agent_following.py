@@ -69,7 +69,7 @@ def test_an_unchanged_agent_costs_a_verb_no_query(brains, user):
     with CaptureQueriesContext(connection) as agent_queries:
         made.ask("Hi")
 
-    assert len(agent_queries) == len(plain_queries)
+    assert len(agent_queries) == len(plain_queries), [q["sql"] for q in agent_queries]
 
 
 @pytest.mark.django_db(transaction=True)
