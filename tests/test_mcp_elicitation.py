@@ -159,7 +159,9 @@ def test_a_person_answers_and_declines_through_the_views(tables, scripted, user,
         owner.force_login(user)
         refused = owner.post(answer, {"text": '{"people": 2}'})
         assert refused.status_code == 400
-        assert refused.content.decode() == "Invalid answer to 'book_table': 'name' is a required property"
+        assert refused.content.decode() == (
+            "Invalid answer to 'book_table': 'name' is a required property"
+        )
         assert owner.post(decline, {"action": "shrug"}).status_code == 400
         assert chat.pending_questions() != []  # nothing was written
 

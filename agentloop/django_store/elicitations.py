@@ -105,9 +105,9 @@ def respond(call: Model, action: str, content: Any = None, by: Any = None) -> No
         "reason": "",
     }
     rows = type(call)._default_manager.using(call._state.db)
-    changed = rows.filter(
-        pk=call.pk, state=ToolCallState.RUNNING, wait_reason=ELICITATION
-    ).update(wait_reason="", elicitation={**asked, "response": response})
+    changed = rows.filter(pk=call.pk, state=ToolCallState.RUNNING, wait_reason=ELICITATION).update(
+        wait_reason="", elicitation={**asked, "response": response}
+    )
     if not changed:
         raise DecisionConflictError(
             f"Tool call {getattr(call, 'call_id', call.pk)!r} no longer waits for an answer: "

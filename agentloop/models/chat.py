@@ -252,16 +252,21 @@ class AbstractChat(ConversationDelegations, models.Model):
         own = self.conversation.pending_questions() + self._servers_questions()
         return own + subagents.pending_in_children(self, "pending_questions")
 
+    def _own_calls(self) -> Any:
+        """This chat's ``ToolCall`` rows (of its own tool call model), on its database."""
+        model: Any = self._meta.get_field("tool_calls").related_model
+        using = self._state.db or "default"
+        return model._default_manager.using(using).filter(chat_id=self.pk)
+
     def _servers_questions(self) -> list[Any]:
         if self.pk is None:
             return []
-        return elicitations.pending_questions(self.tool_calls.all())
+        return elicitations.pending_questions(self._own_calls())
 
     def question_desk(self, tool_call_key: Any) -> elicitations.QuestionDesk:
         """Where an MCP server's questions during call ``tool_call_key`` are written and
         their answers read, by the process running the call (docs/mcp.md)."""
-        calls = self.tool_calls.model._default_manager.using(self._state.db or "default")
-        return elicitations.QuestionDesk(calls.filter(chat_id=self.pk), tool_call_key)
+        return elicitations.QuestionDesk(self._own_calls(), tool_call_key)
 
     def approve(
         self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
@@ -282,7 +287,7 @@ class AbstractChat(ConversationDelegations, models.Model):
         asked for (a dict, or a JSON object as text) and goes back to the server, which then
         finishes the call; content its schema refuses raises ``InvalidAnswerError`` (one
         line; nothing written, the question still waits)."""
-        asked = elicitations.find_question(self.tool_calls.all(), tool_call_id)
+        asked = elicitations.find_question(self._own_calls(), tool_call_id)
         if asked is not None:
             elicitations.respond(asked, "accept", text, by=by)
             return None
@@ -291,7 +296,7 @@ class AbstractChat(ConversationDelegations, models.Model):
     def decline(self, tool_call_id: Any, by: Any = None, action: str = "decline") -> None:
         """Refuse to answer an MCP server's question (``action="cancel"``: dismiss it without
         a choice); the server hears so and finishes the call its own way."""
-        asked = elicitations.find_question(self.tool_calls.all(), tool_call_id)
+        asked = elicitations.find_question(self._own_calls(), tool_call_id)
         if asked is None:
             raise elicitations.not_a_question(tool_call_id)
         elicitations.respond(asked, action, by=by)

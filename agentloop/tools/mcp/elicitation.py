@@ -49,8 +49,8 @@ class QuestionDesk(Protocol):
 
 def content_problem(schema: dict[str, Any], content: Any) -> str | None:
     """Why ``content`` doesn't answer a question asking for ``schema`` (one line), or None."""
-    # Local: jsonschema comes with the mcp extra (the SDK depends on it).
-    import jsonschema
+    # Local: jsonschema comes with the mcp extra (the SDK depends on it; no type stubs).
+    import jsonschema  # type: ignore[import-untyped]
 
     if not isinstance(content, dict):
         return f"an answer must be a JSON object, not {type(content).__name__}"
