@@ -232,3 +232,33 @@ def test_a_server_not_allowed_to_ask_gets_an_error_and_no_person_is_asked(tmp_pa
     content, is_error = result_of(chat)
     assert is_error and "book_table" in content
     assert ToolCall.objects.get(chat=chat).elicitation is None
+
+
+def test_the_admin_inbox_lists_the_servers_question_and_answers_or_declines_it(
+    tables, scripted, user, admin_client
+):
+    entry, log = tables
+    chat = booking_chat(user, scripted, entry)
+    inbox = reverse("admin:agentloop_chat_inbox")
+    with configure(tables=entry):
+        step = InThread(chat, "Book a table for Friday")
+        asked = question_of(chat)
+        page = admin_client.get(f"{inbox}?kind=question").content.decode()
+        assert f'data-call="{asked.pk}"' in page
+        assert "A table on friday: for how many people, in whose name?" in page
+        assert "&quot;required&quot;" in page  # the requested schema, escaped
+
+        decide = reverse("admin:agentloop_chat_inbox_decide", args=[asked.pk])
+        too_few = '{"people": 0, "name": "Ada"}'
+        refused = admin_client.post(decide, {"decision": "answer", "text": too_few})
+        assert refused.status_code == 400
+        assert (
+            "Invalid answer to &#x27;book_table&#x27;: people: 0 is less than the minimum of 1"
+            in refused.content.decode()
+        )
+        assert admin_client.post(decide, {"decision": "decline"}).status_code == 302
+        assert step.result() == "All set."
+
+    assert result_of(chat) == ("No table booked on friday: the person chose decline.", False)
+    assert f'data-call="{asked.pk}"' not in admin_client.get(inbox).content.decode()
+    assert calls(log)[1]["arguments"] == {"action": "decline"}
