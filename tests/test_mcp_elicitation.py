@@ -23,6 +23,7 @@ from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
 from agentloop.tools.mcp import STOPPED_RESULT, close_connections
 from tests.mcp_servers import DEADLINE, calls, configure, stdio_entry
+from tests.test_usechat import FAST, body, post, read_parts, user_says
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.django_db(transaction=True)]
 
@@ -262,3 +263,31 @@ def test_the_admin_inbox_lists_the_servers_question_and_answers_or_declines_it(
     assert result_of(chat) == ("No table booked on friday: the person chose decline.", False)
     assert f'data-call="{asked.pk}"' not in admin_client.get(inbox).content.decode()
     assert calls(log)[1]["arguments"] == {"action": "decline"}
+
+
+def test_usechat_streams_the_question_while_the_run_goes_on_and_the_page_answers_it(
+    tables, scripted, user, owner, settings
+):
+    entry, log = tables
+    settings.AGENTLOOP = {**settings.AGENTLOOP, **FAST, "MCP_SERVERS": {"tables": entry}}
+    chat = booking_chat(user, scripted, entry)
+    answered: list[int] = []
+
+    def answer_the_question(part: dict[str, Any]) -> None:
+        if part["type"] == "data-agentloop-question":
+            url = reverse("agentloop:answer", args=[chat.pk, part["data"]["callId"]])
+            content = '{"people": 2, "name": "Lin"}'
+            answered.append(owner.post(url, {"text": content}).status_code)
+
+    parts = read_parts(post(owner, body(chat, user_says("Book a table"))), answer_the_question)
+
+    asked = ToolCall.objects.get(chat=chat)
+    (question,) = [part for part in parts if part["type"] == "data-agentloop-question"]
+    assert question["data"]["question"] == QUESTION
+    assert question["data"]["toolCallId"] == "call_1"
+    assert question["data"]["schema"]["required"] == ["people", "name"]
+    assert question["id"] == f"question-{asked.pk}"
+    assert answered == [204]
+    outputs = [part for part in parts if part["type"] == "tool-output-available"]
+    assert [part["output"] for part in outputs] == ["Booked a table on friday for 2, name Lin."]
+    assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
