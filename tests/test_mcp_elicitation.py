@@ -7,6 +7,7 @@ The tool runs once whatever the answer."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
+from agentloop import data
 from agentloop.exceptions import CancelledError, InvalidAnswerError, ToolCallNotWaitingError
 from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
@@ -291,3 +293,24 @@ def test_usechat_streams_the_question_while_the_run_goes_on_and_the_page_answers
     outputs = [part for part in parts if part["type"] == "tool-output-available"]
     assert [part["output"] for part in outputs] == ["Booked a table on friday for 2, name Lin."]
     assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
+
+
+def test_erasing_a_person_erases_their_answers_to_servers_on_other_owners_chats(
+    user, django_user_model
+):
+    other = django_user_model.objects.create_user("bob", password="pw")
+    theirs = Chat.objects.create(model="scripted:test", owner=other)
+    message = theirs.messages.create(role="assistant", content="")
+    response = {"action": "accept", "content": {"name": "Ada Lovelace"}, "by": user.pk}
+    asked = {"server": "tables", "message": QUESTION, "schema": {}, "response": response}
+    call = ToolCall.objects.create(
+        chat=theirs, message=message, call_id="c1", name="book_table", elicitation=asked
+    )
+    exported = data.export_owner(other)
+
+    data.erase_owner(user)
+
+    call.refresh_from_db()
+    assert call.elicitation["response"] == {"action": "accept", "content": "[erased]", "by": None}
+    assert call.elicitation["message"] == QUESTION  # the server's words are not the person's
+    assert "Ada Lovelace" in json.dumps(exported, default=str)  # the owner's export has it
