@@ -25,7 +25,6 @@ from agentloop.models import Chat, ToolCall
 from agentloop.testing import tool_call
 from agentloop.tools.mcp import STOPPED_RESULT, close_connections
 from tests.mcp_servers import DEADLINE, calls, configure, stdio_entry
-from tests.test_usechat import FAST, body, post, read_parts, user_says
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.django_db(transaction=True)]
 
@@ -267,6 +266,27 @@ def test_the_admin_inbox_lists_the_servers_question_and_answers_or_declines_it(
     assert calls(log)[1]["arguments"] == {"action": "decline"}
 
 
+FAST = {"EVENTS_POLL_INTERVAL": 0.02, "EVENTS_KEEPALIVE": 0.5, "PARTIAL_SAVE_INTERVAL": 0.0}
+
+
+def read_parts(response: Any, on_part: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """The parts of a UI message stream up to ``[DONE]``, each handed to ``on_part``."""
+    assert response.status_code == 200, response.content
+    buffer, parts = b"", []
+    for piece in response.streaming_content:
+        buffer += piece
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            if block.startswith(b":"):
+                continue  # a keep-alive comment
+            data = block.removeprefix(b"data: ")
+            if data == b"[DONE]":
+                return parts
+            parts.append(json.loads(data))
+            on_part(parts[-1])
+    raise AssertionError("the stream ended without [DONE]")
+
+
 def test_usechat_streams_the_question_while_the_run_goes_on_and_the_page_answers_it(
     tables, scripted, user, owner, settings
 ):
@@ -281,7 +301,12 @@ def test_usechat_streams_the_question_while_the_run_goes_on_and_the_page_answers
             content = '{"people": 2, "name": "Lin"}'
             answered.append(owner.post(url, {"text": content}).status_code)
 
-    parts = read_parts(post(owner, body(chat, user_says("Book a table"))), answer_the_question)
+    said = {"id": "m1", "role": "user", "parts": [{"type": "text", "text": "Book a table"}]}
+    request = {"id": str(chat.pk), "messages": [said], "trigger": "submit-message"}
+    sent = owner.post(
+        reverse("agentloop:usechat"), json.dumps(request), content_type="application/json"
+    )
+    parts = read_parts(sent, answer_the_question)
 
     asked = ToolCall.objects.get(chat=chat)
     (question,) = [part for part in parts if part["type"] == "data-agentloop-question"]

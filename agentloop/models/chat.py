@@ -280,13 +280,13 @@ class AbstractChat(ConversationDelegations, models.Model):
         """Deny a waiting call: the model gets an error result saying so."""
         return subagents.decide(self, "deny", tool_call_id, reason=reason, by=by)
 
-    def answer(self, tool_call_id: Any, text: Any, by: Any = None) -> Any:
+    def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
         """Answer a waiting call's question; the answer is the call's result.
 
         For a question an MCP server asks while its call runs, ``text`` is the content it
-        asked for (a dict, or a JSON object as text) and goes back to the server, which then
-        finishes the call; content its schema refuses raises ``InvalidAnswerError`` (one
-        line; nothing written, the question still waits)."""
+        asked for, a JSON object (a dict is taken too), and goes back to the server, which
+        then finishes the call; content its schema refuses raises ``InvalidAnswerError``
+        (one line; nothing written, the question still waits)."""
         asked = elicitations.find_question(self._own_calls(), tool_call_id)
         if asked is not None:
             elicitations.respond(asked, "accept", text, by=by)

@@ -5,7 +5,7 @@ one of its tools runs (``elicitation/create``: a message and the JSON schema of 
 it wants). The call stays open in the process running it (a Celery worker, or the one
 driving the chat in-process): the question is written on the call's ``ToolCall`` row
 (:class:`QuestionDesk`, given by the chat), the chat lists it among its pending questions,
-and this thread reads the row every ``CANCEL_POLL_INTERVAL`` seconds, giving its database
+and this thread reads the row every ``ANSWER_POLL_INTERVAL`` seconds, giving its database
 connection back between reads, until a person answers (accept with content, decline, or
 cancel), the chat is cancelled, or ``elicitation_timeout`` passes (the server then hears
 "cancel"). The answer goes back to the server on the same session and the call goes on.
@@ -25,12 +25,21 @@ from ...conf import agentloop_settings
 from ._connections import Stopped
 from ._settings import ServerSettings
 
-__all__ = ["ACTIONS", "ELICITATION", "QuestionDesk", "content_problem", "person_answers"]
+__all__ = [
+    "ACTIONS",
+    "ANSWER_POLL_INTERVAL",
+    "ELICITATION",
+    "QuestionDesk",
+    "content_problem",
+    "person_answers",
+]
 
 #: the ``wait_reason`` of a call whose server waits for a person's answer.
 ELICITATION = "elicitation"
 #: what a person may answer: accept (with content), decline, or cancel (dismiss).
 ACTIONS = ("accept", "decline", "cancel")
+#: seconds between two reads of a pending question's row (or CANCEL_POLL_INTERVAL, if longer).
+ANSWER_POLL_INTERVAL = 0.5
 
 
 class QuestionDesk(Protocol):
@@ -85,7 +94,9 @@ def person_answers(
         schema = params.requested_schema
         desk.open(server, params.message, dict(schema))
         deadline = time.monotonic() + settings.elicitation_timeout
-        interval = max(agentloop_settings.CANCEL_POLL_INTERVAL, 0.01)
+        # A person answers in seconds at best: half a second adds nothing they notice, and
+        # a question left open for minutes costs a fraction of the reads.
+        interval = max(agentloop_settings.CANCEL_POLL_INTERVAL, ANSWER_POLL_INTERVAL)
         try:
             while True:
                 response = desk.response()
@@ -96,9 +107,7 @@ def person_answers(
                     reason = "the call ended" if gone() else "no answer in time"
                     response = desk.settle("cancel", reason)
                 if response is not None:
-                    return ElicitResult(
-                        action=response["action"], content=response.get("content") or None
-                    )
+                    return ElicitResult(action=response["action"], content=response.get("content"))
                 time.sleep(interval)
         except Stopped:
             raise
