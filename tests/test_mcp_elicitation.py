@@ -100,7 +100,9 @@ def booking_chat(user: Any, scripted: Any, entry: dict[str, Any]) -> Chat:
     return chat
 
 
-def test_a_person_answers_through_the_python_api_and_the_server_gets_it(tables, scripted, user):
+def test_a_person_answers_through_the_python_api_and_the_server_gets_it(
+    tables, scripted, user, owner
+):
     entry, log = tables
     chat = booking_chat(user, scripted, entry)
     with configure(tables={**entry, "timeout": 2}):  # shorter than the person takes
@@ -112,6 +114,16 @@ def test_a_person_answers_through_the_python_api_and_the_server_gets_it(tables, 
             "running",
         )
         assert asked.elicitation["schema"]["required"] == ["people", "name"]
+        # A page loaded now shows the question (the history, from the database).
+        history = owner.get(reverse("agentloop:usechat-messages", args=[chat.pk])).json()
+        (shown,) = [
+            part
+            for message in history["messages"]
+            for part in message["parts"]
+            if part["type"] == "data-agentloop-question"
+        ]
+        assert shown["data"]["question"] == QUESTION
+        assert shown["data"]["schema"] == asked.elicitation["schema"]
         time.sleep(2.5)  # the person's time doesn't count against the call's timeout
 
         with pytest.raises(InvalidAnswerError) as refused:
