@@ -23,6 +23,7 @@
     ├── ToolCallNotWaitingError     approve/deny/answer for a call that isn't waiting for that
     │   └── DecisionConflictError   someone else decided that call first (a race: views say 409)
     ├── InvalidArgumentsError       approve(arguments=...) that the tool's Params refuse
+    ├── InvalidAnswerError          an answer to an MCP server's question its schema refuses
     ├── BatchError                  these chats can't go into one batch (or the provider has none)
     ├── MCPServerError              an MCP server can't be reached, timed out, or broke the protocol
     └── ProviderError               the model provider failed (status and redacted body attached)
@@ -63,6 +64,7 @@ __all__ = [
     "EditError",
     "GuardrailBlockedError",
     "GuardrailError",
+    "InvalidAnswerError",
     "InvalidArgumentsError",
     "InvalidResponseError",
     "LeaseLostError",
@@ -239,6 +241,12 @@ class ToolCallNotWaitingError(AgentloopError):
 class InvalidArgumentsError(AgentloopError, ValueError):
     """Edited arguments given with ``approve(arguments=...)`` that the tool's ``Params``
     refuse (the message says which and why). Nothing was written; the call still waits."""
+
+
+class InvalidAnswerError(AgentloopError, ValueError):
+    """An answer to an MCP server's question (``chat.answer``) that the schema the server
+    asked for refuses (the message says which field and why). Nothing was written; the
+    question still waits."""
 
 
 class DecisionConflictError(ToolCallNotWaitingError):

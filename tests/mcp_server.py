@@ -18,8 +18,9 @@ import sys
 import time
 from typing import Any
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
 
 FILES = {"notes.txt": "Buy milk.", "todo.txt": "Write the docs."}
 PNG = bytes.fromhex("89504e470d0a1a0a")  # enough of a PNG for a content block
@@ -100,6 +101,24 @@ def server_process() -> dict[str, int]:
 def environment(name: str) -> str:
     """The value of one of this server's environment variables ("" when unset)."""
     return os.environ.get(name, "")
+
+
+class Booking(BaseModel):
+    """What book_table asks a person for (its elicitation's requested schema)."""
+
+    people: int = Field(ge=1, le=12, description="How many people")
+    name: str = Field(description="The name the table is booked under")
+
+
+@server.tool()
+async def book_table(day: str, ctx: Context) -> str:
+    """Books a table, asking a person how many people and in whose name (elicitation)."""
+    _log("book_table", day=day)
+    answer = await ctx.elicit(f"A table on {day}: for how many people, in whose name?", Booking)
+    _log("book_table answered", action=answer.action)
+    if answer.action == "accept":
+        return f"Booked a table on {day} for {answer.data.people}, name {answer.data.name}."
+    return f"No table booked on {day}: the person chose {answer.action}."
 
 
 if __name__ == "__main__":

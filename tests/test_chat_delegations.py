@@ -26,6 +26,8 @@ from agentloop.models.delegations import AsyncChainedVerb, ChainedVerb, Verb
 CHAT_ONLY = {
     "complete_later": "the rest of the turn as background jobs",
     "resume_if_waiting": "queues the chat once a decision unblocked it",
+    "decline": "refuses an MCP server's question: its call runs, held open in the worker",
+    "question_desk": "where the process running an MCP call writes its server's questions",
 }
 
 #: Public methods of ``Conversation`` that are the engine's own, not a chat verb.

@@ -10,13 +10,16 @@ Redis and the skip rules are those of tests/test_celery_worker.py (tests/workers
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 
-from agentloop.models import Chat
+from agentloop.models import Chat, ToolCall
 from agentloop.tools.mcp import close_connections
 from tests.helpers import transcript
-from tests.mcp_servers import calls, configure, stdio_entry
+from tests.mcp_servers import DEADLINE, calls, configure, stdio_entry
 from tests.workers import settled
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
@@ -67,3 +70,41 @@ def test_a_worker_rebuilds_mcp_tools_from_the_row_and_runs_them(
         assert {c["ppid"] for c in logged} != {os.getpid()}
         assert len({c["pid"] for c in logged}) == 1  # one session for both calls
     assert worker.process.poll() is None
+
+
+def test_a_worker_holds_the_call_while_a_person_answers_the_servers_question(
+    background,  # noqa: F811 - the imported fixture
+    mcp_entry,
+    user,
+):
+    entry, log = mcp_entry
+    entry = {**entry, "elicitation": True}
+    background.start_worker("w1", MCP_SERVERS={"tables": entry})
+    with configure(tables=entry):
+        chat = Chat.objects.create(model="rules:test", owner=user)
+        chat.with_mcp("tables", only=["book_table"])
+    close_connections()
+
+    chat.ask_later("tools:book_table").complete_later()
+    deadline = time.monotonic() + DEADLINE
+    while not chat.pending_questions():
+        assert time.monotonic() < deadline, "the worker's call did not ask"
+        time.sleep(0.1)
+    (asked,) = chat.pending_questions()
+    chat.refresh_from_db()
+    assert chat.state == "running" and chat.lease_token  # the worker holds it meanwhile
+
+    owner = Client()
+    owner.force_login(user)
+    url = reverse("agentloop:answer", args=[chat.pk, asked.pk])
+    assert owner.post(url, {"text": '{"people": 5, "name": "Ada"}'}).status_code == 204
+    background.wait(lambda: settled(chat), "the chat to settle")
+
+    assert transcript(chat, "role", "content") == [
+        ("user", "tools:book_table"),
+        ("assistant", ""),
+        ("tool", "Booked a table on friday for 5, name Ada."),
+        ("assistant", "done: Booked a table on friday for 5, name Ada."),
+    ]
+    assert ToolCall.objects.get(pk=asked.pk).elicitation["response"]["by"] == user.pk
+    assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]  # once

@@ -34,6 +34,7 @@ EXPECTED_ALL = {
     "Embeddings",
     "GuardrailBlockedError",
     "GuardrailError",
+    "InvalidAnswerError",
     "InvalidArgumentsError",
     "LimitReachedError",
     "Message",

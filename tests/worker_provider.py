@@ -49,6 +49,7 @@ ARGUMENTS: dict[str, dict[str, Any]] = {
     "charge_card_slowly": {"amount": 42},
     "add": {"a": 2, "b": 3},
     "slow": {"seconds": 0.2},
+    "book_table": {"day": "friday"},  # the MCP test server's tool that asks a person
     "guard": {"amount": 500},
     "ask_accounting": {"invoice": "INV-7"},
     "transfer_to_refunds": {"order": "7"},

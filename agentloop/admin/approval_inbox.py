@@ -3,8 +3,10 @@
 ``ChatAdmin`` serves it at ``<the chat list>/inbox/``: the calls waiting for an approval or
 an answer, oldest first, filtered by kind, tool, owner and age; each with approve, deny,
 approve with edited arguments (a JSON object, checked by the tool's ``Params``) or answer.
+An MCP server's question (a running call with ``wait_reason="elicitation"``, docs/mcp.md)
+is listed with the questions: answered with a JSON object, or declined.
 A decision is the chat's own verb (``chat.approve(..., arguments=...)``, ``deny``,
-``answer``), so the rules are the views': only a call still waiting can be decided (the
+``answer``, ``decline``), so the rules are the views': only a call still waiting can be decided (the
 loser of a race is told who decided first, and when), invalid edited arguments change
 nothing and are shown again with why, and a background chat goes on once nothing holds it.
 ``?view=decided`` lists the decisions made, with who made them and when.
@@ -23,7 +25,7 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import (
     HttpRequest,
@@ -39,8 +41,14 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..exceptions import DecisionConflictError, InvalidArgumentsError, ToolCallNotWaitingError
+from ..exceptions import (
+    DecisionConflictError,
+    InvalidAnswerError,
+    InvalidArgumentsError,
+    ToolCallNotWaitingError,
+)
 from ..json_input import JSONInputError, check_json_bounds
+from ..tools.mcp.elicitation import ELICITATION
 from .actions import DEFAULT_DENY_REASON
 from .relations import related_model
 
@@ -91,7 +99,9 @@ class InboxFilters:
         return urlencode({name: value for name, value in values.items() if value})
 
     def apply(self, calls: QuerySet[Any], user: Any) -> QuerySet[Any]:
-        if self.kind:
+        if self.kind == "question":  # a person's answer: a tool's, or an MCP server's
+            calls = calls.filter(wait_reason__in=["question", ELICITATION])
+        elif self.kind:
             calls = calls.filter(wait_reason=self.kind)
         if self.tool:
             calls = calls.filter(name=self.tool)
@@ -142,7 +152,9 @@ class ApprovalInbox:
     def waiting(self, request: HttpRequest) -> QuerySet[Any]:
         """The calls waiting for a person (``ChatAdmin.inbox_queryset`` may narrow them)."""
         calls = self.tool_calls._default_manager.filter(
-            state="waiting", wait_reason__in=list(KINDS)
+            Q(state="waiting", wait_reason__in=list(KINDS))
+            # An MCP server's question: its call runs, held open while a person decides.
+            | Q(state="running", wait_reason=ELICITATION)
         )
         narrowed: QuerySet[Any] = self.model_admin.inbox_queryset(request, calls)
         return narrowed
@@ -265,12 +277,18 @@ class ApprovalInbox:
                 else ""
             ),  # fmt: skip
             "edited_arguments": draft.get("arguments", arguments),
+            # What an MCP server's question asks for (untrusted: the template escapes it).
+            "schema": (
+                json.dumps(call.elicitation.get("schema"), indent=2, ensure_ascii=False)
+                if call.wait_reason == ELICITATION and isinstance(call.elicitation, dict)
+                else ""
+            ),
             "reason": draft.get("reason", ""),
             "answer": draft.get("text", ""),
             "problem": problem,
             "decide_url": (
                 self._url("inbox_decide", call.pk) + "?" + filters.query()
-                if can_decide and call.state == "waiting"
+                if can_decide and (call.state == "waiting" or call.wait_reason == ELICITATION)
                 else ""
             ),  # fmt: skip
         }
@@ -302,14 +320,14 @@ class ApprovalInbox:
         if not admin.has_change_permission(request, chat):
             raise PermissionDenied
         decision = request.POST.get("decision", "")
-        if decision not in ("approve", "approve_edited", "deny", "answer"):
+        if decision not in ("approve", "approve_edited", "deny", "answer", "decline"):
             return HttpResponseBadRequest(
-                "decision must be approve, approve_edited, deny or answer"
+                "decision must be approve, approve_edited, deny, answer or decline"
             )
         draft = {name: request.POST.get(name, "") for name in ("arguments", "reason", "text")}
         try:
             done = self._decide(request, chat, call, decision, draft)
-        except (InvalidArgumentsError, _Incomplete) as exc:
+        except (InvalidArgumentsError, InvalidAnswerError, _Incomplete) as exc:
             # Nothing was written: the page again, the call's form as it was typed.
             problems, drafts = {str(call.pk): str(exc)}, {str(call.pk): draft}
             return self.render(request, problems=problems, drafts=drafts, status=400)
@@ -344,6 +362,9 @@ class ApprovalInbox:
             reason = draft["reason"].strip()[:2000] or DEFAULT_DENY_REASON
             chat.deny(call.pk, reason=reason, by=request.user)
             return f"Denied tool call {label} from the inbox."
+        if decision == "decline":
+            chat.decline(call.pk, by=request.user)
+            return f"Declined the question of tool call {label} from the inbox."
         text = draft["text"]
         if not text.strip():
             raise _Incomplete(gettext("Type an answer first."))

@@ -195,7 +195,22 @@ def _erase_words(models: ChatModels, pk: Any, using: str) -> int:
     for message, chat in rewritten:
         by_chat.setdefault(chat_name(models.chat, chat), []).append(message)
     forget_messages(by_chat)
-    return len(denials) + len(answers)
+    return len(denials) + len(answers) + _erase_server_answers(models, pk, using)
+
+
+def _erase_server_answers(models: ChatModels, pk: Any, using: str) -> int:
+    """The owner's answers to MCP servers' questions on other owners' calls (docs/mcp.md):
+    the action stays, who answered and the content they gave go; how many calls."""
+    calls = models.tool_call._default_manager.using(using)
+    with transaction.atomic(using=using):
+        asked = list(calls.select_for_update().filter(elicitation__response__by=pk))
+        for call in asked:
+            response = {**call.elicitation["response"], "by": None}
+            if response.get("content") is not None:
+                response["content"] = ERASED
+            call.elicitation = {**call.elicitation, "response": response}
+            call.save(update_fields=["elicitation"])
+    return len(asked)
 
 
 def _cancel_runs(models: ChatModels, pks: list[Any], using: str) -> int:

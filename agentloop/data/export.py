@@ -69,7 +69,7 @@ _WORKING_MEMORY_FIELDS = ("id", "subject", "agent", "text", "updated_at")
 _TOOL_CALL_FIELDS = (
     "id", "call_id", "name", "arguments", "original_arguments", "state", "error",
     "provider_data", "wait_reason", "question", "decision", "decision_reason",
-    "decided_by_id", "decided_at", "waiting_since", "started_at", "finished_at",
+    "decided_by_id", "decided_at", "waiting_since", "started_at", "finished_at", "elicitation",
 )  # fmt: skip
 _USAGE_FIELDS = (
     "id", "chat_id", "message_id", "provider", "model", "status", "input_tokens",

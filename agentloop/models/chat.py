@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..agents import subagents
+from ..django_store import elicitations
 from ..django_store.database import DjangoStore
 from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
 from ..django_store.releases import IN_LINE
@@ -247,9 +248,26 @@ class AbstractChat(ConversationDelegations, models.Model):
         return own + subagents.pending_in_children(self, "pending_approvals")
 
     def pending_questions(self) -> list[Any]:
-        """Tool calls waiting for a person's answer (``.question``), its subagents' included."""
-        own = self.conversation.pending_questions()
+        """Tool calls waiting for a person's answer (``.question``), its subagents' included,
+        and calls whose MCP server waits for one (``wait_reason == "elicitation"``)."""
+        own = self.conversation.pending_questions() + self._servers_questions()
         return own + subagents.pending_in_children(self, "pending_questions")
+
+    def _own_calls(self) -> Any:
+        """This chat's ``ToolCall`` rows (of its own tool call model), on its database."""
+        model: Any = self._meta.get_field("tool_calls").related_model
+        using = self._state.db or "default"
+        return model._default_manager.using(using).filter(chat_id=self.pk)
+
+    def _servers_questions(self) -> list[Any]:
+        if self.pk is None:
+            return []
+        return elicitations.pending_questions(self._own_calls())
+
+    def question_desk(self, tool_call_key: Any) -> elicitations.QuestionDesk:
+        """Where an MCP server's questions during call ``tool_call_key`` are written and
+        their answers read, by the process running the call (docs/mcp.md)."""
+        return elicitations.QuestionDesk(self._own_calls(), tool_call_key)
 
     def approve(
         self, tool_call_id: Any, by: Any = None, arguments: dict[str, Any] | None = None
@@ -264,8 +282,25 @@ class AbstractChat(ConversationDelegations, models.Model):
         return subagents.decide(self, "deny", tool_call_id, reason=reason, by=by)
 
     def answer(self, tool_call_id: Any, text: str, by: Any = None) -> Any:
-        """Answer a waiting call's question; the answer is the call's result."""
+        """Answer a waiting call's question; the answer is the call's result.
+
+        For a question an MCP server asks while its call runs, ``text`` is the content it
+        asked for, a JSON object (a dict is taken too), and goes back to the server, which
+        then finishes the call; content its schema refuses raises ``InvalidAnswerError``
+        (one line; nothing written, the question still waits)."""
+        asked = elicitations.find_question(self._own_calls(), tool_call_id)
+        if asked is not None:
+            elicitations.respond(asked, "accept", text, by=by)
+            return None
         return subagents.decide(self, "answer", tool_call_id, text=text, by=by)
+
+    def decline(self, tool_call_id: Any, by: Any = None, action: str = "decline") -> None:
+        """Refuse to answer an MCP server's question (``action="cancel"``: dismiss it without
+        a choice); the server hears so and finishes the call its own way."""
+        asked = elicitations.find_question(self._own_calls(), tool_call_id)
+        if asked is None:
+            raise elicitations.not_a_question(tool_call_id)
+        elicitations.respond(asked, action, by=by)
 
     def submit_result(self, tool_call_id: Any, content: Any, error: bool = False) -> Any:
         """Give a deferred tool's call its result (a webhook, an operator's system); a chat a

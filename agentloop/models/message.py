@@ -126,6 +126,9 @@ class AbstractToolCall(models.Model):
     guardrails = StorableJSONField(
         _("guardrail outcomes"), default=list, db_default=[], blank=True, editable=False
     )
+    #: an MCP server's question while the call ran (docs/mcp.md): {"server", "message",
+    #: "schema", "response": {"action", "content", "by", "at", "reason"} or null}; null: none.
+    elicitation = StorableJSONField(_("elicitation"), null=True, blank=True, editable=False)
     #: when the call began to wait (``APPROVAL_TIMEOUT`` counts from then).
     waiting_since = models.DateTimeField(_("waiting since"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)

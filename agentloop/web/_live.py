@@ -50,11 +50,12 @@ from typing import Any, Protocol, TypeVar
 from asgiref.sync import sync_to_async
 from django.contrib import auth
 from django.core.handlers.asgi import ASGIRequest
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.http import HttpRequest, StreamingHttpResponse
 
 from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
+from ..tools.mcp.elicitation import ELICITATION
 from ._access import can_view_chat
 from ._ui_protocol import DONE, HEADERS, encode, row_payload
 
@@ -428,7 +429,7 @@ class ChatEventReader(LiveReader):
     def _chat_state(self) -> dict[str, Any] | None:
         """The chat's state as a page is told it (None: the chat is gone); one or two queries."""
         call_model = self.chat_model._meta.get_field("tool_calls").related_model
-        waiting = call_model.objects.filter(chat_id=OuterRef("pk"), state="waiting")
+        waiting = call_model.objects.filter(Q(state="waiting") | _ASKING, chat_id=OuterRef("pk"))
         row = (
             self.chat_model.objects.filter(pk=self.chat_pk)
             .annotate(has_waiting=Exists(waiting))
@@ -447,10 +448,12 @@ class ChatEventReader(LiveReader):
             return None
         pending: list[dict[str, Any]] = []
         if row["has_waiting"]:
-            pending = list(
-                call_model.objects.filter(chat_id=self.chat_pk, state="waiting")
+            pending = _with_schemas(
+                call_model.objects.filter(Q(state="waiting") | _ASKING, chat_id=self.chat_pk)
                 .order_by("id")
-                .values("id", "call_id", "name", "arguments", "wait_reason", "question")
+                .values(
+                    "id", "call_id", "name", "arguments", "wait_reason", "question", "elicitation"
+                )
             )
         state = {
             "state": row["state"],
@@ -530,12 +533,23 @@ class RunFollower(LiveReader):
         The state comes first: a run saves its rows before it lets go of the chat, so a
         state that says "over" was read after every row of the run was saved."""
         self.state = self._read_state() or {}
-        if self.gone or self.keeps_events:
+        if self.gone:
             return []
+        if self.keeps_events:
+            return self._questions()
         events, streaming = database_events(self.chat_model, self.chat_pk, self.after)
         if events:
             self.after = events[-1]["id"]
-        return self.take(events + ([streaming] if streaming else []))
+        return self.take(events + ([streaming] if streaming else [])) + self._questions()
+
+    def _questions(self) -> list[bytes]:
+        """An MCP server's questions, once each, while the run that asks them goes on."""
+        asking = [
+            call
+            for call in self.state.get("pending") or []
+            if call.get("wait_reason") == ELICITATION
+        ]
+        return [encode(chunk) for chunk in self.translator.pending(asking)] if asking else []
 
     def take(self, events: list[Event]) -> list[bytes]:
         """Translate events (a denied call's result is looked up: the page shows it apart)."""
@@ -586,20 +600,23 @@ class RunFollower(LiveReader):
 
     def _chat_state(self) -> dict[str, Any] | None:
         """The chat's state, error and calls waiting for a person (None: the chat is gone)."""
+        call_model = self.chat_model._meta.get_field("tool_calls").related_model
+        asking = call_model.objects.filter(_ASKING, chat_id=OuterRef("pk"))
         row = (
             self.chat_model.objects.filter(pk=self.chat_pk)
-            .values("state", "error", "stop_reason")
+            .annotate(asking=Exists(asking))
+            .values("state", "error", "stop_reason", "asking")
             .first()
         )
         if row is None:
             return None
         row["pending"] = []
-        if row["state"] == "waiting":
-            call_model = self.chat_model._meta.get_field("tool_calls").related_model
-            row["pending"] = list(
-                call_model.objects.filter(chat_id=self.chat_pk, state="waiting")
+        # An MCP server's question is asked while the run goes on (its call is held open).
+        if row.pop("asking") or row["state"] == "waiting":
+            row["pending"] = _with_schemas(
+                call_model.objects.filter(Q(state="waiting") | _ASKING, chat_id=self.chat_pk)
                 .order_by("id")
-                .values("id", "wait_reason", "question")
+                .values("id", "wait_reason", "question", "elicitation")
             )
         return row
 
@@ -663,6 +680,22 @@ async def adrive(
 
 
 # What the loop asks its driver to do besides SEND and SLEEP (the answer is sent back in).
+#: a call whose MCP server waits for a person's answer (its run goes on meanwhile).
+_ASKING = Q(state="running", wait_reason=ELICITATION)
+
+
+def _with_schemas(rows: Any) -> list[dict[str, Any]]:
+    """Pending calls as a page is told them: an MCP server's question with the ``schema``
+    of the answer it asks for (the rest of the row's ``elicitation`` stays on the server)."""
+    pending = []
+    for row in rows:
+        asked = row.pop("elicitation", None)
+        if row.get("wait_reason") == ELICITATION and isinstance(asked, dict):
+            row["schema"] = asked.get("schema") or {}
+        pending.append(row)
+    return pending
+
+
 _POLL = "poll"  # reader.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _TAKE = "take"  # reader.take(events); answer: frames

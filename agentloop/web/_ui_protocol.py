@@ -86,6 +86,8 @@ HEADERS = {
 }
 #: the last line of a stream.
 DONE = b"data: [DONE]\n\n"
+#: the wait reasons of a call asking a person something: a tool's question, an MCP server's.
+_ASKED = ("question", "elicitation")
 #: the type of the data part that shows a call's question to a person.
 QUESTION_PART = "data-agentloop-question"
 #: the type of the data part that holds a structured answer's output (partial, then final).
@@ -317,19 +319,16 @@ class UIStreamTranslator:
                         "toolCallId": tool_call_id,
                     }
                 )
-            elif call.get("wait_reason") == "question" and pk not in self._asked:
+            elif call.get("wait_reason") in _ASKED and pk not in self._asked:
                 self._asked.add(pk)
-                out.append(
-                    {
-                        "type": QUESTION_PART,
-                        "id": f"question-{pk}",
-                        "data": {
-                            "callId": pk,
-                            "toolCallId": tool_call_id,
-                            "question": call.get("question") or "",
-                        },
-                    }
-                )
+                data = {
+                    "callId": pk,
+                    "toolCallId": tool_call_id,
+                    "question": call.get("question") or "",
+                }
+                if "schema" in call:  # an MCP server's: answered with a JSON object
+                    data["schema"] = call["schema"]
+                out.append({"type": QUESTION_PART, "id": f"question-{pk}", "data": data})
         return out
 
     def end(self, state: str, error: str = "", stop_reason: str = "") -> list[Chunk]:
@@ -621,8 +620,11 @@ def _answer_parts(row: Any, parts_of_calls: dict[Any, dict[str, Any]]) -> list[d
             part["errorText"] = CANCELLED_TOOL_RESULT
         parts_of_calls[call.pk] = part
         parts.append(part)
-        if call.state == "waiting" and call.wait_reason == "question":
+        asked_by_server = call.state == "running" and call.wait_reason == "elicitation"
+        if (call.state == "waiting" and call.wait_reason == "question") or asked_by_server:
             question = {"callId": call.pk, "toolCallId": call.call_id, "question": call.question}
+            if asked_by_server:
+                question["schema"] = (getattr(call, "elicitation", None) or {}).get("schema") or {}
             parts.append({"type": QUESTION_PART, "id": f"question-{call.pk}", "data": question})
     return parts
 

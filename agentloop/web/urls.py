@@ -18,6 +18,11 @@ urlpatterns = [
     ),
     path("chats/<int:pk>/tool-calls/<int:call_pk>/deny/", views.deny_tool_call, name="deny"),
     path("chats/<int:pk>/tool-calls/<int:call_pk>/answer/", views.answer_tool_call, name="answer"),
+    path(
+        "chats/<int:pk>/tool-calls/<int:call_pk>/decline/",
+        views.decline_question,
+        name="decline",
+    ),
     # AG-UI (HttpAgent posts a RunAgentInput to one URL; threadId is the chat's pk).
     path("ag-ui", views.ag_ui, name="ag-ui"),
     # useChat (the AI SDK): no trailing slash, as its transport appends "/<id>/stream".

@@ -32,6 +32,7 @@ from ..conf import get_chat_model
 from ..exceptions import (
     ChatBusyError,
     EditError,
+    InvalidAnswerError,
     InvalidArgumentsError,
     PendingToolCallsError,
     ToolCallNotWaitingError,
@@ -68,6 +69,7 @@ from ._ui_protocol import (
 __all__ = [
     "ag_ui",
     "answer_tool_call",
+    "decline_question",
     "approve_tool_call",
     "can_change_chat",
     "can_view_chat",
@@ -154,13 +156,34 @@ def deny_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
-    """Answer a call's question with ``text``."""
+    """Answer a call's question with ``text`` (an MCP server's question: a JSON object, 400
+    with the one-line reason when its schema refuses it; the question still waits)."""
     text = request.POST.get("text", "")
     if not text.strip():
         return HttpResponse("An answer needs some text.", status=400, content_type="text/plain")
-    return _decide(
-        request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
-    )
+    try:
+        return _decide(
+            request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
+        )
+    except InvalidAnswerError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
+
+
+@require_POST
+@login_required
+def decline_question(request: HttpRequest, pk: int, call_pk: int) -> HttpResponse:
+    """Decline an MCP server's question (``action=cancel``: dismiss it); 409 when it no
+    longer waits, 400 for another action."""
+    action = request.POST.get("action", "decline")
+    try:
+        return _decide(
+            request,
+            pk,
+            call_pk,
+            lambda chat, call: chat.decline(call, by=request.user, action=action),
+        )
+    except InvalidAnswerError as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
 
 
 # -- editing (docs/editing.md) ------------------------------------------------------------------

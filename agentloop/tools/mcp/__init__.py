@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...exceptions import ConfigurationError, MCPServerError, ToolError
 from ...messages import ToolDefinition
 from .._tool import Tool, arguments_schema
-from ._connections import Stopped, close_connections, list_tools
+from ._connections import Asking, Stopped, close_connections, list_tools
 from ._connections import call_tool as _call_tool
 from ._settings import server_settings
+from .elicitation import person_answers
 
 if TYPE_CHECKING:
     from mcp.types import CallToolResult
@@ -96,7 +97,15 @@ class MCPTool(Tool):
         stop = context.cancel_requested if context is not None else None
         try:
             settings = server_settings(cls.server)
-            result = _call_tool(cls.server, settings, cls.remote_name, arguments, stop)
+            asking = None
+            if settings.elicitation:
+                # The chat writes the server's questions on this call's row (a persisted
+                # chat's ``question_desk``); elsewhere nobody can answer and it hears "cancel".
+                open_desk = getattr(getattr(context, "chat", None), "question_desk", None)
+                key = context.tool_call.key if context is not None else None
+                desk = open_desk(key) if open_desk is not None and key is not None else None
+                asking = Asking(person_answers(desk, cls.server, settings))
+            result = _call_tool(cls.server, settings, cls.remote_name, arguments, stop, asking)
         except (MCPServerError, ConfigurationError) as exc:
             raise ToolError(str(exc)) from exc
         except Stopped:

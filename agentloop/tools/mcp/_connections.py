@@ -19,6 +19,7 @@ import atexit
 import concurrent.futures
 import logging
 import os
+import queue
 import sys
 import threading
 import time
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from mcp.types import CallToolResult
     from mcp.types import Tool as RemoteTool
 
-__all__ = ["Stopped", "call_tool", "close_connections", "list_tools", "require_sdk"]
+__all__ = ["Asking", "Stopped", "call_tool", "close_connections", "list_tools", "require_sdk"]
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -90,26 +91,50 @@ def _devnull() -> TextIO:
 
 
 @asynccontextmanager
-async def _connected(settings: ServerSettings) -> AsyncIterator[Client]:
-    """A connected SDK client for the server; leaving closes it (and its HTTP client)."""
+async def _connected(settings: ServerSettings, on_elicit: Any = None) -> AsyncIterator[Client]:
+    """A connected SDK client for the server; leaving closes it (and its HTTP client).
+
+    ``on_elicit`` answers the server's questions (elicitation); without it the client does
+    not offer the capability, and a server that asks anyway gets an error from the SDK.
+    With it the session opens with the initialize handshake ("legacy"): in the newer
+    protocol a stdio server has no channel to send a request in the middle of a call."""
     # Local: the mcp package is an optional extra, needed only once a server is used.
     from mcp import Client, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
+    mode: Any = "legacy" if on_elicit is not None else "auto"
     if settings.command is not None:
         command, *args = settings.command
         parameters = StdioServerParameters(
             command=command, args=args, env=settings.env or None, cwd=settings.cwd
         )
-        async with Client(stdio_client(parameters, errlog=_server_stderr())) as client:
+        transport = stdio_client(parameters, errlog=_server_stderr())
+        async with Client(transport, mode=mode, elicitation_callback=on_elicit) as client:
             yield client
         return
     assert settings.url is not None  # noqa: S101 - ServerSettings requires one of the two
     # The SDK leaves an HTTP client it was given open: this one is closed here.
     async with create_mcp_http_client(headers=settings.headers or None) as http:
-        async with Client(streamable_http_client(settings.url, http_client=http)) as client:
+        transport = streamable_http_client(settings.url, http_client=http)
+        async with Client(transport, mode=mode, elicitation_callback=on_elicit) as client:
             yield client
+
+
+class Asking:
+    """How one call's server questions (MCP elicitation) reach a person, and back.
+
+    The server's request arrives on the event loop, which must not block; it is put on
+    ``questions`` and the thread waiting for the call answers it with ``answer(params,
+    stop, gone)`` (a function that may wait minutes, reading the database between naps),
+    then hands the result back to the loop. ``timer`` is the call's own timeout, paused
+    while a person is asked: a person's minutes don't count against ``timeout``.
+    """
+
+    def __init__(self, answer: Callable[[Any, Callable[[], bool] | None, Callable[[], bool]], Any]):
+        self.answer = answer
+        self.questions: queue.SimpleQueue[tuple[Any, asyncio.Future[Any]]] = queue.SimpleQueue()
+        self.timer: asyncio.Timeout | None = None
 
 
 class _Connection:
@@ -119,6 +144,10 @@ class _Connection:
         self.name = name
         self.settings = settings
         self.closed = False
+        #: taken by a call (servers that may ask questions: one call per session at a time).
+        self.busy = False
+        #: the call in flight on this session that the server's questions are about.
+        self.asking: Asking | None = None
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Client] = loop.create_future()
         self._stop = asyncio.Event()
@@ -128,7 +157,8 @@ class _Connection:
         # The SDK's transports live in task groups that must be entered and left by one
         # task: this one, for the life of the session.
         try:
-            async with _connected(self.settings) as client:
+            on_elicit = self._on_elicit if self.settings.elicitation else None
+            async with _connected(self.settings, on_elicit) as client:
                 self._ready.set_result(client)
                 await self._stop.wait()
         except asyncio.CancelledError:
@@ -140,6 +170,26 @@ class _Connection:
                 self._ready.set_exception(exc)
         finally:
             self.closed = True
+
+    async def _on_elicit(self, context: Any, params: Any) -> Any:
+        """The server asks for input during a call: the call's thread asks a person."""
+        # Local: the mcp package is an optional extra (this runs only inside its session).
+        from mcp.types import ElicitResult
+
+        asking = self.asking
+        if asking is None:  # nobody to ask (a listing, or a call outside any chat)
+            return ElicitResult(action="cancel")
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Any] = loop.create_future()
+        asking.questions.put((params, reply))
+        timer = asking.timer
+        if timer is not None:
+            timer.reschedule(None)
+        try:
+            return await reply
+        finally:
+            if timer is not None and not timer.expired():
+                timer.reschedule(loop.time() + self.settings.timeout)
 
     async def client(self) -> Client:
         """The connected client; MCPServerError when the server can't be reached in time."""
@@ -180,6 +230,8 @@ class _Loop:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.connections: dict[str, _Connection] = {}
+        #: sessions with servers that may ask questions, one call at a time each.
+        self.pools: dict[str, list[_Connection]] = {}
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="agentloop-mcp", daemon=True
         )
@@ -190,11 +242,13 @@ class _Loop:
         work: Callable[[], Awaitable[T]],
         timeout: float,
         stop: Callable[[], bool] | None = None,
+        asking: Asking | None = None,
     ) -> T:
         """Run ``work()`` on the loop and wait for it, from any other thread.
 
         ``stop`` is asked every ``CANCEL_POLL_INTERVAL`` seconds while waiting; when it says
-        so, the work is cancelled and :class:`Stopped` raised.
+        so, the work is cancelled and :class:`Stopped` raised. The server's questions put on
+        ``asking`` are answered here, in this thread; ``timeout`` starts again after each.
         """
         if threading.current_thread() is self.thread:
             raise RuntimeError("agentloop.tools.mcp can't wait for its own event loop")
@@ -204,12 +258,16 @@ class _Loop:
 
         future = asyncio.run_coroutine_threadsafe(wrapped(), self.loop)
         deadline = time.monotonic() + timeout
-        poll = max(agentloop_settings.CANCEL_POLL_INTERVAL, 0.01) if stop else timeout
+        often = stop is not None or asking is not None
+        poll = max(agentloop_settings.CANCEL_POLL_INTERVAL, 0.01) if often else timeout
         while True:
             remaining = deadline - time.monotonic()
             try:
                 return future.result(max(0.0, min(poll, remaining)))
             except concurrent.futures.TimeoutError:
+                if asking is not None and self._answer(asking, future, stop):
+                    deadline = time.monotonic() + timeout  # a person's time doesn't count
+                    continue
                 if stop is not None and stop():
                     future.cancel()
                     raise Stopped from None
@@ -218,8 +276,41 @@ class _Loop:
                     future.cancel()
                     raise MCPServerError(f"MCP call did not finish within {timeout:g} s.") from None
 
+    def _answer(
+        self,
+        asking: Asking,
+        future: concurrent.futures.Future[Any],
+        stop: Callable[[], bool] | None,
+    ) -> bool:
+        """Answer the questions waiting on ``asking``; whether there were any."""
+        # Local: the mcp package is an optional extra (a question comes only through it).
+        from mcp.types import ElicitResult
+
+        answered = False
+        while True:
+            try:
+                params, reply = asking.questions.get_nowait()
+            except queue.Empty:
+                return answered
+            try:
+                result = asking.answer(params, stop, future.done)
+            except BaseException:
+                # Stopped (a cancel), or the database failed: the server hears "cancel",
+                # the call is given up, and the caller sees why.
+                self.loop.call_soon_threadsafe(_settle, reply, ElicitResult(action="cancel"))
+                future.cancel()
+                raise
+            self.loop.call_soon_threadsafe(_settle, reply, result)
+            answered = True
+
     async def connection(self, name: str, settings: ServerSettings) -> _Connection:
-        """The open connection to ``name``; a new one after a failure or a settings change."""
+        """The open connection to ``name``; a new one after a failure or a settings change.
+
+        A server that may ask questions gets an idle session of its own per call (opened
+        when all are busy): the SDK does not say which call a question is about, so a
+        session carries one call at a time. Give it back with :meth:`done_with`."""
+        if settings.elicitation:
+            return await self._idle(name, settings)
         current = self.connections.get(name)
         if current is not None and not current.closed and current.settings.key == settings.key:
             return current
@@ -229,10 +320,40 @@ class _Loop:
             await current.close()
         return created
 
+    async def _idle(self, name: str, settings: ServerSettings) -> _Connection:
+        pool = self.pools.setdefault(name, [])
+        for stale in [c for c in pool if c.closed or c.settings.key != settings.key]:
+            pool.remove(stale)
+            if not stale.busy:  # a busy one is closed when its call gives it back
+                await stale.close()
+        for connection in pool:
+            if not connection.busy:
+                connection.busy = True
+                return connection
+        created = _Connection(name, settings)
+        created.busy = True
+        pool.append(created)
+        return created
+
+    async def done_with(self, connection: _Connection) -> None:
+        """A call is over with ``connection``: idle again, or closed if it was replaced."""
+        connection.busy, connection.asking = False, None
+        if connection.settings.elicitation and connection not in self.pools.get(
+            connection.name, []
+        ):
+            await connection.close()
+
     async def close_all(self) -> None:
         connections, self.connections = list(self.connections.values()), {}
+        pools, self.pools = self.pools, {}
+        connections += [connection for pool in pools.values() for connection in pool]
         for connection in connections:
             await connection.close()
+
+
+def _settle(reply: asyncio.Future[Any], result: Any) -> None:
+    if not reply.done():
+        reply.set_result(result)
 
 
 #: this process's loop thread and its sessions. A forked child opens sessions of its own; the
@@ -251,6 +372,7 @@ def _request(
     doing: str,
     use: Callable[[Client], Awaitable[T]],
     stop: Callable[[], bool] | None = None,
+    asking: Asking | None = None,
 ) -> T:
     """Run ``use(client)`` on server ``name``'s session; every failure is an MCPServerError
     saying what could not be done (``doing``: "run 'read_file'", "list its tools")."""
@@ -258,13 +380,22 @@ def _request(
     state = _state.get()
 
     async def work() -> T:
+        connection = await state.connection(name, settings)
+        try:
+            return await using(connection)
+        finally:
+            await state.done_with(connection)
+
+    async def using(connection: _Connection) -> T:
         # Local: the mcp package is an optional extra (require_sdk() checked it is there).
         from mcp import MCPError
 
-        connection = await state.connection(name, settings)
         client = await connection.client()
+        connection.asking = asking
         try:
-            async with asyncio.timeout(settings.timeout):
+            async with asyncio.timeout(settings.timeout) as timer:
+                if asking is not None:
+                    asking.timer = timer
                 return await use(client)
         except TimeoutError:
             raise MCPServerError(
@@ -288,7 +419,7 @@ def _request(
             logger.warning("%s", exc)
             raise
 
-    return state.run(logged, _wait_limit(settings), stop)
+    return state.run(logged, _wait_limit(settings), stop, asking)
 
 
 def call_tool(
@@ -297,14 +428,16 @@ def call_tool(
     tool: str,
     arguments: dict[str, Any],
     stop: Callable[[], bool] | None = None,
+    asking: Asking | None = None,
 ) -> CallToolResult:
     """Call ``tool`` on server ``name``; MCPServerError when it is down or too slow,
-    :class:`Stopped` when ``stop()`` says so while it runs."""
+    :class:`Stopped` when ``stop()`` says so while it runs. Questions the server asks
+    meanwhile are answered through ``asking`` (none: "cancel")."""
 
     async def use(client: Client) -> CallToolResult:
         return await client.call_tool(tool, arguments)
 
-    return _request(name, settings, f"run {tool!r}", use, stop)
+    return _request(name, settings, f"run {tool!r}", use, stop, asking)
 
 
 def list_tools(name: str, settings: ServerSettings) -> list[RemoteTool]:

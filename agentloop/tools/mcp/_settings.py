@@ -10,10 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ...conf import agentloop_settings
 from ...exceptions import ConfigurationError
 
-__all__ = ["DEFAULT_TIMEOUT", "ServerSettings", "server_settings"]
+__all__ = ["DEFAULT_ELICITATION_TIMEOUT", "DEFAULT_TIMEOUT", "ServerSettings", "server_settings"]
 
 #: seconds to connect, and seconds one call may take, when the server's entry names none.
 DEFAULT_TIMEOUT = 30.0
+#: seconds a server's question (an elicitation) waits for a person by default.
+DEFAULT_ELICITATION_TIMEOUT = 600.0
 
 
 class ServerSettings(BaseModel):
@@ -35,6 +37,11 @@ class ServerSettings(BaseModel):
     timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
     #: seconds to start and connect (a stdio server may need a while to start).
     connect_timeout: float = Field(default=DEFAULT_TIMEOUT, gt=0)
+    #: whether the server may ask a person for input (MCP elicitation) during a call; its
+    #: calls then take a session each, so a question is always known to be a call's.
+    elicitation: bool = False
+    #: seconds such a question waits for a person before it is answered "cancel".
+    elicitation_timeout: float = Field(default=DEFAULT_ELICITATION_TIMEOUT, gt=0)
 
     @model_validator(mode="after")
     def _one_transport(self) -> ServerSettings:
