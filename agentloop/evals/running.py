@@ -26,8 +26,10 @@ from ..conf import agentloop_settings, get_chat_model
 from ..exceptions import ConfigurationError
 from ..models import EvalCase, EvalCaseState, EvalRun, EvalSet
 from ..runners import runner_name
-from .replay import Attempt, Candidate, replay
-from .scorers import Outcome, check_scorers, score_outcome
+from .batch_rounds import check_batchable, send_round
+from .outcomes import candidate_of, case_values
+from .replay import replay
+from .scorers import check_scorers
 from .sets import item_turn
 
 __all__ = [
@@ -60,21 +62,26 @@ def start_run(
     max_cost: Decimal | str | None = None,
     baseline: EvalRun | None = None,
     name: str = "",
+    batch: bool = False,
     send: bool = True,
 ) -> EvalRun:
     """A run of ``model`` (with the rest of the candidate) over ``eval_set``, one case per
-    item; with ``send``, its cases go to the background (:func:`send_cases`). Scorers
+    item; with ``send``, its cases go to the background (:func:`send_cases`), or, with
+    ``batch``, their first model calls go out as one provider batch
+    (:mod:`~agentloop.evals.batch_rounds`: polled by ``agentloop.poll_batches``). Scorers
     default to one ``exact`` comparison with the recorded answer."""
     specs = check_scorers([{"kind": "exact"}] if scorers is None else scorers)
     if fail_under is not None and not 0 <= fail_under <= 1:
         raise ConfigurationError(f"fail_under is a pass rate from 0 to 1, not {fail_under}")
+    if batch:
+        check_batchable(model, provider)
     with transaction.atomic():
         run = EvalRun.objects.create(
             eval_set=eval_set, name=name, model=model, provider=provider or "",
             instructions=instructions, tools=list(tools), agent_path=agent_path,
             settings=dict(settings or {}), live_tools=list(live_tools), scorers=specs,
             fail_under=fail_under, max_cost=None if max_cost is None else Decimal(str(max_cost)),
-            baseline=baseline,
+            baseline=baseline, batched=batch,
         )  # fmt: skip
         items = eval_set.items
         EvalCase.objects.bulk_create(
@@ -89,7 +96,9 @@ def start_run(
             )
             for position, item in enumerate(items)
         )
-    if send:  # after the commit: a case run here holds no transaction open meanwhile
+    if send and batch:
+        send_round(run)
+    elif send:  # after the commit: a case run here holds no transaction open meanwhile
         send_cases(run)
     return run
 
@@ -218,42 +227,10 @@ def run_case(case_id: Any) -> CaseOutcome:
     return CaseOutcome("done" if written else "lost")
 
 
-def candidate_of(run: EvalRun) -> Candidate:
-    return Candidate(
-        model=run.model, provider=run.provider or None, instructions=run.instructions,
-        tools=list(run.tools), agent_path=run.agent_path, settings=dict(run.settings),
-        live_tools=list(run.live_tools),
-    )  # fmt: skip
-
-
 def _outcome(case: EvalCase, run: EvalRun) -> dict[str, Any]:
     """The case's row values once replayed and scored (errors become the case's error)."""
-    item = case.item
     try:
-        turn = item_turn(item, get_chat_model())
+        turn = item_turn(case.item, get_chat_model())
     except (ConfigurationError, KeyError, ValueError) as exc:
         return {"state": EvalCaseState.ERROR, "error": f"The case can't be replayed: {exc}"}
-    attempt: Attempt = replay(turn, candidate_of(run))
-    outcome = Outcome(
-        input=case.input, reference=case.reference, answer=attempt.answer,
-        expected=item.get("expected"), tool_calls=attempt.tool_calls, cost=attempt.cost,
-        latency_ms=attempt.latency_ms, error=attempt.error,
-    )  # fmt: skip
-    scores = [] if attempt.error else score_outcome(run.scorers, outcome)
-    extra = [s.cost for s in scores if s.cost is not None]
-    cost = attempt.cost
-    if extra:
-        cost = (cost or Decimal(0)) + sum(extra, Decimal(0))
-    mean = sum(s.score for s in scores) / len(scores) if scores else None
-    if attempt.error:
-        state, mean = EvalCaseState.ERROR, 0.0
-    else:
-        state = EvalCaseState.PASSED if all(s.passed for s in scores) else EvalCaseState.FAILED
-    return {
-        "state": state, "answer": attempt.answer, "tool_calls": attempt.tool_calls,
-        "unmatched_calls": attempt.unmatched_calls, "scores": [s.as_dict() for s in scores],
-        "score": mean,
-        "cost": cost, "input_tokens": attempt.input_tokens,
-        "output_tokens": attempt.output_tokens, "latency_ms": attempt.latency_ms,
-        "error": attempt.error,
-    }  # fmt: skip
+    return case_values(case, run, replay(turn, candidate_of(run)))
