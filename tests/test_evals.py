@@ -16,6 +16,8 @@ from django.utils import timezone
 
 from agentloop import providers
 from agentloop.evals import NO_RECORDING, Outcome, check_scorers, score_outcome
+from agentloop.budgets import spend_of
+from agentloop.evals.outcomes import EVAL_SUBJECT
 from agentloop.evals.reports import compare, percentile, summarize
 from agentloop.evals.running import run_case, start_run
 from agentloop.evals.sets import set_from_chats, set_from_jsonl
@@ -203,10 +205,11 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_month": "100"}}
     chat = stored_chat(user, "Where is order 7?")
     counters = ("day_cost", "day_tokens", "month_cost", "month_tokens", "reserved_cost")
+    owners = Budget.objects.exclude(subject=EVAL_SUBJECT.key)
     before = (
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
-        list(Budget.objects.values_list(*counters)),
+        list(owners.values_list(*counters)),
     )
     assert before[2][0][2] > 0  # the owner's own chat did count
 
@@ -218,9 +221,39 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     after = (
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
-        list(Budget.objects.values_list(*counters)),
+        list(owners.values_list(*counters)),
     )
     assert after == before
+    assert Budget.objects.count() == 2  # the owner's, and the evals' own (below)
+
+
+def test_eval_cost_counts_against_the_evals_own_budget_subject(user, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {}}
+    chat = stored_chat(user, "Where is order 7?")
+
+    run = start_run(set_from_chats("s", [chat]), "evalmodel:v2")
+
+    spend = spend_of(EVAL_SUBJECT.key)
+    assert (spend.cost_per_day, spend.cost_per_month) == (Decimal("0.030"), Decimal("0.030"))
+    assert spend.tokens_per_day == 30
+    assert spend.cost_per_day == run.spent()
+    assert spend_of(user).cost_per_day == Decimal("0.030")  # the owner's own chat, only
+
+
+def test_no_eval_case_starts_once_the_evals_budget_is_reached(user, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_day": "100"}}
+    Budget.objects.create(subject=EVAL_SUBJECT.key, label="evals", cost_per_day=Decimal("0.01"))
+    for n in range(2):
+        stored_chat(user, f"hello {n}")
+
+    run = start_run(set_from_chats("s", Chat.objects.order_by("pk")), "evalmodel:v2")
+
+    first, second = run.cases.order_by("position")
+    assert first.state == EvalCaseState.PASSED  # $0.015: the limit is reached after it
+    assert (second.state, second.error) == (
+        EvalCaseState.SKIPPED, "not run: budget: $0.01/day reached for evals",
+    )  # fmt: skip
+    assert spend_of(user).reached() == []  # owners' budgets are theirs: $100/day
 
 
 # -- scorers ----------------------------------------------------------------------------------

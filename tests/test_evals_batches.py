@@ -21,12 +21,14 @@ import agentloop
 from agentloop import providers
 from agentloop.batches import poll as poll_chat_batches
 from agentloop.batches import refresh as refresh_chat_batch
+from agentloop.budgets import spend_of
 from agentloop.evals import batch_rounds
+from agentloop.evals.outcomes import EVAL_SUBJECT
 from agentloop.evals.running import start_run
 from agentloop.evals.sets import set_from_jsonl
 from agentloop.exceptions import BatchError, ConfigurationError
 from agentloop.messages import TokenUsage
-from agentloop.models import Batch, BatchStatus, Chat, EvalCaseState, EvalRun, Usage
+from agentloop.models import Batch, BatchStatus, Budget, Chat, EvalCaseState, EvalRun, Usage
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.catalog import price_of
 from tests.batch_server import USAGE, FakeBatches
@@ -94,8 +96,9 @@ def poll_until_finished(run: EvalRun, polls: int = 12) -> None:
 
 
 def test_a_batch_run_goes_through_the_batch_api_round_by_round_at_the_batch_price(
-    fake, tool_runs
+    fake, tool_runs, settings
 ):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {}}
     chats_before = Chat.objects.count()
     run = start_run(eval_set(), MODEL, batch=True, scorers=[{"kind": "exact"}])
 
@@ -134,7 +137,10 @@ def test_a_batch_run_goes_through_the_batch_api_round_by_round_at_the_batch_pric
     assert [len(requests) for requests in fake.submitted()] == [3, 1, 1]
     assert all(b.collected_at is not None for b in Batch.objects.filter(eval_run=run))
     assert not tool_runs.exists()  # no tool body ran
+    # Apart from owners: no chat, no usage row; the cost is the evals' own budget subject's.
     assert Chat.objects.count() == chats_before and not Usage.objects.exists()
+    assert list(Budget.objects.values_list("subject", flat=True)) == [EVAL_SUBJECT.key]
+    assert spend_of(EVAL_SUBJECT.key).cost_per_day == run.spent() == 4 * BATCH_COST
 
 
 def test_the_batch_price_is_half_of_what_the_job_path_records(fake):

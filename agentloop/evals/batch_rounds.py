@@ -49,7 +49,7 @@ from ..exceptions import (
 from ..messages import Message, ModelResponse
 from ..models import Batch, BatchStatus, EvalCase, EvalCaseState, EvalRun
 from ..providers.batch_apis import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
-from .outcomes import candidate_of, case_values
+from .outcomes import candidate_of, case_values, charge_written, evals_budget_reached
 from .replay import Attempt, Replaying, attempt_of, start_replay
 from .sets import item_turn
 
@@ -98,7 +98,11 @@ def _finish(case: EvalCase, run: EvalRun, attempt: Attempt, **match: Any) -> boo
 def _write(case: EvalCase, values: dict[str, Any], **match: Any) -> bool:
     """``values`` into the case, out of its batch, if it is still where ``match`` says
     (one conditional UPDATE: a case is never moved on twice)."""
-    return bool(EvalCase.objects.filter(pk=case.pk, **match).update(batch=None, **values))
+    with transaction.atomic():  # the case and the evals' budget, together
+        written = EvalCase.objects.filter(pk=case.pk, **match).update(batch=None, **values)
+        if written:
+            charge_written(case, values)
+    return bool(written)
 
 
 def _error(case: EvalCase, text: str, **match: Any) -> bool:
@@ -111,11 +115,12 @@ def send_round(run: EvalRun) -> list[Batch]:
     and model; returns the batches sent (none when no case waits). Cases that can't make
     their request (their chat is gone, a limit stops them) are finished as errors here."""
     waiting = {"state": EvalCaseState.PENDING, "batch__isnull": True}
-    if run.max_cost is not None and run.spent() >= run.max_cost:
+    over = run.max_cost is not None and run.spent() >= run.max_cost
+    why = "the run's cost limit was reached" if over else evals_budget_reached()
+    if why:
         run.cases.filter(**waiting).update(
-            state=EvalCaseState.SKIPPED, error="not run: the run's cost limit was reached",
-            finished_at=timezone.now(),
-        )  # fmt: skip
+            state=EvalCaseState.SKIPPED, error=f"not run: {why}", finished_at=timezone.now()
+        )
         return []
     groups: dict[tuple[str, str], list[tuple[EvalCase, Any]]] = {}
     for case in run.cases.filter(**waiting).order_by("position"):

@@ -27,7 +27,7 @@ from ..exceptions import ConfigurationError
 from ..models import EvalCase, EvalCaseState, EvalRun, EvalSet
 from ..runners import runner_name
 from .batch_rounds import check_batchable, send_round
-from .outcomes import candidate_of, case_values
+from .outcomes import candidate_of, case_values, charge_written, evals_budget_reached
 from .replay import replay
 from .scorers import check_scorers
 from .sets import item_turn
@@ -205,11 +205,11 @@ def run_case(case_id: Any) -> CaseOutcome:
     if case.state not in (EvalCaseState.PENDING, EvalCaseState.RUNNING):
         return CaseOutcome("finished")
     run = case.run
-    if _over_budget(run):
+    why = "the run's cost limit was reached" if _over_budget(run) else evals_budget_reached()
+    if why:
         skipped = EvalCase.objects.filter(pk=case_id, state=EvalCaseState.PENDING).update(
-            state=EvalCaseState.SKIPPED, error="not run: the run's cost limit was reached",
-            finished_at=timezone.now(),
-        )  # fmt: skip
+            state=EvalCaseState.SKIPPED, error=f"not run: {why}", finished_at=timezone.now()
+        )
         if skipped:
             return CaseOutcome("skipped")
     token = uuid.uuid4().hex
@@ -221,9 +221,12 @@ def run_case(case_id: Any) -> CaseOutcome:
         return CaseOutcome("held", retry_in=max(left, 0.0) + 0.5)
     with _Heartbeat(case_id, token):
         values = _outcome(case, run)
-    written = EvalCase.objects.filter(
-        pk=case_id, lease_token=token, state=EvalCaseState.RUNNING
-    ).update(**values, lease_token="", lease_expires_at=None, finished_at=Now())
+    with transaction.atomic():  # the case and the evals' budget, together
+        written = EvalCase.objects.filter(
+            pk=case_id, lease_token=token, state=EvalCaseState.RUNNING
+        ).update(**values, lease_token="", lease_expires_at=None, finished_at=Now())
+        if written:
+            charge_written(case, values)
     return CaseOutcome("done" if written else "lost")
 
 
