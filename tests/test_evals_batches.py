@@ -26,11 +26,12 @@ from agentloop.evals import batch_rounds
 from agentloop.evals.outcomes import EVAL_SUBJECT
 from agentloop.evals.running import start_run
 from agentloop.evals.sets import set_from_jsonl
-from agentloop.exceptions import BatchError, ConfigurationError
+from agentloop.exceptions import BatchError, ConfigurationError, ProviderError
 from agentloop.messages import TokenUsage
 from agentloop.models import Batch, BatchStatus, Budget, Chat, EvalCaseState, EvalRun, Usage
 from agentloop.providers.anthropic import AnthropicProvider
 from agentloop.providers.catalog import price_of
+from agentloop.testing import OfflineProvider
 from tests.batch_server import USAGE, FakeBatches
 
 pytestmark = pytest.mark.django_db
@@ -287,3 +288,20 @@ def test_agentloop_batch_and_eval_batches_live_side_by_side(fake, user):
     assert chat.messages.last().content == "echo: bonjour"
     assert run.cases.get(position=0).answer == "echo: hello"
     assert Decimal(0) < run.spent()
+
+
+def test_the_offline_provider_serves_batches_in_the_process_that_sent_them(user):
+    offline = OfflineProvider("offline", reply="Offline: {message}")
+    providers.register("offline", offline)
+    try:
+        chats = [Chat.objects.create(model="offline:x", owner=user).ask_later(q) for q in "ab"]
+        batch = agentloop.batch(chats)
+        assert batch.status == "in_progress"
+        poll_chat_batches()  # ended at its first status read
+
+        assert [chat.messages.last().content for chat in chats] == ["Offline: a", "Offline: b"]
+        elsewhere = OfflineProvider("offline").batch_api()  # as another process would have it
+        with pytest.raises(ProviderError, match="polled in the process that sent it"):
+            elsewhere.status(batch.provider_batch_id)
+    finally:
+        providers.unregister("offline")
