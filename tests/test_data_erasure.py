@@ -141,9 +141,7 @@ def test_the_export_holds_the_owners_memories_without_their_embeddings(user, oth
     json.dumps(document)  # JSON values only
 
 
-def test_the_export_holds_the_eval_copies_of_the_owners_turns_as_erasure_deletes_them(
-    user, other
-):
+def test_the_export_holds_the_eval_copies_of_the_owners_turns_as_erasure_deletes_them(user, other):
     mine, _ = conversation(user)
     theirs, _ = conversation(other)
     eval_set = set_from_chats("support", [mine, theirs])

@@ -15,8 +15,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agentloop import providers
-from agentloop.evals import NO_RECORDING, Outcome, check_scorers, score_outcome
 from agentloop.budgets import spend_of
+from agentloop.evals import NO_RECORDING, Outcome, check_scorers, score_outcome
 from agentloop.evals.outcomes import EVAL_SUBJECT
 from agentloop.evals.reports import compare, percentile, summarize
 from agentloop.evals.running import run_case, start_run

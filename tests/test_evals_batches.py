@@ -112,7 +112,11 @@ def test_a_batch_run_goes_through_the_batch_api_round_by_round_at_the_batch_pric
         "fail",
     ]
     (batch,) = Batch.objects.filter(eval_run=run)
-    assert (batch.provider, batch.model, batch.status) == ("anthropic", "claude-haiku-4-5", "in_progress")
+    assert (batch.provider, batch.model, batch.status) == (
+        "anthropic",
+        "claude-haiku-4-5",
+        "in_progress",
+    )
     assert run.progress()["running"] == 3
 
     poll_until_finished(run)

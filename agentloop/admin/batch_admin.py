@@ -69,9 +69,9 @@ class BatchAdmin(admin.ModelAdmin):
     list_filter = ("status", "provider", "auto_continue")
     search_fields = ("provider_batch_id",)
     readonly_fields = ("provider", "model", "provider_batch_id", "status", "auto_continue",
-                       "previous", "eval_run", "request_count", "processing_count", "succeeded_count",
-                       "failed_count", "error", "provider_data", "created_at", "submitted_at",
-                       "polled_at", "ended_at", "collected_at")  # fmt: skip
+                       "previous", "eval_run", "request_count", "processing_count",
+                       "succeeded_count", "failed_count", "error", "provider_data", "created_at",
+                       "submitted_at", "polled_at", "ended_at", "collected_at")  # fmt: skip
     exclude = ("claim_token", "claimed_until")
     inlines = [BatchItemInline]
     actions = [poll_now, cancel_at_provider]

@@ -244,6 +244,13 @@ def _api(batch: Batch) -> BatchAPI:
     return api
 
 
+def _run_of(batch: Batch) -> EvalRun:
+    run = batch.eval_run
+    if run is None:  # its run was deleted: nothing is left to put its answers into
+        raise ConfigurationError(f"Batch #{batch.pk} belongs to no eval run any more.")
+    return run
+
+
 def refresh(batch: Batch) -> Batch:
     """Poll the provider for an eval ``batch``; once it has ended, put each answer into its
     case. Does nothing while another process holds the batch."""
@@ -266,7 +273,7 @@ def refresh(batch: Batch) -> Batch:
 
 
 def _resend(batch: Batch, api: BatchAPI) -> None:
-    run = batch.eval_run
+    run = _run_of(batch)
     calls = []
     for case in batch.eval_cases.filter(state=EvalCaseState.RUNNING).order_by("position"):
         try:
@@ -296,7 +303,7 @@ def _collect(batch: Batch, api: BatchAPI, info: BatchInfo) -> None:
     results = {} if info.status == FAILED or not cases else api.results(batch.provider_batch_id)
     waited = timezone.now() - (batch.submitted_at or batch.created_at)
     waited_ms = int(waited.total_seconds() * 1000)
-    run = batch.eval_run
+    run = _run_of(batch)
     for case in cases:
         result = results.get(str(case.position))
         _answer(batch, api, run, case, result if result is not None else _missing(info), waited_ms)

@@ -228,7 +228,9 @@ def start_replay(
         calls.add(dict(entry), entry.get("source") == "no recording")
         if entry.get("source") == "recorded":
             recording.take(entry["name"], entry["arguments"])
-    conversation = _conversation(Turn([*turn.history, *so_far], turn.recorded, turn.tools), candidate)
+    conversation = _conversation(
+        Turn([*turn.history, *so_far], turn.recorded, turn.tools), candidate
+    )
     live = set(candidate.live_tools)
     tools = [
         _replayed(tool, recording, calls, name in live)

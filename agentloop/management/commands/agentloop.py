@@ -41,8 +41,8 @@ from django.urls import NoReverseMatch, reverse
 from ... import providers
 from ...agents import Agent
 from ...batches import poll
-from ...evals.batch_rounds import poll as poll_eval_runs
 from ...conf import agentloop_settings, get_chat_model
+from ...evals.batch_rounds import poll as poll_eval_runs
 from ...exceptions import AgentloopError
 from ...import_paths import load_by_path
 from ...models import Batch, Chat, ChatState
