@@ -1,6 +1,6 @@
 # Batch-mode eval runs (docs/evals.md, "Through a batch API"): a run flagged as batched, the
 # batch holding each case's next model call, the replay so far between rounds, and the eval
-# run a batch belongs to.
+# run a batch belongs to; a case's cost to 8 decimals, as usage rows (a batch price has them).
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -32,5 +32,10 @@ class Migration(migrations.Migration):
             model_name='evalrun',
             name='batched',
             field=models.BooleanField(default=False, verbose_name='through batches'),
+        ),
+        migrations.AlterField(
+            model_name='evalcase',
+            name='cost',
+            field=models.DecimalField(blank=True, decimal_places=8, max_digits=14, null=True, verbose_name='cost'),
         ),
     ]

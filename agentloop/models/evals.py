@@ -166,7 +166,8 @@ class EvalCase(models.Model):
     scores = StorableJSONField(_("scores"), default=list, blank=True)
     #: the mean of the scores (0 to 1); null until scored.
     score = models.FloatField(_("score"), null=True, blank=True)
-    cost = models.DecimalField(_("cost"), max_digits=12, decimal_places=6, null=True, blank=True)
+    #: in dollars, to the hundred-millionth as usage rows (a batch price has 8 decimals).
+    cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
     input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
     output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
     latency_ms = models.PositiveIntegerField(_("latency (ms)"), null=True, blank=True)
