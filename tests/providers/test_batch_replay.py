@@ -258,9 +258,7 @@ def test_recorded_results_become_each_chats_answer_and_usage(name, replay):
 
 # -- a batch-mode eval run over the same traffic (docs/evals.md) -------------------------------
 @pytest.mark.parametrize("name", ANSWERS, ids=ANSWERS)
-def test_a_batched_eval_run_sends_the_recorded_batch_and_scores_the_recorded_answers(
-    name, replay
-):
+def test_a_batched_eval_run_sends_the_recorded_batch_and_scores_the_recorded_answers(name, replay):
     cassette, model = replay
     vendor = vendor_of(name)
     answers = recorded_answers(cassette)
