@@ -309,3 +309,26 @@ def test_the_offline_provider_serves_batches_in_the_process_that_sent_them(user)
             elsewhere.status(batch.provider_batch_id)
     finally:
         providers.unregister("offline")
+
+
+def test_the_admin_polls_a_batched_runs_batches_and_shows_where_it_is(fake, admin_client):
+    run = start_run(eval_set(), MODEL, batch=True)
+    changelist = "/admin/agentloop/evalrun/"
+    (first,) = run.batches.all()
+
+    assert f"through batches, open: #{first.pk} in_progress" in (
+        admin_client.get(changelist).content.decode()
+    )
+    for _ in range(2):
+        admin_client.post(changelist, {"action": "poll_run_batches", "_selected_action": [run.pk]})
+
+    first.refresh_from_db()
+    assert first.collected_at is not None
+    (second,) = run.batches.filter(collected_at__isnull=True)  # the tools case's next round
+    page = admin_client.get(changelist).content.decode()
+    assert (
+        f"2/3 (1 passed, 0 failed, 1 errors, 1 running); through batches, open: #{second.pk}"
+        in page
+    )
+    batches = admin_client.get("/admin/agentloop/batch/").content.decode()
+    assert second.provider_batch_id in batches  # eval batches are listed with the others

@@ -20,12 +20,21 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy as _
 
+from ..evals.batch_rounds import poll as poll_batches
 from ..evals.reports import compare, summarize
 from ..evals.sets import set_from_chats
+from ..exceptions import AgentloopError
 from ..models import EvalCase, EvalCaseState, EvalRun, EvalSet
 from .svg_charts import horizontal_bars
 
-__all__ = ["EvalCaseAdmin", "EvalRunAdmin", "EvalSetAdmin", "make_eval_set", "word_diff"]
+__all__ = [
+    "EvalCaseAdmin",
+    "EvalRunAdmin",
+    "EvalSetAdmin",
+    "make_eval_set",
+    "poll_run_batches",
+    "word_diff",
+]
 
 #: cases shown on a run's page (the case list has them all).
 SHOWN_CASES = 200
@@ -78,6 +87,21 @@ class EvalSetAdmin(admin.ModelAdmin):
         return len(obj.items)
 
 
+@admin.action(description=_("Poll the selected batched runs' batches now"), permissions=["change"])
+def poll_run_batches(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
+) -> None:
+    """What the ``poll_batches`` task does for these runs: their ended batches collected
+    into their cases, the next rounds sent."""
+    polled = 0
+    for run in queryset.filter(batched=True):
+        try:
+            polled += len(poll_batches(run))
+        except AgentloopError as exc:
+            modeladmin.message_user(request, f"Eval run #{run.pk}: {exc}", messages.ERROR)
+    modeladmin.message_user(request, _("%(n)s batches polled.") % {"n": polled})
+
+
 @admin.register(EvalRun)
 class EvalRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "eval_set", "model", "progress_shown", "pass_rate", "created_at")
@@ -85,6 +109,7 @@ class EvalRunAdmin(admin.ModelAdmin):
     list_select_related = ("eval_set",)
     readonly_fields = ("progress_shown", "pass_rate", "comparison", "charts", "side_by_side")
     raw_id_fields = ("baseline",)
+    actions = [poll_run_batches]
 
     @admin.display(description=_("progress"))
     def progress_shown(self, obj: EvalRun) -> str:
