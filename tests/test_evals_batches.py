@@ -24,7 +24,7 @@ from agentloop.batches import refresh as refresh_chat_batch
 from agentloop.budgets import spend_of
 from agentloop.evals import batch_rounds
 from agentloop.evals.outcomes import EVAL_SUBJECT
-from agentloop.evals.running import start_run
+from agentloop.evals.running import run_case, send_cases, start_run
 from agentloop.evals.sets import set_from_jsonl
 from agentloop.exceptions import BatchError, ConfigurationError, ProviderError
 from agentloop.messages import TokenUsage
@@ -332,3 +332,17 @@ def test_the_admin_polls_a_batched_runs_batches_and_shows_where_it_is(fake, admi
     )
     batches = admin_client.get("/admin/agentloop/batch/").content.decode()
     assert second.provider_batch_id in batches  # eval batches are listed with the others
+
+
+def test_the_job_path_leaves_a_batched_runs_cases_to_their_rounds(fake):
+    run = start_run(eval_set(), MODEL, batch=True)
+    batch_rounds.poll()
+    batch_rounds.poll()  # the tools case waits in round 2, its replay so far on its row
+    waiting = run.cases.get(position=1)
+    assert waiting.state == EvalCaseState.RUNNING and len(waiting.replayed) == 2
+
+    assert run_case(waiting.pk).action == "batched"
+    assert send_cases(run) == 0  # nothing waits outside a batch: no round to send
+
+    waiting.refresh_from_db()
+    assert (waiting.attempts, len(waiting.replayed)) == (2, 2)

@@ -109,7 +109,10 @@ def _runs_in_background() -> bool:
 
 def send_cases(run: EvalRun, cases: list[Any] | None = None) -> int:
     """Send a job per unfinished case of ``run`` (after the transaction commits) when the
-    runner is Celery; otherwise run them in this process now. Returns how many."""
+    runner is Celery; otherwise run them in this process now. A batched run's waiting
+    cases go out as its next batch round instead. Returns how many."""
+    if run.batched:
+        return sum(batch.request_count for batch in send_round(run))
     keys = cases if cases is not None else list(run.cases.unfinished().values_list("pk", flat=True))
     if not _runs_in_background():
         for key in keys:
@@ -142,7 +145,8 @@ def run_here(run: EvalRun) -> int:
 class CaseOutcome:
     """What a case's job did: ``done`` (ran and wrote it), ``finished`` (already was),
     ``held`` (another job holds it: try again in ``retry_in`` seconds), ``lost`` (its lease
-    was taken: nothing written), ``skipped`` (the run's cost limit), ``gone``."""
+    was taken: nothing written), ``skipped`` (the run's cost limit), ``gone``, ``batched``
+    (its run goes through batches: :mod:`.batch_rounds` runs it)."""
 
     action: str
     retry_in: float | None = None
@@ -205,6 +209,8 @@ def run_case(case_id: Any) -> CaseOutcome:
     if case.state not in (EvalCaseState.PENDING, EvalCaseState.RUNNING):
         return CaseOutcome("finished")
     run = case.run
+    if run.batched:  # a job must not replay from scratch what a batch round holds
+        return CaseOutcome("batched")
     why = "the run's cost limit was reached" if _over_budget(run) else evals_budget_reached()
     if why:
         skipped = EvalCase.objects.filter(pk=case_id, state=EvalCaseState.PENDING).update(
