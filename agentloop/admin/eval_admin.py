@@ -107,7 +107,9 @@ class EvalRunAdmin(admin.ModelAdmin):
     list_display = ("__str__", "eval_set", "model", "progress_shown", "pass_rate", "created_at")
     list_filter = ("eval_set",)
     list_select_related = ("eval_set",)
-    readonly_fields = ("progress_shown", "pass_rate", "comparison", "charts", "side_by_side")
+    readonly_fields = (
+        "batched", "progress_shown", "pass_rate", "comparison", "charts", "side_by_side",
+    )  # fmt: skip
     raw_id_fields = ("baseline",)
     actions = [poll_run_batches]
 
