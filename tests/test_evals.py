@@ -15,6 +15,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agentloop import providers
+from agentloop.admin.usage_charts import daily_by_model, top_owners
 from agentloop.budgets import spend_of
 from agentloop.evals import NO_RECORDING, Outcome, check_scorers, score_outcome
 from agentloop.evals.outcomes import EVAL_SUBJECT
@@ -206,12 +207,21 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     chat = stored_chat(user, "Where is order 7?")
     counters = ("day_cost", "day_tokens", "month_cost", "month_tokens", "reserved_cost")
     owners = Budget.objects.exclude(subject=EVAL_SUBJECT.key)
+    today = timezone.localdate()
+
+    def charts() -> tuple[Any, Any]:  # what the admin's usage charts draw
+        return daily_by_model(Usage.objects.all(), today, today), top_owners(
+            Usage.objects.all(), today, today
+        )
+
     before = (
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
         list(owners.values_list(*counters)),
+        charts(),
     )
     assert before[2][0][2] > 0  # the owner's own chat did count
+    assert before[3][0] and before[3][1]  # and is drawn in the usage charts
 
     run = start_run(set_from_chats("s", [chat]), "evalmodel:v2")
 
@@ -222,6 +232,7 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
         list(owners.values_list(*counters)),
+        charts(),
     )
     assert after == before
     assert Budget.objects.count() == 2  # the owner's, and the evals' own (below)
