@@ -63,12 +63,14 @@ def resume_stalled_chats() -> int:
 
 @shared_task(name="agentloop.poll_batches", ignore_result=True)
 def poll_batches() -> int:
-    """Refresh open batches; append the answers of ended ones to their chats (run it every
-    minute or so with celery beat). Returns how many batches were polled."""
+    """Refresh open batches; append the answers of ended ones to their chats, and put those
+    of eval runs' batches into their cases (run it every minute or so with celery beat).
+    Returns how many batches were polled."""
     # Function-local: batches import the models; Celery may load tasks before apps are ready.
     from .batches import poll
+    from .evals.batch_rounds import poll as poll_eval_runs
 
-    return len(poll())
+    return len(poll()) + len(poll_eval_runs())
 
 
 @shared_task(name="agentloop.delete_idle_chats", ignore_result=True)

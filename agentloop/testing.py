@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .conf import agentloop_settings
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, ProviderError
 from .messages import (
     Chunk,
     Message,
@@ -45,10 +45,12 @@ from .messages import (
     ToolCallDelta,
 )
 from .providers.base import ChunkCallback, Provider
+from .providers.batch_apis import ENDED, IN_PROGRESS, BatchAPI, BatchInfo, BatchResult
 
 __all__ = [
     "FunctionProvider",
     "NetworkBlockedError",
+    "OfflineBatchAPI",
     "OfflineProvider",
     "OfflineRule",
     "ScriptedProvider",
@@ -347,6 +349,9 @@ class OfflineProvider(Provider):
 
     The answer depends only on the transcript, so a retried or resumed step (on another
     worker, after a crash) gets the same one.
+
+    It serves batches too (:class:`OfflineBatchAPI`): ``agentloop.batch`` and batch-mode
+    evals run offline, polled in the process that sent them.
     """
 
     name = "offline"
@@ -386,6 +391,12 @@ class OfflineProvider(Provider):
         if isinstance(raw_delay, bool) or not isinstance(raw_delay, int | float) or raw_delay < 0:
             raise ConfigurationError(f"{where}['delay'] must be a number of seconds >= 0")
         self.delay = float(raw_delay)
+        #: the batches sent in this process: their answers by custom id.
+        self.batches: dict[str, dict[str, BatchResult]] = {}
+
+    def batch_api(self) -> OfflineBatchAPI:
+        """Its batch API (see :class:`OfflineBatchAPI`)."""
+        return OfflineBatchAPI(self)
 
     @staticmethod
     def _checked(value: Any, kind: type, message: str) -> Any:
@@ -473,6 +484,56 @@ class OfflineProvider(Provider):
             else:
                 sentences.append(content)
         return " ".join(sentences)
+
+
+class OfflineBatchAPI(BatchAPI):
+    """An :class:`OfflineProvider`'s batches, answered in memory: each request is answered
+    as ``request()`` answers it when the batch is sent; the batch reads as in progress then,
+    and as ended from its first status read on. Kept by the provider object, so a batch is
+    polled in the process that sent it (``eval run --batch`` polls in its own)."""
+
+    mixed_models = True
+    provider: OfflineProvider
+
+    def submit(self, items: Any, *, display_name: str | None = None) -> BatchInfo:
+        answers: dict[str, BatchResult] = {}
+        for custom_id, request in items:
+            try:
+                answers[custom_id] = self.provider.request(request)
+            except ProviderError as exc:
+                answers[custom_id] = exc
+        batch_id = f"offline_batch_{uuid.uuid4().hex[:12]}"
+        self.provider.batches[batch_id] = answers
+        return self._info(batch_id, IN_PROGRESS)
+
+    def status(self, batch_id: str) -> BatchInfo:
+        return self._info(batch_id, ENDED)
+
+    def results(self, batch_id: str) -> dict[str, BatchResult]:
+        return dict(self._answers(batch_id))
+
+    def cancel(self, batch_id: str) -> BatchInfo | None:
+        return self._info(batch_id, ENDED)  # every request was answered when it was sent
+
+    def _answers(self, batch_id: str) -> dict[str, BatchResult]:
+        answers = self.provider.batches.get(batch_id)
+        if answers is None:
+            raise ProviderError(
+                f"Offline batch {batch_id} is not in this process: an offline batch is "
+                "polled in the process that sent it."
+            )
+        return answers
+
+    def _info(self, batch_id: str, status: str) -> BatchInfo:
+        answers = self._answers(batch_id)
+        failed = sum(1 for answer in answers.values() if isinstance(answer, ProviderError))
+        ended = status == ENDED
+        return BatchInfo(
+            id=batch_id, status=status, request_count=len(answers),
+            processing_count=0 if ended else len(answers),
+            succeeded_count=len(answers) - failed if ended else 0,
+            failed_count=failed if ended else 0,
+        )  # fmt: skip
 
 
 def _typed(value: Any, schema: Any) -> Any:

@@ -141,6 +141,44 @@ def test_the_export_holds_the_owners_memories_without_their_embeddings(user, oth
     json.dumps(document)  # JSON values only
 
 
+def test_the_export_holds_the_eval_copies_of_the_owners_turns_as_erasure_deletes_them(user, other):
+    mine, _ = conversation(user)
+    theirs, _ = conversation(other)
+    eval_set = set_from_chats("support", [mine, theirs])
+    run = EvalRun.objects.create(eval_set=eval_set, model="scripted:v2", name="v2")
+    for position, (chat, item) in enumerate(zip((mine, theirs), eval_set.items, strict=True)):
+        EvalCase.objects.create(
+            run=run, position=position, source_chat=chat, item=item, input=item["input"],
+            reference=item["reference"], answer=f"candidate {position}", state="failed",
+            scores=[{"name": "exact", "score": 0.0, "passed": False, "reason": "differs"}],
+            cost=Decimal("0.002"),
+        )  # fmt: skip
+
+    document = data.export_owner(user)
+
+    (case,) = document["eval_cases"]
+    assert (case["source_chat_id"], case["input"], case["answer"]) == (
+        mine.pk, eval_set.items[0]["input"], "candidate 0",
+    )  # fmt: skip
+    assert (case["run_id"], case["run"], case["model"]) == (run.pk, "v2", "scripted:v2")
+    assert Decimal(case["cost"]) == Decimal("0.002")  # a decimal string
+    assert case["scores"][0]["reason"] == "differs"
+    assert document["eval_set_items"] == [
+        {"eval_set_id": eval_set.pk, "eval_set": "support", **{
+            key: eval_set.items[0][key] for key in ("chat", "turn", "input", "reference")}}
+    ]  # fmt: skip
+    out = io.StringIO()
+    data.write_export(user, out)
+    written = json.loads(out.getvalue())
+    assert (written["eval_cases"], written["eval_set_items"]) == (
+        document["eval_cases"], document["eval_set_items"],
+    )  # fmt: skip
+    # What the export shows of them is exactly what erasing the owner deletes.
+    report = data.erase_owner(user)
+    assert (report.eval_cases_deleted, report.eval_items_removed) == (1, 1)
+    assert data.export_owner(other)["eval_cases"][0]["source_chat_id"] == theirs.pk
+
+
 def test_attachments_can_be_referenced_instead_of_included(user):
     conversation(user)
 
@@ -173,6 +211,7 @@ def test_an_owner_with_nothing_exports_an_empty_document(user):
     data.write_export(user, out)
     written = json.loads(out.getvalue())
     assert (written["chats"], written["usage"], written["memories"]) == ([], [], [])
+    assert (written["eval_cases"], written["eval_set_items"]) == ([], [])
     assert written["totals"]["attempts"] == 0
 
 

@@ -15,13 +15,16 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agentloop import providers
+from agentloop.admin.usage_charts import daily_by_model, top_owners
+from agentloop.budgets import spend_of
 from agentloop.evals import NO_RECORDING, Outcome, check_scorers, score_outcome
+from agentloop.evals.outcomes import EVAL_SUBJECT
 from agentloop.evals.reports import compare, percentile, summarize
 from agentloop.evals.running import run_case, start_run
 from agentloop.evals.sets import set_from_chats, set_from_jsonl
 from agentloop.exceptions import ConfigurationError
 from agentloop.messages import ModelRequest
-from agentloop.models import Budget, Chat, EvalCase, EvalCaseState, EvalRun, EvalSet, Usage
+from agentloop.models import Batch, Budget, Chat, EvalCase, EvalCaseState, EvalRun, EvalSet, Usage
 from agentloop.testing import FunctionProvider, reply, tool_call
 from tests.eval_helpers import LOOKED_UP, EvalModel, lookup_order
 
@@ -203,12 +206,22 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_month": "100"}}
     chat = stored_chat(user, "Where is order 7?")
     counters = ("day_cost", "day_tokens", "month_cost", "month_tokens", "reserved_cost")
+    owners = Budget.objects.exclude(subject=EVAL_SUBJECT.key)
+    today = timezone.localdate()
+
+    def charts() -> tuple[Any, Any]:  # what the admin's usage charts draw
+        return daily_by_model(Usage.objects.all(), today, today), top_owners(
+            Usage.objects.all(), today, today
+        )
+
     before = (
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
-        list(Budget.objects.values_list(*counters)),
+        list(owners.values_list(*counters)),
+        charts(),
     )
     assert before[2][0][2] > 0  # the owner's own chat did count
+    assert before[3][0] and before[3][1]  # and is drawn in the usage charts
 
     run = start_run(set_from_chats("s", [chat]), "evalmodel:v2")
 
@@ -218,9 +231,40 @@ def test_eval_rows_never_reach_owners_chats_usage_or_budgets(user, settings):
     after = (
         list(Chat.objects.values_list("pk", flat=True)),
         list(Usage.objects.values_list("pk", "cost")),
-        list(Budget.objects.values_list(*counters)),
+        list(owners.values_list(*counters)),
+        charts(),
     )
     assert after == before
+    assert Budget.objects.count() == 2  # the owner's, and the evals' own (below)
+
+
+def test_eval_cost_counts_against_the_evals_own_budget_subject(user, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {}}
+    chat = stored_chat(user, "Where is order 7?")
+
+    run = start_run(set_from_chats("s", [chat]), "evalmodel:v2")
+
+    spend = spend_of(EVAL_SUBJECT.key)
+    assert (spend.cost_per_day, spend.cost_per_month) == (Decimal("0.030"), Decimal("0.030"))
+    assert spend.tokens_per_day == 30
+    assert spend.cost_per_day == run.spent()
+    assert spend_of(user).cost_per_day == Decimal("0.030")  # the owner's own chat, only
+
+
+def test_no_eval_case_starts_once_the_evals_budget_is_reached(user, settings):
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "BUDGETS": {"cost_per_day": "100"}}
+    Budget.objects.create(subject=EVAL_SUBJECT.key, label="evals", cost_per_day=Decimal("0.01"))
+    for n in range(2):
+        stored_chat(user, f"hello {n}")
+
+    run = start_run(set_from_chats("s", Chat.objects.order_by("pk")), "evalmodel:v2")
+
+    first, second = run.cases.order_by("position")
+    assert first.state == EvalCaseState.PASSED  # $0.015: the limit is reached after it
+    assert (second.state, second.error) == (
+        EvalCaseState.SKIPPED, "not run: budget: $0.01/day reached for evals",
+    )  # fmt: skip
+    assert spend_of(user).reached() == []  # owners' budgets are theirs: $100/day
 
 
 # -- scorers ----------------------------------------------------------------------------------
@@ -744,6 +788,55 @@ def test_a_runs_page_shows_each_case_beside_its_baseline_with_a_diff(user, admin
         == 200
     )
     assert admin_client.get(f"/admin/agentloop/evalset/{eval_set.pk}/change/").status_code == 200
+
+
+def test_the_runs_page_compares_with_a_baseline_run_as_the_command_does(admin_client):
+    eval_set = EvalSet.objects.create(name="pair", items=[{}] * 4)
+    a = hand_made_run(eval_set, "a", [
+        ("passed", 1.0, "0.01", 100), ("passed", 1.0, "0.01", 200),
+        ("failed", 0.5, "0.01", 300), ("failed", 0.0, "0.01", 400),
+    ])  # fmt: skip
+    b = hand_made_run(eval_set, "b", [
+        ("passed", 1.0, "0.02", 50), ("failed", 0.5, "0.02", 60),
+        ("passed", 1.0, "0.02", 70), ("passed", 1.0, "0.02", 1000),
+    ])  # fmt: skip
+    b.baseline = a
+    b.save(update_fields=["baseline"])
+    a.cases.filter(position=1).update(
+        answer="Order <7>", scores=[{"name": "exact", "passed": True, "reason": "same <b>"}]
+    )
+    b.cases.filter(position=1).update(
+        answer="Order 8", scores=[{"name": "exact", "passed": False, "reason": "expected 7"}]
+    )
+
+    page = admin_client.get(f"/admin/agentloop/evalrun/{b.pk}/change/").content.decode()
+
+    # the figures of `eval compare`, baseline first
+    for what, before, after in compare(a, b).rows():
+        assert f"<tr><th>{what}</th><td>{before}</td><td>{after}</td></tr>" in page
+    assert "<th>p50 latency</th><td>200 ms</td><td>60 ms</td>" in page
+    assert "<th>p95 latency</th><td>400 ms</td><td>1000 ms</td>" in page
+    assert "Cases that changed: 3 (2 now pass, 1 no longer pass)." in page
+    # each case: the baseline's answer and outcome (scores and reasons) beside this run's
+    assert page.count('class="agentloop-eval-changed"') == 3
+    assert "<del>&lt;7&gt;</del> <ins>8</ins>" in page
+    assert "<li>exact: pass — same &lt;b&gt;</li>" in page
+    assert "<li>exact: fail — expected 7</li>" in page
+    assert page.count('class="agentloop-chart"') == 2  # cost, and p50/p95 latency of both
+    assert "a p95" in page and "b p50" in page
+
+
+def test_a_batched_runs_progress_names_its_open_batches(admin_client):
+    eval_set = EvalSet.objects.create(name="s", items=[{}])
+    run = EvalRun.objects.create(eval_set=eval_set, model="anthropic:x", batched=True)
+    batch = Batch.objects.create(provider="anthropic", eval_run=run, status="in_progress")
+    EvalCase.objects.create(run=run, position=0, state="running", batch=batch)
+
+    listed = admin_client.get("/admin/agentloop/evalrun/").content.decode()
+
+    assert f"0/1 (0 passed, 0 failed, 0 errors, 1 running); through batches, open: #{batch.pk}" in (
+        listed
+    )
 
 
 def test_a_candidate_that_keeps_calling_tools_is_stopped_as_an_error(user):

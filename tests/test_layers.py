@@ -63,6 +63,9 @@ LOCAL_IMPORTS = {
     ("agentloop.tasks", "agentloop.evals.running"): (
         "app loading: Celery imports tasks before apps"
     ),
+    ("agentloop.tasks", "agentloop.evals.batch_rounds"): (
+        "app loading: Celery imports tasks before apps"
+    ),
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),

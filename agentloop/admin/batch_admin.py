@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
 from ..batches import cancel, refresh
+from ..evals.batch_rounds import refresh as refresh_eval_batch
 from ..exceptions import AgentloopError
 from ..models import Batch, BatchItem, BatchItemStatus
 
@@ -41,7 +42,10 @@ class BatchItemInline(admin.TabularInline):
 def poll_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     for batch in queryset.filter(collected_at__isnull=True):
         try:
-            refresh(batch)
+            if batch.eval_run_id is not None:
+                refresh_eval_batch(batch)  # into its eval run's cases
+            else:
+                refresh(batch)
         except AgentloopError as exc:
             modeladmin.message_user(request, f"Batch #{batch.pk}: {exc}", messages.ERROR)
 
@@ -65,9 +69,9 @@ class BatchAdmin(admin.ModelAdmin):
     list_filter = ("status", "provider", "auto_continue")
     search_fields = ("provider_batch_id",)
     readonly_fields = ("provider", "model", "provider_batch_id", "status", "auto_continue",
-                       "previous", "request_count", "processing_count", "succeeded_count",
-                       "failed_count", "error", "provider_data", "created_at", "submitted_at",
-                       "polled_at", "ended_at", "collected_at")  # fmt: skip
+                       "previous", "eval_run", "request_count", "processing_count",
+                       "succeeded_count", "failed_count", "error", "provider_data", "created_at",
+                       "submitted_at", "polled_at", "ended_at", "collected_at")  # fmt: skip
     exclude = ("claim_token", "claimed_until")
     inlines = [BatchItemInline]
     actions = [poll_now, cancel_at_provider]

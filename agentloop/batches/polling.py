@@ -33,9 +33,10 @@ logger = logging.getLogger(__name__)
 
 # -- polling ---------------------------------------------------------------------------------
 def poll() -> list[Batch]:
-    """Refresh every open batch (the periodic task and the management command call this)."""
+    """Refresh every open batch of chats (the periodic task and the management command call
+    this; an eval run's batches are ``agentloop.evals.batch_rounds.poll``'s)."""
     polled = []
-    for batch in Batch.objects.open().order_by("created_at"):
+    for batch in Batch.objects.open().filter(eval_run__isnull=True).order_by("created_at"):
         try:
             refresh(batch)
         except Exception as exc:  # one batch's trouble must not stop the others
@@ -48,8 +49,14 @@ def poll() -> list[Batch]:
 def refresh(batch: Batch) -> Batch:
     """Poll the provider for ``batch``; collect its results once it has ended.
 
-    Does nothing while another process holds the batch (it is polling it).
+    Does nothing while another process holds the batch (it is polling it). An eval run's
+    batch is refused (``agentloop.evals.batch_rounds.refresh`` collects it into its cases).
     """
+    if batch.eval_run_id is not None:
+        raise BatchError(
+            f"Batch #{batch.pk} holds eval run {batch.eval_run_id}'s requests: "
+            "agentloop.evals.batch_rounds.refresh polls it."
+        )
     if batch.collected_at is not None or not records.claim(batch):
         return batch
     try:

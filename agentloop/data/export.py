@@ -13,6 +13,9 @@ in memory whole. Its shape (``"format": "agentloop.owner-export"``, ``"version":
      "decisions_on_other_chats": [{"tool_call_id", "chat_id", "name", "decision", ...}],
      "memories": [{"id", "subject", "agent", "text", "metadata", "chat_id", ...}],
      "working_memories": [{"id", "subject", "agent", "text", "updated_at"}],
+     "eval_cases": [{"id", "run_id", "run", "model", "source_chat_id", "input", "reference",
+                     "answer", "state", "scores", ...}],
+     "eval_set_items": [{"eval_set_id", "eval_set", "chat", "turn", "input", "reference"}],
      "totals": {...}}
 
 Subagent chats are listed with the others (``parent_id`` says whose they are). Attachments
@@ -20,7 +23,10 @@ are included as stored (``data`` in base64, or their ``url``), or with
 ``attachments="reference"`` only described: kind, media type, name, size and SHA-256.
 Times are ISO 8601, costs decimal strings. Memories are the owner's (by ``owner``, or by
 their budget subject's key, as erasure finds them), without their embeddings (numbers
-computed from the text, which is there).
+computed from the text, which is there). Eval copies of their turns (docs/evals.md) are
+theirs too, as erasure deletes them: the cases replayed from their chats (the turn, the
+recorded answer and what each candidate answered, with its scores) and the items of eval
+sets taken from their chats.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Prefetch, Q
 from django.utils import timezone
 
+from ..models.evals import EvalCase, EvalSet
 from ..models.memories import Memory, WorkingMemory
 from .deletion import ChatModels, owner_pk, subagent_chats
 
@@ -66,6 +73,11 @@ _MEMORY_FIELDS = (
     "message_id", "created_at", "updated_at", "expires_at",
 )  # fmt: skip
 _WORKING_MEMORY_FIELDS = ("id", "subject", "agent", "text", "updated_at")
+_EVAL_CASE_FIELDS = (
+    "id", "run_id", "position", "source_chat_id", "source_message_id", "input", "reference",
+    "state", "answer", "tool_calls", "unmatched_calls", "scores", "score", "cost",
+    "input_tokens", "output_tokens", "latency_ms", "error", "finished_at",
+)  # fmt: skip
 _TOOL_CALL_FIELDS = (
     "id", "call_id", "name", "arguments", "original_arguments", "state", "error",
     "provider_data", "wait_reason", "question", "decision", "decision_reason",
@@ -101,6 +113,8 @@ def export_owner(
     document["decisions_on_other_chats"] = parts.decisions()
     document["memories"] = parts.memories()
     document["working_memories"] = parts.working_memories()
+    document["eval_cases"] = parts.eval_cases()
+    document["eval_set_items"] = parts.eval_set_items()
     document["totals"] = parts.totals
     return document
 
@@ -125,6 +139,8 @@ def write_export(
     out.write(f'\n ],\n "decisions_on_other_chats": {_dumps(parts.decisions())},')
     out.write(f'\n "memories": {_dumps(parts.memories())},')
     out.write(f'\n "working_memories": {_dumps(parts.working_memories())},')
+    out.write(f'\n "eval_cases": {_dumps(parts.eval_cases())},')
+    out.write(f'\n "eval_set_items": {_dumps(parts.eval_set_items())},')
     out.write(f'\n "totals": {_dumps(parts.totals)}\n}}\n')
 
 
@@ -248,6 +264,38 @@ class _Parts:
             .values(*_WORKING_MEMORY_FIELDS)
         )
         return [_values(row, _WORKING_MEMORY_FIELDS) for row in rows]
+
+    def eval_cases(self) -> list[dict[str, Any]]:
+        """The eval cases replayed from the owner's chats (after :meth:`chats`): each with
+        its run's name and model (a case's scores say what the run thought of the answer)."""
+        found: list[dict[str, Any]] = []
+        manager = EvalCase._default_manager.using(self.using)
+        for start in range(0, len(self.chat_pks), BATCH):
+            rows = (
+                manager.filter(source_chat_id__in=self.chat_pks[start : start + BATCH])
+                .order_by("id")
+                .values(*_EVAL_CASE_FIELDS, "run__name", "run__model")
+            )
+            for row in rows:
+                case = _values(row, _EVAL_CASE_FIELDS)
+                found.append({**case, "run": row["run__name"], "model": row["run__model"]})
+        return sorted(found, key=lambda case: case["id"])
+
+    def eval_set_items(self) -> list[dict[str, Any]]:
+        """The items of eval sets taken from the owner's chats (after :meth:`chats`)."""
+        mine = set(self.chat_pks)
+        if not mine:
+            return []
+        found = []
+        sets = EvalSet._default_manager.using(self.using).order_by("id")
+        for eval_set in sets.only("id", "name", "items"):
+            for item in eval_set.items:
+                if item.get("chat") in mine:
+                    found.append(
+                        {"eval_set_id": eval_set.pk, "eval_set": eval_set.name}
+                        | {key: item.get(key) for key in ("chat", "turn", "input", "reference")}
+                    )
+        return found
 
 
 def _fields(row: Any, names: tuple[str, ...]) -> dict[str, Any]:

@@ -24,7 +24,18 @@ from ..import_paths import load_by_path
 from ..messages import Message, MessageStatus
 from ..tools import Tool, format_result, load_tool
 
-__all__ = ["DEFAULT_LIMITS", "NO_RECORDING", "Attempt", "Candidate", "Recording", "Turn", "replay"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "NO_RECORDING",
+    "Attempt",
+    "Candidate",
+    "Recording",
+    "Replaying",
+    "Turn",
+    "attempt_of",
+    "replay",
+    "start_replay",
+]
 
 #: a replay's limits unless its run's ``settings["limits"]`` says otherwise.
 DEFAULT_LIMITS: dict[str, Any] = {"max_model_calls": 20}
@@ -189,33 +200,53 @@ def _conversation(turn: Turn, candidate: Candidate) -> Conversation[Message]:
     return conversation
 
 
-def replay(turn: Turn, candidate: Candidate) -> Attempt:
-    """Answer ``turn`` with ``candidate``: its final answer, its calls, cost and latency (an
-    error of the candidate or its provider is the attempt's ``error``, never raised)."""
+@dataclass
+class Replaying:
+    """A turn being replayed: the in-memory conversation (configured as the candidate, its
+    tools answering from the recording) and the calls its tools were asked so far."""
+
+    conversation: Conversation[Message]
+    calls: _Calls
+
+
+def start_replay(
+    turn: Turn,
+    candidate: Candidate,
+    *,
+    so_far: list[Message] | tuple[Message, ...] = (),
+    calls_so_far: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+) -> Replaying:
+    """The conversation of ``turn`` as ``candidate`` answers it, continued from ``so_far``
+    (the messages a batch round left after the user turn, whose tool calls are
+    ``calls_so_far``: their recorded results are not served again). Raises
+    ConfigurationError (and the candidate's own setup errors) when it can't be set up."""
     if not turn.history or turn.history[-1].role != "user":
         raise ConfigurationError("An eval turn's history must end with a user message.")
-    attempt = Attempt()
     calls = _Calls()
-    try:
-        conversation = _conversation(turn, candidate)
-        recording = Recording(turn.recorded)
-        live = set(candidate.live_tools)
-        tools = [
-            _replayed(tool, recording, calls, name in live)
-            for name, tool in conversation.tools().items()
-        ]
-        if tools:
-            conversation.with_tools(*tools, replace=True)
-    except (AgentloopError, ImportError, ValueError) as exc:
-        attempt.error = f"The candidate could not be set up: {exc}"
-        return attempt
-    started = time.perf_counter()
-    try:
-        conversation.complete()
-    except AgentloopError as exc:
-        attempt.error = str(exc) or type(exc).__name__
-    attempt.latency_ms = round((time.perf_counter() - started) * 1000)
+    recording = Recording(turn.recorded)
+    for entry in calls_so_far:
+        calls.add(dict(entry), entry.get("source") == "no recording")
+        if entry.get("source") == "recorded":
+            recording.take(entry["name"], entry["arguments"])
+    conversation = _conversation(
+        Turn([*turn.history, *so_far], turn.recorded, turn.tools), candidate
+    )
+    live = set(candidate.live_tools)
+    tools = [
+        _replayed(tool, recording, calls, name in live)
+        for name, tool in conversation.tools().items()
+    ]
+    if tools:
+        conversation.with_tools(*tools, replace=True)
+    return Replaying(conversation, calls)
+
+
+def attempt_of(replaying: Replaying, error: str = "", latency_ms: int = 0) -> Attempt:
+    """What the replay came to so far: the answer, the calls, the cost and tokens of the
+    model calls made in this conversation, and its error (``error``, else its stop)."""
+    conversation = replaying.conversation
     store: Any = conversation.store
+    attempt = Attempt(error=error, latency_ms=latency_ms)
     costs = [record.cost for _, record in store.usage if record.cost is not None]
     attempt.cost = sum(costs, Decimal(0)) if costs else None
     attempt.input_tokens = sum(record.usage.input_tokens for _, record in store.usage)
@@ -227,7 +258,25 @@ def replay(turn: Turn, candidate: Candidate) -> Attempt:
         m for m in attempt.messages if m.role == "assistant" and m.status != MessageStatus.PARTIAL
     ]
     attempt.answer = answers[-1].content if answers else ""
-    attempt.tool_calls, attempt.unmatched_calls = calls.made, calls.unmatched
+    attempt.tool_calls, attempt.unmatched_calls = replaying.calls.made, replaying.calls.unmatched
     if not attempt.error and store.stop_reason:
         attempt.error = f"stopped: {store.stop_reason}"
     return attempt
+
+
+def replay(turn: Turn, candidate: Candidate) -> Attempt:
+    """Answer ``turn`` with ``candidate``: its final answer, its calls, cost and latency (an
+    error of the candidate or its provider is the attempt's ``error``, never raised)."""
+    if not turn.history or turn.history[-1].role != "user":
+        raise ConfigurationError("An eval turn's history must end with a user message.")
+    try:
+        replaying = start_replay(turn, candidate)
+    except (AgentloopError, ImportError, ValueError) as exc:
+        return Attempt(error=f"The candidate could not be set up: {exc}")
+    started = time.perf_counter()
+    error = ""
+    try:
+        replaying.conversation.complete()
+    except AgentloopError as exc:
+        error = str(exc) or type(exc).__name__
+    return attempt_of(replaying, error, round((time.perf_counter() - started) * 1000))

@@ -79,8 +79,9 @@ class Comparison:
     b: Summary
     changed: list[tuple[int, str, str]]
 
-    def table(self, name_a: str, name_b: str) -> str:
-        """The comparison as a plain-text table (what ``eval compare`` prints)."""
+    def rows(self) -> list[tuple[str, str, str]]:
+        """The figures side by side, as text: (what, run a's, run b's), one per row of the
+        table (the admin shows the same rows)."""
 
         def money(value: Decimal) -> str:
             return f"${value:.4f}"
@@ -101,6 +102,11 @@ class Comparison:
             ("errors", str(self.a.errors), str(self.b.errors)),
             ("calls with no recording", str(self.a.unmatched_calls), str(self.b.unmatched_calls)),
         ]
+        return rows
+
+    def table(self, name_a: str, name_b: str) -> str:
+        """The comparison as a plain-text table (what ``eval compare`` prints)."""
+        rows = self.rows()
         widths = [max(len(row[i]) for row in [("", name_a, name_b), *rows]) for i in range(3)]
         lines = [f"{'':<{widths[0]}}  {name_a:>{widths[1]}}  {name_b:>{widths[2]}}"]
         lines += [f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}" for r in rows]

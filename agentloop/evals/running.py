@@ -26,8 +26,10 @@ from ..conf import agentloop_settings, get_chat_model
 from ..exceptions import ConfigurationError
 from ..models import EvalCase, EvalCaseState, EvalRun, EvalSet
 from ..runners import runner_name
-from .replay import Attempt, Candidate, replay
-from .scorers import Outcome, check_scorers, score_outcome
+from .batch_rounds import check_batchable, send_round
+from .outcomes import candidate_of, case_values, charge_written, evals_budget_reached
+from .replay import replay
+from .scorers import check_scorers
 from .sets import item_turn
 
 __all__ = [
@@ -60,21 +62,26 @@ def start_run(
     max_cost: Decimal | str | None = None,
     baseline: EvalRun | None = None,
     name: str = "",
+    batch: bool = False,
     send: bool = True,
 ) -> EvalRun:
     """A run of ``model`` (with the rest of the candidate) over ``eval_set``, one case per
-    item; with ``send``, its cases go to the background (:func:`send_cases`). Scorers
+    item; with ``send``, its cases go to the background (:func:`send_cases`), or, with
+    ``batch``, their first model calls go out as one provider batch
+    (:mod:`~agentloop.evals.batch_rounds`: polled by ``agentloop.poll_batches``). Scorers
     default to one ``exact`` comparison with the recorded answer."""
     specs = check_scorers([{"kind": "exact"}] if scorers is None else scorers)
     if fail_under is not None and not 0 <= fail_under <= 1:
         raise ConfigurationError(f"fail_under is a pass rate from 0 to 1, not {fail_under}")
+    if batch:
+        check_batchable(model, provider)
     with transaction.atomic():
         run = EvalRun.objects.create(
             eval_set=eval_set, name=name, model=model, provider=provider or "",
             instructions=instructions, tools=list(tools), agent_path=agent_path,
             settings=dict(settings or {}), live_tools=list(live_tools), scorers=specs,
             fail_under=fail_under, max_cost=None if max_cost is None else Decimal(str(max_cost)),
-            baseline=baseline,
+            baseline=baseline, batched=batch,
         )  # fmt: skip
         items = eval_set.items
         EvalCase.objects.bulk_create(
@@ -89,7 +96,9 @@ def start_run(
             )
             for position, item in enumerate(items)
         )
-    if send:  # after the commit: a case run here holds no transaction open meanwhile
+    if send and batch:
+        send_round(run)
+    elif send:  # after the commit: a case run here holds no transaction open meanwhile
         send_cases(run)
     return run
 
@@ -100,7 +109,10 @@ def _runs_in_background() -> bool:
 
 def send_cases(run: EvalRun, cases: list[Any] | None = None) -> int:
     """Send a job per unfinished case of ``run`` (after the transaction commits) when the
-    runner is Celery; otherwise run them in this process now. Returns how many."""
+    runner is Celery; otherwise run them in this process now. A batched run's waiting
+    cases go out as its next batch round instead. Returns how many."""
+    if run.batched:
+        return sum(batch.request_count for batch in send_round(run))
     keys = cases if cases is not None else list(run.cases.unfinished().values_list("pk", flat=True))
     if not _runs_in_background():
         for key in keys:
@@ -133,7 +145,8 @@ def run_here(run: EvalRun) -> int:
 class CaseOutcome:
     """What a case's job did: ``done`` (ran and wrote it), ``finished`` (already was),
     ``held`` (another job holds it: try again in ``retry_in`` seconds), ``lost`` (its lease
-    was taken: nothing written), ``skipped`` (the run's cost limit), ``gone``."""
+    was taken: nothing written), ``skipped`` (the run's cost limit), ``gone``, ``batched``
+    (its run goes through batches: :mod:`.batch_rounds` runs it)."""
 
     action: str
     retry_in: float | None = None
@@ -196,11 +209,13 @@ def run_case(case_id: Any) -> CaseOutcome:
     if case.state not in (EvalCaseState.PENDING, EvalCaseState.RUNNING):
         return CaseOutcome("finished")
     run = case.run
-    if _over_budget(run):
+    if run.batched:  # a job must not replay from scratch what a batch round holds
+        return CaseOutcome("batched")
+    why = "the run's cost limit was reached" if _over_budget(run) else evals_budget_reached()
+    if why:
         skipped = EvalCase.objects.filter(pk=case_id, state=EvalCaseState.PENDING).update(
-            state=EvalCaseState.SKIPPED, error="not run: the run's cost limit was reached",
-            finished_at=timezone.now(),
-        )  # fmt: skip
+            state=EvalCaseState.SKIPPED, error=f"not run: {why}", finished_at=timezone.now()
+        )
         if skipped:
             return CaseOutcome("skipped")
     token = uuid.uuid4().hex
@@ -212,48 +227,19 @@ def run_case(case_id: Any) -> CaseOutcome:
         return CaseOutcome("held", retry_in=max(left, 0.0) + 0.5)
     with _Heartbeat(case_id, token):
         values = _outcome(case, run)
-    written = EvalCase.objects.filter(
-        pk=case_id, lease_token=token, state=EvalCaseState.RUNNING
-    ).update(**values, lease_token="", lease_expires_at=None, finished_at=Now())
+    with transaction.atomic():  # the case and the evals' budget, together
+        written = EvalCase.objects.filter(
+            pk=case_id, lease_token=token, state=EvalCaseState.RUNNING
+        ).update(**values, lease_token="", lease_expires_at=None, finished_at=Now())
+        if written:
+            charge_written(case, values)
     return CaseOutcome("done" if written else "lost")
-
-
-def candidate_of(run: EvalRun) -> Candidate:
-    return Candidate(
-        model=run.model, provider=run.provider or None, instructions=run.instructions,
-        tools=list(run.tools), agent_path=run.agent_path, settings=dict(run.settings),
-        live_tools=list(run.live_tools),
-    )  # fmt: skip
 
 
 def _outcome(case: EvalCase, run: EvalRun) -> dict[str, Any]:
     """The case's row values once replayed and scored (errors become the case's error)."""
-    item = case.item
     try:
-        turn = item_turn(item, get_chat_model())
+        turn = item_turn(case.item, get_chat_model())
     except (ConfigurationError, KeyError, ValueError) as exc:
         return {"state": EvalCaseState.ERROR, "error": f"The case can't be replayed: {exc}"}
-    attempt: Attempt = replay(turn, candidate_of(run))
-    outcome = Outcome(
-        input=case.input, reference=case.reference, answer=attempt.answer,
-        expected=item.get("expected"), tool_calls=attempt.tool_calls, cost=attempt.cost,
-        latency_ms=attempt.latency_ms, error=attempt.error,
-    )  # fmt: skip
-    scores = [] if attempt.error else score_outcome(run.scorers, outcome)
-    extra = [s.cost for s in scores if s.cost is not None]
-    cost = attempt.cost
-    if extra:
-        cost = (cost or Decimal(0)) + sum(extra, Decimal(0))
-    mean = sum(s.score for s in scores) / len(scores) if scores else None
-    if attempt.error:
-        state, mean = EvalCaseState.ERROR, 0.0
-    else:
-        state = EvalCaseState.PASSED if all(s.passed for s in scores) else EvalCaseState.FAILED
-    return {
-        "state": state, "answer": attempt.answer, "tool_calls": attempt.tool_calls,
-        "unmatched_calls": attempt.unmatched_calls, "scores": [s.as_dict() for s in scores],
-        "score": mean,
-        "cost": cost, "input_tokens": attempt.input_tokens,
-        "output_tokens": attempt.output_tokens, "latency_ms": attempt.latency_ms,
-        "error": attempt.error,
-    }  # fmt: skip
+    return case_values(case, run, replay(turn, candidate_of(run)))

@@ -1,7 +1,7 @@
 """``manage.py agentloop eval set | run | compare | show``: evals from the command line (and CI).
 
     manage.py agentloop eval set NAME (--jsonl FILE | --chat ID ... | --latest N) [--turns all]
-    manage.py agentloop eval run SET --model M [--judge MODEL] [--fail-under 0.9] ...
+    manage.py agentloop eval run SET --model M [--judge MODEL] [--fail-under 0.9] [--batch] ...
     manage.py agentloop eval compare RUN_A RUN_B
     manage.py agentloop eval show RUN
 
@@ -19,6 +19,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ..conf import get_chat_model
+from ..evals.batch_rounds import poll as poll_eval_runs
+from ..evals.batch_rounds import send_round
 from ..evals.reports import compare, summarize
 from ..evals.running import run_here, send_cases, start_run
 from ..evals.sets import set_from_chats, set_from_jsonl
@@ -84,6 +86,22 @@ def add_eval_parser(subcommands: Any) -> None:
         action="store_true",
         help="One Celery job per case (the workers run them); wait, showing progress.",
     )
+    run.add_argument(
+        "--batch",
+        action="store_true",
+        help="Through the provider's batch API, at the batch price: each round of model calls "
+        "is one batch, polled until every case has its outcome (a batch may take hours).",
+    )
+    run.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="With --batch: send the first round and return; the poll_batches task moves the "
+        "run on ('eval show RUN' shows where it is).",
+    )
+    run.add_argument(
+        "--poll-seconds", type=float, default=60.0, metavar="S",
+        help="With --batch: seconds between two polls of the run's batches (default 60).",
+    )  # fmt: skip
     both = actions.add_parser("compare", help="Two runs side by side, and the cases that changed.")
     both.add_argument("run_a", type=int, metavar="RUN_A")
     both.add_argument("run_b", type=int, metavar="RUN_B")
@@ -167,16 +185,29 @@ def _run(command: BaseCommand, options: dict[str, Any]) -> None:
                 f"--max-cost must be a number of dollars, not {max_cost!r}"
             ) from None
     baseline = _run_of(options["baseline"]) if options["baseline"] else None
+    if options["batch"] and options["background"]:
+        raise CommandError("--batch and --background are two ways to run: choose one.")
+    if options["no_wait"] and not options["batch"]:
+        raise CommandError("--no-wait goes with --batch.")
     run = start_run(
         eval_set, options["model"], provider=options["provider"], name=options["name"],
         instructions=options["instructions"], tools=options["tools"],
         agent_path=options["agent"], live_tools=options["live_tools"],
         scorers=_scorers(options), fail_under=options["fail_under"], max_cost=max_cost,
-        baseline=baseline, send=False,
+        baseline=baseline, batch=options["batch"], send=False,
     )  # fmt: skip
     total = run.cases.count()
     command.stdout.write(f"Eval run {run.pk}: {total} cases of {eval_set.name!r} on {run.model}.")
-    if options["background"]:
+    if options["batch"]:
+        send_round(run)
+        if options["no_wait"]:
+            command.stdout.write(_progress(run, total))
+            command.stdout.write(
+                f"Sent. The poll_batches task moves it on; 'eval show {run.pk}' shows where it is."
+            )
+            return
+        _wait(command, run, total, poll=options["poll_seconds"])
+    elif options["background"]:
         send_cases(run)
         _wait(command, run, total)
     else:
@@ -184,21 +215,35 @@ def _run(command: BaseCommand, options: dict[str, Any]) -> None:
     _report(command, run)
 
 
-def _wait(command: BaseCommand, run: EvalRun, total: int) -> None:
-    """Print the progress of a background run until every case has its outcome."""
-    shown = -1
+def _progress(run: EvalRun, total: int) -> str:
+    """One line: cases done and by outcome, and a batched run's open batches."""
+    progress = run.progress()
+    done = total - progress["pending"] - progress["running"]
+    line = (
+        f"  {done}/{total} done ({progress['passed']} passed, {progress['failed']} "
+        f"failed, {progress['error']} errors, {progress['running']} running)"
+    )
+    if run.batched:
+        batches = run.batches.filter(collected_at__isnull=True).order_by("pk")
+        shown = ", ".join(f"#{b.pk} {b.status}" for b in batches)
+        line += f"; open batches: {shown or 'none'}"
+    return line
+
+
+def _wait(command: BaseCommand, run: EvalRun, total: int, poll: float | None = None) -> None:
+    """Print the progress of a background run until every case has its outcome; a batched
+    run's batches are polled here every ``poll`` seconds."""
+    shown = ""
     while True:
-        progress = run.progress()
-        done = total - progress["pending"] - progress["running"]
-        if done != shown:
-            command.stdout.write(
-                f"  {done}/{total} done ({progress['passed']} passed, {progress['failed']} "
-                f"failed, {progress['error']} errors, {progress['running']} running)"
-            )
-            shown = done
-        if done >= total:
+        if poll is not None:
+            poll_eval_runs(run)
+        line = _progress(run, total)
+        if line != shown:
+            command.stdout.write(line)
+            shown = line
+        if not run.cases.unfinished().exists():
             return
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS if poll is None else poll)
 
 
 def _report(command: BaseCommand, run: EvalRun) -> None:
@@ -239,4 +284,6 @@ def _show(command: BaseCommand, options: dict[str, Any]) -> None:
         f"Eval run {run.pk} of {run.eval_set.name!r} on {run.model}: "
         + ", ".join(f"{progress[state]} {state}" for state in EvalCaseState.values)
     )
+    if run.batched:
+        command.stdout.write(_progress(run, progress["total"]))
     _report(command, run)

@@ -87,6 +87,16 @@ class Batch(AbstractBatch):
         on_delete=models.SET_NULL,
         related_name="next_batches",
     )
+    #: the eval run whose cases' requests it holds (``agentloop.evals.batch_rounds``), or
+    #: null for a batch of chats. An eval batch has no items: its cases point at it.
+    eval_run = models.ForeignKey(
+        "agentloop.EvalRun",
+        verbose_name=_("eval run"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="batches",
+    )
 
     class Meta(AbstractBatch.Meta):
         abstract = False

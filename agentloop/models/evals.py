@@ -80,6 +80,9 @@ class EvalRun(models.Model):
     baseline = models.ForeignKey(
         "self", verbose_name=_("baseline"), null=True, blank=True, on_delete=models.SET_NULL
     )
+    #: its model calls go through the provider's batch API (at the batch price), a batch
+    #: round at a time (``agentloop.evals.batch_rounds``), instead of one job per case.
+    batched = models.BooleanField(_("through batches"), default=False)
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
 
     class Meta:
@@ -163,11 +166,20 @@ class EvalCase(models.Model):
     scores = StorableJSONField(_("scores"), default=list, blank=True)
     #: the mean of the scores (0 to 1); null until scored.
     score = models.FloatField(_("score"), null=True, blank=True)
-    cost = models.DecimalField(_("cost"), max_digits=12, decimal_places=6, null=True, blank=True)
+    #: in dollars, to the hundred-millionth as usage rows (a batch price has 8 decimals).
+    cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=8, null=True, blank=True)
     input_tokens = models.PositiveIntegerField(_("input tokens"), default=0)
     output_tokens = models.PositiveIntegerField(_("output tokens"), default=0)
     latency_ms = models.PositiveIntegerField(_("latency (ms)"), null=True, blank=True)
     error = StorableTextField(_("error"), blank=True)
+    #: batch mode: the provider batch holding its next model call (null between rounds).
+    batch = models.ForeignKey(
+        "agentloop.Batch", verbose_name=_("batch"), null=True, blank=True,
+        on_delete=models.SET_NULL, related_name="eval_cases",
+    )  # fmt: skip
+    #: batch mode: the replay's messages after the user turn so far (engine messages as
+    #: JSON), kept between batch rounds.
+    replayed = StorableJSONField(_("replayed so far"), default=list, blank=True, editable=False)
     #: the job replaying it: a token and its expiry (by the database's clock).
     lease_token = StorableCharField(_("lease token"), max_length=64, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)

@@ -30,6 +30,9 @@ import agentloop
 from agentloop import providers
 from agentloop.batches import cancel as cancel_batch
 from agentloop.batches import refresh as refresh_batch
+from agentloop.evals.batch_rounds import refresh as refresh_eval_batch
+from agentloop.evals.running import start_run
+from agentloop.evals.sets import set_from_jsonl
 from agentloop.messages import ModelRequest, TokenUsage
 from agentloop.models import Batch, BatchStatus, Chat
 from agentloop.providers.anthropic import AnthropicProvider
@@ -251,6 +254,40 @@ def test_recorded_results_become_each_chats_answer_and_usage(name, replay):
         full = price_of(model_id, tokens)
         assert full is not None  # the catalog prices these models
         assert row.cost == (full / 2).quantize(Decimal("0.00000001"))
+
+
+# -- a batch-mode eval run over the same traffic (docs/evals.md) -------------------------------
+@pytest.mark.parametrize("name", ANSWERS, ids=ANSWERS)
+def test_a_batched_eval_run_sends_the_recorded_batch_and_scores_the_recorded_answers(name, replay):
+    cassette, model = replay
+    vendor = vendor_of(name)
+    answers = recorded_answers(cassette)
+    lines = []
+    for (system, text), (answer, _) in zip(recorded_prompts(cassette), answers, strict=True):
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        lines.append(json.dumps({"messages": messages, "expected": answer}))
+
+    run = start_run(set_from_jsonl(vendor, lines), model, batch=True)
+
+    ours = cassette.sent[0].content
+    assert comparable(vendor, ours) == comparable(vendor, cassette.interactions[0].request_body)
+    (batch,) = run.batches.all()
+    while batch.collected_at is None:
+        assert len(cassette.sent) < len(cassette.interactions), "polled past the recording"
+        refresh_eval_batch(batch)
+        batch.refresh_from_db()
+    assert calls(cassette.sent) == [(i.method, i.uri) for i in cassette.interactions]
+    model_id = model.partition(":")[2]
+    cases = list(run.cases.order_by("position"))
+    for case, (text, usage) in zip(cases, answers, strict=True):
+        assert (case.state, case.answer) == ("passed", text)  # scored: exact, as expected
+        assert (case.input_tokens, case.output_tokens) == (usage["input"], usage["output"])
+        tokens = TokenUsage(input_tokens=usage["input"], output_tokens=usage["output"])
+        full = price_of(model_id, tokens)
+        assert full is not None
+        assert case.cost == (full / 2).quantize(Decimal("0.00000001"))  # the batch price
+    assert not Chat.objects.exists()  # replayed apart from owners' chats
 
 
 # -- Anthropic: cancel, and reading a batch by id -----------------------------------------------

@@ -42,6 +42,7 @@ from ... import providers
 from ...agents import Agent
 from ...batches import poll
 from ...conf import agentloop_settings, get_chat_model
+from ...evals.batch_rounds import poll as poll_eval_runs
 from ...exceptions import AgentloopError
 from ...import_paths import load_by_path
 from ...models import Batch, Chat, ChatState
@@ -248,7 +249,7 @@ class Command(BaseCommand):
     def handle_batches(self, **options: Any) -> None:
 
         polled = not options["no_poll"]
-        batches = poll() if polled else list(Batch.objects.open())
+        batches = [*poll(), *poll_eval_runs()] if polled else list(Batch.objects.open())
         noun = "open batch" if len(batches) == 1 else "open batches"
         head = f"{'Polled ' if polled else ''}{len(batches)} {noun}"
         self.stdout.write(head + (":" if batches else "."))
