@@ -1,6 +1,7 @@
 """The agents tests/test_mcp_serve.py serves over MCP, on the "rules" model
 (tests/worker_provider.py), so the server process answers the same as the test would: the
-task's first word is the rule (``tools:step_one|step_two``, ``tools:publish``, a long run of ``nap`` calls).
+task's first word is the rule (``tools:step_one|step_two``, ``tools:publish``, a long run
+of ``nap`` calls).
 """
 
 from __future__ import annotations

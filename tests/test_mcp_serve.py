@@ -50,7 +50,10 @@ LONG = "tools:" + "|".join(["nap"] * 100)
 def site(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
     """The MCP endpoint of uvicorn serving the test site, one server for the module (each
     test's rows are its own: the server reads the test database as it is)."""
-    with django_db_blocker.unblock(), uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING) as url:
+    with (
+        django_db_blocker.unblock(),
+        uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING) as url,
+    ):
         yield url + "/mcp"
 
 
@@ -164,7 +167,9 @@ def test_a_call_goes_on_with_the_callers_own_chat_and_never_reaches_another_user
     assert again.structured_content["chat"] == first.structured_content["chat"]
     chat = Chat.objects.get(pk=first.structured_content["chat"])
     assert [m.content for m in chat.messages.filter(role="user")] == ["hello", "again"]
-    for result, key in zip(refused, (hers.pk, mine_elsewhere.pk, 999_999, "not-a-key"), strict=True):
+    for result, key in zip(
+        refused, (hers.pk, mine_elsewhere.pk, 999_999, "not-a-key"), strict=True
+    ):
         assert result.is_error
         assert text(result) == f"No chat {key} of Reporter for you."
     assert not hers.messages.exists() and not mine_elsewhere.messages.exists()
@@ -399,7 +404,10 @@ def test_over_stdio_a_missing_or_bad_token_stops_the_command():
         given: subprocess.Popen(  # noqa: S603 - our own interpreter
             [sys.executable, "-m", "django", "agentloop", "mcp-serve"],
             env=process_env(AGENTLOOP_MCP_TOKEN=given, AGENTLOOP_TEST_SETTINGS=json.dumps(SERVING)),
-            cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
         for given in ("", "agentloop_not-a-token")

@@ -28,7 +28,7 @@ __all__ = ["add_mcp_parsers", "mcp_handlers"]
 
 #: the environment variable ``mcp-serve`` reads its token from (not the command line,
 #: which other users of the machine can see).
-TOKEN_VARIABLE = "AGENTLOOP_MCP_TOKEN"
+TOKEN_VARIABLE = "AGENTLOOP_MCP_TOKEN"  # noqa: S105 - a variable's name, not a secret
 
 
 def add_mcp_parsers(subcommands: Any) -> None:
@@ -64,10 +64,14 @@ def mcp_handlers(command: BaseCommand) -> dict[str, Any]:
 def serve_stdio(command: BaseCommand) -> None:
     raw = os.environ.get(TOKEN_VARIABLE, "").strip()
     if not raw:
-        raise CommandError(f"Set ${TOKEN_VARIABLE} to a token (manage.py agentloop mcp-token create).")
+        raise CommandError(
+            f"Set ${TOKEN_VARIABLE} to a token (manage.py agentloop mcp-token create)."
+        )
     user = MCPToken.objects.authenticate(raw)
     if user is None:
-        raise CommandError(f"${TOKEN_VARIABLE} is not a valid token (unknown, revoked or inactive user).")
+        raise CommandError(
+            f"${TOKEN_VARIABLE} is not a valid token (unknown, revoked or inactive user)."
+        )
     user_pk = user.pk
     # Local: the mcp SDK is an optional extra, imported once the command runs.
     from mcp.server.stdio import stdio_server
@@ -96,7 +100,9 @@ def handle_tokens(command: BaseCommand, options: dict[str, Any]) -> None:
         if options["user"]:
             rows = rows.filter(user=_user(options["user"]))
         for token in rows:
-            used = token.last_used_at.isoformat(timespec="seconds") if token.last_used_at else "never"
+            used = (
+                token.last_used_at.isoformat(timespec="seconds") if token.last_used_at else "never"
+            )
             command.stdout.write(f"{token.shown}…  {token.user}  {token.name or '-'}  used {used}")
     else:
         given = options["starts_with"].rstrip("…")

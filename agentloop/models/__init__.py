@@ -32,8 +32,8 @@ from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .evals import EvalCase, EvalCaseState, EvalRun, EvalSet
-from .memories import AbstractMemory, Memory, MemoryQuerySet
 from .mcp_tokens import MCPToken, MCPTokenQuerySet
+from .memories import AbstractMemory, Memory, MemoryQuerySet
 from .message import (
     AbstractMessage,
     AbstractToolCall,

@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 __all__ = ["MCPToken", "MCPTokenQuerySet"]
 
 #: what every token starts with, so one found in a log or a file is recognised.
-TOKEN_PREFIX = "agentloop_"
+TOKEN_PREFIX = "agentloop_"  # noqa: S105 - what every token starts with, not a secret
 #: characters of a token kept in clear (the prefix and a few more), to tell tokens apart.
 SHOWN = len(TOKEN_PREFIX) + 6
 #: "last used" is written at most this often (seconds): a busy client costs no write a call.

@@ -64,7 +64,7 @@ OUTPUT_SCHEMA = {
 }
 
 
-class BadCall(Exception):
+class BadCallError(Exception):
     """A call refused before anything ran: its one line goes back as an error result."""
 
 
@@ -130,7 +130,7 @@ def start(agent: type[Agent], user_pk: Any, arguments: dict[str, Any], conf: MCP
     arguments = dict(arguments)
     task = arguments.pop("task", None)
     if not isinstance(task, str) or not task.strip():
-        raise BadCall("`task` is required: a non-empty string.")
+        raise BadCallError("`task` is required: a non-empty string.")
     chat_id = arguments.pop("chat", None)
     user = get_user_model()._default_manager.get(pk=user_pk)
     if chat_id is None:
@@ -138,7 +138,9 @@ def start(agent: type[Agent], user_pk: Any, arguments: dict[str, Any], conf: MCP
         chat = agent.create(owner=user, **inputs)
     else:
         if arguments:
-            raise BadCall(f"Chat {chat_id} has its inputs already: leave {', '.join(arguments)} out.")
+            raise BadCallError(
+                f"Chat {chat_id} has its inputs already: leave {', '.join(arguments)} out."
+            )
         # Only the caller's own chats of this agent: any other is "no chat", whoever has it.
         found = get_chat_model()._default_manager.filter(
             owner=user, agent_path=import_path_of(agent)
@@ -148,9 +150,9 @@ def start(agent: type[Agent], user_pk: Any, arguments: dict[str, Any], conf: MCP
         except (ValueError, TypeError, ValidationError):
             chat = None
         if chat is None:
-            raise BadCall(f"No chat {chat_id} of {agent.__name__} for you.")
+            raise BadCallError(f"No chat {chat_id} of {agent.__name__} for you.")
         if chat.state not in SETTLED:
-            raise BadCall(f"Chat {chat.pk} is {chat.state}: wait for it to settle.")
+            raise BadCallError(f"Chat {chat.pk} is {chat.state}: wait for it to settle.")
     chat.ask_later(task)
     asked = chat.messages.filter(role="user").order_by("-pk").values_list("pk", flat=True)[0]
     if conf.run == "background":
@@ -345,7 +347,7 @@ def build_server(user_of: Callable[[Any], Any]) -> Server[Any]:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         try:
             started = await in_thread(start, agent, user_pk, params.arguments or {}, conf)
-        except (BadCall, AgentloopError) as exc:
+        except (BadCallError, AgentloopError) as exc:
             return error_result(str(exc))
         try:
             return await follow(started, Progress(ctx), conf)

@@ -154,7 +154,13 @@ class MCPMount:
         from mcp.server.auth.provider import AccessToken
 
         # The SDK binds a session to the principal that opened it: here, the user.
-        principal = AccessToken(token="-", client_id=f"user-{user_pk}", scopes=[], subject=str(user_pk))
+        # (The token itself is not kept: the session is the user's, whichever token.)
+        principal = AccessToken(
+            token="-",  # noqa: S106 - a placeholder: no token is kept on the request
+            client_id=f"user-{user_pk}",
+            scopes=[],
+            subject=str(user_pk),
+        )
         scope = {**scope, "user": AuthenticatedUser(principal), SCOPE_USER_KEY: user_pk}
         await self._manager.handle_request(scope, receive, send)
 
