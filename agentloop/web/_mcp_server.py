@@ -273,7 +273,7 @@ def result_of(chat: Any, started: Started) -> types.CallToolResult:
         .first()
     )
     if answer is None or answer.tool_calls.exists():
-        return error_result("The run was cancelled before the agent answered.", meta)
+        return error_result("The chat was cancelled.", meta)
     text = json.dumps(answer.parsed) if answer.parsed is not None else answer.content
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
