@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from django.db import connection, connections
 
 from agentloop.models import Chat, ChatState, MCPToken, ToolCall
 from tests.helpers import wait_until
@@ -101,6 +103,19 @@ def text(result: Any) -> str:
 
 def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
+
+
+async def in_db_thread(function: Any, *args: Any) -> Any:
+    """``function(*args)`` on a thread (the test's loop must not block), its connection
+    closed after: a thread left holding one would keep the test database open."""
+
+    def call() -> Any:
+        try:
+            return function(*args)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(call)
 
 
 # -- streamable HTTP ---------------------------------------------------------------------------
@@ -293,9 +308,9 @@ def test_an_approval_holds_the_call_until_a_person_decides(site, token, user):
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # held: keep-alive notes come, the call doesn't return
             assert not call.done()
-            held = await asyncio.to_thread(lambda: ToolCall.objects.get(name="publish"))
-            chat = await asyncio.to_thread(lambda: Chat.objects.get(pk=held.chat_id))
-            await asyncio.to_thread(chat.approve, held.call_id, user)
+            held = await in_db_thread(lambda: ToolCall.objects.get(name="publish"))
+            chat = await in_db_thread(lambda: Chat.objects.get(pk=held.chat_id))
+            await in_db_thread(chat.approve, held.call_id, user)
             return await asyncio.wait_for(call, 30)
 
     result = run(main())
@@ -306,6 +321,41 @@ def test_an_approval_holds_the_call_until_a_person_decides(site, token, user):
     assert notes.messages[-2:] == ["publish finished", "Answered"]
     assert text(result) == "done: published"
     assert chat.tool_calls.get(name="publish").decision == "approved"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="counts backends: PostgreSQL")
+def test_a_call_held_for_a_person_holds_no_database_connection(tmp_path, token):
+    application = f"agentloop-mcp-{uuid.uuid4().hex[:8]}"
+    settings = {**SERVING, "MCP_SERVE": {**SERVING["MCP_SERVE"], "poll_interval": 0.2}}
+    notes = Notes()
+
+    def backends() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application]
+            )
+            return int(cursor.fetchone()[0])
+
+    async def main(url: str) -> list[int]:
+        async with over_http(url + "/mcp", token) as client:
+            call = asyncio.ensure_future(
+                client.call_tool("reporter", {"task": "tools:publish", "topic": "owls"},
+                                 progress_callback=notes)
+            )  # fmt: skip
+            while not any("waits for approval" in m for m in notes.messages):
+                await asyncio.sleep(0.05)
+            counts = []
+            for _ in range(20):  # a second of the wait, the call reading the chat 5 times
+                counts.append(await in_db_thread(backends))
+                await asyncio.sleep(0.05)
+            call.cancel()
+            return counts
+
+    with uvicorn_serving(tmp_path, settings, AGENTLOOP_TEST_DB_APPLICATION=application) as url:
+        counts = run(main(url))
+
+    assert max(counts) <= 1  # a read in flight at most
+    assert counts.count(0) >= 15  # and mostly none at all
 
 
 # -- the job path: a Celery worker runs the chat -----------------------------------------------
@@ -328,9 +378,9 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
             while not any("waits for approval of publish" in m for m in notes.messages):
                 await asyncio.sleep(0.05)
             assert not call.done()
-            held = await asyncio.to_thread(lambda: ToolCall.objects.get(name="publish"))
-            chat = await asyncio.to_thread(lambda: Chat.objects.get(pk=held.chat_id))
-            await asyncio.to_thread(approve, chat, held.call_id)  # the worker goes on
+            held = await in_db_thread(lambda: ToolCall.objects.get(name="publish"))
+            chat = await in_db_thread(lambda: Chat.objects.get(pk=held.chat_id))
+            await in_db_thread(approve, chat, held.call_id)  # the worker goes on
             return plain, await asyncio.wait_for(call, 60)
 
     from celery import current_app
@@ -360,6 +410,9 @@ def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user
             result = await client.call_tool(
                 "reporter", {"task": "tools:step_one", "topic": "bats"}, progress_callback=notes
             )
+            await in_db_thread(lambda: MCPToken.objects.all().delete())  # revoked
+            with pytest.raises(MCPError, match="The token is not valid"):
+                await client.call_tool("reporter", {"task": "hello", "topic": "bats"})
             return tools, result
 
     tools, result = run(main())

@@ -79,7 +79,12 @@ def serve_stdio(command: BaseCommand) -> None:
     # Local: the server module imports the mcp SDK (the mcp extra).
     from ..web._mcp_server import build_server
 
-    server = build_server(lambda ctx: user_pk)
+    def user_of(ctx: Any) -> Any:
+        # Checked again at each call: a token revoked meanwhile lets no more calls in.
+        user = MCPToken.objects.authenticate(raw)
+        return None if user is None or user.pk != user_pk else user_pk
+
+    server = build_server(user_of)
 
     async def serve() -> None:
         async with stdio_server() as (read, write):

@@ -331,18 +331,19 @@ async def follow(started: Started, progress: Progress, conf: MCPServe) -> types.
 
 
 def build_server(user_of: Callable[[Any], Any]) -> Server[Any]:
-    """The MCP server; ``user_of(ctx)`` is the calling user's pk (None: refused)."""
+    """The MCP server; ``user_of(ctx)`` is the calling user's pk (None: refused), asked at
+    each call on a worker thread (it may read the database)."""
     conf = agentloop_settings.MCP_SERVE
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        agents = await in_thread(exposed_agents)
+        agents = exposed_agents()
         return types.ListToolsResult(tools=[tool_of(name, agent) for name, agent in agents.items()])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        user_pk = user_of(ctx)
+        user_pk = await in_thread(user_of, ctx)
         if user_pk is None:
-            raise MCPError(types.INVALID_REQUEST, "Not authenticated.")
-        agent = (await in_thread(exposed_agents)).get(params.name)
+            raise MCPError(types.INVALID_REQUEST, "The token is not valid (any more).")
+        agent = exposed_agents().get(params.name)
         if agent is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         try:
