@@ -1,5 +1,6 @@
-"""MCP tokens (docs/mcp.md, serving agents): stored as digests, shown once, made and
-revoked in the admin and by ``manage.py agentloop mcp-token``; what they authenticate."""
+"""Setting up the agents served over MCP (docs/mcp.md, serving agents): tokens stored as
+digests, shown once, made and revoked in the admin and by ``manage.py agentloop mcp-token``,
+what they authenticate; the system check of ``AGENTLOOP["MCP_SERVE"]``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from io import StringIO
 import pytest
 from django.contrib.messages import get_messages
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 from django.urls import reverse
 
 from agentloop.models import MCPToken
@@ -73,3 +75,30 @@ def test_the_command_makes_lists_and_revokes_tokens(user):
     whole = again.getvalue().splitlines()[-1]
     call_command("agentloop", "mcp-token", "revoke", whole, stdout=StringIO())  # the token itself
     assert not MCPToken.objects.exists()
+
+
+def test_the_system_check_names_each_agent_that_cannot_be_offered(settings):
+    from agentloop.checks import check_mcp_serve
+
+    agents = [
+        "tests.mcp_agents.Reporter",
+        "tests.mcp_agents.Nowhere",
+        "tests.mcp_agents.publish",
+        "tests.agents.Research",
+        "tests.agents.Writer",
+    ]
+    with override_settings(AGENTLOOP={**settings.AGENTLOOP, "MCP_SERVE": {"agents": agents}}):
+        errors = check_mcp_serve()
+
+    assert {error.id for error in errors} == {"agentloop.E015"}
+    assert [error.msg for error in errors] == [
+        "AGENTLOOP['MCP_SERVE']['agents']: Could not import 'tests.mcp_agents.Nowhere': "
+        "module 'tests.mcp_agents' has no attribute 'Nowhere'",
+        "AGENTLOOP['MCP_SERVE']['agents']: tests.mcp_agents.publish is not an agentloop.Agent "
+        "class.",
+    ]
+    with override_settings(
+        AGENTLOOP={**settings.AGENTLOOP, "MCP_SERVE": {"agents": agents[:1] * 2}}
+    ):
+        (twice,) = check_mcp_serve()
+    assert "both offered as the tool 'reporter'" in twice.msg
