@@ -15,20 +15,20 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import providers
+from .agents import Agent
 from .budgets.budget_checks import check_budgets, check_rate_limits
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .engine import tracing
 from .exceptions import ConfigurationError
-from .agents import Agent
 from .import_paths import load_by_path
 from .models import AbstractChat, AbstractMessage, AbstractToolCall, AbstractUsage
 from .providers.azure import AzureProvider
 from .providers.bedrock import BedrockProvider
-from .tools import snake_case
 from .providers.vertex import VertexAIProvider
 from .runners import Runner, runner_name
 from .runners.enqueueing import BUILTINS as RUNNERS
 from .runners.pools import check_database_reuse
+from .tools import snake_case
 
 
 def _closest_keys_hint(unknown: list[str]) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
