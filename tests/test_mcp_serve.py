@@ -381,7 +381,21 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
             held = await in_db_thread(lambda: ToolCall.objects.get(name="publish"))
             chat = await in_db_thread(lambda: Chat.objects.get(pk=held.chat_id))
             await in_db_thread(approve, chat, held.call_id)  # the worker goes on
-            return plain, await asyncio.wait_for(call, 60)
+            approved = await asyncio.wait_for(call, 60)
+
+            naps = Notes()
+            long = asyncio.ensure_future(
+                client.call_tool(
+                    "reporter", {"task": LONG, "topic": "bats"}, progress_callback=naps
+                )
+            )
+            while "nap finished" not in naps.messages:
+                await asyncio.sleep(0.02)
+            long.cancel()  # the worker's run stops at its next checkpoint
+            with pytest.raises(asyncio.CancelledError):
+                await long
+            await asyncio.sleep(0.5)
+            return plain, approved
 
     from celery import current_app
 
@@ -396,8 +410,16 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
 
     assert text(plain) == "done: one done"
     assert text(approved) == "done: published"
+    cancelled = Chat.objects.get(agent_inputs={"topic": "bats"})
+    wait_until(
+        lambda: Chat.objects.filter(pk=cancelled.pk, state=ChatState.IDLE).exists(),
+        "the worker to stop the cancelled chat",
+        timeout=30,
+    )
+    assert 0 < cancelled.tool_calls.filter(name="nap", state="succeeded").count() < 50
     # The worker logs its model calls (the server, not given the log, would not): all four.
-    assert len(background.model_calls()) == 4
+    calls = [line["rule"] for line in background.model_calls() if line["rule"] != LONG]
+    assert calls == ["tools:step_one"] * 2 + ["tools:publish"] * 2
 
 
 # -- stdio ------------------------------------------------------------------------------------
