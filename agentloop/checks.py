@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import providers
+from .agents import Agent
 from .budgets.budget_checks import check_budgets, check_rate_limits
 from .conf import DEFAULTS, agentloop_settings, get_chat_model, settings_errors
 from .engine import tracing
@@ -27,6 +28,7 @@ from .providers.vertex import VertexAIProvider
 from .runners import Runner, runner_name
 from .runners.enqueueing import BUILTINS as RUNNERS
 from .runners.pools import check_database_reuse
+from .tools import snake_case
 
 
 def _closest_keys_hint(unknown: list[str]) -> str:
@@ -130,6 +132,40 @@ def check_background(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_mcp_serve(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each agent ``AGENTLOOP["MCP_SERVE"]`` offers imports, is an Agent, and has a tool name
+    of its own: a mistake shows at deploy, not at a client's first call."""
+    errors: list[CheckMessage] = []
+    named: dict[str, str] = {}
+    for path in agentloop_settings.MCP_SERVE.agents:
+        try:
+            agent = load_by_path(path)
+        except ConfigurationError as exc:
+            errors.append(Error(f"AGENTLOOP['MCP_SERVE']['agents']: {exc}", id="agentloop.E015"))
+            continue
+        if not (isinstance(agent, type) and issubclass(agent, Agent)):
+            errors.append(
+                Error(
+                    f"AGENTLOOP['MCP_SERVE']['agents']: {path} is not an agentloop.Agent class.",
+                    id="agentloop.E015",
+                )
+            )
+            continue
+        name = snake_case(agent.__name__)
+        if name in named:
+            errors.append(
+                Error(
+                    f"AGENTLOOP['MCP_SERVE']['agents']: {path} and {named[name]} are both "
+                    f"offered as the tool {name!r}.",
+                    hint="Offer one of them, or rename one class.",
+                    id="agentloop.E015",
+                )
+            )
+        named[name] = path
+    return errors
 
 
 @register(Tags.compatibility)

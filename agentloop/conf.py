@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULTS",
     "AgentloopSettings",
     "BudgetLimits",
+    "MCPServe",
     "ModelPrice",
     "RateLimit",
     "Settings",
@@ -101,6 +102,24 @@ class BudgetLimits(BaseModel):
     tokens_per_month: _Count | None = None
     #: chats of the subject running at once (queued, running, or in a verb in process).
     chats_in_flight: _PositiveInt | None = None
+
+
+class MCPServe(BaseModel):
+    """``AGENTLOOP["MCP_SERVE"]``: the agents served over MCP (docs/mcp.md, serving agents)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: import paths of the agents offered, each as a tool named after the class in snake case.
+    agents: list[str] = Field(default_factory=list)
+    #: how a call's chat runs: "background" (complete_later: the runner, Celery in
+    #: production) or "in_process" (a thread of the serving process).
+    run: Literal["background", "in_process"] = "background"
+    #: seconds between two reads of a running chat (its state and new messages).
+    poll_interval: _Interval = 0.5
+    #: seconds between two progress notifications while the chat waits for a person.
+    keepalive: _Interval = 15.0
+    #: the server's name in the MCP handshake.
+    name: str = "agentloop"
 
 
 class RateLimit(BaseModel):
@@ -254,6 +273,9 @@ class Settings(BaseModel):
     #: MCP tool servers by name: {"files": {"command": [...], "env": {...}}} (stdio) or
     #: {"search": {"url": "http://..."}} (streamable HTTP); see agentloop.tools.mcp.
     MCP_SERVERS: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: agents served over MCP (agentloop.web.mcp_asgi, ``manage.py agentloop mcp-serve``):
+    #: {"agents": ["myapp.agents.Research"], "run": "background", ...}.
+    MCP_SERVE: MCPServe = Field(default_factory=MCPServe)
     #: OpenTelemetry spans after the GenAI semantic conventions (needs opentelemetry-api;
     #: see docs/tracing.md).
     TRACING: _Flag = False

@@ -145,15 +145,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def uvicorn_serving(tmp_path, settings: dict) -> Iterator[str]:
-    """uvicorn serving the test site (``settings`` over its AGENTLOOP); yields the site's URL."""
+def uvicorn_serving(tmp_path, settings: dict, **env: Any) -> Iterator[str]:
+    """uvicorn serving the test site (``settings`` over its AGENTLOOP, ``env`` in its
+    environment); yields the site's URL."""
     pytest.importorskip("uvicorn", reason="uvicorn is a dev dependency (pip install -e '.[dev]')")
     port = free_port()
     log = (tmp_path / "uvicorn.log").open("w")
     process = subprocess.Popen(  # noqa: S603 - our own interpreter
         [sys.executable, "-m", "uvicorn", "tests.asgi:application", "--port", str(port),
          "--host", "127.0.0.1", "--log-level", "warning"],
-        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(settings)),
+        env=process_env(AGENTLOOP_TEST_SETTINGS=json.dumps(settings), **env),
         cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -55,7 +55,7 @@ def test_the_commands_page_lists_exactly_the_agentloop_subcommands():
     parser = command.create_parser("manage.py", "agentloop")
     (subparsers,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     listed = re.findall(
-        r"^## `manage\.py agentloop (\w+)`$", (DOCS / "commands.md").read_text(), re.M
+        r"^## `manage\.py agentloop ([\w-]+)`$", (DOCS / "commands.md").read_text(), re.M
     )
 
     assert sorted(listed) == sorted(subparsers.choices)

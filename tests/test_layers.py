@@ -69,6 +69,18 @@ LOCAL_IMPORTS = {
     ("agentloop.providers.vertex.credentials", "agentloop.providers.vertex.transport"): (
         "optional extra: the transport imports google-auth (the vertex extra)"
     ),
+    ("agentloop.web.mcp_asgi", "agentloop.models"): (
+        "app loading: asgi.py imports the mount before Django's application is made"
+    ),
+    ("agentloop.web.mcp_asgi", "agentloop.web._mcp_server"): (
+        "optional extra: the MCP server imports the mcp SDK (the mcp extra)"
+    ),
+    ("agentloop.management.mcp_command", "agentloop.web"): (
+        "optional extra: the MCP server imports the mcp SDK (the mcp extra)"
+    ),
+    ("agentloop.management.mcp_command", "agentloop.web._mcp_server"): (
+        "optional extra: the MCP server imports the mcp SDK (the mcp extra)"
+    ),
     ("agentloop._deprecated", "agentloop.batches"): "deprecated alias (0.3): Batch.refresh",
     ("agentloop._deprecated", "agentloop.models"): "deprecated alias (0.3): ChatQuerySet.batch",
     ("agentloop._deprecated", "agentloop.models.chat"): "deprecated alias (0.3): ChatManager",

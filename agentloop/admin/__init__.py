@@ -2,8 +2,8 @@
 
 Importing this package registers ``Chat`` (``chat_admin``), ``ToolCall``, ``Usage`` and
 ``Message`` (``row_lists``), ``Batch`` (``batch_admin``), ``Budget`` (``budget_admin``:
-spend against budget per subject) and the evals' sets, runs and cases (``eval_admin``) with the
-default admin site. The chat list's filters and
+spend against budget per subject), the evals' sets, runs and cases (``eval_admin``) and the
+MCP tokens (``mcp_token_admin``) with the default admin site. The chat list's filters and
 actions live in ``filters`` and ``actions``; the timeline its change page renders is
 ``build_timeline`` (``timeline``); the approval inbox across chats is ``ApprovalInbox``
 (``approval_inbox``), served by ``ChatAdmin``.
@@ -22,6 +22,7 @@ from .batch_admin import BatchAdmin
 from .budget_admin import BudgetAdmin
 from .chat_admin import ChatAdmin
 from .eval_admin import EvalCaseAdmin, EvalRunAdmin, EvalSetAdmin, make_eval_set
+from .mcp_token_admin import MCPTokenAdmin
 from .row_lists import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
@@ -35,6 +36,7 @@ __all__ = [
     "EvalCaseAdmin",
     "EvalRunAdmin",
     "EvalSetAdmin",
+    "MCPTokenAdmin",
     "MessageAdmin",
     "Timeline",
     "ToolCallAdmin",

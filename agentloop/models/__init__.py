@@ -14,6 +14,7 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``memories``: ``Memory`` (what an owner's chats keep across conversations, with its
   embedding);
 - ``evals``: ``EvalSet``, ``EvalRun`` and ``EvalCase`` (docs/evals.md);
+- ``mcp_tokens``: ``MCPToken`` (a user's key to the agents served over MCP);
 - ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
 - ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
   and what they return, ``BulkResult``.
@@ -31,6 +32,7 @@ from .budgets import Budget, BudgetReservation, BudgetSlot
 from .bulk import BulkResult
 from .chat import AbstractChat, Chat, ChatQuerySet, ChatState
 from .evals import EvalCase, EvalCaseState, EvalRun, EvalSet
+from .mcp_tokens import MCPToken, MCPTokenQuerySet
 from .memories import AbstractMemory, Memory, MemoryQuerySet, WorkingMemory
 from .message import (
     AbstractMessage,
@@ -67,6 +69,8 @@ __all__ = [
     "EvalCaseState",
     "EvalRun",
     "EvalSet",
+    "MCPToken",
+    "MCPTokenQuerySet",
     "Memory",
     "MemoryQuerySet",
     "Message",
