@@ -351,3 +351,63 @@ def test_erasing_a_person_erases_their_answers_to_servers_on_other_owners_chats(
     assert call.elicitation["response"] == {"action": "accept", "content": "[erased]", "by": None}
     assert call.elicitation["message"] == QUESTION  # the server's words are not the person's
     assert "Ada Lovelace" in json.dumps(exported, default=str)  # the owner's export has it
+
+
+def test_ag_ui_streams_the_question_while_the_run_goes_on_and_resume_answers_it(
+    tables, scripted, user, owner, settings
+):
+    """AG-UI (docs/frontends.md): the server's question is a ``CUSTOM`` event with its schema
+    while the run goes on; the client's next run answers it through ``resume`` (a refused
+    answer first: 400, the question still open)."""
+    entry, log = tables
+    settings.AGENTLOOP = {**settings.AGENTLOOP, **FAST, "MCP_SERVERS": {"tables": entry}}
+    chat = booking_chat(user, scripted, entry)
+    statuses: list[int] = []
+
+    def run_input(**fields: Any) -> str:
+        return json.dumps(
+            {"threadId": str(chat.pk), "runId": "run-1", "messages": [], "tools": [],
+             "context": [], "state": {}, "forwardedProps": {}, **fields}
+        )  # fmt: skip
+
+    def answer_the_question(event: dict[str, Any]) -> None:
+        if event["type"] == "CUSTOM" and event["name"] == "agentloop.question":
+            interrupt = event["value"]["interruptId"]
+            for payload in ({"people": "two"}, {"people": 2, "name": "Lin"}):
+                resume = [{"interruptId": interrupt, "status": "resolved", "payload": payload}]
+                sent = owner.post(url, run_input(resume=resume), content_type="application/json")
+                statuses.append(sent.status_code)
+                sent.close()
+
+    url = reverse("agentloop:ag-ui")
+    said = {"id": "client-1", "role": "user", "content": "Book a table"}
+    response = owner.post(url, run_input(messages=[said]), content_type="application/json")
+    events = read_sse(response, answer_the_question)
+
+    asked = ToolCall.objects.get(chat=chat)
+    (question,) = [e for e in events if e["type"] == "CUSTOM"]
+    assert question["value"]["question"] == QUESTION
+    assert question["value"]["schema"]["required"] == ["people", "name"]
+    assert question["value"]["toolCallId"] == "call_1"
+    assert question["value"]["interruptId"] == str(asked.pk)
+    assert statuses == [400, 200]
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert results == ["Booked a table on friday for 2, name Lin."]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    assert events[-1]["outcome"] == {"type": "success"}
+    assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
+
+
+def read_sse(response: Any, on_event: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """An AG-UI stream's events to its end, each handed to ``on_event``."""
+    assert response.status_code == 200, response.content
+    buffer, events = b"", []
+    for piece in response.streaming_content:
+        buffer += piece
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            if block.startswith(b":"):
+                continue  # a keep-alive comment
+            events.append(json.loads(block.removeprefix(b"data: ")))
+            on_event(events[-1])
+    return events

@@ -20,6 +20,9 @@ The events (each one ``data: <JSON>`` line, as the protocol's SSE encoding has t
   streamed as it comes (Redis: chunk by chunk; without Redis: as the partial answer grows);
 - a tool result: ``TOOL_CALL_RESULT`` (``messageId`` ``t<pk>``, ``content``; a call a cancel
   kept from running gets one saying so);
+- an MCP server asking for input while its call runs (docs/mcp.md): a ``CUSTOM``
+  ``agentloop.question`` event with the server's ``schema``, while the run goes on (the call
+  is held open); the next run's ``resume`` (the content asked for, or dismissed) answers it;
 - a call waiting for a person: a ``CUSTOM`` event (``agentloop.approval_requested`` or
   ``agentloop.question``), and the run ends with ``RUN_FINISHED`` whose ``outcome`` is
   ``{"type": "interrupt", "interrupts": [...]}``: one per call, its ``id`` the ``ToolCall``
@@ -47,7 +50,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import CANCELLED_TOOL_RESULT
-from ..exceptions import InvalidArgumentsError, ToolCallNotWaitingError
+from ..exceptions import (
+    DecisionConflictError,
+    InvalidAnswerError,
+    InvalidArgumentsError,
+    ToolCallNotWaitingError,
+)
+from ..tools.mcp.elicitation import ELICITATION
 from ._live import RunFollower
 from ._ui_protocol import Chunk, encode, error_line, parse_approval_id, row_payload
 
@@ -218,7 +227,8 @@ def decide(chat: Any, user: Any, answers: list[Answer]) -> tuple[int, str] | Non
         found = call_model.objects.filter(
             chat_id=chat.pk, **({"pk": answer.call} if by_pk else {"call_id": answer.call})
         ).first()
-        if found is None or found.state != "waiting":
+        asked_by_server = found is not None and _asked_by_server(found)
+        if found is None or (found.state != "waiting" and not asked_by_server):
             if by_pk:  # an interrupt's id: it must name a waiting call of this chat
                 return 409, f"Interrupt {answer.call} is not waiting for an answer in this chat."
             continue
@@ -231,8 +241,15 @@ def decide(chat: Any, user: Any, answers: list[Answer]) -> tuple[int, str] | Non
     return None
 
 
+def _asked_by_server(call: Any) -> bool:
+    # An MCP server's question: its call runs (held open) while the person decides.
+    return bool(call.state == "running" and call.wait_reason == ELICITATION)
+
+
 def _apply(chat: Any, user: Any, call: Any, answer: Answer) -> tuple[int, str] | None:
     payload = answer.payload
+    if call.wait_reason == ELICITATION:
+        return _respond(chat, user, call, answer)
     if isinstance(payload, str) and call.wait_reason == "approval":
         try:  # a tool message's content: the JSON of the payload
             payload = json.loads(payload)
@@ -257,6 +274,24 @@ def _apply(chat: Any, user: Any, call: Any, answer: Answer) -> tuple[int, str] |
                 return 400, 'An answer needs some text ({"answer": "..."}).'
             chat.answer(call.pk, text, by=user)
     except (ToolCallNotWaitingError, InvalidArgumentsError) as exc:
+        return 409, str(exc)
+    return None
+
+
+def _respond(chat: Any, user: Any, call: Any, answer: Answer) -> tuple[int, str] | None:
+    """An MCP server's question: the content it asked for (a JSON object, or its text) goes
+    back to it; a dismissed interrupt is the protocol's ``cancel`` (no choice made)."""
+    try:
+        if answer.cancelled:
+            chat.decline(call.pk, by=user, action="cancel")
+        else:
+            payload = answer.payload
+            chat.answer(
+                call.pk, payload if isinstance(payload, str) else json.dumps(payload), by=user
+            )
+    except InvalidAnswerError as exc:
+        return 400, str(exc)
+    except (ToolCallNotWaitingError, DecisionConflictError) as exc:
         return 409, str(exc)
     return None
 
@@ -355,6 +390,8 @@ class AgUiTranslator:
         self.diverged = False
         self.cancelled = False
         self.interrupts: list[dict[str, Any]] = []
+        #: the pks of calls whose MCP server's question was shown (they end no run).
+        self._asked_by_servers: set[str] = set()
         self._cancelled_calls: set[int] = set()
         self._state: str | None = None
         self._answer: _Answer | None = None
@@ -424,7 +461,7 @@ class AgUiTranslator:
         """A ``CUSTOM`` event per shown call waiting for a person (``{"id", "wait_reason",
         "question"}`` rows), once each; they become the run's interrupts."""
         out: list[Chunk] = []
-        known = {interrupt["id"] for interrupt in self.interrupts}
+        known = {interrupt["id"] for interrupt in self.interrupts} | self._asked_by_servers
         for call in calls:
             pk = call["id"]
             tool_call_id = self.calls.get(pk)
@@ -444,6 +481,15 @@ class AgUiTranslator:
                     pk, QUESTION_REASON, tool_call_id, question, QUESTION_SCHEMA
                 )
                 out.append(self._custom(QUESTION_EVENT, interrupt, {"question": question}))
+            elif call.get("wait_reason") == ELICITATION:
+                # Asked while the run goes on (it ends no run); the next run's resume answers.
+                self._asked_by_servers.add(str(pk))
+                question, schema = str(call.get("question") or ""), call.get("schema") or {}
+                interrupt = self._interrupt(
+                    pk, QUESTION_REASON, tool_call_id, question, schema, ends_the_run=False
+                )
+                value = {"question": question, "schema": schema}
+                out.append(self._custom(QUESTION_EVENT, interrupt, value))
         return out
 
     def end(self, state: str, error: str = "", stop_reason: str = "") -> list[Chunk]:
@@ -470,7 +516,14 @@ class AgUiTranslator:
 
     # -- helpers --------------------------------------------------------------------------
     def _interrupt(
-        self, pk: int, reason: str, tool_call_id: str, message: str, schema: dict[str, Any]
+        self,
+        pk: int,
+        reason: str,
+        tool_call_id: str,
+        message: str,
+        schema: dict[str, Any],
+        *,
+        ends_the_run: bool = True,
     ) -> dict[str, Any]:
         interrupt = {
             "id": str(pk),
@@ -479,7 +532,8 @@ class AgUiTranslator:
             "toolCallId": tool_call_id,
             "responseSchema": schema,
         }
-        self.interrupts.append(interrupt)
+        if ends_the_run:
+            self.interrupts.append(interrupt)
         return interrupt
 
     @staticmethod
