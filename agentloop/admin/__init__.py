@@ -2,7 +2,8 @@
 
 Importing this package registers ``Chat`` (``chat_admin``), ``ToolCall``, ``Usage`` and
 ``Message`` (``row_lists``), ``Batch`` (``batch_admin``), ``Budget`` (``budget_admin``:
-spend against budget per subject) and the evals' sets, runs and cases (``eval_admin``) with the
+spend against budget per subject), ``Memory`` (``memory_admin``: by subject and
+owner, searched by text or meaning) and the evals' sets, runs and cases (``eval_admin``) with the
 default admin site. The chat list's filters and
 actions live in ``filters`` and ``actions``; the timeline its change page renders is
 ``build_timeline`` (``timeline``); the approval inbox across chats is ``ApprovalInbox``
@@ -22,6 +23,7 @@ from .batch_admin import BatchAdmin
 from .budget_admin import BudgetAdmin
 from .chat_admin import ChatAdmin
 from .eval_admin import EvalCaseAdmin, EvalRunAdmin, EvalSetAdmin, make_eval_set
+from .memory_admin import MemoryAdmin
 from .row_lists import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
@@ -35,6 +37,7 @@ __all__ = [
     "EvalCaseAdmin",
     "EvalRunAdmin",
     "EvalSetAdmin",
+    "MemoryAdmin",
     "MessageAdmin",
     "Timeline",
     "ToolCallAdmin",

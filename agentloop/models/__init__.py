@@ -13,6 +13,8 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
 - ``memories``: ``Memory`` (what an owner's chats keep across conversations, with its
   embedding);
+- ``past_chat_embeddings``: ``MessageEmbedding`` (past chats' messages embedded for search
+  across an owner's chats, opt-in);
 - ``evals``: ``EvalSet``, ``EvalRun`` and ``EvalCase`` (docs/evals.md);
 - ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
 - ``bulk``: the set-based verbs of ``ChatQuerySet`` (``cancel``, ``halt``, ``resume``...)
@@ -41,6 +43,7 @@ from .message import (
     ToolCall,
     ToolResultField,
 )
+from .past_chat_embeddings import MessageEmbedding, MessageEmbeddingQuerySet
 from .rate_limits import RateLimitBucket
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 
@@ -70,6 +73,8 @@ __all__ = [
     "Memory",
     "MemoryQuerySet",
     "Message",
+    "MessageEmbedding",
+    "MessageEmbeddingQuerySet",
     "MessageQuerySet",
     "RateLimitBucket",
     "Role",

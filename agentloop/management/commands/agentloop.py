@@ -13,6 +13,7 @@
                               [--dry-run] cancel | halt REASON | resume | complete-later
                               | with-model MODEL | list
     manage.py agentloop eval set | run | compare | show     (agentloop.management.eval_command)
+    manage.py agentloop memory list | search QUERY | reindex  (agentloop.management.memory_command)
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
 tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
@@ -51,6 +52,7 @@ from ...terminal import TerminalChat, TranscriptPrinter, family_ids
 from ..chats import add_chats_parser, handle_chats
 from ..data import add_data_subcommands, data_handlers
 from ..eval_command import add_eval_parser, handle_eval
+from ..memory_command import add_memory_parser, handle_memory
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -60,7 +62,8 @@ class Command(BaseCommand):
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
         "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
-        "idle chats), 'chats' (control many chats at once), 'eval' (evals of stored chats)."
+        "idle chats, expired memories), 'chats' (control many chats at once), 'eval' (evals "
+        "of stored chats), 'memory' (list, search, reindex memories)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -176,6 +179,7 @@ class Command(BaseCommand):
         add_data_subcommands(subcommands)  # export, erase, retention (agentloop.management.data)
         add_chats_parser(subcommands)
         add_eval_parser(subcommands)  # eval set | run | compare | show (management/eval_command.py)
+        add_memory_parser(subcommands)  # memory list | search | reindex (memory_command.py)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         handlers = {
@@ -187,6 +191,7 @@ class Command(BaseCommand):
             **data_handlers(self),
             "chats": lambda **options: handle_chats(self, options),
             "eval": lambda **options: handle_eval(self, options),
+            "memory": lambda **options: handle_memory(self, options),
         }
         handlers[subcommand](**options)
 
