@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from .conf import agentloop_settings
@@ -136,10 +137,11 @@ def embed_pending_messages(
             else:  # nothing to embed (an answer that only called tools): marked, passed over
                 made.append(MessageEmbedding(message_id=pk, chat_id=chat_id, owner_id=owner_id))
                 skipped += 1
+        owners = get_user_model()._default_manager.using(using).in_bulk(list(by_owner))
         for owner_id, items in by_owner.items():
             vectors = embed(
                 [text for _, _, text in items], model=model, dimensions=dimensions,
-                owner=owner_id,
+                owner=owners.get(owner_id),
             )  # fmt: skip
             for (pk, chat_id, _text), vector in zip(items, vectors, strict=True):
                 made.append(
@@ -178,13 +180,17 @@ def search(
             "(and run the agentloop.embed_past_messages task)"
         )
     model, dimensions = configured
+    user_model = get_user_model()
     if isinstance(chat_or_owner, Chat):
-        owner_id, exclude_chat = chat_or_owner.owner_id, chat_or_owner.pk
+        owner, exclude_chat = chat_or_owner.owner, chat_or_owner.pk
+    elif isinstance(chat_or_owner, user_model) or chat_or_owner is None:
+        owner = chat_or_owner
     else:
-        owner_id = getattr(chat_or_owner, "pk", chat_or_owner)
-    if owner_id is None or not query.strip() or k < 1:
+        owner = user_model._default_manager.using(using).filter(pk=chat_or_owner).first()
+    if owner is None or not query.strip() or k < 1:
         return []
-    vector = embed(query, model=model, dimensions=dimensions, owner=owner_id).vector
+    owner_id = owner.pk
+    vector = embed(query, model=model, dimensions=dimensions, owner=owner).vector
     candidates = MessageEmbedding._default_manager.using(using).filter(
         owner_id=owner_id, embedding_model=model, message__superseded_at__isnull=True
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import SEARCH_VAR
+from django.contrib.admin.views.main import ORDER_VAR
 from django.db.models import Case, Count, FloatField, IntegerField, Value, When
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
@@ -105,11 +105,6 @@ class MemoryAdmin(admin.ModelAdmin):
         distance = getattr(memory, "search_distance", None)
         return "—" if distance is None else f"{distance:.3f}"
 
-    def get_ordering(self, request: HttpRequest) -> Any:
-        if _by_meaning(request) and request.GET.get(SEARCH_VAR):
-            return ("search_rank",)
-        return super().get_ordering(request)
-
     def get_search_results(
         self, request: HttpRequest, queryset: Any, search_term: str
     ) -> tuple[Any, bool]:
@@ -150,7 +145,7 @@ class MemoryAdmin(admin.ModelAdmin):
             note += " " + _("%d memories embedded by other models are not compared.") % others
         messages.info(request, note)
         pks = [memory.pk for memory in nearest]
-        return queryset.filter(pk__in=pks).annotate(
+        ranked = queryset.filter(pk__in=pks).annotate(
             search_rank=Case(
                 *[When(pk=pk, then=Value(rank)) for rank, pk in enumerate(pks)],
                 output_field=IntegerField(),
@@ -160,6 +155,8 @@ class MemoryAdmin(admin.ModelAdmin):
                 output_field=FloatField(),
             ),
         )
+        # Nearest first, unless a column of the list is sorted.
+        return ranked if ORDER_VAR in request.GET else ranked.order_by("search_rank", "-pk")
 
 
 admin.site.register(Memory, MemoryAdmin)
