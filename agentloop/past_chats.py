@@ -152,7 +152,8 @@ def embed_pending_messages(
                 )  # fmt: skip
                 embedded += 1
         # Another job may have embedded some meanwhile: theirs stay (one row per message).
-        MessageEmbedding._default_manager.using(using).bulk_create(made, ignore_conflicts=True)
+        manager: Any = MessageEmbedding._default_manager  # typed as the memories' queryset
+        manager.using(using).bulk_create(made, ignore_conflicts=True)
         if len(rows) < BATCH:
             return EmbeddingProgress(embedded, skipped, more=False)
     return EmbeddingProgress(embedded, skipped, more=pending_messages(using).exists())
@@ -191,12 +192,14 @@ def search(
         return []
     owner_id = owner.pk
     vector = embed(query, model=model, dimensions=dimensions, owner=owner).vector
-    candidates = MessageEmbedding._default_manager.using(using).filter(
+    # Typed Any: the queryset is the memories' (its nearest()), the rows are these.
+    manager: Any = MessageEmbedding._default_manager
+    candidates = manager.using(using).filter(
         owner_id=owner_id, embedding_model=model, message__superseded_at__isnull=True
     )
     if exclude_chat is not None:
         candidates = candidates.filter(~Q(chat_id=getattr(exclude_chat, "pk", exclude_chat)))
-    nearest = candidates.nearest(vector, k=k)
+    nearest: list[Any] = candidates.nearest(vector, k=k)
     found = Message._default_manager.using(using).in_bulk([row.message_id for row in nearest])
     hits = []
     for row in nearest:
