@@ -67,6 +67,7 @@ def test_the_admin_lists_memories_and_filters_them_by_subject_and_owner(admin_cl
          "The team ships on Tuesdays"]
     )  # fmt: skip
     assert "team:7 (1)" in page  # the subject filter offers each subject with its count
+    assert "By search by" in page and "meaning (nearest first)" in page
 
     by_subject = admin_client.get(url, {"subject": "team:7"}).content.decode()
     assert listed(by_subject) == ["The team ships on Tuesdays"]
@@ -105,7 +106,8 @@ def test_the_admin_searches_by_meaning_nearest_first_with_the_memories_model(
     }  # fmt: skip
     distances = [float(d) for d in re.findall(r'<td class="field-distance_shown">([\d.]+)', text)]
     assert distances == sorted(distances) and len(distances) == 3
-    assert "Nearest 3 by meaning (offline:hash-embedding, 256 dimensions)" in text
+    assert "Nearest 3 by meaning (offline:hash-embedding, 256 dimensions)." in text
+    assert "1 memories embedded by other models (or at other lengths) are not compared." in text
     # The query's embedding is a usage row of the staff member who searched.
     assert Usage.objects.filter(owner=admin, model="hash-embedding").count() == 1
 

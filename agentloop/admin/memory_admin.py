@@ -135,14 +135,17 @@ class MemoryAdmin(admin.ModelAdmin):
             messages.error(request, _("Can't embed the query with %s: %s") % (model, exc))
             return queryset.none()
         nearest = queryset.filter(embedding_model=model).nearest(vector, k=MEANING_RESULTS)
-        others = queryset.exclude(embedding_model=model).count()
+        others = queryset.exclude(embedding_model=model, dimensions=dimensions).count()
         note = _("Nearest %(count)d by meaning (%(model)s, %(dimensions)d dimensions).") % {
             "count": len(nearest),
             "model": model,
             "dimensions": dimensions,
         }
         if others:
-            note += " " + _("%d memories embedded by other models are not compared.") % others
+            note += " " + (
+                _("%d memories embedded by other models (or at other lengths) are not compared.")
+                % others
+            )
         messages.info(request, note)
         pks = [memory.pk for memory in nearest]
         ranked = queryset.filter(pk__in=pks).annotate(
