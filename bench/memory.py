@@ -296,8 +296,11 @@ def measure_size(args: argparse.Namespace, vectors: Vectors, size: int) -> dict[
     row["exact"] = latency(exact_seconds)
     row["hnsw"] = {}
     for ef in args.ef_search:
-        search(queries[:10], exact=False, ef_search=ef)  # warm-up: the index into the cache
-        found, seconds = search(queries, exact=False, ef_search=ef)
+        indexed = uses_index(queries[0], ef)
+        # A plan without the index is the exact scan again: timed on as few queries as it.
+        timed = queries if indexed else queries[: args.exact_queries]
+        search(timed[:10], exact=False, ef_search=ef)  # warm-up: the index into the cache
+        found, seconds = search(timed, exact=False, ef_search=ef)
         hits = [
             len(set(got) & set(truth)) / max(1, len(truth))
             for got, truth in zip(found, exact, strict=False)
@@ -305,7 +308,7 @@ def measure_size(args: argparse.Namespace, vectors: Vectors, size: int) -> dict[
         row["hnsw"][str(ef)] = {
             **latency(seconds),
             "recall_at_10": statistics.mean(hits),
-            "uses_index": uses_index(queries[0], ef),
+            "uses_index": indexed,
         }
     row["insert"] = inserts(args.insert_rows, args.dimensions)
     return row
@@ -319,11 +322,13 @@ def report(results: dict[str, Any]) -> None:
         f"{results['load_average_after']}"
     )
     for row in results["sizes"]:
-        print(
-            f"{row['size']:>9} rows: COPY {row['fill_seconds']:.1f} s, HNSW build "
-            f"{row['build_seconds']:.1f} s ({row['build_rows_per_second']:.0f} rows/s), "
-            f"table+indexes {row['relation_mb']:.0f} MB"
+        made = (
+            "rows and index reused (--reuse)"
+            if row["build_seconds"] is None
+            else f"COPY {row['fill_seconds']:.1f} s, HNSW build {row['build_seconds']:.1f} s "
+            f"({row['build_rows_per_second']:.0f} rows/s)"
         )
+        print(f"{row['size']:>9} rows: {made}, table+indexes {row['relation_mb']:.0f} MB")
         exact = row["exact"]
         print(
             f"    exact  p50 {exact['p50_ms']:8.2f} ms  p99 {exact['p99_ms']:8.2f} ms"
@@ -371,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-build-minutes", type=float, default=25.0)
     parser.add_argument("--maintenance-work-mem", default="4GB")
     parser.add_argument("--insert-rows", type=int, default=2000)
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="search the rows and index a previous run of one size left (no fill, no build)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     if args.dimensions != 1536:
@@ -385,8 +395,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentloop.models import Memory
 
+    reused = False
     with connection.cursor() as cursor:
-        cursor.execute(f'TRUNCATE "{Memory._meta.db_table}" RESTART IDENTITY CASCADE')
+        if args.reuse:
+            cursor.execute(f'SELECT count(*) FROM "{Memory._meta.db_table}"')
+            count = cursor.fetchone()[0]
+            cursor.execute("SELECT 1 FROM pg_indexes WHERE indexname = %s", [INDEX])
+            reused = len(args.sizes) == 1 and count == args.sizes[0] and cursor.fetchone()
+            if not reused:
+                parser.error(f"--reuse: the table holds {count} rows (and its index?), not --sizes")
+        else:
+            cursor.execute(f'TRUNCATE "{Memory._meta.db_table}" RESTART IDENTITY CASCADE')
         cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
         pgvector_version = cursor.fetchone()[0]
         cursor.execute("SHOW server_version")
@@ -417,15 +436,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"skipping {size}: {results['skipped'][str(size)]}", flush=True)
                 continue
-        with connection.cursor() as cursor:
-            # Rows go in without the index (built after: far faster than row by row).
-            cursor.execute(f'DROP INDEX IF EXISTS "{INDEX}"')
-        fill_seconds = fill(args.database_url, vectors, filled, size)
-        filled = size
-        print(f"{size} rows written in {fill_seconds:.1f} s; building the index", flush=True)
-        build = build_index(args.dimensions, args.maintenance_work_mem)
-        rate = size / build
-        print(f"  built in {build:.1f} s ({rate:.0f} rows/s); searching", flush=True)
+        if reused:
+            # --reuse: the rows and index a previous run left (its fill and build not timed).
+            fill_seconds = build = None
+            filled = size
+            print(f"{size} rows and their index reused; searching", flush=True)
+        else:
+            with connection.cursor() as cursor:
+                # Rows go in without the index (built after: far faster than row by row).
+                cursor.execute(f'DROP INDEX IF EXISTS "{INDEX}"')
+            fill_seconds = fill(args.database_url, vectors, filled, size)
+            filled = size
+            print(f"{size} rows written in {fill_seconds:.1f} s; building the index", flush=True)
+            build = build_index(args.dimensions, args.maintenance_work_mem)
+            rate = size / build
+            print(f"  built in {build:.1f} s ({rate:.0f} rows/s); searching", flush=True)
         row = measure_size(args, vectors, size)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_total_relation_size(%s)", [Memory._meta.db_table])
@@ -433,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         row.update(
             fill_seconds=fill_seconds,
             build_seconds=build,
-            build_rows_per_second=rate,
+            build_rows_per_second=None if build is None else rate,
             relation_mb=relation / 2**20,
         )
         results["sizes"].append(row)
