@@ -17,9 +17,8 @@ from django.utils import timezone
 import agentloop
 from agentloop import data
 from agentloop.budgets import Subject
-from agentloop.embeddings.vendors import OfflineEmbeddingProvider, OfflineWire
-from agentloop.exceptions import BadRequestError
 from agentloop.models import Memory, Usage
+from tests.embedding_providers import FlakyEmbeddings
 
 pytestmark = pytest.mark.django_db
 
@@ -239,30 +238,6 @@ def test_search_needs_an_owner_and_names_an_unknown_one():
         run("search", "editor")
     with pytest.raises(CommandError, match="No user with the primary key or username 'nobody'"):
         run("search", "editor", "--owner", "nobody")
-
-
-class FlakyEmbeddings(OfflineEmbeddingProvider):
-    """The offline embeddings, refused after ``allowed`` requests (a provider gone bad
-    mid-run: BadRequestError is not retried)."""
-
-    def __init__(self, allowed: int) -> None:
-        super().__init__(name="flaky")
-        self.allowed = allowed
-        self.requests = 0
-
-    def embedding_wire(self, model: str) -> Any:
-        provider = self
-
-        class Wire(OfflineWire):
-            max_batch = 3
-
-            def call(self, inputs: Any, dimensions: Any, single: bool) -> Any:
-                provider.requests += 1
-                if provider.requests > provider.allowed:
-                    raise BadRequestError("the provider refused this batch", status=400)
-                return super().call(inputs, dimensions, single)
-
-        return Wire("hash-embedding")
 
 
 def test_reindex_embeds_again_in_batches_with_progress_and_resumes_after_a_stop(ada):

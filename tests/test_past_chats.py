@@ -16,7 +16,7 @@ from agentloop import past_chats
 from agentloop.exceptions import BadRequestError, ConfigurationError
 from agentloop.models import Chat, Message, MessageEmbedding, Usage
 from agentloop.testing import tool_call
-from tests.test_memory_ops import FlakyEmbeddings
+from tests.embedding_providers import FlakyEmbeddings
 
 pytestmark = pytest.mark.django_db
 
