@@ -229,5 +229,8 @@ def test_memory_bench_times_hnsw_and_exact_search_and_counts_recall(
     assert size["size"] == 300 and size["build_seconds"] > 0
     assert size["exact"]["samples"] == 3
     hnsw = size["hnsw"]["40"]
-    assert hnsw["samples"] == 5 and 0.8 <= hnsw["recall_at_10"] <= 1.0
+    # A plan without the index (300 rows: the planner may scan) is timed on as few queries
+    # as the exact search.
+    assert hnsw["samples"] == (5 if hnsw["uses_index"] else 3)
+    assert 0.8 <= hnsw["recall_at_10"] <= 1.0
     assert size["insert"]["rows"] == 20 and size["insert"]["rows_per_second"] > 0
