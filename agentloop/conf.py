@@ -294,6 +294,12 @@ class Settings(BaseModel):
     #: days a chat may stay idle (no message, no run) before ``agentloop.delete_idle_chats``
     #: (run daily by beat, or ``manage.py agentloop retention``) deletes it; None: kept.
     RETENTION_DAYS: _PositiveInt | None = None
+    #: "provider:model" that embeds past chats' messages in the background (the periodic task
+    #: agentloop.embed_past_messages), so a chat can search its owner's other chats
+    #: (agentloop.past_chats, the search_past_chats tool); None: off, nothing embedded.
+    PAST_CHATS_EMBEDDING_MODEL: str | None = None
+    #: the vectors' length, for a model that can make shorter ones; None: the model's own.
+    PAST_CHATS_DIMENSIONS: _PositiveInt | None = None
     #: budgets and quotas per subject (docs/budgets.md): {"cost_per_day": "20.00",
     #: "cost_per_month": ..., "tokens_per_day": ..., "tokens_per_month": ...,
     #: "chats_in_flight": 3}; each subject's ``Budget`` row may set its own. None: no budgets

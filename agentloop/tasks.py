@@ -32,6 +32,7 @@ __all__ = [
     "ResendAfterReconnect",
     "beat_schedule",
     "delete_idle_chats",
+    "embed_past_messages",
     "poll_batches",
     "resume_stalled_chats",
     "run_eval_case",
@@ -86,6 +87,20 @@ def delete_idle_chats(days: int | None = None) -> int:
     return report.deleted.chats
 
 
+@shared_task(name="agentloop.embed_past_messages", ignore_result=True)
+def embed_past_messages(batches: int = 10) -> int:
+    """Embed past chats' messages for search across an owner's chats (nothing while
+    ``AGENTLOOP["PAST_CHATS_EMBEDDING_MODEL"]`` is unset): ``batches`` batches, then, while
+    more are pending, this job again (it goes on where it stopped). Returns how many."""
+    # Function-local: it imports the models; Celery may load tasks before apps are ready.
+    from .past_chats import embed_pending_messages
+
+    progress = embed_pending_messages(batches=batches)
+    if progress.more:
+        embed_past_messages.apply_async(args=(batches,))
+    return progress.embedded
+
+
 #: agentloop's periodic tasks, each with its entry's name in beat's schedule.
 PERIODIC_TASKS: dict[str, str] = {
     # Re-enqueues chats whose worker died or whose job was lost: needed by every project.
@@ -94,6 +109,8 @@ PERIODIC_TASKS: dict[str, str] = {
     "agentloop.poll_batches": "agentloop-poll-batches",
     # Deletes chats idle for RETENTION_DAYS (nothing to do while that is unset).
     "agentloop.delete_idle_chats": "agentloop-delete-idle-chats",
+    # Embeds past chats' messages (nothing to do while PAST_CHATS_EMBEDDING_MODEL is unset).
+    "agentloop.embed_past_messages": "agentloop-embed-past-messages",
 }
 
 
@@ -102,6 +119,7 @@ def beat_schedule(
     resume_stalled_chats: float = 60.0,
     poll_batches: float | None = 300.0,
     delete_idle_chats: float | None = 24 * 60 * 60.0,
+    embed_past_messages: float | None = 60.0,
 ) -> dict[str, dict[str, Any]]:
     """Celery beat's entries for agentloop's periodic tasks, every ``n`` seconds each
     (``None`` leaves one out; the sweeper, ``resume_stalled_chats``, is always needed)::
@@ -110,13 +128,15 @@ def beat_schedule(
 
         CELERY_BEAT_SCHEDULE = beat_schedule()  # or {**beat_schedule(), "yours": {...}}
 
-    An entry whose task has nothing to do costs one query (no batches open, no
-    ``RETENTION_DAYS``), so the defaults fit a project that uses neither.
+    An entry whose task has nothing to do costs one query at most (no batches open, no
+    ``RETENTION_DAYS``, no ``PAST_CHATS_EMBEDDING_MODEL``: none), so the defaults fit a
+    project that uses none of them.
     """
     periods = {
         "agentloop.resume_stalled_chats": resume_stalled_chats,
         "agentloop.poll_batches": poll_batches,
         "agentloop.delete_idle_chats": delete_idle_chats,
+        "agentloop.embed_past_messages": embed_past_messages,
     }
     schedule: dict[str, dict[str, Any]] = {}
     for task, period in periods.items():

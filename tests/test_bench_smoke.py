@@ -1,4 +1,5 @@
-"""The job-path, sweeper and tracing benchmarks still run (tiny samples; nothing is timed here).
+"""The job-path, sweeper, tracing and memory benchmarks still run (tiny samples; nothing is
+timed here).
 
 They need PostgreSQL: skipped unless ``DATABASE_URL`` names one. Each script gets a database
 of its own, named after this process (the scripts empty their tables), dropped afterwards.
@@ -212,3 +213,24 @@ def test_eval_throughput_times_turns_and_eval_cases_alike(
     assert row["cases"] == 10  # every chat answered once, every case passed (checked)
     assert row["turns_s"] > 0 and row["eval_s"] > 0
     assert row["ratio"] == pytest.approx(row["eval_s"] / row["turns_s"], rel=0.01)
+
+
+def test_memory_bench_times_hnsw_and_exact_search_and_counts_recall(
+    bench_database: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "memory.json"
+    printed = run(
+        "memory.py", "--sizes=300", "--queries=5", "--exact-queries=3", "--ef-search=40",
+        "--insert-rows=20", f"--database-url={bench_database}", f"--json={out}",
+    )  # fmt: skip
+
+    assert "hnsw ef_search=40" in printed and "exact  p50" in printed
+    (size,) = json.loads(out.read_text())["sizes"]
+    assert size["size"] == 300 and size["build_seconds"] > 0
+    assert size["exact"]["samples"] == 3
+    hnsw = size["hnsw"]["40"]
+    # A plan without the index (300 rows: the planner may scan) is timed on as few queries
+    # as the exact search.
+    assert hnsw["samples"] == (5 if hnsw["uses_index"] else 3)
+    assert 0.8 <= hnsw["recall_at_10"] <= 1.0
+    assert size["insert"]["rows"] == 20 and size["insert"]["rows_per_second"] > 0

@@ -60,6 +60,7 @@ LOCAL_IMPORTS = {
     ("agentloop.tasks", "agentloop.batches"): "app loading: Celery imports tasks before apps",
     ("agentloop.tasks", "agentloop.data"): "app loading: Celery imports tasks before apps",
     ("agentloop.tasks", "agentloop.evals"): "app loading: Celery imports tasks before apps",
+    ("agentloop.tasks", "agentloop.past_chats"): "app loading: Celery imports tasks before apps",
     ("agentloop.tasks", "agentloop.evals.running"): (
         "app loading: Celery imports tasks before apps"
     ),

@@ -37,11 +37,17 @@ def test_the_default_schedule():
             "task": "agentloop.delete_idle_chats",
             "schedule": 86400.0,
         },
+        "agentloop-embed-past-messages": {
+            "task": "agentloop.embed_past_messages",
+            "schedule": 60.0,
+        },
     }
 
 
 def test_periods_are_seconds_and_none_leaves_an_optional_task_out():
-    schedule = beat_schedule(resume_stalled_chats=10, poll_batches=None, delete_idle_chats=3600)
+    schedule = beat_schedule(
+        resume_stalled_chats=10, poll_batches=None, delete_idle_chats=3600, embed_past_messages=None
+    )
 
     assert schedule == {
         "agentloop-resume-stalled-chats": {

@@ -2,8 +2,9 @@
 
 Importing this package registers ``Chat`` (``chat_admin``), ``ToolCall``, ``Usage`` and
 ``Message`` (``row_lists``), ``Batch`` (``batch_admin``), ``Budget`` (``budget_admin``:
-spend against budget per subject), the evals' sets, runs and cases (``eval_admin``) and the
-MCP tokens (``mcp_token_admin``) with the default admin site. The chat list's filters and
+spend against budget per subject), ``Memory`` (``memory_admin``: by subject and owner,
+searched by text or meaning), the evals' sets, runs and cases (``eval_admin``) and the MCP
+tokens (``mcp_token_admin``) with the default admin site. The chat list's filters and
 actions live in ``filters`` and ``actions``; the timeline its change page renders is
 ``build_timeline`` (``timeline``); the approval inbox across chats is ``ApprovalInbox``
 (``approval_inbox``), served by ``ChatAdmin``.
@@ -23,6 +24,7 @@ from .budget_admin import BudgetAdmin
 from .chat_admin import ChatAdmin
 from .eval_admin import EvalCaseAdmin, EvalRunAdmin, EvalSetAdmin, make_eval_set
 from .mcp_token_admin import MCPTokenAdmin
+from .memory_admin import MemoryAdmin
 from .row_lists import MessageAdmin, ToolCallAdmin, UsageAdmin
 from .timeline import Timeline, build_timeline
 
@@ -37,6 +39,7 @@ __all__ = [
     "EvalRunAdmin",
     "EvalSetAdmin",
     "MCPTokenAdmin",
+    "MemoryAdmin",
     "MessageAdmin",
     "Timeline",
     "ToolCallAdmin",

@@ -5,6 +5,9 @@ run holds it or is queued for it. Only whole conversations go: a top-level chat 
 subagent chats, and only when every one of them is idle. Usage rows stay for accounting,
 with their owner; they lose the link to the chat (``AGENTLOOP["RETENTION_DAYS"]``, run every
 day by ``agentloop.delete_idle_chats`` or ``manage.py agentloop retention``).
+
+Memories past their ``expires_at`` go at every run too (``delete_expired_memories``), with or
+without a retention period: an expiry is a date someone chose.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from ..conf import agentloop_settings
+from ..models.memories import Memory
 from .deletion import ChatModels, Deleted, delete_chats
 
-__all__ = ["RetentionReport", "delete_idle_chats", "idle_chats"]
+__all__ = [
+    "RetentionReport",
+    "delete_expired_memories",
+    "delete_idle_chats",
+    "expired_memories",
+    "idle_chats",
+]
 
 #: chats looked at, and deleted, per transaction.
 BATCH = 200
@@ -34,16 +45,22 @@ class RetentionReport:
     deleted: Deleted = field(default_factory=Deleted)
     #: idle chats kept because one of their subagent chats was active.
     kept_for_subagents: int = 0
+    #: memories deleted because their ``expires_at`` had passed.
+    memories_expired: int = 0
 
     def __str__(self) -> str:
+        expired = f"Deleted {self.memories_expired} expired memories."
         if self.days is None:
-            return "No retention: AGENTLOOP['RETENTION_DAYS'] is None and no --days was given."
+            return (
+                "No retention of chats: AGENTLOOP['RETENTION_DAYS'] is None and no --days "
+                f"was given. {expired}"
+            )
         gone = self.deleted
         return (
             f"Deleted {gone.chats} chats idle for more than {self.days} days (before "
             f"{self.cutoff:%Y-%m-%d %H:%M %Z}): {gone.messages} messages, {gone.tool_calls} "
             f"tool calls; usage rows kept. {self.kept_for_subagents} kept for an active "
-            "subagent chat."
+            f"subagent chat. {expired}"
         )
 
 
@@ -91,16 +108,18 @@ def delete_idle_chats(
     ``AGENTLOOP["RETENTION_DAYS"]``; None: nothing is deleted), a batch per transaction.
 
     Each batch is checked again under the rows' lock, so a chat someone writes to meanwhile
-    stays. Usage rows are kept, with their owner.
+    stays. Usage rows are kept, with their owner. Memories past their expiry go first,
+    whatever ``days`` is (:func:`delete_expired_memories`).
     """
     days = agentloop_settings.RETENTION_DAYS if days is None else days
-    if days is None:
-        return RetentionReport(days=None, cutoff=None)
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+    if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 1):
         raise ValueError(f"days must be a whole number of days of at least 1, not {days!r}")
+    expired = delete_expired_memories(using=using)
+    if days is None:
+        return RetentionReport(days=None, cutoff=None, memories_expired=expired)
     models = ChatModels.of(chat_model)
     cutoff = timezone.now() - timedelta(days=days)
-    report = RetentionReport(days=days, cutoff=cutoff)
+    report = RetentionReport(days=days, cutoff=cutoff, memories_expired=expired)
     idle = _IdleFilter(_latest(models), cutoff)
     top = _top_level(models, using)
     after: Any = None
@@ -140,3 +159,22 @@ def _with_active_subagents(
         pk__in=idle.apply(manager.filter(pk__in=list(root_of))).values("pk")
     )
     return {root_of[pk] for pk in active.values_list("pk", flat=True)}
+
+
+def expired_memories(*, using: str = "default") -> Any:
+    """The memories whose ``expires_at`` has passed (by the database's clock), as a queryset."""
+    return Memory._default_manager.using(using).filter(expires_at__lte=Now())
+
+
+def delete_expired_memories(*, using: str = "default") -> int:
+    """Delete the memories past their ``expires_at``, a batch of primary keys per statement
+    (no long lock on a big table); returns how many went."""
+    deleted = 0
+    while True:
+        expired = expired_memories(using=using).order_by("pk")
+        batch = list(expired.values_list("pk", flat=True)[:BATCH])
+        if not batch:
+            return deleted
+        # The expiry is checked again in the DELETE: one extended meanwhile stays.
+        _total, counts = expired_memories(using=using).filter(pk__in=batch).delete()
+        deleted += counts.get(Memory._meta.label, 0)

@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from ..conf import agentloop_settings
-from ..data import delete_idle_chats, erase_owner, idle_chats, write_export
+from ..data import delete_idle_chats, erase_owner, expired_memories, idle_chats, write_export
 
 __all__ = ["add_data_subcommands", "data_handlers"]
 
@@ -72,7 +72,8 @@ def add_data_subcommands(subcommands: Any) -> None:
         help="Delete chats idle for more than AGENTLOOP['RETENTION_DAYS'] days.",
         description=(
             "Deletes whole conversations (with their subagent chats) whose latest activity "
-            "is older than the retention period; usage rows are kept. The periodic task "
+            "is older than the retention period, and memories past their expires_at; usage "
+            "rows are kept. The periodic task "
             "agentloop.delete_idle_chats does the same."
         ),
     )
@@ -176,6 +177,10 @@ def _retention(command: BaseCommand, *, days: int | None, dry_run: bool, **_: An
                 "No retention period: give --days or set AGENTLOOP['RETENTION_DAYS']."
             )
         count = idle_chats(chosen).count()
-        command.stdout.write(f"{count} chats are idle for more than {chosen} days (none deleted).")
+        expired = expired_memories().count()
+        command.stdout.write(
+            f"{count} chats are idle for more than {chosen} days and {expired} memories are "
+            "past their expiry (none deleted)."
+        )
         return
     command.stdout.write(str(delete_idle_chats(days)))

@@ -13,6 +13,8 @@ Each module holds one kind of row, its states, queryset and abstract mixin:
 - ``budgets``: ``Budget`` (a subject's limits and counters), its reservations and slots;
 - ``memories``: ``Memory`` (what an owner's chats keep across conversations, with its
   embedding);
+- ``past_chat_embeddings``: ``MessageEmbedding`` (past chats' messages embedded for search
+  across an owner's chats, opt-in);
 - ``evals``: ``EvalSet``, ``EvalRun`` and ``EvalCase`` (docs/evals.md);
 - ``mcp_tokens``: ``MCPToken`` (a user's key to the agents served over MCP);
 - ``rate_limits``: ``RateLimitBucket`` (the database's rate-limit buckets);
@@ -43,6 +45,7 @@ from .message import (
     ToolCall,
     ToolResultField,
 )
+from .past_chat_embeddings import MessageEmbedding, MessageEmbeddingQuerySet
 from .rate_limits import RateLimitBucket
 from .usage import AbstractUsage, Usage, UsageQuerySet, UsageStatus
 
@@ -74,6 +77,8 @@ __all__ = [
     "Memory",
     "MemoryQuerySet",
     "Message",
+    "MessageEmbedding",
+    "MessageEmbeddingQuerySet",
     "MessageQuerySet",
     "RateLimitBucket",
     "Role",

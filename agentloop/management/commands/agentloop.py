@@ -14,6 +14,7 @@
                               | with-model MODEL | list
     manage.py agentloop eval set | run | compare | show     (agentloop.management.eval_command)
     manage.py agentloop mcp-serve | mcp-token create | list | revoke  (management/mcp_command.py)
+    manage.py agentloop memory list | search QUERY | reindex  (agentloop.management.memory_command)
 
 ``chat`` is an interactive chat in the terminal (agentloop.terminal): streamed answers,
 tool calls as they run, approvals and questions asked inline, Ctrl-C cancels the run.
@@ -54,6 +55,7 @@ from ..chats import add_chats_parser, handle_chats
 from ..data import add_data_subcommands, data_handlers
 from ..eval_command import add_eval_parser, handle_eval
 from ..mcp_command import add_mcp_parsers, mcp_handlers
+from ..memory_command import add_memory_parser, handle_memory
 
 DEFAULT_INSTRUCTIONS = "You are a helpful assistant. Use the tools you are given when they help."
 
@@ -63,8 +65,9 @@ class Command(BaseCommand):
         "agentloop commands: 'chat' (a chat in the terminal), 'demo' (the offline demo), "
         "'resume' (re-enqueue stalled chats), 'unlock' (free a chat by hand), 'batches' "
         "(poll open batches), 'export' and 'erase' (an owner's data), 'retention' (delete "
-        "idle chats), 'chats' (control many chats at once), 'eval' (evals of stored chats), "
-        "'mcp-serve' (the agents over MCP on stdio), 'mcp-token' (their users' tokens)."
+        "idle chats, expired memories), 'chats' (control many chats at once), 'eval' (evals "
+        "of stored chats), 'memory' (list, search, reindex memories), 'mcp-serve' (the agents "
+        "over MCP on stdio), 'mcp-token' (their users' tokens)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -181,6 +184,7 @@ class Command(BaseCommand):
         add_chats_parser(subcommands)
         add_eval_parser(subcommands)  # eval set | run | compare | show (management/eval_command.py)
         add_mcp_parsers(subcommands)  # mcp-serve, mcp-token (management/mcp_command.py)
+        add_memory_parser(subcommands)  # memory list | search | reindex (memory_command.py)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         handlers = {
@@ -193,6 +197,7 @@ class Command(BaseCommand):
             "chats": lambda **options: handle_chats(self, options),
             "eval": lambda **options: handle_eval(self, options),
             **mcp_handlers(self),
+            "memory": lambda **options: handle_memory(self, options),
         }
         handlers[subcommand](**options)
 
