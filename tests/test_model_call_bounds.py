@@ -402,12 +402,16 @@ def test_under_gevent_calls_wait_for_slots_end_at_deadlines_and_stop_at_a_cancel
 
     done = run_script("gevent_calls.py", keepalive.url, timeout=DEADLINE * 3)
 
-    outcomes = summary(done.stdout + done.stderr)["outcomes"]
+    reported = summary(done.stdout + done.stderr)
+    outcomes = reported["outcomes"]
     *bounded, cancelled = outcomes
     assert all(o.startswith("ProviderTimeout: keepalive:") for o in bounded), outcomes
     assert any("no model-call slot came free" in o for o in bounded), outcomes
     assert cancelled.startswith("CancelledError"), outcomes
-    assert keepalive.most["model"] == 3  # eight greenlets, three calls at once
+    # Eight greenlets, three calls at once in the process; the server saw them overlap (its
+    # count may show one more: a handler notices a timed-out client at its next write).
+    assert reported["most"] == 3
+    assert keepalive.most["model"] >= 3
 
 
 def test_a_providers_call_timeout_that_is_not_seconds_is_a_clear_error(gate, settings):

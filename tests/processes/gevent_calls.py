@@ -3,7 +3,9 @@
 
 Eight in-memory chats ask at once with ``MODEL_CONCURRENCY = {"keepalive": 3}`` and a 2 s
 ``call_timeout``; then one more asks with no deadline and is cancelled from another greenlet.
-Prints a last line ``SUMMARY {json}``: what each call raised.
+Prints a last line ``SUMMARY {json}``: what each call raised, and the most calls that were
+in the provider at once in this process (``most``: where the limit holds; the server's own
+count lags, as a handler notices a timed-out client only at its next write).
 """
 
 from gevent import monkey
@@ -33,7 +35,18 @@ def main(url: str) -> None:
         "PROVIDERS": {"keepalive": {"call_timeout": 2}},
     }
     agentloop_settings.reload()
-    providers.register("keepalive", OpenAIProvider(base_url=url, api_key="test-key"))
+    in_flight = {"now": 0, "most": 0}
+
+    class Counted(OpenAIProvider):
+        def request(self, request, *, on_chunk=None):  # type: ignore[no-untyped-def]
+            in_flight["now"] += 1  # greenlets: no lock needed between two switches
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+            try:
+                return super().request(request, on_chunk=on_chunk)
+            finally:
+                in_flight["now"] -= 1
+
+    providers.register("keepalive", Counted(base_url=url, api_key="test-key"))
 
     def ask(chat: agentloop.Conversation) -> str:
         try:
@@ -53,7 +66,8 @@ def main(url: str) -> None:
     chat.cancel()
     cancelled.join(timeout=60)
     outcomes = [g.value if g.ready() else "still running" for g in [*bounded, cancelled]]
-    print("SUMMARY " + json.dumps({"outcomes": outcomes}), flush=True)
+    summary = {"outcomes": outcomes, "most": in_flight["most"]}
+    print("SUMMARY " + json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":
