@@ -13,6 +13,7 @@ page): a ``RunAgentInput`` in, the run out as AG-UI events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -251,21 +252,43 @@ def usechat(request: HttpRequest) -> HttpResponseBase:
     """``useChat``'s POST: the last message's text is added to the chat (or its approval
     responses decided, as the approve and deny views do) and the chat runs in the
     background; the answer is streamed as it is saved, to the end of the run."""
+    return _streamed_post(request, parse_chat_request, _start_run)
+
+
+def _streamed_post(
+    request: HttpRequest, parse: Callable[[Any], Any], start_run: Callable[..., Any]
+) -> HttpResponseBase:
+    """A protocol's POST: the body read and parsed (400 for a refused one), the run started
+    (``start_run(request, asked)``: a follower, or a refusal) and streamed, holding one of the
+    user's stream slots (429 when none is free)."""
     try:
         body = request_json(request)
     except JSONInputError as exc:
         return _refused(str(exc), 400)
-    asked = parse_chat_request(body)
+    asked = parse(body)
     if asked.problem:
         return _refused(asked.problem, 400)
 
     def start() -> HttpResponseBase:
-        started = _start_run(request, asked)
+        started = start_run(request, asked)
         if isinstance(started, HttpResponse):
             return started
         return streaming_response(request, started)
 
     return holding_a_slot(request, start)
+
+
+def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
+    """The user's message added (its run is sent once the stream knows where the turn
+    starts); a refusal (409) when the chat is answering already, or when calls wait for a
+    person (``waiting`` says so)."""
+    try:
+        chat.ask_later(text, if_busy="reject")
+    except ChatBusyError:
+        return _refused("The chat is answering already: wait, or cancel its run.", 409)
+    except PendingToolCallsError:
+        return _refused(waiting, 409)
+    return None
 
 
 def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
@@ -275,12 +298,9 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
     translator = UIStreamTranslator()
     user_pk, rows = turn_rows(chat)
     if asked.text:
-        try:
-            chat.ask_later(asked.text, if_busy="reject")
-        except ChatBusyError:
-            return _refused("The chat is answering already: wait, or cancel its run.", 409)
-        except PendingToolCallsError:
-            return _refused("Approve or deny the waiting tool calls first.", 409)
+        not_added = _add_message(chat, asked.text, "Approve or deny the waiting tool calls first.")
+        if not_added is not None:
+            return not_added
         user_pk, rows = turn_rows(chat)
         if chat.state not in IN_FLIGHT:
             chat.complete_later()
@@ -372,21 +392,7 @@ def ag_ui(request: HttpRequest) -> HttpResponseBase:
     and the chat runs in the background; interrupts' answers (``resume``) approve, deny or
     answer the waiting calls; with neither, the persisted chat is replayed. The run streams
     as AG-UI events to its end (``agentloop.web._ag_ui``)."""
-    try:
-        body = request_json(request)
-    except JSONInputError as exc:
-        return _refused(str(exc), 400)
-    asked = parse_run_input(body)
-    if asked.problem:
-        return _refused(asked.problem, 400)
-
-    def start() -> HttpResponseBase:
-        started = _start_ag_ui_run(request, asked)
-        if isinstance(started, HttpResponse):
-            return started
-        return streaming_response(request, started)
-
-    return holding_a_slot(request, start)
+    return _streamed_post(request, parse_run_input, _start_ag_ui_run)
 
 
 def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFollower:
@@ -398,12 +404,11 @@ def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFol
     replay = None
     user_pk, rows = turn_rows(chat)
     if asked.text and not _sent_by_us(chat, asked.message_id):
-        try:
-            chat.ask_later(asked.text, if_busy="reject")
-        except ChatBusyError:
-            return _refused("The chat is answering already: wait, or cancel its run.", 409)
-        except PendingToolCallsError:
-            return _refused("Answer the interrupts (the waiting tool calls) first.", 409)
+        not_added = _add_message(
+            chat, asked.text, "Answer the interrupts (the waiting tool calls) first."
+        )
+        if not_added is not None:
+            return not_added
         user_pk, rows = turn_rows(chat)
         if chat.state not in IN_FLIGHT:
             chat.complete_later()
