@@ -9,7 +9,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import providers
 from ..django_store.leases import claim
 from ..django_store.releases import one_line
 from ..engine._transcript_reading import next_move
@@ -57,23 +56,7 @@ def refresh(batch: Batch) -> Batch:
             f"Batch #{batch.pk} holds eval run {batch.eval_run_id}'s requests: "
             "agentloop.evals.batch_rounds.refresh polls it."
         )
-    if batch.collected_at is not None or not records.claim(batch):
-        return batch
-    try:
-        api = _api(batch)
-        if batch.status == BatchStatus.CREATED:
-            _resend(batch, api)  # its sender was interrupted, or the provider was busy
-            return batch
-        _release_cancelled_chats(batch, api)
-        info = api.status(batch.provider_batch_id)
-        records.update(batch, polled_at=timezone.now(), **records.counts(info))
-        if info.finished:
-            if batch.ended_at is None:
-                records.update(batch, ended_at=timezone.now())
-            _collect(batch, api, info)
-    finally:
-        records.release(batch)
-    return batch
+    return records.poll(batch, resend=_resend, collect=_collect, before=_release_cancelled_chats)
 
 
 def cancel(batch: Batch) -> Batch:
@@ -96,20 +79,12 @@ def cancel(batch: Batch) -> Batch:
             finally:
                 records.release(batch)
         return batch
-    info = _api(batch).cancel(batch.provider_batch_id)
+    info = records.api_of(batch).cancel(batch.provider_batch_id)
     if info is not None:
         records.update(batch, **records.counts(info))
     else:
         records.update(batch, status=BatchStatus.CANCELLING)
     return batch
-
-
-def _api(batch: Batch) -> BatchAPI:
-    provider = providers.get(batch.provider)
-    api = batch_api(provider)
-    if api is None:
-        raise BatchError(f"Provider {batch.provider!r} has no batch API.")
-    return api
 
 
 def _resend(batch: Batch, api: BatchAPI) -> None:

@@ -1,19 +1,22 @@
-"""A batch's rows: the provider's counts, one UPDATE at a time, the poller's claim, and items
-moving out of pending."""
+"""A batch's rows: the provider's counts, one UPDATE at a time, the poller's claim and one
+poll under it, and items moving out of pending."""
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.db.models import Q
 from django.utils import timezone
 
-from ..models import Batch, BatchItem, BatchItemStatus
-from ..providers.batch_apis import BatchInfo
+from .. import providers
+from ..exceptions import BatchError
+from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus
+from ..providers.batch_apis import BatchAPI, BatchInfo, batch_api
 
-__all__ = ["CLAIM_SECONDS", "claim", "counts", "finish", "release", "update"]
+__all__ = ["CLAIM_SECONDS", "api_of", "claim", "counts", "finish", "poll", "release", "update"]
 
 #: how long one poller may hold a batch before another may take it over.
 CLAIM_SECONDS = 600
@@ -38,6 +41,44 @@ def update(batch: Batch, **fields: Any) -> None:
     Batch.objects.filter(pk=batch.pk).update(**fields)
     for name, value in fields.items():
         setattr(batch, name, value)
+
+
+def api_of(batch: Batch) -> BatchAPI:
+    """The batch API of ``batch``'s provider (``BatchError`` when it has none)."""
+    api = batch_api(providers.get(batch.provider))
+    if api is None:
+        raise BatchError(f"Provider {batch.provider!r} has no batch API.")
+    return api
+
+
+def poll(
+    batch: Batch,
+    *,
+    resend: Callable[[Batch, BatchAPI], None],
+    collect: Callable[[Batch, BatchAPI, BatchInfo], None],
+    before: Callable[[Batch, BatchAPI], None] | None = None,
+) -> Batch:
+    """One poll of ``batch`` under this process's claim (nothing while another holds it, or
+    once it was collected): a batch never sent is sent again (``resend``); else ``before``
+    runs, the provider's counts are kept, and an ended batch is ``collect``-ed."""
+    if batch.collected_at is not None or not claim(batch):
+        return batch
+    try:
+        api = api_of(batch)
+        if batch.status == BatchStatus.CREATED:
+            resend(batch, api)  # its sender was interrupted, or the provider was busy
+            return batch
+        if before is not None:
+            before(batch, api)
+        info = api.status(batch.provider_batch_id)
+        update(batch, polled_at=timezone.now(), **counts(info))
+        if info.finished:
+            if batch.ended_at is None:
+                update(batch, ended_at=timezone.now())
+            collect(batch, api, info)
+    finally:
+        release(batch)
+    return batch
 
 
 # -- claims ----------------------------------------------------------------------------------

@@ -237,13 +237,6 @@ def poll(run: EvalRun | None = None) -> list[Batch]:
     return polled
 
 
-def _api(batch: Batch) -> BatchAPI:
-    api = batch_api(providers.get(batch.provider))
-    if api is None:
-        raise ConfigurationError(f"Provider {batch.provider!r} has no batch API.")
-    return api
-
-
 def _run_of(batch: Batch) -> EvalRun:
     run = batch.eval_run
     if run is None:  # its run was deleted: nothing is left to put its answers into
@@ -254,22 +247,7 @@ def _run_of(batch: Batch) -> EvalRun:
 def refresh(batch: Batch) -> Batch:
     """Poll the provider for an eval ``batch``; once it has ended, put each answer into its
     case. Does nothing while another process holds the batch."""
-    if batch.collected_at is not None or not records.claim(batch):
-        return batch
-    try:
-        api = _api(batch)
-        if batch.status == BatchStatus.CREATED:
-            _resend(batch, api)  # its sender died, or the provider was busy
-            return batch
-        info = api.status(batch.provider_batch_id)
-        records.update(batch, polled_at=timezone.now(), **records.counts(info))
-        if info.finished:
-            if batch.ended_at is None:
-                records.update(batch, ended_at=timezone.now())
-            _collect(batch, api, info)
-    finally:
-        records.release(batch)
-    return batch
+    return records.poll(batch, resend=_resend, collect=_collect)
 
 
 def _resend(batch: Batch, api: BatchAPI) -> None:
