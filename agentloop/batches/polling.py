@@ -22,7 +22,7 @@ from ..exceptions import (
 )
 from ..messages import ModelResponse
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus, Chat, ChatState
-from ..providers.batch_apis import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
+from ..providers.batch_apis import BatchAPI, BatchInfo, batch_api
 from . import records, submitting
 
 __all__ = ["cancel", "poll", "refresh"]
@@ -34,15 +34,8 @@ logger = logging.getLogger(__name__)
 def poll() -> list[Batch]:
     """Refresh every open batch of chats (the periodic task and the management command call
     this; an eval run's batches are ``agentloop.evals.batch_rounds.poll``'s)."""
-    polled = []
-    for batch in Batch.objects.open().filter(eval_run__isnull=True).order_by("created_at"):
-        try:
-            refresh(batch)
-        except Exception as exc:  # one batch's trouble must not stop the others
-            logger.exception("Polling batch %s failed", batch.pk)
-            records.update(batch, error=f"Polling failed: {type(exc).__name__}: {exc}"[:2000])
-        polled.append(batch)
-    return polled
+    batches = Batch.objects.open().filter(eval_run__isnull=True).order_by("created_at")
+    return records.refresh_each(batches, refresh)
 
 
 def refresh(batch: Batch) -> Batch:
@@ -172,12 +165,11 @@ def _claim(item: BatchItem) -> Any:
 def _collect(batch: Batch, api: BatchAPI, info: BatchInfo) -> None:
     """Put each result into its chat; chats that asked for tools run them and go on."""
     pending = list(batch.items.filter(status=BatchItemStatus.PENDING).select_related("chat"))
-    results = {} if info.status == FAILED or not pending else api.results(batch.provider_batch_id)
+    results = records.outcomes(batch, api, info, (item.custom_id for item in pending))
     continuing: list[int] = []
     left = 0
     for item in pending:
-        result = results.get(item.custom_id)
-        outcome = _apply(batch, api, item, result if result is not None else _missing(info))
+        outcome = _apply(batch, api, item, results[item.custom_id])
         if outcome is None:
             left += 1
         elif outcome == "continue":
@@ -186,15 +178,6 @@ def _collect(batch: Batch, api: BatchAPI, info: BatchInfo) -> None:
         records.update(batch, collected_at=timezone.now())
     if continuing:
         _continue(batch, continuing)
-
-
-def _missing(info: BatchInfo) -> ProviderError:
-    """The outcome of a request the provider gave no result for."""
-    if info.status in (CANCELLED, EXPIRED):
-        return BatchItemNotRunError(f"The batch was {info.status} before this request ran.")
-    if info.status == FAILED:
-        return ProviderError(f"The batch failed: {info.error or 'no reason given'}")
-    return ProviderError("The batch ended without a result for this request.")
 
 
 def _apply(batch: Batch, api: BatchAPI, item: BatchItem, result: Any) -> str | None:

@@ -1,10 +1,11 @@
 """A batch's rows: the provider's counts, one UPDATE at a time, the poller's claim and one
-poll under it, and items moving out of pending."""
+poll under it, the results of an ended batch, and items moving out of pending."""
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -12,11 +13,32 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .. import providers
-from ..exceptions import BatchError
+from ..exceptions import BatchError, BatchItemNotRunError, ProviderError
 from ..models import Batch, BatchItem, BatchItemStatus, BatchStatus
-from ..providers.batch_apis import BatchAPI, BatchInfo, batch_api
+from ..providers.batch_apis import (
+    CANCELLED,
+    EXPIRED,
+    FAILED,
+    BatchAPI,
+    BatchInfo,
+    BatchResult,
+    batch_api,
+)
 
-__all__ = ["CLAIM_SECONDS", "api_of", "claim", "counts", "finish", "poll", "release", "update"]
+__all__ = [
+    "CLAIM_SECONDS",
+    "api_of",
+    "claim",
+    "counts",
+    "finish",
+    "outcomes",
+    "poll",
+    "refresh_each",
+    "release",
+    "update",
+]
+
+logger = logging.getLogger(__name__)
 
 #: how long one poller may hold a batch before another may take it over.
 CLAIM_SECONDS = 600
@@ -79,6 +101,43 @@ def poll(
     finally:
         release(batch)
     return batch
+
+
+def outcomes(
+    batch: Batch, api: BatchAPI, info: BatchInfo, custom_ids: Iterable[str]
+) -> dict[str, BatchResult]:
+    """The outcome of each of ``custom_ids`` in an ended batch: its result, else the error of
+    a request the provider gave no result for. The provider is asked only when there is
+    something to collect from a batch that did not fail as a whole."""
+    wanted = list(custom_ids)
+    results = {} if info.status == FAILED or not wanted else api.results(batch.provider_batch_id)
+    return {
+        custom_id: found if (found := results.get(custom_id)) is not None else _missing(info)
+        for custom_id in wanted
+    }
+
+
+def _missing(info: BatchInfo) -> ProviderError:
+    """The outcome of a request the provider gave no result for."""
+    if info.status in (CANCELLED, EXPIRED):
+        return BatchItemNotRunError(f"The batch was {info.status} before this request ran.")
+    if info.status == FAILED:
+        return ProviderError(f"The batch failed: {info.error or 'no reason given'}")
+    return ProviderError("The batch ended without a result for this request.")
+
+
+def refresh_each(batches: Iterable[Batch], refresh: Callable[[Batch], Batch]) -> list[Batch]:
+    """``refresh`` each of ``batches`` in turn; a batch whose poll fails is logged and keeps
+    the failure as its ``error``, and the others are polled all the same. Returns them."""
+    polled = []
+    for batch in batches:
+        try:
+            refresh(batch)
+        except Exception as exc:  # one batch's trouble must not stop the others
+            logger.exception("Polling batch %s failed", batch.pk)
+            update(batch, error=f"Polling failed: {type(exc).__name__}: {exc}"[:2000])
+        polled.append(batch)
+    return polled
 
 
 # -- claims ----------------------------------------------------------------------------------

@@ -41,14 +41,13 @@ from ..conf import get_chat_model
 from ..engine._transcript_reading import next_move
 from ..exceptions import (
     AgentloopError,
-    BatchItemNotRunError,
     ConfigurationError,
     LimitReachedError,
     ProviderError,
 )
 from ..messages import Message, ModelResponse
 from ..models import Batch, BatchStatus, EvalCase, EvalCaseState, EvalRun
-from ..providers.batch_apis import CANCELLED, EXPIRED, FAILED, BatchAPI, BatchInfo, batch_api
+from ..providers.batch_apis import BatchAPI, BatchInfo, batch_api
 from .outcomes import candidate_of, case_values, charge_written, evals_budget_reached
 from .replay import Attempt, Replaying, attempt_of, start_replay
 from .sets import item_turn
@@ -69,11 +68,25 @@ def check_batchable(model: str, provider: str | None = None) -> None:
 
 
 # -- sending a round ----------------------------------------------------------------------------
+#: what a case that can't be replayed (its item, candidate or recording gone or broken) raises.
+_CANT_REPLAY = (AgentloopError, ImportError, KeyError, ValueError)
+
+
 def _resume(case: EvalCase, run: EvalRun) -> Replaying:
     """The case's replay as its last round left it."""
     turn = item_turn(case.item, get_chat_model())
     so_far = [Message.model_validate(raw) for raw in case.replayed]
     return start_replay(turn, candidate_of(run), so_far=so_far, calls_so_far=case.tool_calls)
+
+
+def _resumed(case: EvalCase, run: EvalRun, **match: Any) -> Replaying | None:
+    """:func:`_resume`, or None when the case can't be replayed: it is then an error (if it
+    is still where ``match`` says)."""
+    try:
+        return _resume(case, run)
+    except _CANT_REPLAY as exc:
+        _error(case, f"The case can't be replayed: {exc}", **match)
+        return None
 
 
 def _so_far(case: EvalCase, attempt: Attempt, waited_ms: int) -> Attempt:
@@ -124,10 +137,8 @@ def send_round(run: EvalRun) -> list[Batch]:
         return []
     groups: dict[tuple[str, str], list[tuple[EvalCase, Any]]] = {}
     for case in run.cases.filter(**waiting).order_by("position"):
-        try:
-            replaying = _resume(case, run)
-        except (AgentloopError, ImportError, KeyError, ValueError) as exc:
-            _error(case, f"The case can't be replayed: {exc}", **waiting)
+        replaying = _resumed(case, run, **waiting)
+        if replaying is None:
             continue
         conversation = replaying.conversation
         try:
@@ -219,14 +230,7 @@ def poll(run: EvalRun | None = None) -> list[Batch]:
     batches = Batch.objects.open().filter(eval_run__isnull=False)
     if run is not None:
         batches = batches.filter(eval_run=run)
-    polled = []
-    for batch in batches.order_by("created_at"):
-        try:
-            refresh(batch)
-        except Exception as exc:  # one batch's trouble must not stop the others
-            logger.exception("Polling eval batch %s failed", batch.pk)
-            records.update(batch, error=f"Polling failed: {type(exc).__name__}: {exc}"[:2000])
-        polled.append(batch)
+    polled = records.refresh_each(batches.order_by("created_at"), refresh)
     runs = EvalRun.objects.filter(
         batched=True, cases__state=EvalCaseState.PENDING, cases__batch__isnull=True
     )
@@ -257,7 +261,7 @@ def _resend(batch: Batch, api: BatchAPI) -> None:
         try:
             replaying = _resume(case, run)
             prepared = replaying.conversation.prepare_model_call(check_limits=False)
-        except (AgentloopError, ImportError, KeyError, ValueError) as exc:
+        except _CANT_REPLAY as exc:
             _error(case, f"The case can't be replayed: {exc}", batch=batch)
             continue
         calls.append((case, prepared))
@@ -267,24 +271,15 @@ def _resend(batch: Batch, api: BatchAPI) -> None:
     _send(batch, api, calls)  # under refresh()'s claim
 
 
-def _missing(info: BatchInfo) -> ProviderError:
-    if info.status in (CANCELLED, EXPIRED):
-        return BatchItemNotRunError(f"The batch was {info.status} before this request ran.")
-    if info.status == FAILED:
-        return ProviderError(f"The batch failed: {info.error or 'no reason given'}")
-    return ProviderError("The batch ended without a result for this request.")
-
-
 def _collect(batch: Batch, api: BatchAPI, info: BatchInfo) -> None:
     """Each answer into its case; the batch is collected when none is left in it."""
     cases = list(batch.eval_cases.filter(state=EvalCaseState.RUNNING).order_by("position"))
-    results = {} if info.status == FAILED or not cases else api.results(batch.provider_batch_id)
+    results = records.outcomes(batch, api, info, (str(case.position) for case in cases))
     waited = timezone.now() - (batch.submitted_at or batch.created_at)
     waited_ms = int(waited.total_seconds() * 1000)
     run = _run_of(batch)
     for case in cases:
-        result = results.get(str(case.position))
-        _answer(batch, api, run, case, result if result is not None else _missing(info), waited_ms)
+        _answer(batch, api, run, case, results[str(case.position)], waited_ms)
     records.update(batch, collected_at=timezone.now())
 
 
@@ -300,10 +295,8 @@ def _answer(
                   "score": 0.0, "finished_at": timezone.now(), **latency}  # fmt: skip
         _write(case, values, **here)
         return
-    try:
-        replaying = _resume(case, run)
-    except (AgentloopError, ImportError, KeyError, ValueError) as exc:
-        _error(case, f"The case can't be replayed: {exc}", **here)
+    replaying = _resumed(case, run, **here)
+    if replaying is None:
         return
     conversation = replaying.conversation
     prepared = conversation.prepare_model_call(check_limits=False)

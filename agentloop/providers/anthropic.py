@@ -41,6 +41,7 @@ from .common import (
     close_object_schemas,
     deep_merge,
     tool_call_from_text,
+    turns,
 )
 from .errors import error_for_status
 from .http import HTTPProvider, StreamParser
@@ -258,29 +259,16 @@ class AnthropicProvider(HTTPProvider):
     def _messages(
         self, transcript: list[Message]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        system: list[dict[str, Any]] = []
-        messages: list[dict[str, Any]] = []
+        system = [_text_block(m.content) for m in transcript if m.role == "system" and m.content]
 
-        def add(role: str, blocks: list[dict[str, Any]]) -> None:
-            if not blocks:
-                return  # the API rejects empty messages
-            # Tool results and a following user text share one user turn (results first).
-            if role == "user" and messages and messages[-1]["role"] == "user":
-                messages[-1]["content"].extend(blocks)
-            else:
-                messages.append({"role": role, "content": blocks})
+        def blocks(message: Message) -> list[dict[str, Any]]:
+            if message.role == "user":
+                return _blocks(message)
+            if message.role == "tool":
+                return [self._tool_result(message)]
+            return self._assistant_blocks(message)
 
-        for message in transcript:
-            if message.role == "system":
-                if message.content:
-                    system.append(_text_block(message.content))
-            elif message.role == "user":
-                add("user", _blocks(message))
-            elif message.role == "tool":
-                add("user", [self._tool_result(message)])
-            else:
-                add("assistant", self._assistant_blocks(message))
-        return system, messages
+        return system, turns(transcript, blocks, joined=("user",))
 
     @staticmethod
     def _tool_result(message: Message) -> dict[str, Any]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..messages import ModelRequest, ModelResponse, ToolCall, ToolCallDelta
+from ..messages import Message, ModelRequest, ModelResponse, ToolCall, ToolCallDelta
 
 __all__ = [
     "INVALID_ARGUMENTS",
@@ -20,6 +20,7 @@ __all__ = [
     "new_call_id",
     "parse_arguments",
     "strict_json_schema",
+    "turns",
     "with_parsed_json",
 ]
 
@@ -111,6 +112,37 @@ def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
 def json_text(value: Any) -> str:
     """Compact JSON, as the APIs write it (tool-call arguments read back the same)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def turns(
+    transcript: Iterable[Message],
+    blocks: Callable[[Message], list[dict[str, Any]]],
+    *,
+    key: str = "content",
+    model_role: str = "assistant",
+    joined: Container[str] | None = None,
+) -> list[dict[str, Any]]:
+    """The non-system messages of ``transcript`` as the turns of an API whose roles alternate
+    (Anthropic, Bedrock Converse, Gemini): ``{"role": ..., key: blocks(message)}``, tool
+    results in user turns, assistant messages in ``model_role`` turns.
+
+    A message without blocks is left out (these APIs reject empty turns); one of the role
+    of the turn before it is joined into that turn, for the roles in ``joined`` (all when
+    None): a round's tool results and the user's text after them make one user turn.
+    """
+    result: list[dict[str, Any]] = []
+    for message in transcript:
+        if message.role == "system":
+            continue
+        role = "user" if message.role in ("user", "tool") else model_role
+        content = blocks(message)
+        if not content:
+            continue
+        if result and result[-1]["role"] == role and (joined is None or role in joined):
+            result[-1][key].extend(content)
+        else:
+            result.append({"role": role, key: content})
+    return result
 
 
 def with_parsed_json(request: ModelRequest, response: ModelResponse) -> ModelResponse:

@@ -435,14 +435,12 @@ class OpenRouterProvider(OpenAIProvider):
     api_key_env = ("OPENROUTER_API_KEY",)
     base_url_env = ()
     dialect: ClassVar[dict[str, Any]] = {
+        **_COMPATIBLE_DIALECT,
         "system_role": "developer",
-        "max_tokens_field": "max_tokens",
         "strict_tools": True,
-        "reasoning_field": None,
         # OpenRouter fetches a PDF from the URL given as file_data.
         "file_urls": True,
         "thinking_format": "openrouter",
-        "prompt_cache_key": False,
     }
 
 
@@ -455,14 +453,10 @@ class DeepSeekProvider(OpenAIProvider):
     api_key_env = ("DEEPSEEK_API_KEY",)
     base_url_env = ()
     dialect: ClassVar[dict[str, Any]] = {
-        "system_role": "system",
-        "max_tokens_field": "max_tokens",
-        "strict_tools": False,
+        **_COMPATIBLE_DIALECT,
         # DeepSeek wants a thinking answer's reasoning_content back with it in tool rounds.
         "reasoning_field": "reasoning_content",
-        "file_urls": False,
         "thinking_format": "deepseek",
-        "prompt_cache_key": False,
     }
 
 

@@ -37,20 +37,21 @@ class AnthropicBatchAPI(HTTPBatchAPI):
             {"custom_id": custom_id, "params": self.provider.build_body(request, stream=False)}
             for custom_id, request in items
         ]
-        response = self.send(
-            "POST", self.path, headers=self.common_headers(items), json={"requests": requests}
+        return self._info(
+            self.send_json(
+                "POST", self.path, headers=self.common_headers(items), json={"requests": requests}
+            )
         )
-        return self._info(self.json(response))
 
     def status(self, batch_id: str) -> BatchInfo:
-        return self._info(self.json(self.send("GET", f"{self.path}/{batch_id}")))
+        return self._info(self.send_json("GET", f"{self.path}/{batch_id}"))
 
     def results(self, batch_id: str) -> dict[str, BatchResult]:
         text = self.send("GET", f"{self.path}/{batch_id}/results").text
         return self.results_of(text, self._result)
 
     def cancel(self, batch_id: str) -> BatchInfo:
-        return self._info(self.json(self.send("POST", f"{self.path}/{batch_id}/cancel", json={})))
+        return self._info(self.send_json("POST", f"{self.path}/{batch_id}/cancel", json={}))
 
     def _result(self, line: Mapping[str, Any]) -> BatchResult:
         result = line.get("result") or {}

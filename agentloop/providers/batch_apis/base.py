@@ -17,7 +17,6 @@ from ...messages import ModelRequest, ModelResponse, TokenUsage
 from ..base import Provider
 from ..errors import call_errors
 from ..http import HTTPProvider
-from ..redaction import redact
 
 __all__ = [
     "CANCELLED",
@@ -138,15 +137,9 @@ class HTTPBatchAPI(BatchAPI):
             provider._raise_for_status(response)
         return response
 
-    def json(self, response: httpx.Response) -> Any:
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise InvalidResponseError(
-                f"{self.name} answered with invalid JSON",
-                status=response.status_code,
-                body=redact(response.text[:2000], self.provider._secrets()),
-            ) from exc
+    def send_json(self, method: str, url: str, **kwargs: Any) -> Any:
+        """:meth:`send`, and the answer's JSON (InvalidResponseError when it is not JSON)."""
+        return self.provider._json_of(self.send(method, url, **kwargs))
 
     def parsed(self, data: Any) -> BatchResult:
         """One answer through the provider's own parser; its error as a value."""

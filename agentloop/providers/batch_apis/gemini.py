@@ -62,19 +62,19 @@ class GeminiBatchAPI(HTTPBatchAPI):
                 "inputConfig": {"requests": {"requests": requests}},
             }
         }
-        response = self.send(
-            "POST", f"{action}:batchGenerateContent", headers=self.common_headers(items), json=body
+        headers = self.common_headers(items)
+        return self._info(
+            self.send_json("POST", f"{action}:batchGenerateContent", headers=headers, json=body)
         )
-        return self._info(self.json(response))
 
     def _url(self, batch_id: str) -> str:
         return f"/{self.provider.api_version}/{batch_id}"
 
     def status(self, batch_id: str) -> BatchInfo:
-        return self._info(self.json(self.send("GET", self._url(batch_id))))
+        return self._info(self.send_json("GET", self._url(batch_id)))
 
     def results(self, batch_id: str) -> dict[str, BatchResult]:
-        operation = self.json(self.send("GET", self._url(batch_id)))
+        operation = self.send_json("GET", self._url(batch_id))
         batch = operation.get("metadata") or {}
         output = operation.get("response") or batch.get("output") or {}
         if output.get("responsesFile") and not output.get("inlinedResponses"):

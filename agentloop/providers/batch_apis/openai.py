@@ -69,25 +69,23 @@ class OpenAIBatchAPI(HTTPBatchAPI):
             line = {"custom_id": custom_id, "method": "POST", "url": self.url, "body": body}
             lines.append(json.dumps(line, separators=(",", ":"), ensure_ascii=False))
         content = ("\n".join(lines) + "\n").encode("utf-8")
-        upload = self.json(
-            self.send(
-                "POST",
-                "/files",
-                headers=headers,
-                files={"file": ("agentloop_batch.jsonl", content, "application/jsonl")},
-                data={"purpose": "batch"},
-            )
+        upload = self.send_json(
+            "POST",
+            "/files",
+            headers=headers,
+            files={"file": ("agentloop_batch.jsonl", content, "application/jsonl")},
+            data={"purpose": "batch"},
         )
-        created = self.send(
+        created = self.send_json(
             "POST",
             "/batches",
             headers=headers,
             json={"input_file_id": upload["id"], "endpoint": self.url, "completion_window": "24h"},
         )
-        return self._info(self.json(created))
+        return self._info(created)
 
     def status(self, batch_id: str) -> BatchInfo:
-        return self._info(self.json(self.send("GET", f"/batches/{batch_id}")))
+        return self._info(self.send_json("GET", f"/batches/{batch_id}"))
 
     def results(self, batch_id: str) -> dict[str, BatchResult]:
         info = self.status(batch_id)
@@ -101,7 +99,7 @@ class OpenAIBatchAPI(HTTPBatchAPI):
         return results
 
     def cancel(self, batch_id: str) -> BatchInfo:
-        return self._info(self.json(self.send("POST", f"/batches/{batch_id}/cancel")))
+        return self._info(self.send_json("POST", f"/batches/{batch_id}/cancel"))
 
     def _result(self, line: Mapping[str, Any]) -> BatchResult:
         response = line.get("response") or {}

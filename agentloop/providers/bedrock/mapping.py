@@ -14,7 +14,7 @@ from ...attachments import Attachment
 from ...exceptions import AttachmentError
 from ...messages import Caching, Message, ModelRequest, Thinking, ToolCall, ToolDefinition
 from ..caching import MAX_BREAKPOINTS
-from ..common import INVALID_ARGUMENTS, close_object_schemas, deep_merge
+from ..common import INVALID_ARGUMENTS, close_object_schemas, deep_merge, turns
 from ..model_options import temperature_for, thinking_for
 from ..thinking import EFFORT_BUDGETS, budget_tokens, replays_to
 
@@ -126,29 +126,16 @@ def _effort_of(budget: int) -> str:
 def _messages(
     transcript: list[Message], provider: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    system: list[dict[str, Any]] = []
-    messages: list[dict[str, Any]] = []
+    system = [{"text": m.content} for m in transcript if m.role == "system" and m.content]
 
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if not blocks:
-            return  # the API rejects empty messages
-        # Roles alternate: tool results and a following user text share one user turn.
-        if messages and messages[-1]["role"] == role:
-            messages[-1]["content"].extend(blocks)
-        else:
-            messages.append({"role": role, "content": blocks})
+    def blocks(message: Message) -> list[dict[str, Any]]:
+        if message.role == "user":
+            return _blocks(message)
+        if message.role == "tool":
+            return [_tool_result(message)]
+        return _assistant_blocks(message, provider)
 
-    for message in transcript:
-        if message.role == "system":
-            if message.content:
-                system.append({"text": message.content})
-        elif message.role == "user":
-            add("user", _blocks(message))
-        elif message.role == "tool":
-            add("user", [_tool_result(message)])
-        else:
-            add("assistant", _assistant_blocks(message, provider))
-    return system, messages
+    return system, turns(transcript, blocks)
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from ..common import (
     json_text,
     new_call_id,
     tool_call_from_text,
+    turns,
 )
 from ..model_options import temperature_for, thinking_for
 from ..thinking import budget_tokens, replays_to, stamped
@@ -154,36 +155,20 @@ def _tool_config(choice: str | None) -> dict[str, Any] | None:
 def _contents(
     transcript: list[Message],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    system: list[dict[str, Any]] = []
-    contents: list[dict[str, Any]] = []
-    calls: dict[str, ToolCall] = {}
+    system = [{"text": m.content} for m in transcript if m.role == "system" and m.content]
+    calls: dict[str, ToolCall] = {}  # the calls so far, by id: a result names its call's name
 
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
-        if not parts:
-            return  # the API rejects contents without parts
-        # One content per turn: a round's results (and text after them) share one.
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
-
-    for message in transcript:
-        if message.role == "system":
-            if message.content:
-                system.append({"text": message.content})
-        elif message.role == "user":
-            text = [{"text": message.content}] if message.content else []
-            add("user", text + [_attachment_part(a) for a in message.attachments])
+    def parts(message: Message) -> list[dict[str, Any]]:
+        if message.role == "user":
+            first = [{"text": message.content}] if message.content else []
         elif message.role == "tool":
-            add(
-                "user",
-                [_function_response(message, calls.get(message.tool_call_id or ""))]
-                + [_attachment_part(a) for a in message.attachments],
-            )
+            first = [_function_response(message, calls.get(message.tool_call_id or ""))]
         else:
             calls.update({call.id: call for call in message.tool_calls})
-            add("model", _model_parts(message))
-    return system, contents
+            return _model_parts(message)
+        return first + [_attachment_part(a) for a in message.attachments]
+
+    return system, turns(transcript, parts, key="parts", model_role="model")
 
 
 def _function_response(message: Message, call: ToolCall | None) -> dict[str, Any]:
