@@ -65,7 +65,6 @@ class BedrockProvider(HTTPProvider):
         *,
         region: str | None = None,
         profile: str | None = None,
-        endpoint_url: str | None = None,
         session: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -73,7 +72,6 @@ class BedrockProvider(HTTPProvider):
         super().__init__(**kwargs)
         self._region = region
         self._profile = profile
-        self._endpoint_url = endpoint_url
         self._session = session
         self._auth: AWSAuth | None = None
         self._auth_lock = threading.Lock()  # not _lock: ``client`` holds it to read base_url

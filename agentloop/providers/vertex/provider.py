@@ -46,13 +46,11 @@ class VertexAIProvider(GeminiBase):
         project: str | None = None,
         location: str | None = None,
         credentials: Any = None,
-        endpoint_url: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._project = project
         self._location = location
-        self._endpoint_url = endpoint_url
         self._credentials = credentials
         self._google = GoogleCredentials(self.name, self._credentials_source, lambda: self.client)
 
