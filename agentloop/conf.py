@@ -294,6 +294,11 @@ class Settings(BaseModel):
     #: days a chat may stay idle (no message, no run) before ``agentloop.delete_idle_chats``
     #: (run daily by beat, or ``manage.py agentloop retention``) deletes it; None: kept.
     RETENTION_DAYS: _PositiveInt | None = None
+    #: "provider:model" that embeds memories (the memory tools, the recall before a model
+    #: call, ``manage.py agentloop memory reindex``) unless ``with_memory(model=...)`` names
+    #: another; a search compares only the memories this model embedded (after a change:
+    #: reindex).
+    MEMORY_EMBEDDING_MODEL: str = "openai:text-embedding-3-small"
     #: "provider:model" that embeds past chats' messages in the background (the periodic task
     #: agentloop.embed_past_messages), so a chat can search its owner's other chats
     #: (agentloop.past_chats, the search_past_chats tool); None: off, nothing embedded.

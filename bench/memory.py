@@ -11,7 +11,7 @@ subject's filter removes nothing, so the index does all the work), then for each
 smallest first (the table grows from one size to the next):
 
 * builds the migration's HNSW index (cosine, ``m`` 16, ``ef_construction`` 64, on
-  ``embedding::vector(1536)``) from scratch and times it: the build rate (rows/s) at one size
+  ``embedding::halfvec(1536)``) from scratch and times it: the build rate (rows/s) at one size
   projects the next size's build, and a size projected over ``--max-build-minutes`` is left
   out (said so in the output);
 * times ``nearest()`` (the library's own call, its iterative index scan included) for
@@ -175,7 +175,7 @@ def build_index(dimensions: int, maintenance_work_mem: str) -> float:
         # The same statement as migration 0021's (AddHnswIndexOnPostgres).
         cursor.execute(
             f'CREATE INDEX "{INDEX}" ON "{table}" USING hnsw '
-            f'(("embedding"::vector({dimensions})) vector_cosine_ops) '
+            f'(("embedding"::halfvec({dimensions})) halfvec_cosine_ops) '
             f'WHERE "dimensions" = {dimensions}'
         )
         seconds = time.perf_counter() - started

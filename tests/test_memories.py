@@ -109,7 +109,7 @@ def test_on_postgresql_the_hnsw_index_serves_the_nearest_query(user: Any) -> Non
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'agentloop_memory_hnsw_1536'"
         )
         (definition,) = cursor.fetchone()
-        assert "USING hnsw" in definition and "vector_cosine_ops" in definition
+        assert "USING hnsw" in definition and "halfvec_cosine_ops" in definition
         cursor.execute("SET LOCAL enable_seqscan = off")  # few rows: make the planner show it can
     rows = Memory.objects.filter(subject="s")
     plan = _explain(rows, query)
@@ -129,9 +129,9 @@ def _cos(a: list[float], b: list[float]) -> float:
 
 def _explain(rows: Any, query: list[float]) -> str:
     from django.db.models.functions import Cast  # noqa: PLC0415 - PostgreSQL-only test
-    from pgvector.django import CosineDistance, VectorField  # noqa: PLC0415
+    from pgvector.django import CosineDistance, HalfVectorField  # noqa: PLC0415
 
-    column = Cast("embedding", VectorField(dimensions=len(query)))
+    column = Cast("embedding", HalfVectorField(dimensions=len(query)))
     ordered = (
         rows.filter(dimensions=len(query))
         .annotate(distance=CosineDistance(column, query))

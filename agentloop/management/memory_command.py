@@ -20,7 +20,8 @@ from django.db import transaction
 from django.db.models import Count, Q
 
 from ..budgets.subjects import Subject
-from ..embeddings import DEFAULT_MODEL, embed
+from ..conf import agentloop_settings
+from ..embeddings import embed
 from ..embeddings.calls import resolve
 from ..exceptions import AgentloopError
 from ..models import Memory
@@ -57,7 +58,8 @@ def add_memory_parser(subcommands: Any) -> None:
         ),
     )
     reindex.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"'provider:model' (default: {DEFAULT_MODEL})."
+        "--model",
+        help="'provider:model' (default: AGENTLOOP['MEMORY_EMBEDDING_MODEL']).",
     )
     reindex.add_argument(
         "--dimensions", type=int, help="Shorter vectors, for a model that can make them."
@@ -157,7 +159,8 @@ def _search(command: BaseCommand, options: dict[str, Any]) -> None:
 
 
 def _reindex(command: BaseCommand, options: dict[str, Any]) -> None:
-    model, dimensions = options["model"], options["dimensions"]
+    model = options["model"] or agentloop_settings.MEMORY_EMBEDDING_MODEL
+    dimensions = options["dimensions"]
     if dimensions is not None and dimensions < 1:
         raise CommandError("--dimensions must be at least 1.")
     limit = resolve(model)[3].max_batch  # an unknown provider or model fails here, first

@@ -82,7 +82,7 @@ def recall(query: str, context: ToolContext, k: int = 5) -> list[dict[str, Any]]
     vector = embed(query, model=scope.model, chat=context.chat).vector
     return [
         {"id": memory.pk, "text": memory.text, "similarity": round(1.0 - memory.distance, 4)}
-        for memory in scope.memories().nearest(vector, k=k)
+        for memory in scope.nearest(vector, k=k)
     ]
 
 

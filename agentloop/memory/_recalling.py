@@ -105,7 +105,7 @@ class ChatMemories(Memories):
         if not user.content.strip():
             return []
         vector = embed(user.content, model=scope.model, chat=self.chat).vector
-        nearest = scope.memories().nearest(vector, k=options.k)
+        nearest = scope.nearest(vector, k=options.k)
         chosen, budget = [], options.max_tokens
         for memory in nearest:
             if 1.0 - float(memory.distance) < options.min_similarity:

@@ -11,7 +11,7 @@ from typing import Any
 from django.apps import apps
 
 from ..budgets.subjects import Subject, subject_hook
-from ..embeddings import DEFAULT_MODEL
+from ..conf import agentloop_settings
 from ..exceptions import ConfigurationError
 
 __all__ = ["MemoryScope", "as_data"]
@@ -31,8 +31,13 @@ class MemoryScope:
     subject: str
     agent: str = ""
     owner_id: Any = None
-    #: the embedding model of the chat's memories ("provider:model").
-    model: str = DEFAULT_MODEL
+    #: the embedding model of the chat's memories ("provider:model"); "": the project's
+    #: (``AGENTLOOP["MEMORY_EMBEDDING_MODEL"]``).
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.model:  # read when made, so a settings change reaches the next chat
+            object.__setattr__(self, "model", agentloop_settings.MEMORY_EMBEDDING_MODEL)
 
     @classmethod
     def of_chat(cls, chat: Any) -> MemoryScope | None:
@@ -51,7 +56,7 @@ class MemoryScope:
             subject=Subject.of(first).key,
             agent=agent,
             owner_id=getattr(chat, "owner_id", None),
-            model=options.get("model") or DEFAULT_MODEL,
+            model=options.get("model") or "",
         )
 
     @classmethod
@@ -73,6 +78,11 @@ class MemoryScope:
         """This scope's memories (a ``MemoryQuerySet``), expired ones left out."""
         memory = apps.get_model("agentloop", "Memory")  # app loading: models import the store
         return memory.objects.filter(subject=self.subject, agent=self.agent).live()
+
+    def nearest(self, vector: list[float], k: int) -> list[Any]:
+        """This scope's ``k`` memories nearest ``vector``, among those its model embedded:
+        vectors of another model (even of the same length) don't compare."""
+        return self.memories().filter(embedding_model=self.model).nearest(vector, k=k)
 
     def working_memory(self) -> Any:
         """This scope's working memory row, if any (a queryset of at most one)."""

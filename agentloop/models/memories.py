@@ -97,9 +97,10 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
         rows = self.filter(dimensions=len(vector), embedding__isnull=False)
         if connections[self.db].vendor == "postgresql":
             # The postgres extra: pgvector's field and operator, on PostgreSQL only.
-            from pgvector.django import CosineDistance, VectorField
+            from pgvector.django import CosineDistance, HalfVectorField
 
-            column = Cast("embedding", VectorField(dimensions=len(vector)))
+            # The cast of the HNSW indexes (models/indexes.py), or the planner can't use them.
+            column = Cast("embedding", HalfVectorField(dimensions=len(vector)))
             # HNSW scans go on until k rows pass the filter (pgvector 0.8's iterative scans,
             # in exact order), for this transaction only: without it an index scan returns
             # its ef_search nearest rows of any subject, and a subject with few memories
