@@ -23,7 +23,12 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..budgets.subjects import Subject
-from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.fields import (
+    StorableCharField,
+    StorableJSONField,
+    StorableTextField,
+    optional_link,
+)
 from .chat import Chat
 from .message import Message
 
@@ -181,31 +186,17 @@ class AbstractMemory(models.Model):
 
 
 class Memory(AbstractMemory):
-    owner = models.ForeignKey(
+    #: erasing an owner erases what was remembered of them; (owner, created_at) below
+    #: serves the owner's lookups.
+    owner = optional_link(
         settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,  # erasing an owner erases what was remembered of them
-        related_name="agentloop_memories",
-        db_index=False,  # (owner, created_at) below serves it
+        _("owner"),
+        "agentloop_memories",
+        models.CASCADE,
+        db_index=False,
     )
-    chat = models.ForeignKey(
-        Chat,
-        verbose_name=_("chat"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="memories",
-    )
-    message = models.ForeignKey(
-        Message,
-        verbose_name=_("message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="memories",
-    )
+    chat = optional_link(Chat, _("chat"), "memories")
+    message = optional_link(Message, _("message"), "memories")
 
     class Meta(AbstractMemory.Meta):
         abstract = False
@@ -228,13 +219,9 @@ class WorkingMemory(models.Model):
     #: the budget subject it belongs to (``Subject.key``), and optionally one agent.
     subject = StorableCharField(_("subject"), max_length=255)
     agent = StorableCharField(_("agent"), max_length=255, blank=True, default="")
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,  # erasing an owner erases it
-        related_name="agentloop_working_memories",
+    #: erasing an owner erases it.
+    owner = optional_link(
+        settings.AUTH_USER_MODEL, _("owner"), "agentloop_working_memories", models.CASCADE
     )
     #: the document (model text: untrusted, escape it wherever it is shown).
     text = StorableTextField(_("text"), blank=True)

@@ -12,7 +12,7 @@ from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..django_store.fields import StorableCharField, StorableTextField
+from ..django_store.fields import StorableCharField, StorableTextField, optional_link
 from .chat import Chat
 from .indexes import IncludingOnPostgres
 from .message import Message
@@ -95,32 +95,10 @@ class AbstractUsage(models.Model):
 
 
 class Usage(AbstractUsage):
-    chat = models.ForeignKey(
-        Chat,
-        verbose_name=_("chat"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="usage_records",
-        db_index=False,  # (chat, created_at) below serves it
-    )
-    message = models.ForeignKey(
-        Message,
-        verbose_name=_("message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="usage_records",
-    )
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="agentloop_usage",
-        db_index=False,  # (owner, created_at) below serves it
-    )
+    # No index of their own: (chat, created_at) and (owner, created_at) below serve them.
+    chat = optional_link(Chat, _("chat"), "usage_records", db_index=False)
+    message = optional_link(Message, _("message"), "usage_records")
+    owner = optional_link(settings.AUTH_USER_MODEL, _("owner"), "agentloop_usage", db_index=False)
 
     class Meta(AbstractUsage.Meta):
         abstract = False
