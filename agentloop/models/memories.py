@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now
 from django.utils import timezone
@@ -29,6 +29,7 @@ from ..django_store.fields import (
     StorableTextField,
     optional_link,
 )
+from ..embeddings import embed
 from .chat import Chat
 from .message import Message
 
@@ -132,6 +133,32 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             memory.distance = distance
             nearest.append(memory)
         return nearest
+
+    def usual_embedding(self) -> tuple[str, int] | None:
+        """The embedding model and dimensions most of these memories were embedded with (a
+        query is embedded so to be compared with them); None when none has an embedding."""
+        common = (
+            self.exclude(embedding_model="")
+            .filter(dimensions__isnull=False)
+            .order_by()
+            .values("embedding_model", "dimensions")
+            .annotate(count=Count("pk"))
+            .order_by("-count")
+            .first()
+        )
+        return None if common is None else (common["embedding_model"], common["dimensions"])
+
+    def nearest_text(
+        self, text: str, embedding: tuple[str, int], k: int = 10, **embed_options: Any
+    ) -> list[AbstractMemory]:
+        """The ``k`` memories embedded as ``embedding`` says (model, dimensions: see
+        :meth:`usual_embedding`) nearest ``text`` by meaning (see :meth:`nearest`), ``text``
+        embedded the same way. ``embed_options`` go to ``agentloop.embeddings.embed``."""
+        model, dimensions = embedding
+        vector = embed(text, model=model, **embed_options).vector
+        if len(vector) != dimensions:  # the memories were embedded shorter (or longer)
+            vector = embed(text, model=model, dimensions=dimensions, **embed_options).vector
+        return self.filter(embedding_model=model).nearest(vector, k=k)
 
     def by_ids(self, similarities: Sequence[tuple[Any, float]]) -> list[AbstractMemory]:
         """The memories of this queryset among ``similarities`` (``(pk, similarity)``), in
