@@ -164,14 +164,20 @@ class ToolResultField(models.OneToOneField):
         return name, "django.db.models.OneToOneField", args, kwargs
 
 
-class Message(AbstractMessage):
-    chat = models.ForeignKey(
+def _chat_link(related_name: str) -> Any:
+    """A row's chat, without an index of its own (one of the model's serves it)."""
+    return models.ForeignKey(
         "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
-        related_name="messages",
-        db_index=False,  # (chat, id) below serves it: one index less to write per message
+        related_name=related_name,
+        db_index=False,
     )
+
+
+class Message(AbstractMessage):
+    #: (chat, id) below serves it: one index less to write per message.
+    chat = _chat_link("messages")
     #: for a tool message, the call it answers (one result per call, enforced).
     tool_call = optional_link(
         "ToolCall", _("tool call"), "result", models.CASCADE, field=ToolResultField
@@ -186,13 +192,8 @@ class Message(AbstractMessage):
 
 
 class ToolCall(AbstractToolCall):
-    chat = models.ForeignKey(
-        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
-        verbose_name=_("chat"),
-        on_delete=models.CASCADE,
-        related_name="tool_calls",
-        db_index=False,  # the unique (chat, call_id) below serves it
-    )
+    #: the unique (chat, call_id) below serves it.
+    chat = _chat_link("tool_calls")
     message = models.ForeignKey(
         Message, verbose_name=_("message"), on_delete=models.CASCADE, related_name="tool_calls"
     )
