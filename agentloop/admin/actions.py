@@ -30,6 +30,7 @@ from ..models.bulk import BulkResult
 from .filters import holding
 
 __all__ = [
+    "CHAT_ACTIONS",
     "DEFAULT_DENY_REASON",
     "approve_pending",
     "cancel_chats",
@@ -238,3 +239,7 @@ def approve_pending(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
 @admin.action(description=_("Deny the tool calls waiting for approval"), permissions=["change"])
 def deny_pending(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     _decide_all(modeladmin, request, queryset, "deny")
+
+
+#: the chat list's actions, in the order the list offers them.
+CHAT_ACTIONS = [cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending]
