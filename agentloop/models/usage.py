@@ -24,12 +24,17 @@ class UsageStatus(models.TextChoices):
     CANCELLED = "cancelled", _("cancelled")
 
 
+#: each token count of usage rows, summed (0 over no rows).
+TOKEN_SUMS: dict[str, Any] = {
+    name: Sum(name, default=0)
+    for name in (
+        "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+        "reasoning_tokens",
+    )
+}  # fmt: skip
+
 _TOTALS: dict[str, Any] = {
-    "input_tokens": Sum("input_tokens", default=0),
-    "output_tokens": Sum("output_tokens", default=0),
-    "cache_read_tokens": Sum("cache_read_tokens", default=0),
-    "cache_write_tokens": Sum("cache_write_tokens", default=0),
-    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    **TOKEN_SUMS,
     "cost": Sum("cost", default=Decimal(0)),
     "attempts": Count("id"),
 }
