@@ -90,7 +90,6 @@ class Batch(AbstractBatch):
     eval_run = optional_link("agentloop.EvalRun", _("eval run"), "batches")
 
     class Meta(AbstractBatch.Meta):
-        abstract = False
         verbose_name = _("batch")
         verbose_name_plural = _("batches")
         ordering = ["-created_at"]

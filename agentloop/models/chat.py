@@ -389,7 +389,6 @@ class Chat(AbstractChat):
     forked_from_message = optional_link("Message", _("forked at message"), "+")
 
     class Meta(AbstractChat.Meta):
-        abstract = False
         verbose_name = _("chat")
         verbose_name_plural = _("chats")
         ordering = ["-created_at"]

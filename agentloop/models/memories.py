@@ -226,7 +226,6 @@ class Memory(AbstractMemory):
     message = optional_link(Message, _("message"), "memories")
 
     class Meta(AbstractMemory.Meta):
-        abstract = False
         verbose_name = _("memory")
         verbose_name_plural = _("memories")
         ordering = ["-created_at"]

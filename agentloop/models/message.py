@@ -184,7 +184,6 @@ class Message(AbstractMessage):
     )
 
     class Meta(AbstractMessage.Meta):
-        abstract = False
         verbose_name = _("message")
         verbose_name_plural = _("messages")
         ordering = ["id"]
@@ -199,7 +198,6 @@ class ToolCall(AbstractToolCall):
     )
 
     class Meta(AbstractToolCall.Meta):
-        abstract = False
         verbose_name = _("tool call")
         verbose_name_plural = _("tool calls")
         ordering = ["id"]

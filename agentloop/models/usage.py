@@ -106,7 +106,6 @@ class Usage(AbstractUsage):
     owner = optional_link(settings.AUTH_USER_MODEL, _("owner"), "agentloop_usage", db_index=False)
 
     class Meta(AbstractUsage.Meta):
-        abstract = False
         verbose_name = _("usage")
         verbose_name_plural = _("usage")
         ordering = ["-created_at"]
