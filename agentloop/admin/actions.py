@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
@@ -19,6 +20,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.functional import Promise
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -28,6 +30,7 @@ from ..models.bulk import BulkResult
 from .filters import holding
 
 __all__ = [
+    "CHAT_ACTIONS",
     "DEFAULT_DENY_REASON",
     "approve_pending",
     "cancel_chats",
@@ -40,13 +43,22 @@ __all__ = [
 #: the reason a denial from the admin gives the model when the reviewer typed none.
 DEFAULT_DENY_REASON = "Denied by a reviewer in the admin."
 
+#: text, or text translated when shown (``gettext_lazy``).
+_Text = str | Promise
+
 _FORM_TEMPLATE = "admin/agentloop/chat/bulk_action.html"
 
 
-def _logger(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, message: str
-) -> Callable[[list[Any]], None]:
-    """Each batch's changed chats get a history entry (one INSERT per batch)."""
+def _run(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    verb: Callable[..., BulkResult],
+    history: str,
+    done: _Text,
+    left: _Text,
+) -> None:
+    """Run the bulk ``verb`` with each batch's changed chats getting the history entry
+    ``history`` (one INSERT per batch), then say how many it changed and how many it left."""
     manager = modeladmin.model._default_manager
 
     def log(pks: list[Any]) -> None:
@@ -54,15 +66,10 @@ def _logger(
             user_id=request.user.pk,  # type: ignore[arg-type] # admin_view: logged in
             queryset=manager.filter(pk__in=pks),
             action_flag=CHANGE,
-            change_message=message,
+            change_message=history,
         )
 
-    return log
-
-
-def _report(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, result: BulkResult, done: str, left: str
-) -> None:
+    result = verb(on_batch=log)
     modeladmin.message_user(request, done % {"count": result.changed}, messages.SUCCESS)
     if result.skipped:
         modeladmin.message_user(request, left % {"count": result.skipped}, messages.WARNING)
@@ -71,10 +78,8 @@ def _report(
 @admin.action(description=_("Cancel the running step"), permissions=["change"])
 def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     # Also wakes each run (in this process, or any worker when Redis is set).
-    log = _logger(modeladmin, request, "Cancellation requested.")
-    result = bulk.cancel(queryset, on_batch=log)
-    _report(
-        modeladmin, request, result,
+    _run(
+        modeladmin, request, partial(bulk.cancel, queryset), "Cancellation requested.",
         gettext("Cancellation requested for %(count)d chat(s)."),
         gettext("%(count)d chat(s) had no run to cancel."),
     )  # fmt: skip
@@ -82,10 +87,9 @@ def cancel_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
 
 @admin.action(description=_("Resume in the background"), permissions=["change"])
 def resume_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-    log = _logger(modeladmin, request, "Queued to resume in the background.")
-    result = bulk.complete_later(queryset, on_batch=log)
-    _report(
-        modeladmin, request, result,
+    _run(
+        modeladmin, request, partial(bulk.complete_later, queryset),
+        "Queued to resume in the background.",
         gettext("%(count)d chat(s) queued."),
         gettext("%(count)d chat(s) are running and go on by themselves."),
     )  # fmt: skip
@@ -93,13 +97,19 @@ def resume_chats(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
 
 @dataclass(frozen=True)
 class _Question:
-    """What an action asks for on its form page before it acts: one field."""
+    """What an action asks for on its form page before it acts (one field), and the bulk
+    verb it then runs with the answer."""
 
     field: str
-    title: str
-    label: str
-    help_text: str
-    missing: str  # the problem shown when the field is left empty
+    title: _Text
+    label: _Text
+    help_text: _Text
+    missing: _Text  # the problem shown when the field is left empty
+    #: ``bulk.halt``, ``bulk.with_model``: called (queryset, answer, on_batch=...).
+    verb: Callable[..., BulkResult]
+    history: str  # each changed chat's history entry; {} is the answer
+    done: _Text
+    left: _Text
 
 
 def _asked(
@@ -107,7 +117,7 @@ def _asked(
     request: HttpRequest,
     queryset: QuerySet,
     question: _Question,
-    problem: str = "",
+    problem: _Text = "",
 ) -> TemplateResponse:
     """The page asking ``question``, posting back to the same action."""
     context = {
@@ -129,76 +139,68 @@ def _asked(
 
 
 def _ask_first(
-    modeladmin: admin.ModelAdmin,
-    request: HttpRequest,
-    queryset: QuerySet,
-    question: _Question,
-    act: Callable[[str], None],
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet, question: _Question
 ) -> TemplateResponse | None:
-    """Ask ``question`` (again, saying what was wrong, if the answer was empty or ``act``
-    refused it); once answered, ``act`` on the answer."""
+    """Ask ``question`` (again, saying what was wrong, if the answer was empty or the verb
+    refused it); once answered, run the verb on the answer."""
     if "apply" not in request.POST:
         return _asked(modeladmin, request, queryset, question)
     answer = request.POST.get(question.field, "").strip()
     if not answer:
         return _asked(modeladmin, request, queryset, question, problem=question.missing)
+    verb = partial(question.verb, queryset, answer)
     try:
-        act(answer)
+        _run(
+            modeladmin, request, verb, question.history.format(answer), question.done, question.left
+        )
     except AgentloopError as exc:  # nothing changed: say why on the same page
         return _asked(modeladmin, request, queryset, question, problem=str(exc))
     return None
+
+
+_HALT = _Question(
+    field="reason",
+    title=_("Halt the runs of these chats"),
+    label=_("Reason"),
+    help_text=_(
+        "Each run finishes its tool round and stops before its next model call; its "
+        "stop reason is “halted: <reason>”. Chats with no run are left alone."
+    ),
+    missing=_("Give a reason for the halt."),
+    verb=bulk.halt,
+    history="Halt requested: {}",
+    done=_("Halt requested for %(count)d chat(s)."),
+    left=_("%(count)d chat(s) had no run to halt."),
+)
+
+_SWITCH_MODEL = _Question(
+    field="model",
+    title=_("Switch these chats to another model"),
+    label=_("Model"),
+    help_text=_(
+        "“provider:model”, e.g. openai:gpt-4.1-mini. Chats a run holds now keep their "
+        "model (run the action again once they are done)."
+    ),
+    missing=_("Name a model."),
+    verb=bulk.with_model,
+    history="Model switched to {}.",
+    done=_("%(count)d chat(s) switched to the new model."),
+    left=_("%(count)d chat(s) are running and keep their model."),
+)
 
 
 @admin.action(description=_("Halt before the next model call…"), permissions=["change"])
 def halt_chats(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
 ) -> TemplateResponse | None:
-    question = _Question(
-        field="reason",
-        title=gettext("Halt the runs of these chats"),
-        label=gettext("Reason"),
-        help_text=gettext(
-            "Each run finishes its tool round and stops before its next model call; its "
-            "stop reason is “halted: <reason>”. Chats with no run are left alone."
-        ),
-        missing=gettext("Give a reason for the halt."),
-    )
-
-    def halt(reason: str) -> None:
-        log = _logger(modeladmin, request, f"Halt requested: {reason}")
-        _report(
-            modeladmin, request, bulk.halt(queryset, reason, on_batch=log),
-            gettext("Halt requested for %(count)d chat(s)."),
-            gettext("%(count)d chat(s) had no run to halt."),
-        )  # fmt: skip
-
-    return _ask_first(modeladmin, request, queryset, question, halt)
+    return _ask_first(modeladmin, request, queryset, _HALT)
 
 
 @admin.action(description=_("Switch model…"), permissions=["change"])
 def switch_model(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet
 ) -> TemplateResponse | None:
-    question = _Question(
-        field="model",
-        title=gettext("Switch these chats to another model"),
-        label=gettext("Model"),
-        help_text=gettext(
-            "“provider:model”, e.g. openai:gpt-4.1-mini. Chats a run holds now keep their "
-            "model (run the action again once they are done)."
-        ),
-        missing=gettext("Name a model."),
-    )
-
-    def switch(model: str) -> None:
-        log = _logger(modeladmin, request, f"Model switched to {model}.")
-        _report(
-            modeladmin, request, bulk.with_model(queryset, model, on_batch=log),
-            gettext("%(count)d chat(s) switched to the new model."),
-            gettext("%(count)d chat(s) are running and keep their model."),
-        )  # fmt: skip
-
-    return _ask_first(modeladmin, request, queryset, question, switch)
+    return _ask_first(modeladmin, request, queryset, _SWITCH_MODEL)
 
 
 def _decide_all(
@@ -237,3 +239,7 @@ def approve_pending(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset
 @admin.action(description=_("Deny the tool calls waiting for approval"), permissions=["change"])
 def deny_pending(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
     _decide_all(modeladmin, request, queryset, "deny")
+
+
+#: the chat list's actions, in the order the list offers them.
+CHAT_ACTIONS = [cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending]

@@ -45,6 +45,24 @@ def _against(spend: Spend | None, name: str) -> str:
     )
 
 
+def _spend(obj: Any) -> Spend | None:
+    spend: Spend | None = getattr(obj, "spend", None)
+    if spend is None and obj.pk is not None:
+        spend = obj.spend = spends([obj])[0]  # the change page: one row
+    return spend
+
+
+def _spend_column(name: str, description: Any) -> Any:
+    """A column of the list (and a field of the change page): the row's spend of ``name``
+    against its limit."""
+
+    @admin.display(description=description)
+    def column(model_admin: admin.ModelAdmin, obj: Any) -> str:
+        return _against(_spend(obj), name)
+
+    return column
+
+
 class _SpendList(ChangeList):
     """The list's page of rows, each with its spend worked out for the whole page at once."""
 
@@ -104,13 +122,6 @@ class BudgetAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _SpendList
 
-    @staticmethod
-    def _spend(obj: Any) -> Spend | None:
-        spend: Spend | None = getattr(obj, "spend", None)
-        if spend is None and obj.pk is not None:
-            spend = obj.spend = spends([obj])[0]  # the change page: one row
-        return spend
-
     @admin.display(description=_("subject"), ordering="label")
     def subject_label(self, obj: Any) -> str:
         return format_html(
@@ -120,29 +131,15 @@ class BudgetAdmin(admin.ModelAdmin):
             obj.subject,
         )
 
-    @admin.display(description=_("cost today"))
-    def spent_today(self, obj: Any) -> str:
-        return _against(self._spend(obj), "cost_per_day")
-
-    @admin.display(description=_("cost this month"))
-    def spent_this_month(self, obj: Any) -> str:
-        return _against(self._spend(obj), "cost_per_month")
-
-    @admin.display(description=_("tokens today"))
-    def tokens_today(self, obj: Any) -> str:
-        return _against(self._spend(obj), "tokens_per_day")
-
-    @admin.display(description=_("tokens this month"))
-    def tokens_this_month(self, obj: Any) -> str:
-        return _against(self._spend(obj), "tokens_per_month")
-
-    @admin.display(description=_("chats in flight"))
-    def running(self, obj: Any) -> str:
-        return _against(self._spend(obj), "chats_in_flight")
+    spent_today = _spend_column("cost_per_day", _("cost today"))
+    spent_this_month = _spend_column("cost_per_month", _("cost this month"))
+    tokens_today = _spend_column("tokens_per_day", _("tokens today"))
+    tokens_this_month = _spend_column("tokens_per_month", _("tokens this month"))
+    running = _spend_column("chats_in_flight", _("chats in flight"))
 
     @admin.display(description=_("held by calls in flight"))
     def reserved(self, obj: Any) -> str:
-        spend = self._spend(obj)
+        spend = _spend(obj)
         if spend is None:
             return "—"
         return format_html(

@@ -34,15 +34,7 @@ from ..exceptions import ToolCallNotWaitingError
 from ..json_input import ADMIN_JSON_FIELDS
 from ..messages import ToolCallState
 from ..models import Chat
-from .actions import (
-    DEFAULT_DENY_REASON,
-    approve_pending,
-    cancel_chats,
-    deny_pending,
-    halt_chats,
-    resume_chats,
-    switch_model,
-)
+from .actions import CHAT_ACTIONS, DEFAULT_DENY_REASON
 from .approval_inbox import ApprovalInbox
 from .eval_admin import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
@@ -92,10 +84,7 @@ class ChatAdmin(admin.ModelAdmin):
 
     change_form_template = "admin/agentloop/chat/change_form.html"
     change_list_template = "admin/agentloop/chat/change_list.html"
-    actions = [
-        cancel_chats, halt_chats, resume_chats, switch_model, approve_pending, deny_pending,
-        make_eval_set,
-    ]  # fmt: skip
+    actions = [*CHAT_ACTIONS, make_eval_set]
     # Five columns fit the content column of a 1280 px screen beside both sidebars: the chat
     # shows its model under its title, the state what it waits for, the last activity the
     # number of messages; long text is cut (chat_list.css) with the whole of it in a title.

@@ -18,7 +18,6 @@ from django.db.models import Case, Count, FloatField, IntegerField, Value, When
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from ..embeddings import embed
 from ..exceptions import AgentloopError
 from ..models import Memory
 
@@ -114,27 +113,16 @@ class MemoryAdmin(admin.ModelAdmin):
 
     def _nearest(self, request: HttpRequest, queryset: Any, query: str) -> Any:
         """The listed rows nearest ``query``, ranked, embedded as most of them were."""
-        common = (
-            queryset.exclude(embedding_model="")
-            .filter(dimensions__isnull=False)
-            .order_by()
-            .values("embedding_model", "dimensions")
-            .annotate(count=Count("pk"))
-            .order_by("-count")
-            .first()
-        )
-        if common is None:
+        embedding = queryset.usual_embedding()
+        if embedding is None:
             messages.warning(request, _("No memory here has an embedding to search by meaning."))
             return queryset.none()
-        model, dimensions = common["embedding_model"], common["dimensions"]
+        model, dimensions = embedding
         try:
-            vector = embed(query, model=model, owner=request.user).vector
-            if len(vector) != dimensions:  # the memories were embedded shorter (or longer)
-                vector = embed(query, model=model, dimensions=dimensions, owner=request.user).vector
+            nearest = queryset.nearest_text(query, embedding, k=MEANING_RESULTS, owner=request.user)
         except (AgentloopError, ValueError) as exc:
             messages.error(request, _("Can't embed the query with %s: %s") % (model, exc))
             return queryset.none()
-        nearest = queryset.filter(embedding_model=model).nearest(vector, k=MEANING_RESULTS)
         others = queryset.exclude(embedding_model=model, dimensions=dimensions).count()
         note = _("Nearest %(count)d by meaning (%(model)s, %(dimensions)d dimensions).") % {
             "count": len(nearest),

@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..messages import ToolCallState
 from ..models import Memory, UsageStatus
+from ..models.usage import TOKEN_SUMS
 from .relations import has_field, related_model
 
 __all__ = [
@@ -222,11 +223,7 @@ class Timeline:
 
 
 _USAGE_SUMS: dict[str, Any] = {
-    "input_tokens": Sum("input_tokens", default=0),
-    "output_tokens": Sum("output_tokens", default=0),
-    "cache_read_tokens": Sum("cache_read_tokens", default=0),
-    "cache_write_tokens": Sum("cache_write_tokens", default=0),
-    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    **TOKEN_SUMS,
     # Null when no attempt of the group had a known price (not $0). Not named "cost": the
     # "unpriced" filter below must see the field, not this sum.
     "known_cost": Sum("cost"),

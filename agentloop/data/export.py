@@ -245,25 +245,21 @@ class _Parts:
 
     def memories(self) -> list[dict[str, Any]]:
         """The owner's memories: theirs by ``owner``, or by their subject's key."""
-        subject = f"{get_user_model()._meta.label_lower}:{self.pk}"  # budgets.owner_subject's
-        rows = (
-            Memory._default_manager.using(self.using)
-            .filter(Q(owner_id=self.pk) | Q(subject=subject))
-            .order_by("id")
-            .values(*_MEMORY_FIELDS)
-        )
-        return [_values(row, _MEMORY_FIELDS) for row in rows]
+        return self._remembered(Memory, _MEMORY_FIELDS)
 
     def working_memories(self) -> list[dict[str, Any]]:
         """The owner's working memories, found as their memories are."""
-        subject = f"{get_user_model()._meta.label_lower}:{self.pk}"
+        return self._remembered(WorkingMemory, _WORKING_MEMORY_FIELDS)
+
+    def _remembered(self, model: Any, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+        subject = f"{get_user_model()._meta.label_lower}:{self.pk}"  # budgets.owner_subject's
         rows = (
-            WorkingMemory._default_manager.using(self.using)
+            model._default_manager.using(self.using)
             .filter(Q(owner_id=self.pk) | Q(subject=subject))
             .order_by("id")
-            .values(*_WORKING_MEMORY_FIELDS)
+            .values(*fields)
         )
-        return [_values(row, _WORKING_MEMORY_FIELDS) for row in rows]
+        return [_values(row, fields) for row in rows]
 
     def eval_cases(self) -> list[dict[str, Any]]:
         """The eval cases replayed from the owner's chats (after :meth:`chats`): each with

@@ -49,6 +49,7 @@ __all__ = [
     "StorableCharField",
     "StorableJSONField",
     "StorableTextField",
+    "optional_link",
     "quick_json_converters",
     "save_value",
 ]
@@ -90,6 +91,27 @@ class StorableJSONField(_Storable, models.JSONField):
     numbers are stored as null (``storable_json``)."""
 
     storable = staticmethod(storable_json)
+
+
+def optional_link(
+    to: Any,
+    verbose_name: Any,
+    related_name: str,
+    on_delete: Any = models.SET_NULL,
+    field: type[models.ForeignKey] = models.ForeignKey,
+    **options: Any,
+) -> Any:
+    """A link to another row that may be empty (``null``, and ``blank`` in forms); by
+    default emptied when that row is deleted. ``field`` may be ``OneToOneField``."""
+    return field(
+        to,
+        verbose_name=verbose_name,
+        null=True,
+        blank=True,
+        on_delete=on_delete,
+        related_name=related_name,
+        **options,
+    )
 
 
 # What a field of exactly one of these classes does with a value of the usual type.

@@ -31,7 +31,7 @@ from ..guardrails import Guardrail, as_guardrail
 from ..import_paths import import_path_of, load_by_path
 from ..messages import Caching, Message, Thinking
 from ..streaming import AsyncEventStream, EventStream, EventTap, FinalMessageEvent
-from ..tools import Tool
+from ..tools import Tool, made_tool
 from ..tools.mcp import mcp_tools
 from ._chat_config import Compaction, Limits, MemoryOptions, ToolOptions
 from ._drivers import drive, drive_async, drive_pulled
@@ -75,11 +75,9 @@ def _as_tool_class(obj: Any) -> type[Tool]:
     """A Tool class from what users pass to ``with_tools``."""
     if isinstance(obj, type) and issubclass(obj, Tool):
         return obj
-    as_tool = getattr(obj, "as_tool", None)
-    if callable(as_tool):  # agents, and anything else that can become a tool
-        converted = as_tool()
-        if isinstance(converted, type) and issubclass(converted, Tool):
-            return converted
+    converted = made_tool(obj, "as_tool")  # agents, and anything else that can become a tool
+    if converted is not None:
+        return converted
     raise ConfigurationError(
         f"{obj!r} is not a tool: pass a Tool subclass or a function decorated with @tool."
     )
@@ -135,11 +133,9 @@ def _as_handoff_tool(obj: Any) -> type[Tool]:
         obj = load_by_path(obj)
     if isinstance(obj, type) and issubclass(obj, Tool) and hasattr(obj, "handoff_agent"):
         return obj
-    as_handoff = getattr(obj, "as_handoff", None)
-    if callable(as_handoff):
-        converted = as_handoff()
-        if isinstance(converted, type) and issubclass(converted, Tool):
-            return converted
+    converted = made_tool(obj, "as_handoff")
+    if converted is not None:
+        return converted
     raise ConfigurationError(
         f"{obj!r} is not an agent: with_handoffs() takes Agent subclasses, their import "
         "paths, or the tools Agent.as_handoff() makes."

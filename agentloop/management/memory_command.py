@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 
 from ..budgets.subjects import Subject
 from ..conf import agentloop_settings
@@ -133,28 +133,17 @@ def _search(command: BaseCommand, options: dict[str, Any]) -> None:
     if options["k"] < 1:
         raise CommandError("--k must be at least 1.")
     memories = _memories(options).live()
-    common = (
-        memories.filter(dimensions__isnull=False)
-        .exclude(embedding_model="")
-        .order_by()
-        .values("embedding_model", "dimensions")
-        .annotate(count=Count("pk"))
-        .order_by("-count")
-        .first()
-    )
-    if common is None:
+    embedding = memories.usual_embedding()
+    if embedding is None:
         command.stdout.write("No memory with an embedding to search.")
         return
-    model, dimensions = common["embedding_model"], common["dimensions"]
-    vector = embed(options["query"], model=model, record=False).vector
-    if len(vector) != dimensions:  # the memories asked for shorter (or longer) vectors
-        vector = embed(options["query"], model=model, dimensions=dimensions, record=False).vector
-    found = memories.filter(embedding_model=model).nearest(vector, k=options["k"])
+    model, dimensions = embedding
+    nearest = memories.nearest_text(options["query"], embedding, k=options["k"], record=False)
     command.stdout.write(
-        f"{len(found)} nearest by meaning ({model}, {dimensions} dimensions; distance 0 is "
+        f"{len(nearest)} nearest by meaning ({model}, {dimensions} dimensions; distance 0 is "
         "the same direction):"
     )
-    for memory in found:
+    for memory in nearest:
         command.stdout.write(_line(memory, memory.distance))
 
 

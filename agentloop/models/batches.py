@@ -6,7 +6,12 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.fields import (
+    StorableCharField,
+    StorableJSONField,
+    StorableTextField,
+    optional_link,
+)
 from .chat import Chat
 from .message import Message
 
@@ -79,27 +84,12 @@ class AbstractBatch(models.Model):
 
 class Batch(AbstractBatch):
     #: the batch whose answers led to this one (auto_continue).
-    previous = models.ForeignKey(
-        "self",
-        verbose_name=_("previous batch"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="next_batches",
-    )
+    previous = optional_link("self", _("previous batch"), "next_batches")
     #: the eval run whose cases' requests it holds (``agentloop.evals.batch_rounds``), or
     #: null for a batch of chats. An eval batch has no items: its cases point at it.
-    eval_run = models.ForeignKey(
-        "agentloop.EvalRun",
-        verbose_name=_("eval run"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="batches",
-    )
+    eval_run = optional_link("agentloop.EvalRun", _("eval run"), "batches")
 
     class Meta(AbstractBatch.Meta):
-        abstract = False
         verbose_name = _("batch")
         verbose_name_plural = _("batches")
         ordering = ["-created_at"]
@@ -127,23 +117,9 @@ class BatchItem(models.Model):
     )
     #: the chat's latest message when the request was made: an answer to anything else
     #: would be out of place, and is discarded.
-    after_message = models.ForeignKey(
-        Message,
-        verbose_name=_("after message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
+    after_message = optional_link(Message, _("after message"), "+")
     #: the answer appended to the chat.
-    message = models.ForeignKey(
-        Message,
-        verbose_name=_("answer"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
+    message = optional_link(Message, _("answer"), "+")
     error = StorableTextField(_("error"), blank=True)
     #: set when the chat was cancelled while the request waited: its answer is discarded.
     cancelled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True)

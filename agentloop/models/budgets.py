@@ -81,17 +81,22 @@ class Budget(models.Model):
         return self.label or self.subject
 
 
-class BudgetReservation(models.Model):
-    """What one model call in flight reserved against one subject's budget; its usage row's
-    write deletes it. One that outlives ``expires_at`` (its process died) stops counting."""
-
-    budget = models.ForeignKey(
+def _budget_link(related_name: str) -> Any:
+    """The budget a row counts against, by its subject (deleted with it)."""
+    return models.ForeignKey(
         Budget,
         verbose_name=_("budget"),
         on_delete=models.CASCADE,
         to_field="subject",
-        related_name="reservations",
+        related_name=related_name,
     )
+
+
+class BudgetReservation(models.Model):
+    """What one model call in flight reserved against one subject's budget; its usage row's
+    write deletes it. One that outlives ``expires_at`` (its process died) stops counting."""
+
+    budget = _budget_link("reservations")
     #: the call's reservation (one per subject it counts against).
     token = StorableCharField(_("token"), max_length=32)
     #: the chat making the call: "agentloop.chat:42".
@@ -114,13 +119,7 @@ class BudgetSlot(models.Model):
     for one (``waiting_since`` set; the line is in the order of the rows' keys). The place is
     free again once the chat no longer runs (taken back by the next chat in line)."""
 
-    budget = models.ForeignKey(
-        Budget,
-        verbose_name=_("budget"),
-        on_delete=models.CASCADE,
-        to_field="subject",
-        related_name="slots",
-    )
+    budget = _budget_link("slots")
     #: the chat's model label and key ("agentloop.chat", "42").
     chat_label = StorableCharField(_("chat model"), max_length=100)
     chat_key = StorableCharField(_("chat key"), max_length=64)

@@ -17,7 +17,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet, Value
@@ -39,6 +39,7 @@ from ..process.cancel_notices import notify_many
 from ..runners import enqueue_many
 
 __all__ = [
+    "BulkOptions",
     "BulkResult",
     "cancel",
     "complete_later",
@@ -50,6 +51,16 @@ __all__ = [
 
 #: called with the primary keys a batch changed, once its statement ran (the admin logs them).
 OnBatch = Callable[[list[Any]], None]
+
+
+class BulkOptions(TypedDict, total=False):
+    """What every set-based verb takes besides its own arguments."""
+
+    #: count what would change, change nothing.
+    dry_run: bool
+    #: chats per statement (default ``DEFAULT_BATCH_SIZE``).
+    batch_size: int | None
+    on_batch: OnBatch | None
 
 
 @dataclass(frozen=True)
@@ -115,8 +126,8 @@ def _run(
     condition: Q,
     values: dict[str, Any],
     *,
-    dry_run: bool,
-    batch_size: int | None,
+    dry_run: bool = False,
+    batch_size: int | None = None,
     after: Callable[[list[tuple[Any, ...]]], None] | None = None,
     returning: tuple[str, ...] = (),
     on_batch: OnBatch | None = None,
@@ -151,10 +162,7 @@ def _after_commit(queryset: QuerySet[Any], action: Callable[[], None]) -> None:
 # -- cancel -----------------------------------------------------------------------------------
 def cancel(
     queryset: QuerySet[Any],
-    *,
-    dry_run: bool = False,
-    batch_size: int | None = None,
-    on_batch: OnBatch | None = None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     """``chat.cancel()`` for every chat of ``queryset`` with a run to cancel (in progress,
     queued, or waiting for a person): the flag is set (an earlier request's time kept), each
@@ -201,8 +209,8 @@ def cancel(
 
     values = {"cancel_requested_at": Coalesce("cancel_requested_at", Value(now))}
     return _run(
-        "cancel", queryset, active, values, dry_run=dry_run, batch_size=batch_size, after=after,
-        returning=("state", "lease_token"), on_batch=on_batch, details=details,
+        "cancel", queryset, active, values, after=after, returning=("state", "lease_token"),
+        details=details, **options,
     )  # fmt: skip
 
 
@@ -210,10 +218,7 @@ def cancel(
 def halt(
     queryset: QuerySet[Any],
     reason: str,
-    *,
-    dry_run: bool = False,
-    batch_size: int | None = None,
-    on_batch: OnBatch | None = None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     """``chat.halt(reason)`` for every chat of ``queryset`` a run is in progress or queued
     for: each run finishes its tool round and stops before its next model call (``stopped``,
@@ -225,10 +230,7 @@ def halt(
         pks = [row[0] for row in rows]
         _after_commit(queryset, lambda: notify_many(model, pks, halt=True))
 
-    return _run(
-        "halt", queryset, running, {"halt_reason": text}, dry_run=dry_run,
-        batch_size=batch_size, after=after, on_batch=on_batch,
-    )  # fmt: skip
+    return _run("halt", queryset, running, {"halt_reason": text}, after=after, **options)
 
 
 # -- complete_later, resume -------------------------------------------------------------------
@@ -236,10 +238,7 @@ def _queue(
     verb: str,
     queryset: QuerySet[Any],
     condition: Q,
-    *,
-    dry_run: bool,
-    batch_size: int | None,
-    on_batch: OnBatch | None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     model = queryset.model
     queued = {
@@ -251,42 +250,27 @@ def _queue(
 
     # Never a chat a run holds: that run goes on by itself (and would find a job busy).
     free = condition & ~Q(state="running") & ~_held_by_a_run()
-    return _run(
-        verb, queryset, free, queued, dry_run=dry_run, batch_size=batch_size, after=after,
-        on_batch=on_batch,
-    )  # fmt: skip
+    return _run(verb, queryset, free, queued, after=after, **options)
 
 
 def complete_later(
     queryset: QuerySet[Any],
-    *,
-    dry_run: bool = False,
-    batch_size: int | None = None,
-    on_batch: OnBatch | None = None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     """``chat.complete_later()`` for every chat of ``queryset`` no run holds: queued (its
     error and attempts cleared), and a job sent for each once the batch commits. Running
     chats are skipped."""
-    return _queue(
-        "complete_later", queryset, Q(), dry_run=dry_run, batch_size=batch_size,
-        on_batch=on_batch,
-    )  # fmt: skip
+    return _queue("complete_later", queryset, Q(), **options)
 
 
 def resume(
     queryset: QuerySet[Any],
-    *,
-    dry_run: bool = False,
-    batch_size: int | None = None,
-    on_batch: OnBatch | None = None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     """The chats of ``queryset`` that a halt, a limit or a failure stopped (``stopped`` or
     ``failed``) go on in the background, as ``complete_later()`` would; every other chat is
     skipped (one that is idle, waiting or already on its way stays as it is)."""
-    return _queue(
-        "resume", queryset, Q(state__in=["stopped", "failed"]), dry_run=dry_run,
-        batch_size=batch_size, on_batch=on_batch,
-    )  # fmt: skip
+    return _queue("resume", queryset, Q(state__in=["stopped", "failed"]), **options)
 
 
 # -- with_model -------------------------------------------------------------------------------
@@ -294,10 +278,7 @@ def with_model(
     queryset: QuerySet[Any],
     model: str,
     provider: str | None = None,
-    *,
-    dry_run: bool = False,
-    batch_size: int | None = None,
-    on_batch: OnBatch | None = None,
+    **options: Unpack[BulkOptions],
 ) -> BulkResult:
     """``chat.with_model(model, provider)`` for every chat of ``queryset`` that no run holds
     now (queued ones included: their next step uses the new model); running chats are
@@ -306,7 +287,4 @@ def with_model(
     providers.resolve(model, provider)
     not_running = ~Q(state="running") & ~_held_by_a_run()
     values = {"model": model, "provider": provider or "", "updated_at": Now()}
-    return _run(
-        "with_model", queryset, not_running, values, dry_run=dry_run, batch_size=batch_size,
-        on_batch=on_batch,
-    )  # fmt: skip
+    return _run("with_model", queryset, not_running, values, **options)

@@ -18,7 +18,12 @@ from django.utils.translation import gettext_lazy as _
 from ..agents import subagents
 from ..django_store import elicitations
 from ..django_store.database import DjangoStore
-from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.fields import (
+    StorableCharField,
+    StorableJSONField,
+    StorableTextField,
+    optional_link,
+)
 from ..django_store.releases import IN_LINE
 from ..django_store.sql import PreparedUpdate, get_by_pk
 from ..engine import Conversation
@@ -106,14 +111,8 @@ class ChatManager(models.Manager.from_queryset(ChatQuerySet)):  # type: ignore[m
 
 def _owner_field(*, db_index: bool) -> Any:
     """A chat's owner (the abstract chat's, and ``Chat``'s without an index of its own)."""
-    return models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="%(app_label)s_%(class)s_set",
-        db_index=db_index,
+    return optional_link(
+        settings.AUTH_USER_MODEL, _("owner"), "%(app_label)s_%(class)s_set", db_index=db_index
     )
 
 
@@ -381,42 +380,15 @@ class Chat(AbstractChat):
     #: (owner, -created_at) below serves owner lookups: one index less to write per claim.
     owner = _owner_field(db_index=False)
     #: for a subagent's chat: the chat that handed it the task, and that tool call.
-    parent = models.ForeignKey(
-        "self",
-        verbose_name=_("parent chat"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="children",
-    )
-    parent_tool_call = models.OneToOneField(
-        "ToolCall",
-        verbose_name=_("parent tool call"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="child_chat",
+    parent = optional_link("self", _("parent chat"), "children", models.CASCADE)
+    parent_tool_call = optional_link(
+        "ToolCall", _("parent tool call"), "child_chat", field=models.OneToOneField
     )
     #: for a fork (``chat.fork(at=message)``): the chat it was copied from, and that message.
-    forked_from = models.ForeignKey(
-        "self",
-        verbose_name=_("forked from"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="forks",
-    )
-    forked_from_message = models.ForeignKey(
-        "Message",
-        verbose_name=_("forked at message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
+    forked_from = optional_link("self", _("forked from"), "forks")
+    forked_from_message = optional_link("Message", _("forked at message"), "+")
 
     class Meta(AbstractChat.Meta):
-        abstract = False
         verbose_name = _("chat")
         verbose_name_plural = _("chats")
         ordering = ["-created_at"]

@@ -51,22 +51,20 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        concurrently = schema_editor.connection.vendor == "postgresql"
-        schema_editor.add_index(
-            model, self.index, **({"concurrently": True} if concurrently else {})
-        )
+        self._change(schema_editor, to_state.apps.get_model(app_label, self.model_name), "add")
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
+        self._change(schema_editor, model, "remove")
+
+    def _change(self, schema_editor: Any, model: Any, change: str) -> None:
+        """``add`` or ``remove`` the index, concurrently on PostgreSQL."""
         if not self.allow_migrate_model(schema_editor.connection.alias, model):
             return
         concurrently = schema_editor.connection.vendor == "postgresql"
-        schema_editor.remove_index(
+        getattr(schema_editor, f"{change}_index")(
             model, self.index, **({"concurrently": True} if concurrently else {})
         )
 

@@ -16,14 +16,20 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..budgets.subjects import Subject
-from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.fields import (
+    StorableCharField,
+    StorableJSONField,
+    StorableTextField,
+    optional_link,
+)
+from ..embeddings import embed
 from .chat import Chat
 from .message import Message
 
@@ -129,6 +135,32 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             nearest.append(memory)
         return nearest
 
+    def usual_embedding(self) -> tuple[str, int] | None:
+        """The embedding model and dimensions most of these memories were embedded with (a
+        query is embedded so to be compared with them); None when none has an embedding."""
+        common = (
+            self.exclude(embedding_model="")
+            .filter(dimensions__isnull=False)
+            .order_by()
+            .values("embedding_model", "dimensions")
+            .annotate(count=Count("pk"))
+            .order_by("-count")
+            .first()
+        )
+        return None if common is None else (common["embedding_model"], common["dimensions"])
+
+    def nearest_text(
+        self, text: str, embedding: tuple[str, int], k: int = 10, **embed_options: Any
+    ) -> list[AbstractMemory]:
+        """The ``k`` memories embedded as ``embedding`` says (model, dimensions: see
+        :meth:`usual_embedding`) nearest ``text`` by meaning (see :meth:`nearest`), ``text``
+        embedded the same way. ``embed_options`` go to ``agentloop.embeddings.embed``."""
+        model, dimensions = embedding
+        vector = embed(text, model=model, **embed_options).vector
+        if len(vector) != dimensions:  # the memories were embedded shorter (or longer)
+            vector = embed(text, model=model, dimensions=dimensions, **embed_options).vector
+        return self.filter(embedding_model=model).nearest(vector, k=k)
+
     def by_ids(self, similarities: Sequence[tuple[Any, float]]) -> list[AbstractMemory]:
         """The memories of this queryset among ``similarities`` (``(pk, similarity)``), in
         that order, each with ``distance`` set back from its similarity (one statement); a
@@ -182,34 +214,19 @@ class AbstractMemory(models.Model):
 
 
 class Memory(AbstractMemory):
-    owner = models.ForeignKey(
+    #: erasing an owner erases what was remembered of them; (owner, created_at) below
+    #: serves the owner's lookups.
+    owner = optional_link(
         settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,  # erasing an owner erases what was remembered of them
-        related_name="agentloop_memories",
-        db_index=False,  # (owner, created_at) below serves it
+        _("owner"),
+        "agentloop_memories",
+        models.CASCADE,
+        db_index=False,
     )
-    chat = models.ForeignKey(
-        Chat,
-        verbose_name=_("chat"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="memories",
-    )
-    message = models.ForeignKey(
-        Message,
-        verbose_name=_("message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="memories",
-    )
+    chat = optional_link(Chat, _("chat"), "memories")
+    message = optional_link(Message, _("message"), "memories")
 
     class Meta(AbstractMemory.Meta):
-        abstract = False
         verbose_name = _("memory")
         verbose_name_plural = _("memories")
         ordering = ["-created_at"]
@@ -229,13 +246,9 @@ class WorkingMemory(models.Model):
     #: the budget subject it belongs to (``Subject.key``), and optionally one agent.
     subject = StorableCharField(_("subject"), max_length=255)
     agent = StorableCharField(_("agent"), max_length=255, blank=True, default="")
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,  # erasing an owner erases it
-        related_name="agentloop_working_memories",
+    #: erasing an owner erases it.
+    owner = optional_link(
+        settings.AUTH_USER_MODEL, _("owner"), "agentloop_working_memories", models.CASCADE
     )
     #: the document (model text: untrusted, escape it wherever it is shown).
     text = StorableTextField(_("text"), blank=True)

@@ -10,7 +10,12 @@ from django.db.models.fields.related_descriptors import ReverseOneToOneDescripto
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..django_store.fields import StorableCharField, StorableJSONField, StorableTextField
+from ..django_store.fields import (
+    StorableCharField,
+    StorableJSONField,
+    StorableTextField,
+    optional_link,
+)
 from ..messages import MessageStatus, ToolCallState
 
 
@@ -110,14 +115,7 @@ class AbstractToolCall(models.Model):
     decision = StorableCharField(_("decision"), max_length=20, blank=True)
     decision_digest = StorableCharField(_("arguments digest"), max_length=64, blank=True)
     decision_reason = StorableTextField(_("decision reason"), blank=True)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("decided by"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-    )
+    decided_by = optional_link(settings.AUTH_USER_MODEL, _("decided by"), "+")
     decided_at = models.DateTimeField(_("decided at"), null=True, blank=True)
     #: the handoff this call made: {"from": <agent path or "">, "to": <agent path>,
     #: "inputs": {...}} (``Agent.as_handoff``, ``ToolContext.hand_off``); null: none.
@@ -166,26 +164,26 @@ class ToolResultField(models.OneToOneField):
         return name, "django.db.models.OneToOneField", args, kwargs
 
 
-class Message(AbstractMessage):
-    chat = models.ForeignKey(
+def _chat_link(related_name: str) -> Any:
+    """A row's chat, without an index of its own (one of the model's serves it)."""
+    return models.ForeignKey(
         "Chat",  # by name: the chat module imports this one (its verbs return these rows)
         verbose_name=_("chat"),
         on_delete=models.CASCADE,
-        related_name="messages",
-        db_index=False,  # (chat, id) below serves it: one index less to write per message
+        related_name=related_name,
+        db_index=False,
     )
+
+
+class Message(AbstractMessage):
+    #: (chat, id) below serves it: one index less to write per message.
+    chat = _chat_link("messages")
     #: for a tool message, the call it answers (one result per call, enforced).
-    tool_call = ToolResultField(
-        "ToolCall",
-        verbose_name=_("tool call"),
-        null=True,
-        blank=True,
-        on_delete=models.CASCADE,
-        related_name="result",
+    tool_call = optional_link(
+        "ToolCall", _("tool call"), "result", models.CASCADE, field=ToolResultField
     )
 
     class Meta(AbstractMessage.Meta):
-        abstract = False
         verbose_name = _("message")
         verbose_name_plural = _("messages")
         ordering = ["id"]
@@ -193,19 +191,13 @@ class Message(AbstractMessage):
 
 
 class ToolCall(AbstractToolCall):
-    chat = models.ForeignKey(
-        "Chat",  # by name: the chat module imports this one (its verbs return these rows)
-        verbose_name=_("chat"),
-        on_delete=models.CASCADE,
-        related_name="tool_calls",
-        db_index=False,  # the unique (chat, call_id) below serves it
-    )
+    #: the unique (chat, call_id) below serves it.
+    chat = _chat_link("tool_calls")
     message = models.ForeignKey(
         Message, verbose_name=_("message"), on_delete=models.CASCADE, related_name="tool_calls"
     )
 
     class Meta(AbstractToolCall.Meta):
-        abstract = False
         verbose_name = _("tool call")
         verbose_name_plural = _("tool calls")
         ordering = ["id"]

@@ -12,7 +12,7 @@ from django.db.models.functions import TruncDay, TruncMonth, TruncWeek
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..django_store.fields import StorableCharField, StorableTextField
+from ..django_store.fields import StorableCharField, StorableTextField, optional_link
 from .chat import Chat
 from .indexes import IncludingOnPostgres
 from .message import Message
@@ -24,12 +24,17 @@ class UsageStatus(models.TextChoices):
     CANCELLED = "cancelled", _("cancelled")
 
 
+#: each token count of usage rows, summed (0 over no rows).
+TOKEN_SUMS: dict[str, Any] = {
+    name: Sum(name, default=0)
+    for name in (
+        "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+        "reasoning_tokens",
+    )
+}  # fmt: skip
+
 _TOTALS: dict[str, Any] = {
-    "input_tokens": Sum("input_tokens", default=0),
-    "output_tokens": Sum("output_tokens", default=0),
-    "cache_read_tokens": Sum("cache_read_tokens", default=0),
-    "cache_write_tokens": Sum("cache_write_tokens", default=0),
-    "reasoning_tokens": Sum("reasoning_tokens", default=0),
+    **TOKEN_SUMS,
     "cost": Sum("cost", default=Decimal(0)),
     "attempts": Count("id"),
 }
@@ -95,35 +100,12 @@ class AbstractUsage(models.Model):
 
 
 class Usage(AbstractUsage):
-    chat = models.ForeignKey(
-        Chat,
-        verbose_name=_("chat"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="usage_records",
-        db_index=False,  # (chat, created_at) below serves it
-    )
-    message = models.ForeignKey(
-        Message,
-        verbose_name=_("message"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="usage_records",
-    )
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        verbose_name=_("owner"),
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="agentloop_usage",
-        db_index=False,  # (owner, created_at) below serves it
-    )
+    # No index of their own: (chat, created_at) and (owner, created_at) below serve them.
+    chat = optional_link(Chat, _("chat"), "usage_records", db_index=False)
+    message = optional_link(Message, _("message"), "usage_records")
+    owner = optional_link(settings.AUTH_USER_MODEL, _("owner"), "agentloop_usage", db_index=False)
 
     class Meta(AbstractUsage.Meta):
-        abstract = False
         verbose_name = _("usage")
         verbose_name_plural = _("usage")
         ordering = ["-created_at"]

@@ -6,14 +6,13 @@ The code lives in private modules: ``_tool`` (defining and running tools), ``_co
 running call) and ``_references`` (names to tools and back); import from here.
 """
 
+from ..exceptions import NeedsInput, ToolError
 from ._context import Handoff, ToolContext, current_tool_context, running
-from ._references import load_tool, tool_reference
+from ._references import load_tool, made_tool, tool_reference
 from ._tool import (
     AskPerson,
     FunctionTool,
-    NeedsInput,
     Tool,
-    ToolError,
     ToolOutcome,
     arguments_problem,
     arguments_schema,
@@ -38,6 +37,7 @@ __all__ = [
     "describe_validation_error",
     "format_result",
     "load_tool",
+    "made_tool",
     "running",
     "snake_case",
     "tool",

@@ -10,6 +10,7 @@ kinds' own modules (:mod:`agentloop.tools`, :mod:`agentloop.tools.mcp`) know non
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..exceptions import ConfigurationError
 from ..import_paths import import_path_of, load_by_path
@@ -17,7 +18,7 @@ from ._tool import FunctionTool, Tool
 from .mcp import PREFIX as MCP_PREFIX
 from .mcp import load_mcp_tool
 
-__all__ = ["load_tool", "tool_reference"]
+__all__ = ["load_tool", "made_tool", "tool_reference"]
 
 
 def tool_reference(tool_class: type[Tool]) -> str:
@@ -68,9 +69,17 @@ def load_tool(reference: str) -> type[Tool]:
     loaded = load_by_path(reference)
     if isinstance(loaded, type) and issubclass(loaded, Tool):
         return loaded
-    as_tool = getattr(loaded, "as_tool", None)
-    if callable(as_tool):
-        converted = as_tool()
-        if isinstance(converted, type) and issubclass(converted, Tool):
-            return converted
-    raise ConfigurationError(f"{reference!r} is not a tool.")
+    converted = made_tool(loaded, "as_tool")
+    if converted is None:
+        raise ConfigurationError(f"{reference!r} is not a tool.")
+    return converted
+
+
+def made_tool(obj: Any, method: str) -> type[Tool] | None:
+    """The Tool class ``obj.<method>()`` makes (an agent's ``as_tool``, ``as_handoff``);
+    None when ``obj`` has no such method, or it makes no Tool class."""
+    make = getattr(obj, method, None)
+    if not callable(make):
+        return None
+    made = make()
+    return made if isinstance(made, type) and issubclass(made, Tool) else None

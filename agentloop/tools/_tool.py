@@ -22,6 +22,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, get_type_hints, overload
 
@@ -30,26 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from ..exceptions import ConfigurationError, NeedsInput, ToolError
+from ..exceptions import ConfigurationError, NeedsInput
 from ..messages import ToolCall, ToolDefinition
-from ._context import Handoff, ToolContext, current_tool_context, running
-
-__all__ = [
-    "AskPerson",
-    "Handoff",
-    "NeedsInput",
-    "Tool",
-    "ToolContext",
-    "ToolError",
-    "ToolOutcome",
-    "arguments_problem",
-    "arguments_schema",
-    "current_tool_context",
-    "format_result",
-    "running",
-    "snake_case",
-    "tool",
-]
+from ._context import Handoff, ToolContext
 
 
 def snake_case(name: str) -> str:
@@ -365,6 +349,7 @@ def format_result(value: Any) -> str:
     return json.dumps(value, default=to_jsonable_python, ensure_ascii=False)
 
 
+@dataclass(slots=True, eq=False)
 class ToolOutcome:
     """The result of running one call: text for the model, and what went wrong, if anything.
 
@@ -372,30 +357,16 @@ class ToolOutcome:
     approval or answer, or for a subagent).
     """
 
-    __slots__ = (
-        "after_wait", "content", "error", "handoff", "is_error", "question", "wait_reason",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        content: str = "",
-        *,
-        is_error: bool = False,
-        error: str | None = None,
-        wait_reason: str | None = None,
-        question: str | None = None,
-        after_wait: Callable[[], Any] | None = None,
-        handoff: Handoff | None = None,
-    ) -> None:
-        self.content = content
-        self.is_error = is_error
-        #: the exception (type, message and traceback) for the record, not for the model.
-        self.error = error
-        self.wait_reason = wait_reason
-        self.question = question
-        self.after_wait = after_wait
-        #: the handoff the call asked for, made with its result (``ToolContext.hand_off``).
-        self.handoff = handoff
+    content: str = ""
+    _: KW_ONLY
+    is_error: bool = False
+    #: the exception (type, message and traceback) for the record, not for the model.
+    error: str | None = None
+    wait_reason: str | None = None
+    question: str | None = None
+    after_wait: Callable[[], Any] | None = None
+    #: the handoff the call asked for, made with its result (``ToolContext.hand_off``).
+    handoff: Handoff | None = None
 
 
 def describe_validation_error(tool_name: str, error: ValidationError) -> str:
