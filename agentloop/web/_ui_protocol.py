@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..engine import CANCELLED_TOOL_RESULT
 from ..live_events import blocked_reason, message_payload
@@ -61,6 +61,7 @@ __all__ = [
     "HEADERS",
     "OUTPUT_PART",
     "QUESTION_PART",
+    "TurnStart",
     "UIStreamTranslator",
     "answer_message_id",
     "approval_id",
@@ -69,6 +70,7 @@ __all__ = [
     "parse_approval_id",
     "parse_chat_request",
     "row_payload",
+    "start_turn",
     "turn_rows",
     "ui_messages",
     "user_message_id",
@@ -549,6 +551,33 @@ def turn_rows(chat: Any) -> tuple[int, list[Any]]:
         .first()
     ) or 0
     return user_pk, list(_finished_rows(chat).filter(id__gt=user_pk))
+
+
+@dataclass
+class TurnStart:
+    """How a ``useChat`` stream of a turn begins: its translator, the pk of the latest row
+    the page has or is sent (``floor``: rows above it are the run's), and its first lines."""
+
+    translator: UIStreamTranslator
+    floor: int
+    head: list[bytes]
+
+
+def start_turn(chat: Any, rows: Literal["added", "shown", "replayed"]) -> TurnStart:
+    """The stream of the chat's latest turn, begun: the ``start`` part of its answer, and the
+    rows after its user message (:func:`turn_rows`) as the page has them: none but a user
+    message just ``added``; ``shown`` already (its calls get results in this stream); or
+    ``replayed`` now, in the first lines (a resumed stream)."""
+    translator = UIStreamTranslator()
+    user_pk, finished = turn_rows(chat)
+    chunks = translator.start(answer_message_id(user_pk))
+    for row in finished if rows != "added" else []:
+        if rows == "shown":
+            translator.know(row_payload(row))
+        else:
+            chunks += translator.event({"type": "message", "data": row_payload(row)})
+    floor = max([user_pk, *(row.pk for row in finished)])
+    return TurnStart(translator, floor, [encode(chunk) for chunk in chunks])
 
 
 def ui_messages(chat: Any, *, include_superseded: bool = False) -> list[dict[str, Any]]:

@@ -46,7 +46,14 @@ from ._access import (
     get_chat_for_view,
     holding_a_slot,
 )
-from ._ag_ui import AgUiFollower, AgUiTranslator, decide, messages_snapshot, parse_run_input
+from ._ag_ui import (
+    AgUiFollower,
+    AgUiTranslator,
+    RunRequest,
+    decide,
+    messages_snapshot,
+    parse_run_input,
+)
 from ._live import (
     IN_FLIGHT,
     ReaderAccess,
@@ -56,13 +63,13 @@ from ._live import (
     streaming_response,
 )
 from ._ui_protocol import (
-    UIStreamTranslator,
-    answer_message_id,
+    ChatRequest,
     encode,
     error_line,
     parse_approval_id,
     parse_chat_request,
     row_payload,
+    start_turn,
     turn_rows,
     ui_messages,
 )
@@ -259,7 +266,7 @@ def _streamed_post(
     request: HttpRequest, parse: Callable[[Any], Any], start_run: Callable[..., Any]
 ) -> HttpResponseBase:
     """A protocol's POST: the body read and parsed (400 for a refused one), the run started
-    (``start_run(request, asked)``: a follower, or a refusal) and streamed, holding one of the
+    and streamed (``start_run(request, asked)``: the stream, or a refusal), holding one of the
     user's stream slots (429 when none is free)."""
     try:
         body = request_json(request)
@@ -268,14 +275,7 @@ def _streamed_post(
     asked = parse(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-
-    def start() -> HttpResponseBase:
-        started = start_run(request, asked)
-        if isinstance(started, HttpResponse):
-            return started
-        return streaming_response(request, started)
-
-    return holding_a_slot(request, start)
+    return holding_a_slot(request, lambda: start_run(request, asked))
 
 
 def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
@@ -291,22 +291,21 @@ def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
     return None
 
 
-def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
+def _start_run(request: HttpRequest, asked: ChatRequest) -> HttpResponseBase:
     chat = get_chat_for_change(request, asked.chat_pk)
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
-    translator = UIStreamTranslator()
-    user_pk, rows = turn_rows(chat)
     if asked.text:
         not_added = _add_message(chat, asked.text, "Approve or deny the waiting tool calls first.")
         if not_added is not None:
             return not_added
-        user_pk, rows = turn_rows(chat)
+    # Read before the run is sent, and before any decision: with approvals the page shows
+    # this turn already, and its calls get results now.
+    turn = start_turn(chat, "added" if asked.text else "shown")
+    if asked.text:
         if chat.state not in IN_FLIGHT:
             chat.complete_later()
     else:
-        for row in rows:  # the page shows this turn already: its calls get results now
-            translator.know(row_payload(row))
         for call_pk, approved, reason in asked.decisions:
             try:
                 if approved:
@@ -330,9 +329,10 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
                 chat.answer(call_id, text, by=request.user)
             except ToolCallNotWaitingError as exc:
                 return _refused(str(exc), 409)
-    floor = max([user_pk, *(row.pk for row in rows)])
-    head = [encode(chunk) for chunk in translator.start(answer_message_id(user_pk))]
-    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    follower = RunFollower(
+        chat, position, turn.translator, turn.floor, turn.head, ReaderAccess(request, chat)
+    )
+    return streaming_response(request, follower)
 
 
 @require_GET
@@ -341,28 +341,19 @@ def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
 
-    def start() -> HttpResponseBase:
-        follower = _resume_run(request, pk)
-        if follower is None:
-            return HttpResponse(status=204)
-        return streaming_response(request, follower)
-
-    return holding_a_slot(request, start)
+    return holding_a_slot(request, lambda: _resume_run(request, pk))
 
 
-def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:
+def _resume_run(request: HttpRequest, pk: int) -> HttpResponseBase:
     chat = get_chat_for_view(request, pk)
     if chat.state not in IN_FLIGHT:
-        return None
+        return HttpResponse(status=204)
     position = resume_point(chat)  # before the rows: a row saved in between comes twice
-    user_pk, rows = turn_rows(chat)
-    translator = UIStreamTranslator()
-    chunks = translator.start(answer_message_id(user_pk))
-    for row in rows:
-        chunks += translator.event({"type": "message", "data": row_payload(row)})
-    floor = max([user_pk, *(row.pk for row in rows)])
-    head = [encode(chunk) for chunk in chunks]
-    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    turn = start_turn(chat, "replayed")
+    follower = RunFollower(
+        chat, position, turn.translator, turn.floor, turn.head, ReaderAccess(request, chat)
+    )
+    return streaming_response(request, follower)
 
 
 @require_GET
@@ -395,7 +386,7 @@ def ag_ui(request: HttpRequest) -> HttpResponseBase:
     return _streamed_post(request, parse_run_input, _start_ag_ui_run)
 
 
-def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFollower:
+def _start_ag_ui_run(request: HttpRequest, asked: RunRequest) -> HttpResponseBase:
     chat = get_chat_for_change(request, asked.chat_pk)
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
@@ -429,7 +420,8 @@ def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFol
         floor = max([floor, *(payload["id"] for payload in replay[1])])
     chat.refresh_from_db(fields=["state"])
     head = [encode(e) for e in translator.start(chat.state, replay[0] if replay else None)]
-    return AgUiFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    follower = AgUiFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    return streaming_response(request, follower)
 
 
 def _sent_by_us(chat: Any, message_id: str) -> bool:
