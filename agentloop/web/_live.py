@@ -45,7 +45,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.contrib import auth
@@ -57,6 +57,7 @@ from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
 from ..tools.mcp.elicitation import ELICITATION
 from ._access import can_view_chat
+from ._translator import Translator
 from ._ui_protocol import DONE, HEADERS, encode, row_payload
 
 __all__ = [
@@ -68,7 +69,6 @@ __all__ = [
     "ReaderAccess",
     "RunFollower",
     "SharedReads",
-    "Translator",
     "astream",
     "cut_to_fit",
     "format_event",
@@ -468,28 +468,6 @@ class ChatEventReader(LiveReader):
             "changed_at": row["updated_at"].isoformat() if row["updated_at"] else None,
         }
         return state
-
-
-class Translator(Protocol):
-    """What a :class:`RunFollower` drives: a protocol's translation of a chat's events
-    (``UIStreamTranslator``; ``agentloop.web._ag_ui.AgUiTranslator``)."""
-
-    #: pks of the message rows sent (or known to the page already).
-    sent_rows: set[int]
-    #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
-    calls: dict[int, str]
-
-    def event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """The parts of one live event."""
-
-    def cancel_calls(self, call_pks: list[int]) -> list[dict[str, Any]]:
-        """The parts of the shown calls a cancel kept from running."""
-
-    def pending(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The parts of the calls waiting for a person."""
-
-    def end(self, state: str, error: str = "", stop_reason: str = "") -> list[dict[str, Any]]:
-        """The last parts of a run over in ``state``."""
 
 
 class RunFollower(LiveReader):

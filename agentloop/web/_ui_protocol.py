@@ -2,7 +2,7 @@
 and its live events as the UI message stream.
 
 The stream's translation is pure (no database, no request): :class:`UIStreamTranslator`
-takes the events of ``agentloop.live_events`` (saved ``message`` rows, streamed ``chunk``
+(a ``agentloop.web._translator.Translator``) takes the events of ``agentloop.live_events`` (saved ``message`` rows, streamed ``chunk``
 and ``tool_call_delta`` pieces, ``partial`` answers of the database backend) and the chat's
 state, and returns the protocol's parts, as dicts; :func:`encode` writes one as an SSE
 ``data:`` line. ``agentloop.web._live`` reads the events and drives it; the views serve it.
@@ -53,10 +53,10 @@ from typing import Any, Literal
 from ..engine import CANCELLED_TOOL_RESULT
 from ..live_events import blocked_reason, message_payload
 from ..storable_text import storable_text
+from ._translator import Chunk, Translator
 
 __all__ = [
     "ChatRequest",
-    "Chunk",
     "DONE",
     "HEADERS",
     "OUTPUT_PART",
@@ -76,9 +76,6 @@ __all__ = [
     "user_message_id",
 ]
 
-
-#: one part of the stream: {"type": "text-delta", "id": ..., "delta": ...}.
-Chunk = dict[str, Any]
 
 #: the response headers the protocol names (version 1 of the UI message stream).
 HEADERS = {
@@ -227,7 +224,7 @@ class _Step:
     output_id: str | None = None  # the data part of its structured output
 
 
-class UIStreamTranslator:
+class UIStreamTranslator(Translator):
     """Turns one chat's events into UI message stream parts (one stream, one reader).
 
     It remembers what it sent: the message rows (a row read twice is sent once), the
@@ -235,73 +232,16 @@ class UIStreamTranslator:
     """
 
     def __init__(self) -> None:
-        #: pks of the message rows sent (or known to the page already).
-        self.sent_rows: set[int] = set()
-        #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
-        self.calls: dict[int, str] = {}
-        #: a saved answer of this stream was cancelled, or calls were (``cancel_calls``).
-        self.cancelled = False
-        #: toolCallIds of the calls a cancel kept from running, in the order sent.
-        self.cancelled_calls: list[str] = []
+        super().__init__()
         self._requested: set[int] = set()
         self._asked: set[int] = set()
         self._step: _Step | None = None
         self._count = 0
 
-    # -- what the page has already ------------------------------------------------------
-    def know(self, payload: dict[str, Any]) -> None:
-        """Note a message row (``events.message_payload``) the page shows already."""
-        self.sent_rows.add(payload["id"])
-        for call in payload.get("tool_calls") or []:
-            self.calls[call["id"]] = call["call_id"]
-
     # -- the stream ---------------------------------------------------------------------
     def start(self, message_id: str) -> list[Chunk]:
         """The first part: the UI message the parts that follow belong to."""
         return [{"type": "start", "messageId": message_id}]
-
-    def event(self, event: dict[str, Any]) -> list[Chunk]:
-        """The parts of one event (``{"type": ..., "data": {...}}``); [] for others."""
-        data = event.get("data") or {}
-        kind = event.get("type")
-        if kind == "chunk":
-            return self._text(str(data.get("text") or ""))
-        if kind == "partial":
-            return self._partial(str(data.get("content") or ""))
-        if kind == "tool_call_delta":
-            return self._tool_delta(data)
-        if kind == "partial_output":
-            out: list[Chunk] = []
-            step = self._open(out)
-            out.append(self._output(step, data.get("value")))
-            return out
-        if kind == "message" and data.get("role") == "assistant":
-            return self._answer(data)
-        if kind == "message" and data.get("role") == "tool":
-            return self._result(data)
-        if kind == "message" and "id" in data:
-            self.sent_rows.add(data["id"])  # a user or summary row: not part of an answer
-        return []
-
-    def cancel_calls(self, call_pks: list[int]) -> list[Chunk]:
-        """Parts for calls a cancel kept from running (``ToolCall`` pks with state
-        ``cancelled`` and no result yet): an error output each, once, for calls the page shows;
-        the run then ends as cancelled."""
-        out: list[Chunk] = []
-        for pk in call_pks:
-            tool_call_id = self.calls.get(pk)
-            if tool_call_id is None or tool_call_id in self.cancelled_calls:
-                continue
-            self.cancelled_calls.append(tool_call_id)
-            self.cancelled = True
-            out.append(
-                {
-                    "type": "tool-output-error",
-                    "toolCallId": tool_call_id,
-                    "errorText": CANCELLED_TOOL_RESULT,
-                }
-            )
-        return out
 
     def pending(self, calls: list[dict[str, Any]]) -> list[Chunk]:
         """Parts for the calls waiting for a person (``{"id", "wait_reason", "question"}``
@@ -342,7 +282,7 @@ class UIStreamTranslator:
         if self.cancelled:
             metadata: dict[str, Any] = {"cancelled": True}
             if self.cancelled_calls:
-                metadata["cancelledCalls"] = list(self.cancelled_calls)
+                metadata["cancelledCalls"] = list(self.cancelled_calls.values())
             out.append({"type": "message-metadata", "messageMetadata": metadata})
             return [*out, {"type": "abort", "reason": "cancelled"}]
         if state == "waiting":
@@ -375,8 +315,9 @@ class UIStreamTranslator:
         step.text += text
         return out
 
-    def _partial(self, content: str) -> list[Chunk]:
+    def _partial(self, data: dict[str, Any]) -> list[Chunk]:
         """The database backend's answer so far: the part of it the page lacks."""
+        content = str(data.get("content") or "")
         step = self._step
         if step is not None and not content.startswith(step.text):
             # Not a continuation (the answer was retried): the step starts over.
@@ -384,32 +325,22 @@ class UIStreamTranslator:
             return [{"type": "reset-step"}, *self._text(content)]
         return self._text(content[len(step.text) :] if step is not None else content)
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[Chunk]:
+    def _partial_output(self, value: Any) -> list[Chunk]:
         out: list[Chunk] = []
-        index = int(data.get("index") or 0)
         step = self._open(out)
-        tool_call_id = step.tools.get(index)
-        if tool_call_id is None:
-            if not data.get("id") or not data.get("name"):
-                return out  # a piece before the call's id and name: nothing to show yet
-            tool_call_id = step.tools[index] = str(data["id"])
-            out.append(
-                {
-                    "type": "tool-input-start",
-                    "toolCallId": tool_call_id,
-                    "toolName": str(data["name"]),
-                    "dynamic": True,
-                }
-            )
-        if data.get("arguments"):
-            out.append(
-                {
-                    "type": "tool-input-delta",
-                    "toolCallId": tool_call_id,
-                    "inputTextDelta": str(data["arguments"]),
-                }
-            )
+        out.append(self._output(step, value))
         return out
+
+    def _tool_start(self, answer: _Step, tool_call_id: str, name: str) -> Chunk:
+        return {
+            "type": "tool-input-start",
+            "toolCallId": tool_call_id,
+            "toolName": name,
+            "dynamic": True,
+        }
+
+    def _tool_arguments(self, tool_call_id: str, text: str) -> Chunk:
+        return {"type": "tool-input-delta", "toolCallId": tool_call_id, "inputTextDelta": text}
 
     def _output(self, step: _Step, value: Any) -> Chunk:
         """The structured output so far (or the saved one), under the step's one id."""
@@ -425,7 +356,7 @@ class UIStreamTranslator:
         return [*out, {"type": "finish-step"}]
 
     # -- saved rows ---------------------------------------------------------------------
-    def _answer(self, data: dict[str, Any]) -> list[Chunk]:
+    def _saved_answer(self, data: dict[str, Any]) -> list[Chunk]:
         """A saved answer: it closes (or replaces) the step that streamed it."""
         pk = data["id"]
         step = self._step
@@ -493,20 +424,21 @@ class UIStreamTranslator:
             ]
         return out
 
-    def _result(self, data: dict[str, Any]) -> list[Chunk]:
+    def _result_part(self, tool_call_id: str, data: dict[str, Any]) -> Chunk:
         """A tool result (``decision`` added by the reader: "denied" for a denial)."""
-        if data["id"] in self.sent_rows:
-            return []
-        self.sent_rows.add(data["id"])
-        tool_call_id = self.calls.get(data.get("tool_call_id"))  # type: ignore[arg-type]
-        if tool_call_id is None:
-            return []  # the result of a call the page was never shown
         if data.get("decision") == "denied":
-            return [{"type": "tool-output-denied", "toolCallId": tool_call_id}]
+            return {"type": "tool-output-denied", "toolCallId": tool_call_id}
         content = str(data.get("content") or "")
         if data.get("is_error"):
-            return [{"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": content}]
-        return [{"type": "tool-output-available", "toolCallId": tool_call_id, "output": content}]
+            return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": content}
+        return {"type": "tool-output-available", "toolCallId": tool_call_id, "output": content}
+
+    def _cancelled_call(self, pk: int, tool_call_id: str) -> Chunk:
+        return {
+            "type": "tool-output-error",
+            "toolCallId": tool_call_id,
+            "errorText": CANCELLED_TOOL_RESULT,
+        }
 
 
 #: rows a page never shows: the instructions, and compaction summaries of older messages.
