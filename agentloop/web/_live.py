@@ -43,7 +43,6 @@ from collections.abc import (
     Generator,
     Hashable,
     Iterator,
-    Mapping,
 )
 from typing import Any, TypeVar
 
@@ -625,39 +624,6 @@ def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
         return None
 
 
-def drive(
-    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Any]]
-) -> Iterator[bytes]:
-    """The stream's bytes, each other step done in this thread."""
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == SEND:
-            yield step[1]
-            answer = None
-        elif step[0] == SLEEP:
-            time.sleep(step[1])
-            answer = None
-        else:
-            answer = handlers[step[0]](step[1])
-
-
-async def adrive(
-    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Awaitable[Any]]]
-) -> AsyncIterator[bytes]:
-    """The stream's bytes, each other step awaited on the event loop."""
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == SEND:
-            yield step[1]
-            answer = None
-        elif step[0] == SLEEP:
-            await asyncio.sleep(step[1])
-            answer = None
-        else:
-            answer = await handlers[step[0]](step[1])
-
-
-# What the loop asks its driver to do besides SEND and SLEEP (the answer is sent back in).
 #: a call whose MCP server waits for a person's answer (its run goes on meanwhile).
 _ASKING = Q(state="running", wait_reason=ELICITATION)
 
@@ -674,6 +640,8 @@ def _with_schemas(rows: Any) -> list[dict[str, Any]]:
     return pending
 
 
+# What the loop asks its driver to do besides SEND (the answer is sent back in; a SEND's
+# answer is not read): SLEEP, and
 _POLL = "poll"  # reader.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _TAKE = "take"  # reader.take(events); answer: frames
@@ -716,34 +684,47 @@ def _steps(reader: LiveReader) -> Generator[Step, Any, None]:
 
 
 def stream(reader: LiveReader) -> Iterator[bytes]:
-    """The reader's stream, sync (WSGI: holds its thread while it waits)."""
+    """The reader's stream, sync (WSGI: holds its thread while it waits): its bytes, each
+    other step done in this thread."""
     run: dict[str, Callable[[Any], Any]] = {
+        SLEEP: time.sleep,
         _POLL: lambda _: reader.poll(),
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
         _TAKE: reader.take,
         _FINISH: lambda _: reader.finish(),
         _ALLOWED: lambda _: reader.still_allowed(),
     }
-    yield from drive(_steps(reader), run)
+    steps, answer = _steps(reader), None
+    while (step := _advance(steps, answer)) is not None:
+        if step[0] == SEND:
+            yield step[1]
+        else:
+            answer = run[step[0]](step[1])
 
 
 async def astream(reader: LiveReader) -> AsyncIterator[bytes]:
-    """The reader's stream, async (ASGI: waits without a thread)."""
+    """The reader's stream, async (ASGI: waits without a thread): its bytes, each other
+    step awaited on the event loop."""
     connection = reader.backend.aconnect() if reader.keeps_events else None
 
     async def take_here(events: list[Event]) -> list[bytes]:
         return reader.take(events)
 
-    run: dict[str, Callable[[Any], Any]] = {
+    run: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        SLEEP: asyncio.sleep,
         _POLL: lambda _: sync_to_async(reader.poll)(),
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
         _TAKE: sync_to_async(reader.take) if reader.take_reads_rows else take_here,
         _FINISH: lambda _: sync_to_async(reader.finish)(),
         _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
     }
+    steps, answer = _steps(reader), None
     try:
-        async for chunk in adrive(_steps(reader), run):
-            yield chunk
+        while (step := _advance(steps, answer)) is not None:
+            if step[0] == SEND:
+                yield step[1]
+            else:
+                answer = await run[step[0]](step[1])
     finally:
         if connection is not None:
             await connection.aclose()

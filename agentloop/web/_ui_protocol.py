@@ -2,10 +2,11 @@
 and its live events as the UI message stream.
 
 The stream's translation is pure (no database, no request): :class:`UIStreamTranslator`
-(a ``agentloop.web._translator.Translator``) takes the events of ``agentloop.live_events`` (saved ``message`` rows, streamed ``chunk``
-and ``tool_call_delta`` pieces, ``partial`` answers of the database backend) and the chat's
-state, and returns the protocol's parts, as dicts; :func:`encode` writes one as an SSE
-``data:`` line. ``agentloop.web._live`` reads the events and drives it; the views serve it.
+(an ``agentloop.web._translator.Translator``) takes the events of ``agentloop.live_events``
+(saved ``message`` rows, streamed ``chunk`` and ``tool_call_delta`` pieces, ``partial``
+answers of the database backend) and the chat's state, and returns the protocol's parts,
+as dicts; :func:`encode` writes one as an SSE ``data:`` line. ``agentloop.web._live`` reads
+the events and drives it; the views serve it.
 
 One assistant UI message per turn (everything that answers a user message, tool rounds
 included), id ``a<pk of that user message>``; each model answer is one step in it:
@@ -47,6 +48,7 @@ Texts from models and tools are passed on as data; the page must show them as te
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -181,14 +183,19 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(chat_pk, problem="The last message must be the user's, or approvals.")
 
 
-def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
-    decisions: dict[int, tuple[int, bool, str]] = {}
+def _tool_parts(parts: list[dict[str, Any]], state: str) -> Iterator[dict[str, Any]]:
+    """The message's tool parts (``dynamic-tool`` or ``tool-<name>``) in ``state``."""
     for part in parts:
         kind = str(part.get("type") or "")
+        if (kind == "dynamic-tool" or kind.startswith("tool-")) and part.get("state") == state:
+            yield part
+
+
+def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
+    decisions: dict[int, tuple[int, bool, str]] = {}
+    for part in _tool_parts(parts, "approval-responded"):
         approval = part.get("approval")
-        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
-            continue
-        if part.get("state") != "approval-responded" or not isinstance(approval, dict):
+        if not isinstance(approval, dict):
             continue
         call_pk = parse_approval_id(approval.get("id"))
         if call_pk is None or not isinstance(approval.get("approved"), bool):
@@ -201,12 +208,9 @@ def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
 
 def _answers(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
     answers: dict[str, tuple[str, str]] = {}
-    for part in parts:
-        kind = str(part.get("type") or "")
+    for part in _tool_parts(parts, "output-available"):
         tool_call_id = part.get("toolCallId")
-        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
-            continue
-        if part.get("state") != "output-available" or not isinstance(tool_call_id, str):
+        if not isinstance(tool_call_id, str):
             continue
         output = part.get("output")
         text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)

@@ -107,26 +107,31 @@ def _done(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(target)
 
 
+def _refused(reason: str, status: int) -> HttpResponse:
+    return HttpResponse(reason, status=status, content_type="text/plain")
+
+
 @require_POST
 @login_required
 def cancel_chat(request: HttpRequest, pk: int) -> HttpResponse:
     """Ask the chat's run to stop at its next checkpoint; 409 when no run is in progress,
     queued or waiting for a person (nothing is set, so the next message isn't stopped)."""
     if not get_chat_for_change(request, pk).cancel():
-        return HttpResponse(
-            "This chat has no run in progress: nothing to cancel.",
-            status=409,
-            content_type="text/plain",
-        )
+        return _refused("This chat has no run in progress: nothing to cancel.", 409)
     return _done(request)
 
 
 def _decide(request: HttpRequest, pk: int, call_pk: int, decide: Any) -> HttpResponse:
+    """``decide(chat, call_pk)`` on a chat this user may change: 409 when the call no longer
+    waits, 400 with the one-line reason when what was posted is refused (arguments the
+    tool's ``Params`` refuse, an answer its schema refuses: the call still waits)."""
     chat = get_chat_for_change(request, pk)
     try:
         decide(chat, call_pk)
     except ToolCallNotWaitingError as exc:
-        return HttpResponse(str(exc), status=409, content_type="text/plain")
+        return _refused(str(exc), 409)
+    except (InvalidArgumentsError, InvalidAnswerError) as exc:
+        return _refused(str(exc), 400)
     return _done(request)
 
 
@@ -139,16 +144,13 @@ def approve_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespon
     try:
         arguments = parse_json(posted, "arguments") if posted else None
     except JSONInputError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
-    try:
-        return _decide(
-            request,
-            pk,
-            call_pk,
-            lambda chat, call: chat.approve(call, by=request.user, arguments=arguments),
-        )
-    except InvalidArgumentsError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return _refused(str(exc), 400)
+    return _decide(
+        request,
+        pk,
+        call_pk,
+        lambda chat, call: chat.approve(call, by=request.user, arguments=arguments),
+    )
 
 
 @require_POST
@@ -168,13 +170,10 @@ def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     with the one-line reason when its schema refuses it; the question still waits)."""
     text = request.POST.get("text", "")
     if not text.strip():
-        return HttpResponse("An answer needs some text.", status=400, content_type="text/plain")
-    try:
-        return _decide(
-            request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
-        )
-    except InvalidAnswerError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return _refused("An answer needs some text.", 400)
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
+    )
 
 
 @require_POST
@@ -183,15 +182,9 @@ def decline_question(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     """Decline an MCP server's question (``action=cancel``: dismiss it); 409 when it no
     longer waits, 400 for another action."""
     action = request.POST.get("action", "decline")
-    try:
-        return _decide(
-            request,
-            pk,
-            call_pk,
-            lambda chat, call: chat.decline(call, by=request.user, action=action),
-        )
-    except InvalidAnswerError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.decline(call, by=request.user, action=action)
+    )
 
 
 # -- editing (docs/editing.md) ------------------------------------------------------------------
@@ -247,10 +240,6 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
-def _refused(reason: str, status: int) -> HttpResponse:
-    return HttpResponse(reason, status=status, content_type="text/plain")
-
-
 # The useChat views are sync: their setup is a few queries, and under ASGI the response
 # still streams through an async iterator (agentloop.web._live), holding no thread.
 @require_POST
