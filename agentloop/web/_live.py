@@ -499,6 +499,21 @@ class RunFollower(LiveReader):
         #: the chat's latest state: {"state", "error", "stop_reason", "pending"}.
         self.state: dict[str, Any] = {"state": "queued"}
 
+    @classmethod
+    def respond(
+        cls,
+        request: HttpRequest,
+        chat: Any,
+        after: str | None,
+        translator: Translator,
+        floor: int,
+        head: list[bytes],
+    ) -> StreamingHttpResponse:
+        """The stream of a reader of this kind for the request's user (its access checked
+        again while it is open)."""
+        reader = cls(chat, after, translator, floor, head, ReaderAccess(request, chat))
+        return streaming_response(request, reader)
+
     @property
     def over(self) -> bool:
         """The state read last says the run is over."""
@@ -745,5 +760,5 @@ def streaming_response(request: HttpRequest, reader: LiveReader) -> StreamingHtt
 
 def stream_response(request: HttpRequest, chat: Any) -> StreamingHttpResponse:
     """The event stream's response: the events after the position the request asks for."""
-    access = ReaderAccess(request, chat)
-    return streaming_response(request, ChatEventReader(chat, requested_position(request), access))
+    reader = ChatEventReader(chat, requested_position(request), ReaderAccess(request, chat))
+    return streaming_response(request, reader)

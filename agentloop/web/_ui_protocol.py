@@ -411,21 +411,16 @@ class UIStreamTranslator(Translator):
         return [*out, {"type": "finish-step"}]
 
     def _whole_answer(self, content: str, thinking: str) -> list[Chunk]:
+        """A saved answer's thinking and text, each a whole part of its own."""
         out: list[Chunk] = []
-        if thinking:
-            reasoning = self._new_id("reasoning")
-            out += [
-                {"type": "reasoning-start", "id": reasoning},
-                {"type": "reasoning-delta", "id": reasoning, "delta": thinking},
-                {"type": "reasoning-end", "id": reasoning},
-            ]
-        if content:
-            text = self._new_id("text")
-            out += [
-                {"type": "text-start", "id": text},
-                {"type": "text-delta", "id": text, "delta": content},
-                {"type": "text-end", "id": text},
-            ]
+        for kind, text in (("reasoning", thinking), ("text", content)):
+            if text:
+                part_id = self._new_id(kind)
+                out += [
+                    {"type": f"{kind}-start", "id": part_id},
+                    {"type": f"{kind}-delta", "id": part_id, "delta": text},
+                    {"type": f"{kind}-end", "id": part_id},
+                ]
         return out
 
     def _result_part(self, tool_call_id: str, data: dict[str, Any]) -> Chunk:

@@ -56,11 +56,9 @@ from ._ag_ui import (
 )
 from ._live import (
     IN_FLIGHT,
-    ReaderAccess,
     RunFollower,
     resume_point,
     stream_response,
-    streaming_response,
 )
 from ._ui_protocol import (
     ChatRequest,
@@ -318,10 +316,7 @@ def _start_run(request: HttpRequest, asked: ChatRequest) -> HttpResponseBase:
                 chat.answer(call_id, text, by=request.user)
             except ToolCallNotWaitingError as exc:
                 return _refused(str(exc), 409)
-    follower = RunFollower(
-        chat, position, turn.translator, turn.floor, turn.head, ReaderAccess(request, chat)
-    )
-    return streaming_response(request, follower)
+    return RunFollower.respond(request, chat, position, turn.translator, turn.floor, turn.head)
 
 
 @require_GET
@@ -329,7 +324,6 @@ def _start_run(request: HttpRequest, asked: ChatRequest) -> HttpResponseBase:
 def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-
     return holding_a_slot(request, lambda: _resume_run(request, pk))
 
 
@@ -339,10 +333,7 @@ def _resume_run(request: HttpRequest, pk: int) -> HttpResponseBase:
         return HttpResponse(status=204)
     position = resume_point(chat)  # before the rows: a row saved in between comes twice
     turn = start_turn(chat, "replayed")
-    follower = RunFollower(
-        chat, position, turn.translator, turn.floor, turn.head, ReaderAccess(request, chat)
-    )
-    return streaming_response(request, follower)
+    return RunFollower.respond(request, chat, position, turn.translator, turn.floor, turn.head)
 
 
 @require_GET
@@ -409,8 +400,7 @@ def _start_ag_ui_run(request: HttpRequest, asked: RunRequest) -> HttpResponseBas
         floor = max([floor, *(payload["id"] for payload in replay[1])])
     chat.refresh_from_db(fields=["state"])
     head = [encode(e) for e in translator.start(chat.state, replay[0] if replay else None)]
-    follower = AgUiFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
-    return streaming_response(request, follower)
+    return AgUiFollower.respond(request, chat, position, translator, floor, head)
 
 
 def _sent_by_us(chat: Any, message_id: str) -> bool:
