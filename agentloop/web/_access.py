@@ -256,11 +256,19 @@ class _AsyncHeld(_Held):
         return chunk
 
 
-def holding_a_slot(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-    """``start()``'s response, holding one of the user's live stream slots while it streams
-    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
-    ``start()`` writes anything."""
+def holding_a_slot(
+    request: HttpRequest,
+    pk: Any,
+    start: Callable[[Any], HttpResponseBase],
+    *,
+    change: bool = False,
+) -> HttpResponseBase:
+    """``start(chat)``'s response for the chat ``pk``, holding one of the user's live stream
+    slots while it streams (docs/live-events.md). 429 when they have
+    ``EVENTS_STREAMS_PER_USER`` open already, before the chat is read or anything written;
+    then 404 unless this user may see the chat (with ``change``: change it)."""
     slot = take_slot(request.user.pk)
     if slot is None:
         return too_many_streams()
-    return slot.serve(start)
+    read = get_chat_for_change if change else get_chat_for_view
+    return slot.serve(lambda: start(read(request, pk)))

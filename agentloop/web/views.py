@@ -233,8 +233,9 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
-    chat = await sync_to_async(get_chat_for_view)(request, pk)
-    return await sync_to_async(holding_a_slot)(request, lambda: stream_response(request, chat))
+    return await sync_to_async(holding_a_slot)(
+        request, pk, lambda chat: stream_response(request, chat)
+    )
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
@@ -252,9 +253,10 @@ def usechat(request: HttpRequest) -> HttpResponseBase:
 def _streamed_post(
     request: HttpRequest, parse: Callable[[Any], Any], start_run: Callable[..., Any]
 ) -> HttpResponseBase:
-    """A protocol's POST: the body read and parsed (400 for a refused one), the run started
-    and streamed (``start_run(request, asked)``: the stream, or a refusal), holding one of the
-    user's stream slots (429 when none is free)."""
+    """A protocol's POST: the body read and parsed (400 for a refused one), then, holding one
+    of the user's stream slots (429 when none is free), the run of the chat it names (404
+    unless the user may change it) started and streamed (``start_run(request, chat, asked)``:
+    the stream, or a refusal)."""
     try:
         body = request_json(request)
     except JSONInputError as exc:
@@ -262,7 +264,9 @@ def _streamed_post(
     asked = parse(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-    return holding_a_slot(request, lambda: start_run(request, asked))
+    return holding_a_slot(
+        request, asked.chat_pk, lambda chat: start_run(request, chat, asked), change=True
+    )
 
 
 def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
@@ -278,8 +282,7 @@ def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
     return None
 
 
-def _start_run(request: HttpRequest, asked: ChatRequest) -> HttpResponseBase:
-    chat = get_chat_for_change(request, asked.chat_pk)
+def _start_run(request: HttpRequest, chat: Any, asked: ChatRequest) -> HttpResponseBase:
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
     if asked.text:
@@ -324,11 +327,10 @@ def _start_run(request: HttpRequest, asked: ChatRequest) -> HttpResponseBase:
 def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-    return holding_a_slot(request, lambda: _resume_run(request, pk))
+    return holding_a_slot(request, pk, lambda chat: _resume_run(request, chat))
 
 
-def _resume_run(request: HttpRequest, pk: int) -> HttpResponseBase:
-    chat = get_chat_for_view(request, pk)
+def _resume_run(request: HttpRequest, chat: Any) -> HttpResponseBase:
     if chat.state not in IN_FLIGHT:
         return HttpResponse(status=204)
     position = resume_point(chat)  # before the rows: a row saved in between comes twice
@@ -366,8 +368,7 @@ def ag_ui(request: HttpRequest) -> HttpResponseBase:
     return _streamed_post(request, parse_run_input, _start_ag_ui_run)
 
 
-def _start_ag_ui_run(request: HttpRequest, asked: RunRequest) -> HttpResponseBase:
-    chat = get_chat_for_change(request, asked.chat_pk)
+def _start_ag_ui_run(request: HttpRequest, chat: Any, asked: RunRequest) -> HttpResponseBase:
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
     translator = AgUiTranslator(str(chat.pk), asked.run_id)
