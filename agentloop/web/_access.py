@@ -7,7 +7,7 @@ event stream and the admin share these rules.
 Each open stream (the event stream, a ``useChat`` stream or its resume) holds one of its
 user's ``EVENTS_STREAMS_PER_USER`` slots, taken by its view before anything is written
 (:func:`take_slot`; ``None`` at the cap: the view answers 429), kept alive while its bytes
-flow and given back when the response is closed or ends (:func:`hold`). A slot lasts
+flow and given back when the response is closed or ends (:meth:`StreamSlot.serve`). A slot lasts
 :func:`slot_seconds` without renewal, so a process that died holding some frees them by
 itself. With ``REDIS_URL`` the slots are counted in Redis (a sorted set per user scored by
 expiry, on Redis's clock), so the cap holds across every process of a deployment; without
@@ -36,7 +36,6 @@ __all__ = [
     "can_view_chat",
     "get_chat_for_change",
     "get_chat_for_view",
-    "hold",
     "holding_a_slot",
     "slot_seconds",
     "take_slot",
@@ -128,6 +127,26 @@ class StreamSlot:
             _claim(self.user, self.token, None, self.seconds)
         except Exception:  # the stream goes on; the slot may expire early
             logger.warning("Could not renew a live stream's slot", exc_info=True)
+
+    def serve(self, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+        """``start()``'s response with its content holding the slot until it ends or is
+        closed; a response that doesn't stream gives the slot back at once."""
+        try:
+            response = start()
+        except BaseException:
+            self.release()
+            raise
+        if not isinstance(response, StreamingHttpResponse):
+            self.release()
+            return response
+        content: Any = response.streaming_content
+        held: Any = (
+            _AsyncHeld(aiter(content), self)
+            if response.is_async
+            else _SyncHeld(iter(content), self)
+        )
+        response.streaming_content = held
+        return response
 
     def release(self) -> None:
         """Give the slot back (once; a failure is logged: the slot then expires)."""
@@ -237,29 +256,19 @@ class _AsyncHeld(_Held):
         return chunk
 
 
-def hold(response: StreamingHttpResponse, slot: StreamSlot) -> StreamingHttpResponse:
-    """``response`` with its content holding ``slot`` until it ends or is closed."""
-    content: Any = response.streaming_content
-    held: Any = (
-        _AsyncHeld(aiter(content), slot) if response.is_async else _SyncHeld(iter(content), slot)
-    )
-    response.streaming_content = held
-    return response
-
-
-def holding_a_slot(request: HttpRequest, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-    """``start()``'s response, holding one of the user's live stream slots while it streams
-    (docs/live-events.md); 429 when they have ``EVENTS_STREAMS_PER_USER`` open already, before
-    ``start()`` writes anything. A response that doesn't stream gives its slot back at once."""
+def holding_a_slot(
+    request: HttpRequest,
+    pk: Any,
+    start: Callable[[Any], HttpResponseBase],
+    *,
+    change: bool = False,
+) -> HttpResponseBase:
+    """``start(chat)``'s response for the chat ``pk``, holding one of the user's live stream
+    slots while it streams (docs/live-events.md). 429 when they have
+    ``EVENTS_STREAMS_PER_USER`` open already, before the chat is read or anything written;
+    then 404 unless this user may see the chat (with ``change``: change it)."""
     slot = take_slot(request.user.pk)
     if slot is None:
         return too_many_streams()
-    try:
-        response = start()
-    except BaseException:
-        slot.release()
-        raise
-    if not isinstance(response, StreamingHttpResponse):
-        slot.release()
-        return response
-    return hold(response, slot)
+    read = get_chat_for_change if change else get_chat_for_view
+    return slot.serve(lambda: start(read(request, pk)))

@@ -58,7 +58,8 @@ from ..exceptions import (
 )
 from ..tools.mcp.elicitation import ELICITATION
 from ._live import RunFollower
-from ._ui_protocol import Chunk, encode, error_line, parse_approval_id, row_payload
+from ._translator import Chunk, Translator
+from ._ui_protocol import encode, error_line, parse_approval_id, row_payload
 
 __all__ = [
     "APPROVAL_EVENT",
@@ -372,27 +373,23 @@ class _Answer:
     open_tools: list[str] = field(default_factory=list)
 
 
-class AgUiTranslator:
+class AgUiTranslator(Translator):
     """Turns one chat's live events into AG-UI events (one stream, one run, one reader).
 
     It has the interface ``RunFollower`` drives (``know``, ``event``, ``cancel_calls``,
     ``pending``, ``end``, ``sent_rows``, ``calls``), and remembers what it sent."""
 
     def __init__(self, thread_id: str, run_id: str) -> None:
+        super().__init__()
         self.thread_id = thread_id
         self.run_id = run_id
-        #: pks of the message rows sent (or known to the client already).
-        self.sent_rows: set[int] = set()
-        #: ``ToolCall`` pk -> its toolCallId; and -> (name, arguments) for interrupts.
-        self.calls: dict[int, str] = {}
+        #: ``ToolCall`` pk -> (name, arguments), for interrupts.
         self.call_details: dict[int, tuple[str, Any]] = {}
         #: a saved answer differed from what streamed: the client needs a snapshot.
         self.diverged = False
-        self.cancelled = False
         self.interrupts: list[dict[str, Any]] = []
         #: the pks of calls whose MCP server's question was shown (they end no run).
         self._asked_by_servers: set[str] = set()
-        self._cancelled_calls: set[int] = set()
         self._state: str | None = None
         self._answer: _Answer | None = None
         self._used_ids: set[str] = set()
@@ -401,9 +398,8 @@ class AgUiTranslator:
     # -- what the client has already ------------------------------------------------------
     def know(self, payload: dict[str, Any]) -> None:
         """Note a message row (``row_payload``) the client holds already."""
-        self.sent_rows.add(payload["id"])
+        super().know(payload)
         for call in payload.get("tool_calls") or []:
-            self.calls[call["id"]] = call["call_id"]
             self.call_details[call["id"]] = (call["name"], call["arguments"])
 
     # -- the run --------------------------------------------------------------------------
@@ -426,36 +422,6 @@ class AgUiTranslator:
         return [
             {"type": "STATE_DELTA", "delta": [{"op": "replace", "path": "/state", "value": state}]}
         ]
-
-    def event(self, event: dict[str, Any]) -> list[Chunk]:
-        """The events of one live event (``{"type": ..., "data": {...}}``); [] for others."""
-        data = event.get("data") or {}
-        kind = event.get("type")
-        if kind == "chunk":
-            return self._text(str(data.get("text") or ""))
-        if kind == "partial":
-            return self._partial(data)
-        if kind == "tool_call_delta":
-            return self._tool_delta(data)
-        if kind == "message" and data.get("role") == "assistant":
-            return self._saved_answer(data)
-        if kind == "message" and data.get("role") == "tool":
-            return self._result(data)
-        if kind == "message" and "id" in data:
-            self.sent_rows.add(data["id"])  # a user or summary row: the client has its own
-        return []
-
-    def cancel_calls(self, call_pks: list[int]) -> list[Chunk]:
-        """A result for each shown call a cancel kept from running (no result row), once."""
-        out: list[Chunk] = []
-        for pk in call_pks:
-            tool_call_id = self.calls.get(pk)
-            if tool_call_id is None or pk in self._cancelled_calls:
-                continue
-            self._cancelled_calls.add(pk)
-            self.cancelled = True
-            out.append(_result_event(f"c{pk}", tool_call_id, CANCELLED_TOOL_RESULT))
-        return out
 
     def pending(self, calls: list[dict[str, Any]]) -> list[Chunk]:
         """A ``CUSTOM`` event per shown call waiting for a person (``{"id", "wait_reason",
@@ -550,6 +516,7 @@ class AgUiTranslator:
         return f"{message_id}-{self._count}"
 
     def _open(self, out: list[Chunk], message_id: str | None = None) -> _Answer:
+        """The answer streaming now (its message id: ``message_id``, else a new one)."""
         if self._answer is None:
             self._count += 1
             self._answer = _Answer(message_id or f"{self.run_id}-{self._count}")
@@ -585,33 +552,17 @@ class AgUiTranslator:
             content[len(answer.text) :] if answer is not None else content, message_id
         )
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[Chunk]:
-        out: list[Chunk] = []
-        index = int(data.get("index") or 0)
-        answer = self._open(out)
-        tool_call_id = answer.tools.get(index)
-        if tool_call_id is None:
-            if not data.get("id") or not data.get("name"):
-                return out  # a piece before the call's id and name: nothing to show yet
-            tool_call_id = answer.tools[index] = str(data["id"])
-            answer.open_tools.append(tool_call_id)
-            out.append(
-                {
-                    "type": "TOOL_CALL_START",
-                    "toolCallId": tool_call_id,
-                    "toolCallName": str(data["name"]),
-                    "parentMessageId": answer.message_id,
-                }
-            )
-        if data.get("arguments"):
-            out.append(
-                {
-                    "type": "TOOL_CALL_ARGS",
-                    "toolCallId": tool_call_id,
-                    "delta": str(data["arguments"]),
-                }
-            )
-        return out
+    def _tool_start(self, answer: _Answer, tool_call_id: str, name: str) -> Chunk:
+        answer.open_tools.append(tool_call_id)
+        return {
+            "type": "TOOL_CALL_START",
+            "toolCallId": tool_call_id,
+            "toolCallName": name,
+            "parentMessageId": answer.message_id,
+        }
+
+    def _tool_arguments(self, tool_call_id: str, text: str) -> Chunk:
+        return {"type": "TOOL_CALL_ARGS", "toolCallId": tool_call_id, "delta": text}
 
     def _close(self) -> list[Chunk]:
         """End what is open of the answer streaming now (a cancel, a retry, the end)."""
@@ -666,14 +617,11 @@ class AgUiTranslator:
         self._answer = None
         return out
 
-    def _result(self, data: dict[str, Any]) -> list[Chunk]:
-        if data["id"] in self.sent_rows:
-            return []
-        self.sent_rows.add(data["id"])
-        tool_call_id = self.calls.get(data.get("tool_call_id"))  # type: ignore[arg-type]
-        if tool_call_id is None:
-            return []  # the result of a call the client was never shown
-        return [_result_event(f"t{data['id']}", tool_call_id, str(data.get("content") or ""))]
+    def _result_part(self, tool_call_id: str, data: dict[str, Any]) -> Chunk:
+        return _result_event(f"t{data['id']}", tool_call_id, str(data.get("content") or ""))
+
+    def _cancelled_call(self, pk: int, tool_call_id: str) -> Chunk:
+        return _result_event(f"c{pk}", tool_call_id, CANCELLED_TOOL_RESULT)
 
 
 def _whole_call(call: dict[str, Any], parent: str) -> list[Chunk]:

@@ -43,9 +43,8 @@ from collections.abc import (
     Generator,
     Hashable,
     Iterator,
-    Mapping,
 )
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.contrib import auth
@@ -57,6 +56,7 @@ from ..conf import agentloop_settings
 from ..live_events import Event, chat_key, database_events, get_backend
 from ..tools.mcp.elicitation import ELICITATION
 from ._access import can_view_chat
+from ._translator import Translator
 from ._ui_protocol import DONE, HEADERS, encode, row_payload
 
 __all__ = [
@@ -68,7 +68,6 @@ __all__ = [
     "ReaderAccess",
     "RunFollower",
     "SharedReads",
-    "Translator",
     "astream",
     "cut_to_fit",
     "format_event",
@@ -470,28 +469,6 @@ class ChatEventReader(LiveReader):
         return state
 
 
-class Translator(Protocol):
-    """What a :class:`RunFollower` drives: a protocol's translation of a chat's events
-    (``UIStreamTranslator``; ``agentloop.web._ag_ui.AgUiTranslator``)."""
-
-    #: pks of the message rows sent (or known to the page already).
-    sent_rows: set[int]
-    #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
-    calls: dict[int, str]
-
-    def event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """The parts of one live event."""
-
-    def cancel_calls(self, call_pks: list[int]) -> list[dict[str, Any]]:
-        """The parts of the shown calls a cancel kept from running."""
-
-    def pending(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The parts of the calls waiting for a person."""
-
-    def end(self, state: str, error: str = "", stop_reason: str = "") -> list[dict[str, Any]]:
-        """The last parts of a run over in ``state``."""
-
-
 class RunFollower(LiveReader):
     """The ``useChat`` stream's reader: one chat's run as the UI message stream, to its end.
 
@@ -521,6 +498,21 @@ class RunFollower(LiveReader):
         self.first = b"".join(head)
         #: the chat's latest state: {"state", "error", "stop_reason", "pending"}.
         self.state: dict[str, Any] = {"state": "queued"}
+
+    @classmethod
+    def respond(
+        cls,
+        request: HttpRequest,
+        chat: Any,
+        after: str | None,
+        translator: Translator,
+        floor: int,
+        head: list[bytes],
+    ) -> StreamingHttpResponse:
+        """The stream of a reader of this kind for the request's user (its access checked
+        again while it is open)."""
+        reader = cls(chat, after, translator, floor, head, ReaderAccess(request, chat))
+        return streaming_response(request, reader)
 
     @property
     def over(self) -> bool:
@@ -647,39 +639,6 @@ def _advance(steps: Generator[Step, Any, None], answer: Any) -> Step | None:
         return None
 
 
-def drive(
-    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Any]]
-) -> Iterator[bytes]:
-    """The stream's bytes, each other step done in this thread."""
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == SEND:
-            yield step[1]
-            answer = None
-        elif step[0] == SLEEP:
-            time.sleep(step[1])
-            answer = None
-        else:
-            answer = handlers[step[0]](step[1])
-
-
-async def adrive(
-    steps: Generator[Step, Any, None], handlers: Mapping[str, Callable[[Any], Awaitable[Any]]]
-) -> AsyncIterator[bytes]:
-    """The stream's bytes, each other step awaited on the event loop."""
-    answer = None
-    while (step := _advance(steps, answer)) is not None:
-        if step[0] == SEND:
-            yield step[1]
-            answer = None
-        elif step[0] == SLEEP:
-            await asyncio.sleep(step[1])
-            answer = None
-        else:
-            answer = await handlers[step[0]](step[1])
-
-
-# What the loop asks its driver to do besides SEND and SLEEP (the answer is sent back in).
 #: a call whose MCP server waits for a person's answer (its run goes on meanwhile).
 _ASKING = Q(state="running", wait_reason=ELICITATION)
 
@@ -696,6 +655,8 @@ def _with_schemas(rows: Any) -> list[dict[str, Any]]:
     return pending
 
 
+# What the loop asks its driver to do besides SEND (the answer is sent back in; a SEND's
+# answer is not read): SLEEP, and
 _POLL = "poll"  # reader.poll(); answer: frames
 _READ = "read"  # read the backend's events, waiting up to this many seconds; answer: events
 _TAKE = "take"  # reader.take(events); answer: frames
@@ -738,34 +699,47 @@ def _steps(reader: LiveReader) -> Generator[Step, Any, None]:
 
 
 def stream(reader: LiveReader) -> Iterator[bytes]:
-    """The reader's stream, sync (WSGI: holds its thread while it waits)."""
+    """The reader's stream, sync (WSGI: holds its thread while it waits): its bytes, each
+    other step done in this thread."""
     run: dict[str, Callable[[Any], Any]] = {
+        SLEEP: time.sleep,
         _POLL: lambda _: reader.poll(),
         _READ: lambda wait: reader.backend.read(reader.key, reader.after, wait),
         _TAKE: reader.take,
         _FINISH: lambda _: reader.finish(),
         _ALLOWED: lambda _: reader.still_allowed(),
     }
-    yield from drive(_steps(reader), run)
+    steps, answer = _steps(reader), None
+    while (step := _advance(steps, answer)) is not None:
+        if step[0] == SEND:
+            yield step[1]
+        else:
+            answer = run[step[0]](step[1])
 
 
 async def astream(reader: LiveReader) -> AsyncIterator[bytes]:
-    """The reader's stream, async (ASGI: waits without a thread)."""
+    """The reader's stream, async (ASGI: waits without a thread): its bytes, each other
+    step awaited on the event loop."""
     connection = reader.backend.aconnect() if reader.keeps_events else None
 
     async def take_here(events: list[Event]) -> list[bytes]:
         return reader.take(events)
 
-    run: dict[str, Callable[[Any], Any]] = {
+    run: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        SLEEP: asyncio.sleep,
         _POLL: lambda _: sync_to_async(reader.poll)(),
         _READ: lambda wait: reader.backend.aread(reader.key, reader.after, wait, connection),
         _TAKE: sync_to_async(reader.take) if reader.take_reads_rows else take_here,
         _FINISH: lambda _: sync_to_async(reader.finish)(),
         _ALLOWED: lambda _: sync_to_async(reader.still_allowed)(),
     }
+    steps, answer = _steps(reader), None
     try:
-        async for chunk in adrive(_steps(reader), run):
-            yield chunk
+        while (step := _advance(steps, answer)) is not None:
+            if step[0] == SEND:
+                yield step[1]
+            else:
+                answer = await run[step[0]](step[1])
     finally:
         if connection is not None:
             await connection.aclose()
@@ -786,5 +760,5 @@ def streaming_response(request: HttpRequest, reader: LiveReader) -> StreamingHtt
 
 def stream_response(request: HttpRequest, chat: Any) -> StreamingHttpResponse:
     """The event stream's response: the events after the position the request asks for."""
-    access = ReaderAccess(request, chat)
-    return streaming_response(request, ChatEventReader(chat, requested_position(request), access))
+    reader = ChatEventReader(chat, requested_position(request), ReaderAccess(request, chat))
+    return streaming_response(request, reader)

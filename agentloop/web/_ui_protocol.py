@@ -2,10 +2,11 @@
 and its live events as the UI message stream.
 
 The stream's translation is pure (no database, no request): :class:`UIStreamTranslator`
-takes the events of ``agentloop.live_events`` (saved ``message`` rows, streamed ``chunk``
-and ``tool_call_delta`` pieces, ``partial`` answers of the database backend) and the chat's
-state, and returns the protocol's parts, as dicts; :func:`encode` writes one as an SSE
-``data:`` line. ``agentloop.web._live`` reads the events and drives it; the views serve it.
+(an ``agentloop.web._translator.Translator``) takes the events of ``agentloop.live_events``
+(saved ``message`` rows, streamed ``chunk`` and ``tool_call_delta`` pieces, ``partial``
+answers of the database backend) and the chat's state, and returns the protocol's parts,
+as dicts; :func:`encode` writes one as an SSE ``data:`` line. ``agentloop.web._live`` reads
+the events and drives it; the views serve it.
 
 One assistant UI message per turn (everything that answers a user message, tool rounds
 included), id ``a<pk of that user message>``; each model answer is one step in it:
@@ -47,20 +48,22 @@ Texts from models and tools are passed on as data; the page must show them as te
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..engine import CANCELLED_TOOL_RESULT
 from ..live_events import blocked_reason, message_payload
 from ..storable_text import storable_text
+from ._translator import Chunk, Translator
 
 __all__ = [
     "ChatRequest",
-    "Chunk",
     "DONE",
     "HEADERS",
     "OUTPUT_PART",
     "QUESTION_PART",
+    "TurnStart",
     "UIStreamTranslator",
     "answer_message_id",
     "approval_id",
@@ -69,14 +72,12 @@ __all__ = [
     "parse_approval_id",
     "parse_chat_request",
     "row_payload",
+    "start_turn",
     "turn_rows",
     "ui_messages",
     "user_message_id",
 ]
 
-
-#: one part of the stream: {"type": "text-delta", "id": ..., "delta": ...}.
-Chunk = dict[str, Any]
 
 #: the response headers the protocol names (version 1 of the UI message stream).
 HEADERS = {
@@ -182,14 +183,19 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(chat_pk, problem="The last message must be the user's, or approvals.")
 
 
-def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
-    decisions: dict[int, tuple[int, bool, str]] = {}
+def _tool_parts(parts: list[dict[str, Any]], state: str) -> Iterator[dict[str, Any]]:
+    """The message's tool parts (``dynamic-tool`` or ``tool-<name>``) in ``state``."""
     for part in parts:
         kind = str(part.get("type") or "")
+        if (kind == "dynamic-tool" or kind.startswith("tool-")) and part.get("state") == state:
+            yield part
+
+
+def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
+    decisions: dict[int, tuple[int, bool, str]] = {}
+    for part in _tool_parts(parts, "approval-responded"):
         approval = part.get("approval")
-        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
-            continue
-        if part.get("state") != "approval-responded" or not isinstance(approval, dict):
+        if not isinstance(approval, dict):
             continue
         call_pk = parse_approval_id(approval.get("id"))
         if call_pk is None or not isinstance(approval.get("approved"), bool):
@@ -202,12 +208,9 @@ def _decisions(parts: list[dict[str, Any]]) -> list[tuple[int, bool, str]]:
 
 def _answers(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
     answers: dict[str, tuple[str, str]] = {}
-    for part in parts:
-        kind = str(part.get("type") or "")
+    for part in _tool_parts(parts, "output-available"):
         tool_call_id = part.get("toolCallId")
-        if not (kind == "dynamic-tool" or kind.startswith("tool-")):
-            continue
-        if part.get("state") != "output-available" or not isinstance(tool_call_id, str):
+        if not isinstance(tool_call_id, str):
             continue
         output = part.get("output")
         text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
@@ -225,7 +228,7 @@ class _Step:
     output_id: str | None = None  # the data part of its structured output
 
 
-class UIStreamTranslator:
+class UIStreamTranslator(Translator):
     """Turns one chat's events into UI message stream parts (one stream, one reader).
 
     It remembers what it sent: the message rows (a row read twice is sent once), the
@@ -233,73 +236,16 @@ class UIStreamTranslator:
     """
 
     def __init__(self) -> None:
-        #: pks of the message rows sent (or known to the page already).
-        self.sent_rows: set[int] = set()
-        #: ``ToolCall`` pk -> the toolCallId the page knows the call by.
-        self.calls: dict[int, str] = {}
-        #: a saved answer of this stream was cancelled, or calls were (``cancel_calls``).
-        self.cancelled = False
-        #: toolCallIds of the calls a cancel kept from running, in the order sent.
-        self.cancelled_calls: list[str] = []
+        super().__init__()
         self._requested: set[int] = set()
         self._asked: set[int] = set()
         self._step: _Step | None = None
         self._count = 0
 
-    # -- what the page has already ------------------------------------------------------
-    def know(self, payload: dict[str, Any]) -> None:
-        """Note a message row (``events.message_payload``) the page shows already."""
-        self.sent_rows.add(payload["id"])
-        for call in payload.get("tool_calls") or []:
-            self.calls[call["id"]] = call["call_id"]
-
     # -- the stream ---------------------------------------------------------------------
     def start(self, message_id: str) -> list[Chunk]:
         """The first part: the UI message the parts that follow belong to."""
         return [{"type": "start", "messageId": message_id}]
-
-    def event(self, event: dict[str, Any]) -> list[Chunk]:
-        """The parts of one event (``{"type": ..., "data": {...}}``); [] for others."""
-        data = event.get("data") or {}
-        kind = event.get("type")
-        if kind == "chunk":
-            return self._text(str(data.get("text") or ""))
-        if kind == "partial":
-            return self._partial(str(data.get("content") or ""))
-        if kind == "tool_call_delta":
-            return self._tool_delta(data)
-        if kind == "partial_output":
-            out: list[Chunk] = []
-            step = self._open(out)
-            out.append(self._output(step, data.get("value")))
-            return out
-        if kind == "message" and data.get("role") == "assistant":
-            return self._answer(data)
-        if kind == "message" and data.get("role") == "tool":
-            return self._result(data)
-        if kind == "message" and "id" in data:
-            self.sent_rows.add(data["id"])  # a user or summary row: not part of an answer
-        return []
-
-    def cancel_calls(self, call_pks: list[int]) -> list[Chunk]:
-        """Parts for calls a cancel kept from running (``ToolCall`` pks with state
-        ``cancelled`` and no result yet): an error output each, once, for calls the page shows;
-        the run then ends as cancelled."""
-        out: list[Chunk] = []
-        for pk in call_pks:
-            tool_call_id = self.calls.get(pk)
-            if tool_call_id is None or tool_call_id in self.cancelled_calls:
-                continue
-            self.cancelled_calls.append(tool_call_id)
-            self.cancelled = True
-            out.append(
-                {
-                    "type": "tool-output-error",
-                    "toolCallId": tool_call_id,
-                    "errorText": CANCELLED_TOOL_RESULT,
-                }
-            )
-        return out
 
     def pending(self, calls: list[dict[str, Any]]) -> list[Chunk]:
         """Parts for the calls waiting for a person (``{"id", "wait_reason", "question"}``
@@ -340,7 +286,7 @@ class UIStreamTranslator:
         if self.cancelled:
             metadata: dict[str, Any] = {"cancelled": True}
             if self.cancelled_calls:
-                metadata["cancelledCalls"] = list(self.cancelled_calls)
+                metadata["cancelledCalls"] = list(self.cancelled_calls.values())
             out.append({"type": "message-metadata", "messageMetadata": metadata})
             return [*out, {"type": "abort", "reason": "cancelled"}]
         if state == "waiting":
@@ -373,8 +319,9 @@ class UIStreamTranslator:
         step.text += text
         return out
 
-    def _partial(self, content: str) -> list[Chunk]:
+    def _partial(self, data: dict[str, Any]) -> list[Chunk]:
         """The database backend's answer so far: the part of it the page lacks."""
+        content = str(data.get("content") or "")
         step = self._step
         if step is not None and not content.startswith(step.text):
             # Not a continuation (the answer was retried): the step starts over.
@@ -382,32 +329,22 @@ class UIStreamTranslator:
             return [{"type": "reset-step"}, *self._text(content)]
         return self._text(content[len(step.text) :] if step is not None else content)
 
-    def _tool_delta(self, data: dict[str, Any]) -> list[Chunk]:
+    def _partial_output(self, value: Any) -> list[Chunk]:
         out: list[Chunk] = []
-        index = int(data.get("index") or 0)
         step = self._open(out)
-        tool_call_id = step.tools.get(index)
-        if tool_call_id is None:
-            if not data.get("id") or not data.get("name"):
-                return out  # a piece before the call's id and name: nothing to show yet
-            tool_call_id = step.tools[index] = str(data["id"])
-            out.append(
-                {
-                    "type": "tool-input-start",
-                    "toolCallId": tool_call_id,
-                    "toolName": str(data["name"]),
-                    "dynamic": True,
-                }
-            )
-        if data.get("arguments"):
-            out.append(
-                {
-                    "type": "tool-input-delta",
-                    "toolCallId": tool_call_id,
-                    "inputTextDelta": str(data["arguments"]),
-                }
-            )
+        out.append(self._output(step, value))
         return out
+
+    def _tool_start(self, answer: _Step, tool_call_id: str, name: str) -> Chunk:
+        return {
+            "type": "tool-input-start",
+            "toolCallId": tool_call_id,
+            "toolName": name,
+            "dynamic": True,
+        }
+
+    def _tool_arguments(self, tool_call_id: str, text: str) -> Chunk:
+        return {"type": "tool-input-delta", "toolCallId": tool_call_id, "inputTextDelta": text}
 
     def _output(self, step: _Step, value: Any) -> Chunk:
         """The structured output so far (or the saved one), under the step's one id."""
@@ -423,7 +360,7 @@ class UIStreamTranslator:
         return [*out, {"type": "finish-step"}]
 
     # -- saved rows ---------------------------------------------------------------------
-    def _answer(self, data: dict[str, Any]) -> list[Chunk]:
+    def _saved_answer(self, data: dict[str, Any]) -> list[Chunk]:
         """A saved answer: it closes (or replaces) the step that streamed it."""
         pk = data["id"]
         step = self._step
@@ -474,37 +411,33 @@ class UIStreamTranslator:
         return [*out, {"type": "finish-step"}]
 
     def _whole_answer(self, content: str, thinking: str) -> list[Chunk]:
+        """A saved answer's thinking and text, each a whole part of its own."""
         out: list[Chunk] = []
-        if thinking:
-            reasoning = self._new_id("reasoning")
-            out += [
-                {"type": "reasoning-start", "id": reasoning},
-                {"type": "reasoning-delta", "id": reasoning, "delta": thinking},
-                {"type": "reasoning-end", "id": reasoning},
-            ]
-        if content:
-            text = self._new_id("text")
-            out += [
-                {"type": "text-start", "id": text},
-                {"type": "text-delta", "id": text, "delta": content},
-                {"type": "text-end", "id": text},
-            ]
+        for kind, text in (("reasoning", thinking), ("text", content)):
+            if text:
+                part_id = self._new_id(kind)
+                out += [
+                    {"type": f"{kind}-start", "id": part_id},
+                    {"type": f"{kind}-delta", "id": part_id, "delta": text},
+                    {"type": f"{kind}-end", "id": part_id},
+                ]
         return out
 
-    def _result(self, data: dict[str, Any]) -> list[Chunk]:
+    def _result_part(self, tool_call_id: str, data: dict[str, Any]) -> Chunk:
         """A tool result (``decision`` added by the reader: "denied" for a denial)."""
-        if data["id"] in self.sent_rows:
-            return []
-        self.sent_rows.add(data["id"])
-        tool_call_id = self.calls.get(data.get("tool_call_id"))  # type: ignore[arg-type]
-        if tool_call_id is None:
-            return []  # the result of a call the page was never shown
         if data.get("decision") == "denied":
-            return [{"type": "tool-output-denied", "toolCallId": tool_call_id}]
+            return {"type": "tool-output-denied", "toolCallId": tool_call_id}
         content = str(data.get("content") or "")
         if data.get("is_error"):
-            return [{"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": content}]
-        return [{"type": "tool-output-available", "toolCallId": tool_call_id, "output": content}]
+            return {"type": "tool-output-error", "toolCallId": tool_call_id, "errorText": content}
+        return {"type": "tool-output-available", "toolCallId": tool_call_id, "output": content}
+
+    def _cancelled_call(self, pk: int, tool_call_id: str) -> Chunk:
+        return {
+            "type": "tool-output-error",
+            "toolCallId": tool_call_id,
+            "errorText": CANCELLED_TOOL_RESULT,
+        }
 
 
 #: rows a page never shows: the instructions, and compaction summaries of older messages.
@@ -549,6 +482,33 @@ def turn_rows(chat: Any) -> tuple[int, list[Any]]:
         .first()
     ) or 0
     return user_pk, list(_finished_rows(chat).filter(id__gt=user_pk))
+
+
+@dataclass
+class TurnStart:
+    """How a ``useChat`` stream of a turn begins: its translator, the pk of the latest row
+    the page has or is sent (``floor``: rows above it are the run's), and its first lines."""
+
+    translator: UIStreamTranslator
+    floor: int
+    head: list[bytes]
+
+
+def start_turn(chat: Any, rows: Literal["added", "shown", "replayed"]) -> TurnStart:
+    """The stream of the chat's latest turn, begun: the ``start`` part of its answer, and the
+    rows after its user message (:func:`turn_rows`) as the page has them: none but a user
+    message just ``added``; ``shown`` already (its calls get results in this stream); or
+    ``replayed`` now, in the first lines (a resumed stream)."""
+    translator = UIStreamTranslator()
+    user_pk, finished = turn_rows(chat)
+    chunks = translator.start(answer_message_id(user_pk))
+    for row in finished if rows != "added" else []:
+        if rows == "shown":
+            translator.know(row_payload(row))
+        else:
+            chunks += translator.event({"type": "message", "data": row_payload(row)})
+    floor = max([user_pk, *(row.pk for row in finished)])
+    return TurnStart(translator, floor, [encode(chunk) for chunk in chunks])
 
 
 def ui_messages(chat: Any, *, include_superseded: bool = False) -> list[dict[str, Any]]:

@@ -6,22 +6,22 @@ from . import views
 
 app_name = "agentloop"
 
+#: what a person does with a call that waits for them: the path's last word and its view.
+_CALL_VERBS = (
+    ("approve", views.approve_tool_call),
+    ("deny", views.deny_tool_call),
+    ("answer", views.answer_tool_call),
+    ("decline", views.decline_question),
+)
+
 urlpatterns = [
     path("chats/<int:pk>/cancel/", views.cancel_chat, name="cancel"),
     path("chats/<int:pk>/events/", views.chat_events, name="events"),
     path("chats/<int:pk>/regenerate/", views.regenerate_answer, name="regenerate"),
     path("chats/<int:pk>/messages/<int:message_pk>/edit/", views.edit_message, name="edit"),
-    path(
-        "chats/<int:pk>/tool-calls/<int:call_pk>/approve/",
-        views.approve_tool_call,
-        name="approve",
-    ),
-    path("chats/<int:pk>/tool-calls/<int:call_pk>/deny/", views.deny_tool_call, name="deny"),
-    path("chats/<int:pk>/tool-calls/<int:call_pk>/answer/", views.answer_tool_call, name="answer"),
-    path(
-        "chats/<int:pk>/tool-calls/<int:call_pk>/decline/",
-        views.decline_question,
-        name="decline",
+    *(
+        path(f"chats/<int:pk>/tool-calls/<int:call_pk>/{verb}/", view, name=verb)
+        for verb, view in _CALL_VERBS
     ),
     # AG-UI (HttpAgent posts a RunAgentInput to one URL; threadId is the chat's pk).
     path("ag-ui", views.ag_ui, name="ag-ui"),

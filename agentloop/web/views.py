@@ -46,23 +46,28 @@ from ._access import (
     get_chat_for_view,
     holding_a_slot,
 )
-from ._ag_ui import AgUiFollower, AgUiTranslator, decide, messages_snapshot, parse_run_input
+from ._ag_ui import (
+    AgUiFollower,
+    AgUiTranslator,
+    RunRequest,
+    decide,
+    messages_snapshot,
+    parse_run_input,
+)
 from ._live import (
     IN_FLIGHT,
-    ReaderAccess,
     RunFollower,
     resume_point,
     stream_response,
-    streaming_response,
 )
 from ._ui_protocol import (
-    UIStreamTranslator,
-    answer_message_id,
+    ChatRequest,
     encode,
     error_line,
     parse_approval_id,
     parse_chat_request,
     row_payload,
+    start_turn,
     turn_rows,
     ui_messages,
 )
@@ -100,26 +105,31 @@ def _done(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(target)
 
 
+def _refused(reason: str, status: int) -> HttpResponse:
+    return HttpResponse(reason, status=status, content_type="text/plain")
+
+
 @require_POST
 @login_required
 def cancel_chat(request: HttpRequest, pk: int) -> HttpResponse:
     """Ask the chat's run to stop at its next checkpoint; 409 when no run is in progress,
     queued or waiting for a person (nothing is set, so the next message isn't stopped)."""
     if not get_chat_for_change(request, pk).cancel():
-        return HttpResponse(
-            "This chat has no run in progress: nothing to cancel.",
-            status=409,
-            content_type="text/plain",
-        )
+        return _refused("This chat has no run in progress: nothing to cancel.", 409)
     return _done(request)
 
 
 def _decide(request: HttpRequest, pk: int, call_pk: int, decide: Any) -> HttpResponse:
+    """``decide(chat, call_pk)`` on a chat this user may change: 409 when the call no longer
+    waits, 400 with the one-line reason when what was posted is refused (arguments the
+    tool's ``Params`` refuse, an answer its schema refuses: the call still waits)."""
     chat = get_chat_for_change(request, pk)
     try:
         decide(chat, call_pk)
     except ToolCallNotWaitingError as exc:
-        return HttpResponse(str(exc), status=409, content_type="text/plain")
+        return _refused(str(exc), 409)
+    except (InvalidArgumentsError, InvalidAnswerError) as exc:
+        return _refused(str(exc), 400)
     return _done(request)
 
 
@@ -132,16 +142,13 @@ def approve_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespon
     try:
         arguments = parse_json(posted, "arguments") if posted else None
     except JSONInputError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
-    try:
-        return _decide(
-            request,
-            pk,
-            call_pk,
-            lambda chat, call: chat.approve(call, by=request.user, arguments=arguments),
-        )
-    except InvalidArgumentsError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return _refused(str(exc), 400)
+    return _decide(
+        request,
+        pk,
+        call_pk,
+        lambda chat, call: chat.approve(call, by=request.user, arguments=arguments),
+    )
 
 
 @require_POST
@@ -161,13 +168,10 @@ def answer_tool_call(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     with the one-line reason when its schema refuses it; the question still waits)."""
     text = request.POST.get("text", "")
     if not text.strip():
-        return HttpResponse("An answer needs some text.", status=400, content_type="text/plain")
-    try:
-        return _decide(
-            request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
-        )
-    except InvalidAnswerError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return _refused("An answer needs some text.", 400)
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.answer(call, text, by=request.user)
+    )
 
 
 @require_POST
@@ -176,15 +180,9 @@ def decline_question(request: HttpRequest, pk: int, call_pk: int) -> HttpRespons
     """Decline an MCP server's question (``action=cancel``: dismiss it); 409 when it no
     longer waits, 400 for another action."""
     action = request.POST.get("action", "decline")
-    try:
-        return _decide(
-            request,
-            pk,
-            call_pk,
-            lambda chat, call: chat.decline(call, by=request.user, action=action),
-        )
-    except InvalidAnswerError as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+    return _decide(
+        request, pk, call_pk, lambda chat, call: chat.decline(call, by=request.user, action=action)
+    )
 
 
 # -- editing (docs/editing.md) ------------------------------------------------------------------
@@ -235,15 +233,12 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
-    chat = await sync_to_async(get_chat_for_view)(request, pk)
-    return await sync_to_async(holding_a_slot)(request, lambda: stream_response(request, chat))
+    return await sync_to_async(holding_a_slot)(
+        request, pk, lambda chat: stream_response(request, chat)
+    )
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
-def _refused(reason: str, status: int) -> HttpResponse:
-    return HttpResponse(reason, status=status, content_type="text/plain")
-
-
 # The useChat views are sync: their setup is a few queries, and under ASGI the response
 # still streams through an async iterator (agentloop.web._live), holding no thread.
 @require_POST
@@ -258,9 +253,10 @@ def usechat(request: HttpRequest) -> HttpResponseBase:
 def _streamed_post(
     request: HttpRequest, parse: Callable[[Any], Any], start_run: Callable[..., Any]
 ) -> HttpResponseBase:
-    """A protocol's POST: the body read and parsed (400 for a refused one), the run started
-    (``start_run(request, asked)``: a follower, or a refusal) and streamed, holding one of the
-    user's stream slots (429 when none is free)."""
+    """A protocol's POST: the body read and parsed (400 for a refused one), then, holding one
+    of the user's stream slots (429 when none is free), the run of the chat it names (404
+    unless the user may change it) started and streamed (``start_run(request, chat, asked)``:
+    the stream, or a refusal)."""
     try:
         body = request_json(request)
     except JSONInputError as exc:
@@ -268,14 +264,9 @@ def _streamed_post(
     asked = parse(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-
-    def start() -> HttpResponseBase:
-        started = start_run(request, asked)
-        if isinstance(started, HttpResponse):
-            return started
-        return streaming_response(request, started)
-
-    return holding_a_slot(request, start)
+    return holding_a_slot(
+        request, asked.chat_pk, lambda chat: start_run(request, chat, asked), change=True
+    )
 
 
 def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
@@ -291,22 +282,20 @@ def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
     return None
 
 
-def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
-    chat = get_chat_for_change(request, asked.chat_pk)
+def _start_run(request: HttpRequest, chat: Any, asked: ChatRequest) -> HttpResponseBase:
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
-    translator = UIStreamTranslator()
-    user_pk, rows = turn_rows(chat)
     if asked.text:
         not_added = _add_message(chat, asked.text, "Approve or deny the waiting tool calls first.")
         if not_added is not None:
             return not_added
-        user_pk, rows = turn_rows(chat)
+    # Read before the run is sent, and before any decision: with approvals the page shows
+    # this turn already, and its calls get results now.
+    turn = start_turn(chat, "added" if asked.text else "shown")
+    if asked.text:
         if chat.state not in IN_FLIGHT:
             chat.complete_later()
     else:
-        for row in rows:  # the page shows this turn already: its calls get results now
-            translator.know(row_payload(row))
         for call_pk, approved, reason in asked.decisions:
             try:
                 if approved:
@@ -330,9 +319,7 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
                 chat.answer(call_id, text, by=request.user)
             except ToolCallNotWaitingError as exc:
                 return _refused(str(exc), 409)
-    floor = max([user_pk, *(row.pk for row in rows)])
-    head = [encode(chunk) for chunk in translator.start(answer_message_id(user_pk))]
-    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    return RunFollower.respond(request, chat, position, turn.translator, turn.floor, turn.head)
 
 
 @require_GET
@@ -340,29 +327,15 @@ def _start_run(request: HttpRequest, asked: Any) -> HttpResponse | RunFollower:
 def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-
-    def start() -> HttpResponseBase:
-        follower = _resume_run(request, pk)
-        if follower is None:
-            return HttpResponse(status=204)
-        return streaming_response(request, follower)
-
-    return holding_a_slot(request, start)
+    return holding_a_slot(request, pk, lambda chat: _resume_run(request, chat))
 
 
-def _resume_run(request: HttpRequest, pk: int) -> RunFollower | None:
-    chat = get_chat_for_view(request, pk)
+def _resume_run(request: HttpRequest, chat: Any) -> HttpResponseBase:
     if chat.state not in IN_FLIGHT:
-        return None
+        return HttpResponse(status=204)
     position = resume_point(chat)  # before the rows: a row saved in between comes twice
-    user_pk, rows = turn_rows(chat)
-    translator = UIStreamTranslator()
-    chunks = translator.start(answer_message_id(user_pk))
-    for row in rows:
-        chunks += translator.event({"type": "message", "data": row_payload(row)})
-    floor = max([user_pk, *(row.pk for row in rows)])
-    head = [encode(chunk) for chunk in chunks]
-    return RunFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    turn = start_turn(chat, "replayed")
+    return RunFollower.respond(request, chat, position, turn.translator, turn.floor, turn.head)
 
 
 @require_GET
@@ -395,8 +368,7 @@ def ag_ui(request: HttpRequest) -> HttpResponseBase:
     return _streamed_post(request, parse_run_input, _start_ag_ui_run)
 
 
-def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFollower:
-    chat = get_chat_for_change(request, asked.chat_pk)
+def _start_ag_ui_run(request: HttpRequest, chat: Any, asked: RunRequest) -> HttpResponseBase:
     # Read before anything is written: what is saved from now on is streamed.
     position = resume_point(chat)
     translator = AgUiTranslator(str(chat.pk), asked.run_id)
@@ -429,7 +401,7 @@ def _start_ag_ui_run(request: HttpRequest, asked: Any) -> HttpResponse | AgUiFol
         floor = max([floor, *(payload["id"] for payload in replay[1])])
     chat.refresh_from_db(fields=["state"])
     head = [encode(e) for e in translator.start(chat.state, replay[0] if replay else None)]
-    return AgUiFollower(chat, position, translator, floor, head, ReaderAccess(request, chat))
+    return AgUiFollower.respond(request, chat, position, translator, floor, head)
 
 
 def _sent_by_us(chat: Any, message_id: str) -> bool:
