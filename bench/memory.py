@@ -2,7 +2,7 @@
 
     python bench/memory.py [--database-url URL] [--sizes 10000,100000,1000000]
                            [--dimensions 1536] [--queries 300] [--exact-queries 30]
-                           [--ef-search 40,100] [--vectors clustered|random]
+                           [--ef-search 40,100] [--vectors clustered|latent|random]
                            [--max-build-minutes 25] [--insert-rows 2000] [--json out.json]
 
 Fills a database of its own (its memory table emptied first) with synthetic vectors by binary
@@ -25,7 +25,11 @@ smallest first (the table grows from one size to the next):
   then deleted again.
 
 Vectors: ``clustered`` (default) draws each vector around one of 1,000 random centres and
-normalises it, as real embeddings of related texts bunch together; ``random`` draws unit
+normalises it, as real embeddings of related texts bunch together (its noise spreads over
+every dimension); ``latent`` draws the same mixture in 64 dimensions and maps it to
+``--dimensions`` by a fixed random matrix, with a little noise in every dimension (an
+assumption that text embeddings vary in far fewer directions than they have, not a
+measurement of a real model's vectors); ``random`` draws unit
 vectors uniformly (almost equidistant in 1,536 dimensions: the hardest case for HNSW). numpy
 makes them fast; without it, ``random.gauss`` does (fine for the small sizes of the smoke
 test). Targets (issue 42): p50 <= 20 ms, p99 <= 50 ms, recall@10 >= 0.95. See
@@ -62,6 +66,8 @@ SUBJECT = "bench:all"
 MODEL = "offline:hash-embedding"
 INDEX = "agentloop_memory_hnsw_1536"
 CENTRES = 1000
+#: the dimensions ``--vectors latent`` varies in before its fixed map to ``--dimensions``
+LATENT = 64
 TARGETS = {"p50_ms": 20.0, "p99_ms": 50.0, "recall_at_10": 0.95}
 K = 10
 
@@ -74,6 +80,14 @@ class Vectors:
         self.kind = kind
         self.seed = seed
         self.centres: Any = None
+        if kind == "latent":
+            if numpy is None:
+                raise SystemExit("--vectors latent needs numpy")
+            rng = numpy.random.default_rng([seed, 7])
+            # A fixed map from the small space the texts' meanings vary in to the model's
+            # dimensions, and the mixture's centres in that small space.
+            self.basis = rng.standard_normal((LATENT, dimensions), dtype=numpy.float32)
+            self.centres = rng.standard_normal((CENTRES, LATENT), dtype=numpy.float32)
         if kind == "clustered":
             self.centres = [self._gaussian(random.Random(seed + 1 + c)) for c in range(CENTRES)]
             if numpy is not None:
@@ -87,6 +101,15 @@ class Vectors:
         queries), the same on every run: a numpy array (rows) or a list of lists."""
         if numpy is not None:
             rng = numpy.random.default_rng([self.seed, stream, start])
+            if self.kind == "latent":
+                which = rng.integers(0, CENTRES, count)
+                points = self.centres[which] + 0.6 * rng.standard_normal(
+                    (count, LATENT), dtype=numpy.float32
+                )
+                noise = points @ self.basis + 0.05 * rng.standard_normal(
+                    (count, self.dimensions), dtype=numpy.float32
+                ) * numpy.sqrt(LATENT, dtype=numpy.float32)
+                return noise / numpy.linalg.norm(noise, axis=1, keepdims=True)
             noise = rng.standard_normal((count, self.dimensions), dtype=numpy.float32)
             if self.centres is not None:
                 which = rng.integers(0, CENTRES, count)
@@ -372,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ef-search", type=lambda text: [int(p) for p in text.split(",")], default=[40, 100]
     )
-    parser.add_argument("--vectors", choices=["clustered", "random"], default="clustered")
+    parser.add_argument("--vectors", choices=["clustered", "latent", "random"], default="clustered")
     parser.add_argument("--max-build-minutes", type=float, default=25.0)
     parser.add_argument("--maintenance-work-mem", default="4GB")
     parser.add_argument("--insert-rows", type=int, default=2000)
