@@ -423,8 +423,12 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
 
 
 # -- stdio ------------------------------------------------------------------------------------
-def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user):
-    notes = Notes()
+def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user_and_a_cancel_stops_one(
+    token, user
+):
+    """One ``mcp-serve`` process (a Django start is most of this test's time) for a call, a
+    cancelled call, and a call after the token was revoked."""
+    notes, naps = Notes(), Notes()
 
     async def main() -> tuple[Any, Any]:
         async with over_stdio(token, SERVING) as client:
@@ -432,6 +436,16 @@ def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user
             result = await client.call_tool(
                 "reporter", {"task": "tools:step_one", "topic": "bats"}, progress_callback=notes
             )
+            call = asyncio.ensure_future(
+                client.call_tool("reporter", {"task": LONG, "topic": "owls"},
+                                 progress_callback=naps)
+            )  # fmt: skip
+            while "nap finished" not in naps.messages:
+                await asyncio.sleep(0.02)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.sleep(0.5)
             await in_db_thread(lambda: MCPToken.objects.all().delete())  # revoked
             with pytest.raises(MCPError, match="The token is not valid"):
                 await client.call_tool("reporter", {"task": "hello", "topic": "bats"})
@@ -441,37 +455,19 @@ def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user
 
     assert [tool.name for tool in tools.tools] == ["reporter"]
     assert text(result) == "done: one done"
-    chat = Chat.objects.get()
+    chat = Chat.objects.get(agent_inputs={"topic": "bats"})
     assert chat.owner == user
     assert notes.messages[1:] == ["Calling step_one", "step_one finished", "Answered"]
 
-
-def test_over_stdio_a_cancelled_call_cancels_the_chat(token):
-    notes = Notes()
-
-    async def main() -> None:
-        async with over_stdio(token, SERVING) as client:
-            call = asyncio.ensure_future(
-                client.call_tool("reporter", {"task": LONG, "topic": "owls"},
-                                 progress_callback=notes)
-            )  # fmt: skip
-            while "nap finished" not in notes.messages:
-                await asyncio.sleep(0.02)
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            await asyncio.sleep(0.5)
-
-    run(main())
-
-    chat = Chat.objects.get()
+    cancelled = Chat.objects.get(agent_inputs={"topic": "owls"})
     wait_until(
-        lambda: not Chat.objects.filter(pk=chat.pk, lease_token__gt="").exists(),
+        lambda: not Chat.objects.filter(pk=cancelled.pk, lease_token__gt="").exists(),
         "the run to stop",
         timeout=30,
     )
-    assert 0 < chat.tool_calls.filter(name="nap", state="succeeded").count() < 50
-    assert not chat.messages.filter(role="assistant", content__startswith="done").exists()
+    assert 0 < cancelled.tool_calls.filter(name="nap", state="succeeded").count() < 50
+    assert not cancelled.messages.filter(role="assistant", content__startswith="done").exists()
+    assert Chat.objects.count() == 2  # the refused call made none
 
 
 def test_over_stdio_a_missing_or_bad_token_stops_the_command():
