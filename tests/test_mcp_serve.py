@@ -44,6 +44,8 @@ SERVING = {
     },
 }
 AGENT_PATH = "tests.mcp_agents.Reporter"
+#: the environment that makes tests/asgi.py mount the MCP endpoint at /mcp.
+MOUNTED = {"AGENTLOOP_TEST_MCP_MOUNT": "1"}
 #: a long run: a hundred rounds of one nap (0.1 s) each, checked for a cancel between them.
 LONG = "tools:" + "|".join(["nap"] * 100)
 
@@ -54,7 +56,7 @@ def site(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
     test's rows are its own: the server reads the test database as it is)."""
     with (
         django_db_blocker.unblock(),
-        uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING) as url,
+        uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING, **MOUNTED) as url,
     ):
         yield url + "/mcp"
 
@@ -351,7 +353,9 @@ def test_a_call_held_for_a_person_holds_no_database_connection(tmp_path, token):
             call.cancel()
             return counts
 
-    with uvicorn_serving(tmp_path, settings, AGENTLOOP_TEST_DB_APPLICATION=application) as url:
+    with uvicorn_serving(
+        tmp_path, settings, AGENTLOOP_TEST_DB_APPLICATION=application, **MOUNTED
+    ) as url:
         counts = run(main(url))
 
     assert max(counts) <= 1  # a read in flight at most
@@ -405,7 +409,9 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
         app.set_current()  # Celery's current app is per thread: this thread's job goes there too
         chat.approve(call_id, user)
 
-    with uvicorn_serving(tmp_path, settings, AGENTLOOP_TEST_QUEUE=background.queue) as url:
+    with uvicorn_serving(
+        tmp_path, settings, AGENTLOOP_TEST_QUEUE=background.queue, **MOUNTED
+    ) as url:
         plain, approved = run(main(url))
 
     assert text(plain) == "done: one done"
