@@ -106,6 +106,10 @@ _LONGEST_FIRST = (
     "test_celery_worker", "test_resume", "test_bad_input_properties", "providers.test_redaction",
     "test_transactional_tools", "test_bench_smoke", "test_per_process", "test_one_writer",
     "test_transactional_tools_celery",
+    # This wave's longest, each timed alone (they start servers, workers or node; in a fresh
+    # clone the node and browser modules' first test also installs or builds their packages).
+    "test_mcp_serve", "test_evals_celery", "test_mcp_elicitation", "test_mcp_celery",
+    "test_usechat_browser", "test_ag_ui_client", "test_partial_output", "test_memory_celery",
 )  # fmt: skip
 
 

@@ -35,23 +35,34 @@ def _fresh_sessions() -> Iterator[None]:
     close_connections()
 
 
+@pytest.fixture
+def http_files(http_server) -> Iterator[Path]:
+    """Server "files" over streamable HTTP: the module's one server process (its log emptied
+    for each test); yields the log of its tool calls.
+
+    What a test checks of agentloop's side of MCP (references, schemas, content, errors,
+    timeouts, cancels, approvals) is the same whatever carries the calls, so those tests
+    use this server rather than a stdio process of their own; the tests of a stdio server's
+    own life (its process, its session, its environment) use :func:`stdio_files`."""
+    http_server.log.unlink(missing_ok=True)
+    with configure(files={"url": http_server.url}):
+        yield http_server.log
+
+
 @pytest.fixture(params=["stdio", "http"])
 def files(request, tmp_path) -> Iterator[Path]:
     """Server "files" configured over stdio or HTTP; yields the log of its tool calls."""
-    if request.param == "stdio":
-        log = tmp_path / "stdio-calls.log"
-        entry = stdio_entry(log)
-    else:
-        server = request.getfixturevalue("http_server")
-        log, entry = server.log, {"url": server.url}
-        log.unlink(missing_ok=True)
-    with configure(files=entry):
+    if request.param == "http":
+        yield request.getfixturevalue("http_files")
+        return
+    log = tmp_path / "stdio-calls.log"
+    with configure(files=stdio_entry(log)):
         yield log
 
 
 @pytest.fixture
 def stdio_files(tmp_path) -> Iterator[Path]:
-    """Server "files" over stdio only; yields the log of its tool calls."""
+    """Server "files" over stdio only (a process of its own); yields the log of its calls."""
     log = tmp_path / "stdio-calls.log"
     with configure(files=stdio_entry(log)):
         yield log
@@ -80,7 +91,7 @@ def test_a_tool_round_runs_through_the_server(files, scripted, user):
 
 
 @pytest.mark.django_db
-def test_tools_are_stored_by_reference_and_rebuilt_from_the_row(stdio_files, user):
+def test_tools_are_stored_by_reference_and_rebuilt_from_the_row(http_files, user):
     chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files", only=["add"])
 
     (reference,) = Chat.objects.get(pk=chat.pk).tools
@@ -99,9 +110,10 @@ def test_tools_are_stored_by_reference_and_rebuilt_from_the_row(stdio_files, use
 
 
 @pytest.mark.django_db
-def test_a_model_call_needs_no_server_once_the_tools_are_stored(tmp_path, scripted, user):
-    with configure(files=stdio_entry(tmp_path / "calls.log")):
-        chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files")
+def test_a_model_call_needs_no_server_once_the_tools_are_stored(
+    http_files, tmp_path, scripted, user
+):
+    chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files")
     close_connections()
     scripted.add("No tools needed.")
 
@@ -113,7 +125,7 @@ def test_a_model_call_needs_no_server_once_the_tools_are_stored(tmp_path, script
 
 
 @pytest.mark.django_db
-def test_the_short_reference_fetches_the_schema_from_the_server(stdio_files):
+def test_the_short_reference_fetches_the_schema_from_the_server(http_files):
     tool_class = load_mcp_tool("mcp:files/read_file")
 
     assert tool_class.definition().parameters["required"] == ["path"]
@@ -152,24 +164,24 @@ def test_a_forked_child_opens_a_session_of_its_own(stdio_files):
     assert server_process().execute() == in_parent  # the parent's session is untouched
 
 
-def test_content_other_than_text_is_described_not_sent(stdio_files):
+def test_content_other_than_text_is_described_not_sent(http_files):
     (snapshot,) = mcp_tools("files", only=["snapshot"])
 
     assert snapshot().execute() == "A red dot.\n[image (image/png), not shown]"
 
 
-def test_only_offers_the_named_tools_in_that_order(stdio_files):
+def test_only_offers_the_named_tools_in_that_order(http_files):
     tools = mcp_tools("files", only=["list_files", "read_file"])
 
     assert [tool.name for tool in tools] == ["list_files", "read_file"]
 
 
-def test_a_tool_name_the_server_lacks_is_a_configuration_error(stdio_files):
+def test_a_tool_name_the_server_lacks_is_a_configuration_error(http_files):
     with pytest.raises(ConfigurationError, match=r"MCP server 'files' has no tool 'rm_rf'"):
         mcp_tools("files", only=["read_file", "rm_rf"])
 
 
-def test_the_in_memory_chat_takes_mcp_tools_too(stdio_files, scripted):
+def test_the_in_memory_chat_takes_mcp_tools_too(http_files, scripted):
     scripted.add(tool_call("add", {"a": 2, "b": 40}), "42.")
     chat = agentloop.chat("scripted:test").with_mcp("files", only=["add"])
 
@@ -214,7 +226,7 @@ def test_without_the_mcp_package_the_error_says_what_to_install(stdio_files, mon
 
 
 def test_without_the_mcp_package_a_stored_tool_gives_an_error_result_saying_so(
-    stdio_files, monkeypatch
+    http_files, monkeypatch
 ):
     (add,) = mcp_tools("files", only=["add"])
     rebuilt = load_tool(add.reference())  # needs no SDK: the schema is in the reference
@@ -248,9 +260,7 @@ def test_a_tool_error_from_the_server_is_an_error_result(files, scripted, user):
 
 
 @pytest.mark.django_db
-def test_a_server_that_is_down_gives_an_error_result_not_a_crashed_step(
-    stdio_files, scripted, user
-):
+def test_a_server_that_is_down_gives_an_error_result_not_a_crashed_step(http_files, scripted, user):
     chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files")
     scripted.add(tool_call("list_files"), "The file server is down.")
     refused = {"url": f"http://127.0.0.1:{free_port()}/mcp"}  # nothing listens there
@@ -265,7 +275,7 @@ def test_a_server_that_is_down_gives_an_error_result_not_a_crashed_step(
 
 
 @pytest.mark.django_db
-def test_a_stdio_server_that_exits_at_once_gives_an_error_result(stdio_files, scripted, user):
+def test_a_stdio_server_that_exits_at_once_gives_an_error_result(http_files, scripted, user):
     chat = Chat.objects.create(model="scripted:test", owner=user).with_mcp("files", only=["add"])
     scripted.add(tool_call("add", {"a": 1, "b": 2}), "It failed.")
 
@@ -279,9 +289,9 @@ def test_a_stdio_server_that_exits_at_once_gives_an_error_result(stdio_files, sc
 
 @pytest.mark.django_db
 def test_a_call_that_takes_too_long_is_an_error_result_and_the_session_lives_on(
-    tmp_path, scripted, user
+    http_server, scripted, user
 ):
-    with configure(files=stdio_entry(tmp_path / "calls.log", timeout=0.5)):
+    with configure(files={"url": http_server.url, "timeout": 0.5}):
         chat = Chat.objects.create(model="scripted:test", owner=user)
         chat.with_mcp("files", only=["slow", "add"])
         scripted.add(tool_call("slow", {"seconds": 5}), tool_call("add", {"a": 1, "b": 1}), "ok")
@@ -294,7 +304,7 @@ def test_a_call_that_takes_too_long_is_an_error_result_and_the_session_lives_on(
     ]
 
 
-def test_a_server_that_does_not_connect_in_time_fails_the_call_with_a_tool_error(stdio_files):
+def test_a_server_that_does_not_connect_in_time_fails_the_call_with_a_tool_error(http_files):
     (add,) = mcp_tools("files", only=["add"])
     silent = {"command": [sys.executable, "-c", "import time; time.sleep(60)"]}
 
@@ -375,7 +385,7 @@ def test_listing_the_tools_of_a_server_that_is_down_raises_mcp_server_error():
 
 # -- approval -------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_a_tool_that_requires_approval_waits_then_runs_after_approve(stdio_files, scripted, user):
+def test_a_tool_that_requires_approval_waits_then_runs_after_approve(http_files, scripted, user):
     chat = Chat.objects.create(model="scripted:test", owner=user)
     chat.with_mcp("files", only=["read_file", "delete-file"], requires_approval=["delete-file"])
     scripted.add(tool_call("delete-file", {"path": "notes.txt"}, id="d1"), "Deleted.")
@@ -384,7 +394,7 @@ def test_a_tool_that_requires_approval_waits_then_runs_after_approve(stdio_files
 
     assert chat.is_waiting()
     assert [call.call_id for call in chat.pending_approvals()] == ["d1"]
-    assert calls(stdio_files) == []  # not run without a decision
+    assert calls(http_files) == []  # not run without a decision
 
     chat = Chat.objects.get(pk=chat.pk)  # another request, rebuilt from the row
     chat.approve("d1", by=user)
@@ -392,7 +402,7 @@ def test_a_tool_that_requires_approval_waits_then_runs_after_approve(stdio_files
 
     assert answer.content == "Deleted."
     assert results(chat) == [("delete-file", "Deleted notes.txt.", False)]
-    assert [c["tool"] for c in calls(stdio_files)] == ["delete-file"]
+    assert [c["tool"] for c in calls(http_files)] == ["delete-file"]
 
 
 def test_keys_a_server_schema_refuses_are_unexpected_and_others_are_left_to_the_server():
@@ -407,7 +417,7 @@ def test_keys_a_server_schema_refuses_are_unexpected_and_others_are_left_to_the_
     assert open_.unexpected_keys({"path": "a", "force": True}) == []
 
 
-def test_requires_approval_true_holds_every_tool_of_the_server(stdio_files):
+def test_requires_approval_true_holds_every_tool_of_the_server(http_files):
     tools = mcp_tools("files", only=["add", "read_file"], requires_approval=True)
 
     assert [tool.needs_approval({}) for tool in tools] == [True, True]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -25,27 +26,41 @@ from tests.workers import settled
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.subprocess]
 
 
+def over_http(server: Any) -> dict[str, dict[str, Any]]:
+    """MCP_SERVERS naming the module's HTTP server twice: "files", and "tables" allowed to
+    ask. The tests on HTTP start their workers with these same settings, so the second test
+    gets the first one's kept worker (tests/workers.py ``Pool``) instead of starting one."""
+    return {"files": {"url": server.url}, "tables": {"url": server.url, "elicitation": True}}
+
+
 @pytest.fixture(params=["stdio", "http"])
-def mcp_entry(request, tmp_path):
-    """The test server's MCP_SERVERS entry and the log of its tool calls."""
+def mcp_servers(request, tmp_path):
+    """MCP_SERVERS naming the test server over stdio or HTTP, and the log of its tool calls."""
     if request.param == "stdio":
         log = tmp_path / "stdio-calls.log"
-        yield stdio_entry(log), log
+        yield {"files": stdio_entry(log)}, log
     else:
-        server = request.getfixturevalue("http_server")
-        server.log.unlink(missing_ok=True)
-        yield {"url": server.url}, server.log
+        yield request.getfixturevalue("http_servers")
+    close_connections()
+
+
+@pytest.fixture
+def http_servers(http_server):
+    """:func:`over_http` for the module's HTTP server, and its log (emptied)."""
+    http_server.log.unlink(missing_ok=True)
+    yield over_http(http_server), http_server.log
     close_connections()
 
 
 def test_a_worker_rebuilds_mcp_tools_from_the_row_and_runs_them(
     background,  # noqa: F811 - the imported fixture
-    mcp_entry,
+    mcp_servers,
     user,
 ):
-    entry, log = mcp_entry
-    worker = background.start_worker("w1", MCP_SERVERS={"files": entry})
-    with configure(files=entry):
+    servers, log = mcp_servers
+    entry = servers["files"]
+    worker = background.start_worker("w1", MCP_SERVERS=servers)
+    with configure(**servers):
         chat = Chat.objects.create(model="rules:test", owner=user)
         chat.with_mcp("files", only=["list_files", "add"])
     close_connections()  # from here on, only the worker talks to the server
@@ -74,13 +89,14 @@ def test_a_worker_rebuilds_mcp_tools_from_the_row_and_runs_them(
 
 def test_a_worker_holds_the_call_while_a_person_answers_the_servers_question(
     background,  # noqa: F811 - the imported fixture
-    mcp_entry,
+    http_servers,
     user,
 ):
-    entry, log = mcp_entry
-    entry = {**entry, "elicitation": True}
-    background.start_worker("w1", MCP_SERVERS={"tables": entry})
-    with configure(tables=entry):
+    """On HTTP only: the worker's side of a question is the same whatever carries it, and
+    tests/test_mcp_elicitation.py asks over both transports."""
+    servers, log = http_servers
+    background.start_worker("w1", MCP_SERVERS=servers)
+    with configure(**servers):
         chat = Chat.objects.create(model="rules:test", owner=user)
         chat.with_mcp("tables", only=["book_table"])
     close_connections()

@@ -37,17 +37,26 @@ def _fresh_sessions() -> Iterator[None]:
     close_connections()
 
 
+@pytest.fixture
+def tables(http_server) -> Iterator[tuple[dict[str, Any], Path]]:
+    """Server "tables" (the test server, allowed to ask) over streamable HTTP, and its log.
+
+    The module's one HTTP server (each test empties its log): the flows of questions and
+    answers are the same whatever carries them, so most tests run on this transport alone,
+    and those that end in each of the answers the server can hear (content accepted, a
+    cancel) run on stdio too (:func:`tables_on_each_transport`)."""
+    http_server.log.unlink(missing_ok=True)
+    yield {"url": http_server.url, "elicitation": True}, http_server.log
+
+
 @pytest.fixture(params=["stdio", "http"])
-def tables(request, tmp_path) -> Iterator[tuple[dict[str, Any], Path]]:
-    """Server "tables" (the test server, allowed to ask) over stdio or HTTP, and its log."""
+def tables_on_each_transport(request, tmp_path) -> Iterator[tuple[dict[str, Any], Path]]:
+    """Server "tables" over stdio (a process of its own) or HTTP, and its log."""
     if request.param == "stdio":
         log = tmp_path / "stdio-calls.log"
-        entry = stdio_entry(log, elicitation=True)
+        yield stdio_entry(log, elicitation=True), log
     else:
-        server = request.getfixturevalue("http_server")
-        log, entry = server.log, {"url": server.url, "elicitation": True}
-        log.unlink(missing_ok=True)
-    yield entry, log
+        yield request.getfixturevalue("tables")
 
 
 def wait_for(check: Callable[[], Any], what: str) -> Any:
@@ -189,8 +198,8 @@ def test_a_person_answers_and_declines_through_the_views(tables, scripted, user,
     assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
 
 
-def test_an_answer_through_the_view_reaches_the_server(tables, scripted, user):
-    entry, _ = tables
+def test_an_answer_through_the_view_reaches_the_server(tables_on_each_transport, scripted, user):
+    entry, log = tables_on_each_transport
     chat = booking_chat(user, scripted, entry)
     with configure(tables=entry):
         step = InThread(chat, "Book a table for Friday")
@@ -201,6 +210,7 @@ def test_an_answer_through_the_view_reaches_the_server(tables, scripted, user):
         assert owner.post(url, {"text": '{"people": 4, "name": "Grace"}'}).status_code == 204
         assert step.result() == "All set."
     assert result_of(chat) == ("Booked a table on friday for 4, name Grace.", False)
+    assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
 
 
 def test_a_question_nobody_answers_in_time_is_cancelled(tables, scripted, user):
@@ -219,8 +229,10 @@ def test_a_question_nobody_answers_in_time_is_cancelled(tables, scripted, user):
     assert [c["tool"] for c in calls(log)] == ["book_table", "book_table answered"]
 
 
-def test_a_cancel_stops_the_wait_and_the_server_hears_cancel(tables, scripted, user):
-    entry, log = tables
+def test_a_cancel_stops_the_wait_and_the_server_hears_cancel(
+    tables_on_each_transport, scripted, user
+):
+    entry, log = tables_on_each_transport
     chat = booking_chat(user, scripted, entry)
     with configure(tables=entry):
         step = InThread(chat, "Book a table for Friday")
@@ -238,10 +250,11 @@ def test_a_cancel_stops_the_wait_and_the_server_hears_cancel(tables, scripted, u
     )
 
 
-def test_a_server_not_allowed_to_ask_gets_an_error_and_no_person_is_asked(tmp_path, scripted, user):
-    log = tmp_path / "calls.log"
-    chat = booking_chat(user, scripted, stdio_entry(log))
-    with configure(tables=stdio_entry(log)):
+def test_a_server_not_allowed_to_ask_gets_an_error_and_no_person_is_asked(tables, scripted, user):
+    entry, _ = tables
+    not_allowed = {**entry, "elicitation": False}
+    chat = booking_chat(user, scripted, not_allowed)
+    with configure(tables=not_allowed):
         assert chat.ask("Book a table for Friday").content == "All set."
     content, is_error = result_of(chat)
     assert is_error and "book_table" in content

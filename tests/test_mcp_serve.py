@@ -44,6 +44,8 @@ SERVING = {
     },
 }
 AGENT_PATH = "tests.mcp_agents.Reporter"
+#: the environment that makes tests/asgi.py mount the MCP endpoint at /mcp.
+MOUNTED = {"AGENTLOOP_TEST_MCP_MOUNT": "1"}
 #: a long run: a hundred rounds of one nap (0.1 s) each, checked for a cancel between them.
 LONG = "tools:" + "|".join(["nap"] * 100)
 
@@ -54,7 +56,7 @@ def site(tmp_path_factory, django_db_setup, django_db_blocker) -> Iterator[str]:
     test's rows are its own: the server reads the test database as it is)."""
     with (
         django_db_blocker.unblock(),
-        uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING) as url,
+        uvicorn_serving(tmp_path_factory.mktemp("mcp"), SERVING, **MOUNTED) as url,
     ):
         yield url + "/mcp"
 
@@ -351,7 +353,9 @@ def test_a_call_held_for_a_person_holds_no_database_connection(tmp_path, token):
             call.cancel()
             return counts
 
-    with uvicorn_serving(tmp_path, settings, AGENTLOOP_TEST_DB_APPLICATION=application) as url:
+    with uvicorn_serving(
+        tmp_path, settings, AGENTLOOP_TEST_DB_APPLICATION=application, **MOUNTED
+    ) as url:
         counts = run(main(url))
 
     assert max(counts) <= 1  # a read in flight at most
@@ -405,7 +409,9 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
         app.set_current()  # Celery's current app is per thread: this thread's job goes there too
         chat.approve(call_id, user)
 
-    with uvicorn_serving(tmp_path, settings, AGENTLOOP_TEST_QUEUE=background.queue) as url:
+    with uvicorn_serving(
+        tmp_path, settings, AGENTLOOP_TEST_QUEUE=background.queue, **MOUNTED
+    ) as url:
         plain, approved = run(main(url))
 
     assert text(plain) == "done: one done"
@@ -423,8 +429,12 @@ def test_run_by_a_celery_worker_the_call_follows_the_chat_and_an_approval_holds_
 
 
 # -- stdio ------------------------------------------------------------------------------------
-def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user):
-    notes = Notes()
+def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user_and_a_cancel_stops_one(
+    token, user
+):
+    """One ``mcp-serve`` process (a Django start is most of this test's time) for a call, a
+    cancelled call, and a call after the token was revoked."""
+    notes, naps = Notes(), Notes()
 
     async def main() -> tuple[Any, Any]:
         async with over_stdio(token, SERVING) as client:
@@ -432,6 +442,16 @@ def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user
             result = await client.call_tool(
                 "reporter", {"task": "tools:step_one", "topic": "bats"}, progress_callback=notes
             )
+            call = asyncio.ensure_future(
+                client.call_tool("reporter", {"task": LONG, "topic": "owls"},
+                                 progress_callback=naps)
+            )  # fmt: skip
+            while "nap finished" not in naps.messages:
+                await asyncio.sleep(0.02)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.sleep(0.5)
             await in_db_thread(lambda: MCPToken.objects.all().delete())  # revoked
             with pytest.raises(MCPError, match="The token is not valid"):
                 await client.call_tool("reporter", {"task": "hello", "topic": "bats"})
@@ -441,37 +461,19 @@ def test_over_stdio_the_command_serves_the_agents_as_the_tokens_user(token, user
 
     assert [tool.name for tool in tools.tools] == ["reporter"]
     assert text(result) == "done: one done"
-    chat = Chat.objects.get()
+    chat = Chat.objects.get(agent_inputs={"topic": "bats"})
     assert chat.owner == user
     assert notes.messages[1:] == ["Calling step_one", "step_one finished", "Answered"]
 
-
-def test_over_stdio_a_cancelled_call_cancels_the_chat(token):
-    notes = Notes()
-
-    async def main() -> None:
-        async with over_stdio(token, SERVING) as client:
-            call = asyncio.ensure_future(
-                client.call_tool("reporter", {"task": LONG, "topic": "owls"},
-                                 progress_callback=notes)
-            )  # fmt: skip
-            while "nap finished" not in notes.messages:
-                await asyncio.sleep(0.02)
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            await asyncio.sleep(0.5)
-
-    run(main())
-
-    chat = Chat.objects.get()
+    cancelled = Chat.objects.get(agent_inputs={"topic": "owls"})
     wait_until(
-        lambda: not Chat.objects.filter(pk=chat.pk, lease_token__gt="").exists(),
+        lambda: not Chat.objects.filter(pk=cancelled.pk, lease_token__gt="").exists(),
         "the run to stop",
         timeout=30,
     )
-    assert 0 < chat.tool_calls.filter(name="nap", state="succeeded").count() < 50
-    assert not chat.messages.filter(role="assistant", content__startswith="done").exists()
+    assert 0 < cancelled.tool_calls.filter(name="nap", state="succeeded").count() < 50
+    assert not cancelled.messages.filter(role="assistant", content__startswith="done").exists()
+    assert Chat.objects.count() == 2  # the refused call made none
 
 
 def test_over_stdio_a_missing_or_bad_token_stops_the_command():
