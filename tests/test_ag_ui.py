@@ -135,7 +135,8 @@ def test_a_message_is_answered_as_ag_ui_events(owner, chat, scripted):
     ]
     assert events[1]["type"] == "STATE_SNAPSHOT"
     assert events[1]["snapshot"]["chat"] == thread
-    assert events[1]["snapshot"]["state"] in ("queued", "running")  # the runner may have begun
+    # The state when the stream began: the runner may have begun, or (under load) finished.
+    assert events[1]["snapshot"]["state"] in ("queued", "running", "idle")
     assert states(events)[-1] == "idle"
     assert Chat.objects.get(pk=chat.pk).messages.get(role="user").content == "Hi"
 
