@@ -31,7 +31,8 @@ from ..guardrails import Guardrail, as_guardrail
 from ..import_paths import import_path_of, load_by_path
 from ..messages import Caching, Message, Thinking
 from ..streaming import AsyncEventStream, EventStream, EventTap, FinalMessageEvent
-from ..tools import Tool, made_tool
+from ..tools import Tool
+from ..tools._references import made_tool
 from ..tools.mcp import mcp_tools
 from ._chat_config import Compaction, Limits, MemoryOptions, ToolOptions
 from ._drivers import drive, drive_async, drive_pulled

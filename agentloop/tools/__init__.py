@@ -8,7 +8,7 @@ running call) and ``_references`` (names to tools and back); import from here.
 
 from ..exceptions import NeedsInput, ToolError
 from ._context import Handoff, ToolContext, current_tool_context, running
-from ._references import load_tool, made_tool, tool_reference
+from ._references import load_tool, tool_reference
 from ._tool import (
     AskPerson,
     FunctionTool,
@@ -37,7 +37,6 @@ __all__ = [
     "describe_validation_error",
     "format_result",
     "load_tool",
-    "made_tool",
     "running",
     "snake_case",
     "tool",
