@@ -1,14 +1,15 @@
-"""A chat's transcript rows read again without the rows this process already has.
+"""A chat's transcript read again without the rows this process already has.
 
 Every step reads the whole transcript (``transcript_rows``): at hundreds of messages that
-read, and building its rows, is most of a step's client work. On PostgreSQL the process
-keeps the raw rows it last read of each chat, and its next read of the chat is one
-statement that
+read, and building its messages, is most of a step's client work. On PostgreSQL the process
+keeps the messages it last read of each chat (``KEPT_MESSAGES`` in all; a read hands out
+copies of them, so what a verb does to its messages stays in that verb), and its next read
+of the chat is one statement that
 
 * checks, on the server, that the rows it keeps up to a key ``K`` are still exactly the
   chat's rows up to ``K``: the same number of joined rows, and the same sum of a hash of
-  each row's tuple versions (``xmin`` and ``ctid`` of the message, of the call it answers
-  and of its own call), so any write to those rows, by any code, any process, raw SQL
+  each row's key and tuple versions (``xmin`` and ``ctid`` of the message, of the call it
+  answers and of its own call), so any write to those rows, by any code, any process, raw SQL
   included (an edit, a rewind, a compaction, a redaction, a deletion, a late commit of a
   row with a smaller key), makes it differ;
 * returns the rows after ``K`` when they match, and every row when they don't.
@@ -36,7 +37,7 @@ from ..messages import Message
 from .sql import PreparedSelect, bound_cursor
 from .transcript_rows import MESSAGE_COLUMNS, copied, messages_from_rows
 
-__all__ = ["TranscriptRead", "TranscriptReads"]
+__all__ = ["KEPT_MESSAGES", "TranscriptRead", "TranscriptReads", "forget_kept_messages"]
 
 #: the messages kept across all chats (the least recently read chats are dropped past it).
 KEPT_MESSAGES = 50_000
@@ -224,8 +225,8 @@ def _incremental_sql(message_model: Any, connection: Any) -> str:
         alias, model_meta = tables[relation]
         columns.append(f"{column(alias, model_meta, field)} AS c{index}")
     calls_id = MESSAGE_COLUMNS.index("tool_calls__id")
-    # One hash of the row's tuple versions: any write to any of its rows changes it.
-    version = " || ".join(
+    # One hash of the row's key and tuple versions: any write to any of its rows changes it.
+    version = f"m.{quote(meta.pk.column)}::text || " + " || ".join(
         f"coalesce({alias}.xmin::text || {alias}.ctid::text, '-')" for alias in ("m", "a", "c")
     )
     # Only identifiers from the models' own metadata go into the text; values are parameters.
