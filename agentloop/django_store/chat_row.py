@@ -11,9 +11,10 @@ from ..engine import UsageRecord
 from ..engine.store import Tracing
 from ..messages import Message
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
+from .transcript_reads import TranscriptRead, TranscriptReads
 from .transcript_rows import JSON_COLUMNS, transcript_query
 
-__all__ = ["ChatRow", "outcomes_json", "transcript_select"]
+__all__ = ["ChatRow", "outcomes_json", "transcript_read", "transcript_select"]
 
 
 def outcomes_json(outcomes: list[Any]) -> list[dict[str, Any]]:
@@ -55,18 +56,19 @@ class _Models:
         self.finish_call = PreparedUpdate(
             self.tool_call_model, ("state", "error", "finished_at"), (("id", "="),)
         )
-        self._transcripts: dict[str, PreparedSelect] = {}
+        self._transcripts: dict[str, TranscriptReads] = {}
         self._flags: dict[str, PreparedSelect] = {}
 
-    def transcript(self, using: str) -> PreparedSelect:
-        """The transcript's SELECT, compiled once; its only parameter is the chat's key."""
-        select = self._transcripts.get(using)
-        if select is None:
+    def transcript(self, using: str) -> TranscriptReads:
+        """The transcript's reads on database ``using`` (its SELECT compiled once)."""
+        reads = self._transcripts.get(using)
+        if reads is None:
             queryset = transcript_query(self.message_model, 0).using(using)
-            select = self._transcripts[using] = PreparedSelect(queryset, raw_columns=JSON_COLUMNS)
+            select = PreparedSelect(queryset, raw_columns=JSON_COLUMNS)
             if list(select.params) != [0]:  # pragma: no cover - Django compiles it so today
                 raise RuntimeError("the transcript query takes more than the chat's key")
-        return select
+            reads = self._transcripts[using] = TranscriptReads(self.message_model, select)
+        return reads
 
     def cancel_flag(self, using: str) -> PreparedSelect:
         """The chat's cancel flag and halt reason, compiled once; its parameter is the key."""
@@ -82,8 +84,13 @@ _MODELS: dict[Any, _Models] = {}
 
 
 def transcript_select(chat_model: Any, using: str) -> PreparedSelect:
-    """The transcript SELECT of a chat model's chats (for a job to read with its claim)."""
-    return _models(chat_model).transcript(using)
+    """The plain transcript SELECT of a chat model's chats (its only parameter: the chat's key)."""
+    return _models(chat_model).transcript(using).select
+
+
+def transcript_read(chat_model: Any, using: str, chat_pk: Any) -> TranscriptRead:
+    """The next read of a chat's transcript (for a job to send with its claim)."""
+    return _models(chat_model).transcript(using).read(chat_pk)
 
 
 def _models(chat_model: Any) -> _Models:
@@ -119,9 +126,10 @@ class ChatRow(Tracing):
         for field, value in values.items():
             setattr(self.chat, field, value)
 
-    def prefetch(self) -> tuple[str, list[Any]]:
-        """The transcript's SELECT, to read with the claim where one round trip can do both."""
-        return self.models.transcript(self.db).sql, [self.chat.pk]
+    def transcript_read(self) -> TranscriptRead:
+        """The next read of the chat's transcript (alone, or with the claim where one round
+        trip can do both)."""
+        return self.models.transcript(self.db).read(self.chat.pk)
 
     def message_row(self, message: Message, **extra: Any) -> Any:
         """A message model instance for ``message`` (not saved)."""

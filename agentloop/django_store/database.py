@@ -31,7 +31,7 @@ from ..engine.rate_limiting import RateLimiter
 from ..memory import ChatMemories
 from ..process.cancel_notices import listen_locally
 from ..rate_limits import fleet_limiter
-from .chat_row import ChatRow, transcript_select
+from .chat_row import ChatRow, transcript_read, transcript_select
 from .configuration import Config
 from .edits import Edits
 from .inbox import Inbox
@@ -41,7 +41,7 @@ from .tool_calls import ToolCalls
 from .transcript import Transcript
 from .waiting import release_connection
 
-__all__ = ["DjangoStore", "transcript_select"]
+__all__ = ["DjangoStore", "transcript_read", "transcript_select"]
 
 T = TypeVar("T")
 

@@ -77,7 +77,7 @@ class RunControl(RunClaim):
         #: how the last released verb ended (workers read it to schedule what comes next).
         self.last_release: Release | None = None
         self._depth = 0
-        #: the transcript's raw rows, read with the claim (consumed by the verb's first read).
+        #: the transcript, read with the claim (consumed by the verb's first read).
         self._prefetched: list[Any] | None = None
         #: the cancel flag read by the last write's lease renewal (a free checkpoint read).
         self._flag: Any = UNREAD
@@ -89,7 +89,7 @@ class RunControl(RunClaim):
 
     # -- what the claim read on the way ----------------------------------------------------
     def take_prefetched(self) -> list[Any] | None:
-        """The transcript's raw rows read with the claim, once (None: read them now)."""
+        """The transcript read with the claim, once (None: read it now)."""
         prefetched, self._prefetched = self._prefetched, None
         return prefetched
 
@@ -112,7 +112,7 @@ class RunControl(RunClaim):
     # -- taking the claim ---------------------------------------------------------------------
     def adopt(self, lease: Lease, transcript: list[Any] | None = None) -> None:
         """Use a lease taken elsewhere (a job took it while loading the chat, and maybe read
-        the transcript's raw rows in the same round trip)."""
+        the transcript in the same round trip)."""
         self._prefetched = transcript
         self.lease = lease
         self._depth = 0
@@ -129,8 +129,9 @@ class RunControl(RunClaim):
             return True
         row = self.row
         row.saved()
+        read = row.transcript_read()
         claimed = claim_row(
-            row.chat_model, chat.pk, using=row.db, state=None, prefetch=row.prefetch()
+            row.chat_model, chat.pk, using=row.db, state=None, prefetch=(read.sql, read.params)
         )
         if claimed is None:
             raise ChatBusyError(
@@ -139,7 +140,7 @@ class RunControl(RunClaim):
             )
         lease, values, prefetched = claimed
         self._refresh(values)
-        self._prefetched = prefetched
+        self._prefetched = None if prefetched is None else read.messages(prefetched)
         self.lease, self._depth = lease, 1
         self._taken(lease)
         return True

@@ -18,7 +18,7 @@ from ..messages import Message, MessageStatus
 from .chat_row import ChatRow, outcomes_json
 from .reconnect import committed_message, retried
 from .run_control import RunControl
-from .transcript_rows import held_calls, messages_from_rows
+from .transcript_rows import held_calls
 from .writes import GUARD, StepWrites, Values, inserted
 
 __all__ = ["Transcript"]
@@ -39,13 +39,10 @@ class Transcript(parts.Transcript, parts.Costs):
         """The transcript: one query (none when the claim read it on the way)."""
         if self.chat.pk is None:
             return []
-        select = self.models.transcript(self.row.db)
-        prefetched = self.control.take_prefetched()
-        if prefetched is None:
-            rows = retried(self.control.lease, self.row.db, lambda: select.rows([self.chat.pk]))
-        else:
-            rows = select.convert(prefetched)
-        messages = messages_from_rows(rows)
+        messages = self.control.take_prefetched()
+        if messages is None:
+            read = self.row.transcript_read()
+            messages = retried(self.control.lease, self.row.db, read.run)
         if self.control.lease is not None:
             self.control.saw_held(held_calls(messages))
         return messages

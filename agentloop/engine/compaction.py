@@ -43,10 +43,15 @@ SUMMARY_INSTRUCTIONS = (
 SUMMARY_PREFIX = "[Summary of the earlier conversation; the messages it covers were compacted]"
 
 
-def _chars(message: Message) -> int:
-    size = len(message.content) + len(message.thinking)
-    for call in message.tool_calls:
-        size += len(call.name) + len(json.dumps(call.arguments, default=str))
+def _chars(messages: list[Message]) -> int:
+    """The characters of ``messages`` that a request sends: texts, tool names and arguments."""
+    # One loop without a call per message: every model call counts the whole transcript.
+    size = 0
+    for message in messages:
+        size += len(message.content) + len(message.thinking)
+        if message.tool_calls:
+            for call in message.tool_calls:
+                size += len(call.name) + len(json.dumps(call.arguments, default=str))
     return size
 
 
@@ -58,8 +63,8 @@ def estimate_tokens(messages: list[Message], reported: tuple[Any, int] | None = 
         key, tokens = reported
         for index, message in enumerate(messages):
             if message.key is not None and message.key == key:
-                return tokens + sum(_chars(m) for m in messages[index:]) // 4
-    return sum(_chars(m) for m in messages) // 4
+                return tokens + _chars(messages[index:]) // 4
+    return _chars(messages) // 4
 
 
 def _latest_summary(messages: list[Message]) -> int | None:

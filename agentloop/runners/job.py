@@ -18,7 +18,7 @@ from django.apps import apps
 from django.db import router
 
 from ..conf import agentloop_settings
-from ..django_store.database import transcript_select
+from ..django_store.database import transcript_read
 from ..django_store.leases import claim
 from ..django_store.reconnect import CONNECTION_ERRORS, discard
 from ..django_store.releases import one_line
@@ -115,7 +115,8 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
     using = router.db_for_write(chat_model)
     try:
         # The transcript is read in the claim's round trip where the database allows it.
-        prefetch = (transcript_select(chat_model, using).sql, [chat_id])
+        read = transcript_read(chat_model, using, chat_id)
+        prefetch = (read.sql, read.params)
         claimed = claim(chat_model, chat_id, using=using, prefetch=prefetch, in_flight=True)
         if claimed is None:
             state = chat_model._default_manager.filter(pk=chat_id).values_list("state", flat=True)
@@ -130,7 +131,8 @@ def run_step(chat_id: Any, model_label: str = "agentloop.Chat", attempt: int = 0
                        chat_id, one_line(exc))  # fmt: skip
         wait = backoff(attempt, outage=True)
         return StepOutcome("unreachable", retry_in=wait, error=one_line(exc))
-    lease, chat, transcript = claimed
+    lease, chat, fetched = claimed
+    transcript = None if fetched is None else read.messages(fetched)
     outcome = _advance(chat, lease, transcript, chat.updated_at)
     if outcome.action == "unreachable":
         # Given up before the lease ran out: the next job can take the chat once it has.
