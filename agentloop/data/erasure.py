@@ -26,6 +26,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..conf import agentloop_settings
+from ..django_store.transcript_reads import forget_kept_messages
 from ..engine._tool_rounds import DENIED_RESULT
 from ..live_events import forget_messages
 from ..models.budgets import Budget
@@ -148,6 +149,9 @@ def erase_owner(
     working = WorkingMemory._default_manager.using(using)
     report.memories_deleted += working.filter(Q(owner_id=pk) | Q(subject=subject)).delete()[0]
     report.eval_cases_deleted, report.eval_items_removed = _erase_evals(set(family), using)
+    # This process's copies of transcripts it read (never served once their rows are gone)
+    # are dropped too, so erased words don't stay in its memory.
+    forget_kept_messages()
     return report
 
 
