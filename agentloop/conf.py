@@ -299,6 +299,10 @@ class Settings(BaseModel):
     #: another; a search compares only the memories this model embedded (after a change:
     #: reindex).
     MEMORY_EMBEDDING_MODEL: str = "openai:text-embedding-3-small"
+    #: on PostgreSQL, the candidates an HNSW search of memories keeps (pgvector's
+    #: ``hnsw.ef_search``, for that statement only): more finds more of the true nearest,
+    #: a little slower (bench/README.md: recall@10 0.99 at 200 on 1,000,000 vectors).
+    MEMORY_EF_SEARCH: Annotated[int, Field(strict=True, ge=1, le=1000)] = 200
     #: "provider:model" that embeds past chats' messages in the background (the periodic task
     #: agentloop.embed_past_messages), so a chat can search its owner's other chats
     #: (agentloop.past_chats, the search_past_chats tool); None: off, nothing embedded.

@@ -232,13 +232,13 @@ def search(queries: list[list[float]], *, exact: bool, ef_search: int) -> tuple[
     memories = Memory.objects.for_subject(SUBJECT)
     for query in queries:
         with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-                if exact:
+            if exact:
+                with connection.cursor() as cursor:
                     # Index scans off: the same statement, answered by a (parallel) scan.
                     cursor.execute("SET LOCAL enable_indexscan = off")
             started = time.perf_counter()
-            rows = memories.nearest(query, k=K)
+            # nearest() sets hnsw.ef_search for its own statement.
+            rows = memories.nearest(query, k=K, ef_search=ef_search)
             seconds.append(time.perf_counter() - started)
         found.append([row.pk for row in rows])
     return found, seconds
@@ -259,9 +259,7 @@ def uses_index(query: list[float], ef_search: int) -> bool:
         return execute(sql, params, many, context)
 
     with transaction.atomic(), connection.execute_wrapper(explain):
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
-        Memory.objects.for_subject(SUBJECT).nearest(query, k=K)
+        Memory.objects.for_subject(SUBJECT).nearest(query, k=K, ef_search=ef_search)
     return any(INDEX in line for line in captured)
 
 

@@ -141,6 +141,26 @@ def _explain(rows: Any, query: list[float]) -> str:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="pgvector's HNSW is PostgreSQL's")
+def test_on_postgresql_nearest_keeps_ef_search_candidates_for_its_own_transaction(
+    user: Any, settings: Any
+) -> None:
+    vector = [1.0] * HNSW_DIMENSIONS
+    Memory.objects.create(owner=user, subject="s", text="one", embedding=vector)
+
+    def ef_search_after(**options: Any) -> str:
+        with transaction.atomic():
+            assert [m.text for m in Memory.objects.nearest(vector, k=1, **options)] == ["one"]
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW hnsw.ef_search")
+                return cursor.fetchone()[0]
+
+    assert ef_search_after() == "200"  # AGENTLOOP["MEMORY_EF_SEARCH"]'s default
+    assert ef_search_after(ef_search=64) == "64"
+    settings.AGENTLOOP = {"MEMORY_EF_SEARCH": 120}
+    assert ef_search_after() == "120"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pgvector's HNSW is PostgreSQL's")
 def test_on_postgresql_a_subject_with_few_memories_among_many_still_finds_them(user: Any) -> None:
     rng = random.Random(11)  # noqa: S311 - test data
     rows = [

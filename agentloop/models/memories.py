@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..budgets.subjects import Subject
+from ..conf import agentloop_settings
 from ..django_store.fields import (
     StorableCharField,
     StorableJSONField,
@@ -90,12 +91,15 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
         """Those not past their expiry (by the database's clock)."""
         return self.filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
 
-    def nearest(self, vector: Sequence[float], k: int = 10) -> list[AbstractMemory]:
+    def nearest(
+        self, vector: Sequence[float], k: int = 10, *, ef_search: int | None = None
+    ) -> list[AbstractMemory]:
         """The ``k`` memories nearest ``vector`` by cosine distance (each with ``distance``
         set), nearest first, among those of this queryset embedded with as many dimensions.
 
         PostgreSQL orders by pgvector's ``<=>`` in the database (the HNSW index of
-        :data:`HNSW_DIMENSIONS` serves it: an approximate search); other databases compare
+        :data:`HNSW_DIMENSIONS` serves it: an approximate search, keeping ``ef_search``
+        candidates, by default ``AGENTLOOP["MEMORY_EF_SEARCH"]``); other databases compare
         every candidate here (an exact search: fine for one subject's memories)."""
         if k < 1:
             return []
@@ -112,12 +116,18 @@ class MemoryQuerySet(models.QuerySet["AbstractMemory"]):
             # its ef_search nearest rows of any subject, and a subject with few memories
             # among many finds none of them. Set by the statement itself (one round trip):
             # an uncorrelated subquery in WHERE is an InitPlan the plan's gating Result
-            # evaluates once, before the index scan returns its first row.
-            iterative = RawSQL(
-                "(SELECT set_config('hnsw.iterative_scan', 'strict_order', true))", ()
+            # evaluates once, before the index scan returns its first row. ef_search is set
+            # the same way: the planner costs the scan at the session's value (a high one
+            # makes it choose a sequential scan on a smaller table), the scan keeps ours.
+            keep = str(int(ef_search or agentloop_settings.MEMORY_EF_SEARCH))
+            settings_sql = (
+                "(SELECT set_config('hnsw.iterative_scan', 'strict_order', true) "
+                "|| set_config('hnsw.ef_search', %s, true))"
             )
             ordered = rows.annotate(distance=CosineDistance(column, vector))
-            scanning = ordered.alias(_iterative=iterative).filter(_iterative="strict_order")
+            # The value is a parameter; the SQL is this constant text.
+            settings_set = RawSQL(settings_sql, (keep,))  # noqa: S611
+            scanning = ordered.alias(_set=settings_set).filter(_set="strict_order" + keep)
             return list(scanning.order_by("distance")[:k])
         # One statement here too: every candidate, scored exactly.
         candidates: list[AbstractMemory] = list(rows)
