@@ -20,10 +20,12 @@ from django.test import override_settings
 from agentloop.exceptions import ConfigurationError, ProviderError, ServerError
 from agentloop.messages import Message, ModelRequest
 from agentloop.providers.anthropic import AnthropicProvider
+from agentloop.providers.bedrock import BedrockProvider
 from agentloop.providers.gemini import GeminiProvider
 from agentloop.providers.http import HTTPProvider
 from agentloop.providers.openai import OllamaProvider, OpenAIProvider
 from agentloop.providers.openai_responses import OpenAIResponsesProvider
+from agentloop.providers.vertex import VertexAIProvider
 from tests.providers.wire import chat_completion
 
 PASSWORD = "pr0xy-s3cret"
@@ -232,6 +234,26 @@ def test_an_endpoint_that_is_not_a_url_is_a_one_line_error(bad):
 
     assert str(caught.value).startswith("AGENTLOOP['PROVIDERS']['gemini']['endpoint_url'] must")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("family", "provider_class"), [("bedrock", BedrockProvider), ("vertexai", VertexAIProvider)]
+)
+def test_the_cloud_families_check_their_endpoint_as_every_http_provider_does(
+    family, provider_class
+):
+    def base_url(settings: dict[str, Any], **given: Any) -> str:
+        with override_settings(AGENTLOOP={"PROVIDERS": {family: settings}}):
+            return provider_class(name=family, **given).base_url
+
+    with pytest.raises(ConfigurationError, match=rf"\['{family}'\]\['endpoint_url'\] must"):
+        base_url({"endpoint_url": "ftp://gw.test"})
+    with pytest.raises(ConfigurationError, match="so keep one"):
+        base_url({"endpoint_url": "https://a.test", "base_url": "https://b.test"})
+    # the constructor wins over the settings, whichever of the two names each uses
+    assert base_url({"endpoint_url": "https://set.test"}, base_url="https://mine.test/") == (
+        "https://mine.test"
+    )
 
 
 # -- the proxy's password ----------------------------------------------------------------------

@@ -105,14 +105,9 @@ class BedrockProvider(HTTPProvider):
 
     @property
     def base_url(self) -> str:
-        explicit = (
-            self._base_url
-            or self._endpoint_url
-            or self._setting("endpoint_url")
-            or self._setting("base_url")
-        )
+        explicit = self._configured_url()  # checked, as every HTTP provider's
         if explicit:
-            return str(explicit).rstrip("/")
+            return explicit.rstrip("/")
         return f"https://bedrock-runtime.{self.region()}.amazonaws.com"
 
     def credential_secrets(self) -> tuple[str, ...]:

@@ -118,14 +118,9 @@ class VertexAIProvider(GeminiBase):
         """``endpoint_url`` (or ``base_url``) when given, else the location's host: the
         ``global`` location is served by aiplatform.googleapis.com, a region by
         ``{region}-aiplatform.googleapis.com``."""
-        given = (
-            self._endpoint_url
-            or self._setting("endpoint_url")
-            or self._base_url
-            or self._setting("base_url")
-        )
+        given = self._configured_url()  # checked, as every HTTP provider's
         if given:
-            return str(given).rstrip("/")
+            return given.rstrip("/")
         location = self.location
         if location == "global":
             return GLOBAL_HOST
