@@ -75,6 +75,27 @@ def test_genai_prices_prices_the_clouds_the_catalog_does_not(genai_prices):
     assert price_of("gemini-2.5-pro", MILLION, "gemini") == Decimal("11.25")
 
 
+def test_a_model_genai_prices_lacks_is_looked_for_once_per_process(genai_prices, monkeypatch):
+    import genai_prices as genai
+
+    looked = []
+    real = genai.calc_price
+
+    def counted(*args, **kwargs):
+        looked.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(genai, "calc_price", counted)
+    monkeypatch.setattr(prices, "_unpriced", {})
+    for _ in range(3):  # a fine-tune's id: unknown to the catalog and to genai-prices
+        assert price_of("ft:gpt-4.1-mini:acme::abc123", MILLION, "openai") is None
+        assert price_of("gpt-5-nano", MILLION, "azure") is None  # only another vendor's
+        assert price_of("gemini-2.5-flash", MILLION, "vertexai") == Decimal("2.80")
+    assert looked.count("ft:gpt-4.1-mini:acme::abc123") == 1
+    assert looked.count("gpt-5-nano") == 1
+    assert looked.count("gemini-2.5-flash") == 3  # a price found is asked for each time
+
+
 @pytest.mark.usefixtures("without_genai_prices")
 def test_without_genai_prices_the_clouds_are_unpriced():
     assert price_of("gemini-2.5-flash", MILLION, "vertexai") is None

@@ -59,6 +59,21 @@ def configured_price(model: str, provider: str | None, configured: str | None) -
     return None
 
 
+#: (model, genai-prices provider) pairs it has no price of. genai-prices remembers the
+#: models it found but not the misses, and looks for one through every entry of the
+#: provider on each call: a fine-tune or a local model's id would cost that scan twice a
+#: step (the estimate and the usage row). Its data is the installed package's, so a miss
+#: stays a miss for the process's life; the bound only keeps a stream of odd ids small.
+_unpriced: dict[tuple[str, str], None] = {}
+_UNPRICED_KEPT = 1024
+
+
+def _remember_unpriced(model: str, wanted: str) -> None:
+    if len(_unpriced) >= _UNPRICED_KEPT:
+        _unpriced.clear()
+    _unpriced[(model, wanted)] = None
+
+
 @lru_cache(maxsize=1)
 def _genai() -> Any:
     """The genai-prices module, or None when it is not installed."""
@@ -81,7 +96,7 @@ def genai_price(model: str, usage: TokenUsage, provider: str | None) -> Decimal 
     model, or would price it as another provider's."""
     genai = _genai()
     wanted = GENAI_PROVIDERS.get(provider or "")
-    if genai is None or wanted is None:
+    if genai is None or wanted is None or (model, wanted) in _unpriced:
         return None
     counts = genai.Usage(
         input_tokens=usage.input_tokens,
@@ -93,7 +108,8 @@ def genai_price(model: str, usage: TokenUsage, provider: str | None) -> Decimal 
     try:
         found = genai.calc_price(counts, model, provider_id=wanted)
     except LookupError:
-        return None  # a model it doesn't price
+        _remember_unpriced(model, wanted)  # a model it doesn't price
+        return None
     except Exception:
         # Prices are an estimate's input, never a reason to fail a model call.
         logger.warning("genai-prices could not price %s:%s", provider, model, exc_info=True)
@@ -103,5 +119,6 @@ def genai_price(model: str, usage: TokenUsage, provider: str | None) -> Decimal 
     # vendor's list price (see the catalog's "clouds").
     own = found.provider.id == wanted and any(m is found.model for m in found.provider.models)
     if not own:
+        _remember_unpriced(model, wanted)
         return None
     return Decimal(found.total_price).quantize(Decimal("0.00000001"))
