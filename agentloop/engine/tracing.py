@@ -26,6 +26,7 @@ import contextvars
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -263,22 +264,27 @@ class _Verb:
         )
 
 
+@dataclass(eq=False)
 class _Operation:
     """The span of one operation of a verb (a provider attempt, a tool run): opened under
     the verb's span with the verb's labels, current while the operation runs."""
 
-    def __init__(self, running: _Verb) -> None:
-        self.running = running
-        self.span: Span | None = None
-        self._outer: Any = None
+    running: _Verb
+    span: Span | None = field(default=None, init=False)
+    _outer: Any = field(default=None, init=False)
 
-    def _open(self, name: str, kind: Any, attributes: dict[str, Any]) -> None:
+    def _open(self, operation: str, target: str, kind: Any, attributes: dict[str, Any]) -> None:
+        """Open the span ``{operation} {target}`` (the conventions' name: the operation,
+        then the model or the tool), ``attributes`` with the operation and the labels."""
         # Function-local: reached only with tracing on, so the optional package is there.
         from opentelemetry import context
 
         parent = self.running.parent()  # opens the verb's span (and its labels) if need be
         self.span = self.running.tracer.start_span(
-            name, context=parent, kind=kind, attributes={**attributes, **self.running.labels}
+            f"{operation} {target}",
+            context=parent,
+            kind=kind,
+            attributes={"gen_ai.operation.name": operation, **attributes, **self.running.labels},
         )
         # Current while the operation runs, restored by value on exit (not detached with a
         # token): an async verb's driver sends the request between two database phases,
@@ -297,22 +303,18 @@ class _Operation:
         self.span.end()
 
 
+@dataclass(eq=False)
 class _ModelCall(_Operation):
     """``chat {model}``: one provider attempt, current while the request runs (so an HTTP
     client's own instrumentation nests under it)."""
 
-    def __init__(
-        self, running: _Verb, provider_name: str, model_id: str, request: ModelRequest
-    ) -> None:
-        super().__init__(running)
-        self.provider_name = provider_name
-        self.model_id = model_id
-        self.request = request
+    provider_name: str
+    model_id: str
+    request: ModelRequest
 
     def __enter__(self) -> _ModelCall:
         request = self.request
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": _PROVIDER_NAMES.get(self.provider_name, self.provider_name),
             "gen_ai.request.model": self.model_id,
         }
@@ -328,7 +330,7 @@ class _ModelCall(_Operation):
                 )
             others = [m for m in request.messages if m.role != "system"]
             attributes["gen_ai.input.messages"] = _dumps(_messages(others))
-        self._open(f"chat {self.model_id}", _otel().SpanKind.CLIENT, attributes)
+        self._open("chat", self.model_id, _otel().SpanKind.CLIENT, attributes)
         return self
 
     def response(self, response: ModelResponse) -> None:
@@ -362,19 +364,17 @@ class _ModelCall(_Operation):
         self._close(exc)
 
 
+@dataclass(eq=False)
 class _ToolCall(_Operation):
     """``execute_tool {name}``: one tool run, current while it runs (a subagent it starts,
     or the tool's own spans, nest under it)."""
 
-    def __init__(self, running: _Verb, call: ToolCall, tool_class: Any) -> None:
-        super().__init__(running)
-        self.call = call
-        self.tool_class = tool_class
+    call: ToolCall
+    tool_class: Any
 
     def __enter__(self) -> _ToolCall:
         call = self.call
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id,
             "gen_ai.tool.type": "function",
@@ -384,7 +384,7 @@ class _ToolCall(_Operation):
             attributes["gen_ai.tool.description"] = description
         if agentloop_settings.TRACE_CONTENT:
             attributes["gen_ai.tool.call.arguments"] = _dumps(call.arguments)
-        self._open(f"execute_tool {call.name}", _otel().SpanKind.INTERNAL, attributes)
+        self._open("execute_tool", call.name, _otel().SpanKind.INTERNAL, attributes)
         return self
 
     def result(self, content: str) -> str:
