@@ -38,9 +38,9 @@ from .actions import CHAT_ACTIONS, DEFAULT_DENY_REASON
 from .approval_inbox import ApprovalInbox
 from .eval_admin import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
-from .urls import admin_path
 from .relations import has_field, related_model
 from .timeline import WAIT_LABELS, build_timeline, format_cost
+from .urls import admin_path
 
 __all__ = ["CONFIG_FIELDS", "DECIDED_MESSAGES", "ChatAdmin"]
 
@@ -342,7 +342,9 @@ class ChatAdmin(admin.ModelAdmin):
 
     # -- approve, deny or answer one call from the timeline --------------------------------------
     def get_urls(self) -> list[URLPattern]:
-        decide = admin_path(self, "<path:object_id>/decide/<str:call_pk>/", self.decide_view, "decide")
+        decide = admin_path(
+            self, "<path:object_id>/decide/<str:call_pk>/", self.decide_view, "decide"
+        )
         # Before the model admin's own: "inbox/" is not a chat's key.
         return [*self.inbox.urls(), decide, *super().get_urls()]
 
