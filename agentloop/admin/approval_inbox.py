@@ -51,7 +51,7 @@ from ..json_input import JSONInputError, check_json_bounds
 from ..tools.mcp.elicitation import ELICITATION
 from .actions import DEFAULT_DENY_REASON
 from .relations import related_model
-from .urls import admin_path
+from .routes import admin_path
 
 __all__ = ["AGES", "PER_PAGE", "ApprovalInbox", "InboxFilters"]
 

@@ -39,8 +39,8 @@ from .approval_inbox import ApprovalInbox
 from .eval_admin import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
 from .relations import has_field, related_model
+from .routes import admin_path
 from .timeline import WAIT_LABELS, build_timeline, format_cost
-from .urls import admin_path
 
 __all__ = ["CONFIG_FIELDS", "DECIDED_MESSAGES", "ChatAdmin"]
 

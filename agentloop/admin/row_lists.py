@@ -8,7 +8,7 @@ from django.urls import URLPattern
 
 from ..json_input import ADMIN_JSON_FIELDS
 from ..models import Message, ToolCall, Usage
-from .urls import admin_path
+from .routes import admin_path
 from .usage_charts import charts_view
 
 __all__ = ["MessageAdmin", "ToolCallAdmin", "UsageAdmin"]
