@@ -35,7 +35,7 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.formats import date_format
 from django.utils.timezone import localtime
 from django.utils.translation import gettext
@@ -51,6 +51,7 @@ from ..json_input import JSONInputError, check_json_bounds
 from ..tools.mcp.elicitation import ELICITATION
 from .actions import DEFAULT_DENY_REASON
 from .relations import related_model
+from .routes import admin_path
 
 __all__ = ["AGES", "PER_PAGE", "ApprovalInbox", "InboxFilters"]
 
@@ -134,13 +135,10 @@ class ApprovalInbox:
         return f"{self.opts.app_label}_{self.opts.model_name}_{view}"
 
     def urls(self) -> list[URLPattern]:
-        site = self.model_admin.admin_site
         return [
-            path("inbox/", site.admin_view(self.list_view), name=self.url_name("inbox")),
-            path(
-                "inbox/<str:call_pk>/decide/",
-                site.admin_view(self.decide_view),
-                name=self.url_name("inbox_decide"),
+            admin_path(self.model_admin, "inbox/", self.list_view, "inbox"),
+            admin_path(
+                self.model_admin, "inbox/<str:call_pk>/decide/", self.decide_view, "inbox_decide"
             ),
         ]
 

@@ -22,7 +22,7 @@ from django.http import (
     HttpResponseNotAllowed,
     HttpResponseRedirect,
 )
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.timezone import localtime
@@ -39,6 +39,7 @@ from .approval_inbox import ApprovalInbox
 from .eval_admin import make_eval_set
 from .filters import ModelFilter, OwnerFilter, ProblemFilter, WaitingFilter
 from .relations import has_field, related_model
+from .routes import admin_path
 from .timeline import WAIT_LABELS, build_timeline, format_cost
 
 __all__ = ["CONFIG_FIELDS", "DECIDED_MESSAGES", "ChatAdmin"]
@@ -341,11 +342,8 @@ class ChatAdmin(admin.ModelAdmin):
 
     # -- approve, deny or answer one call from the timeline --------------------------------------
     def get_urls(self) -> list[URLPattern]:
-        opts = self.opts
-        decide = path(
-            "<path:object_id>/decide/<str:call_pk>/",
-            self.admin_site.admin_view(self.decide_view),
-            name=f"{opts.app_label}_{opts.model_name}_decide",
+        decide = admin_path(
+            self, "<path:object_id>/decide/<str:call_pk>/", self.decide_view, "decide"
         )
         # Before the model admin's own: "inbox/" is not a chat's key.
         return [*self.inbox.urls(), decide, *super().get_urls()]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern
 
 from ..json_input import ADMIN_JSON_FIELDS
 from ..models import Message, ToolCall, Usage
+from .routes import admin_path
 from .usage_charts import charts_view
 
 __all__ = ["MessageAdmin", "ToolCallAdmin", "UsageAdmin"]
@@ -40,13 +41,7 @@ class UsageAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         """The list's URLs and ``charts/`` (cost and tokens per day, top owners)."""
-        opts = self.opts
-        charts = path(
-            "charts/",
-            self.admin_site.admin_view(self.charts_view),
-            name=f"{opts.app_label}_{opts.model_name}_charts",
-        )
-        return [charts, *super().get_urls()]
+        return [admin_path(self, "charts/", self.charts_view, "charts"), *super().get_urls()]
 
     def charts_view(self, request: HttpRequest) -> HttpResponse:
         """The usage charts page (``agentloop.admin.usage_charts``)."""

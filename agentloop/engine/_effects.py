@@ -263,23 +263,22 @@ class StreamState:
 
     def finish(self) -> None:
         """The stream ended: the last partial output, when the last parse was skipped."""
-        last = self.output.flush(ended=True) if self.output is not None else None
-        if last is None:
-            return
-        if self._holding():
-            self.held.append(last)
-        else:
-            self._forward([last])
+        self._forward(self._last_output())
 
     async def afinish(self) -> None:
         """``finish`` for an async verb."""
+        await self._aforward(self._last_output())
+
+    def _last_output(self) -> list[StreamUpdate]:
+        """The partial output still to send when the stream ends: none when the last parse
+        ran, held (and none now) while a guardrail judges."""
         last = self.output.flush(ended=True) if self.output is not None else None
         if last is None:
-            return
+            return []
         if self._holding():
             self.held.append(last)
-        else:
-            await self._aforward([last])
+            return []
+        return [last]
 
     def release(self) -> None:
         """The guardrails passed: the chunks held meanwhile go out, in order."""

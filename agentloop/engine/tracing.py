@@ -26,6 +26,7 @@ import contextvars
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -263,32 +264,59 @@ class _Verb:
         )
 
 
-class _ModelCall:
-    """``chat {model}``: one provider attempt, current while the request runs (so an HTTP
-    client's own instrumentation nests under it)."""
+@dataclass(eq=False)
+class _Operation:
+    """The span of one operation of a verb (a provider attempt, a tool run): opened under
+    the verb's span with the verb's labels, current while the operation runs."""
 
-    def __init__(
-        self, running: _Verb, provider_name: str, model_id: str, request: ModelRequest
-    ) -> None:
-        self.running = running
-        self.provider_name = provider_name
-        self.model_id = model_id
-        self.request = request
-        self.span: Span | None = None
-        self._outer: Any = None
+    running: _Verb
+    span: Span | None = field(default=None, init=False)
+    _outer: Any = field(default=None, init=False)
 
-    def __enter__(self) -> _ModelCall:
+    def _open(self, operation: str, target: str, kind: Any, attributes: dict[str, Any]) -> None:
+        """Open the span ``{operation} {target}`` (the conventions' name: the operation,
+        then the model or the tool), ``attributes`` with the operation and the labels."""
         # Function-local: reached only with tracing on, so the optional package is there.
         from opentelemetry import context
 
-        trace = _otel()
         parent = self.running.parent()  # opens the verb's span (and its labels) if need be
+        self.span = self.running.tracer.start_span(
+            f"{operation} {target}",
+            context=parent,
+            kind=kind,
+            attributes={"gen_ai.operation.name": operation, **attributes, **self.running.labels},
+        )
+        # Current while the operation runs, restored by value on exit (not detached with a
+        # token): an async verb's driver sends the request between two database phases,
+        # each run in a copy of its context.
+        self._outer = context.get_current()
+        context.attach(_otel().set_span_in_context(self.span))
+
+    def _close(self, exc: BaseException | None) -> None:
+        # Function-local: reached only with tracing on, so the optional package is there.
+        from opentelemetry import context
+
+        assert self.span is not None
+        context.attach(self._outer)
+        if exc is not None:
+            _failed(self.span, exc)
+        self.span.end()
+
+
+@dataclass(eq=False)
+class _ModelCall(_Operation):
+    """``chat {model}``: one provider attempt, current while the request runs (so an HTTP
+    client's own instrumentation nests under it)."""
+
+    provider_name: str
+    model_id: str
+    request: ModelRequest
+
+    def __enter__(self) -> _ModelCall:
         request = self.request
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": _PROVIDER_NAMES.get(self.provider_name, self.provider_name),
             "gen_ai.request.model": self.model_id,
-            **self.running.labels,
         }
         if request.temperature is not None:
             attributes["gen_ai.request.temperature"] = request.temperature
@@ -302,17 +330,7 @@ class _ModelCall:
                 )
             others = [m for m in request.messages if m.role != "system"]
             attributes["gen_ai.input.messages"] = _dumps(_messages(others))
-        self.span = self.running.tracer.start_span(
-            f"chat {self.model_id}",
-            context=parent,
-            kind=trace.SpanKind.CLIENT,
-            attributes=attributes,
-        )
-        # Current while the request runs, restored by value on exit (not detached with a
-        # token): an async verb's driver sends the request between two database phases,
-        # each run in a copy of its context.
-        self._outer = context.get_current()
-        context.attach(trace.set_span_in_context(self.span))
+        self._open("chat", self.model_id, _otel().SpanKind.CLIENT, attributes)
         return self
 
     def response(self, response: ModelResponse) -> None:
@@ -343,53 +361,30 @@ class _ModelCall:
             span.set_attribute("gen_ai.output.messages", _dumps([output]))
 
     def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
-        # Function-local: reached only with tracing on, so the optional package is there.
-        from opentelemetry import context
-
-        assert self.span is not None
-        context.attach(self._outer)
-        if exc is not None:
-            _failed(self.span, exc)
-        self.span.end()
+        self._close(exc)
 
 
-class _ToolCall:
+@dataclass(eq=False)
+class _ToolCall(_Operation):
     """``execute_tool {name}``: one tool run, current while it runs (a subagent it starts,
     or the tool's own spans, nest under it)."""
 
-    def __init__(self, running: _Verb, call: ToolCall, tool_class: Any) -> None:
-        self.running = running
-        self.call = call
-        self.tool_class = tool_class
-        self.span: Span | None = None
-        self._token: Any = None
+    call: ToolCall
+    tool_class: Any
 
     def __enter__(self) -> _ToolCall:
-        # Function-local: reached only with tracing on, so the optional package is there.
-        from opentelemetry import context
-
-        trace = _otel()
-        parent = self.running.parent()  # opens the verb's span (and its labels) if need be
         call = self.call
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id,
             "gen_ai.tool.type": "function",
-            **self.running.labels,
         }
         description = getattr(self.tool_class, "description", "")
         if isinstance(description, str) and description:
             attributes["gen_ai.tool.description"] = description
         if agentloop_settings.TRACE_CONTENT:
             attributes["gen_ai.tool.call.arguments"] = _dumps(call.arguments)
-        self.span = self.running.tracer.start_span(
-            f"execute_tool {call.name}",
-            context=parent,
-            kind=trace.SpanKind.INTERNAL,
-            attributes=attributes,
-        )
-        self._token = context.attach(trace.set_span_in_context(self.span))
+        self._open("execute_tool", call.name, _otel().SpanKind.INTERNAL, attributes)
         return self
 
     def result(self, content: str) -> str:
@@ -399,17 +394,12 @@ class _ToolCall:
         return content
 
     def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
-        # Function-local: reached only with tracing on, so the optional package is there.
-        from opentelemetry import context
-
-        assert self.span is not None
-        context.detach(self._token)
         if isinstance(exc, ToolWaiting):
             # Not a failure: the call waits for a person or a subagent.
+            assert self.span is not None
             self.span.set_attribute("agentloop.tool.waiting", exc.reason)
-        elif exc is not None:
-            _failed(self.span, exc)
-        self.span.end()
+            exc = None
+        self._close(exc)
 
 
 # -- content (TRACE_CONTENT) --------------------------------------------------------------------
