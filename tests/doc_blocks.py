@@ -69,6 +69,9 @@ def example_module() -> Iterator[types.ModuleType]:
     sys.modules["myapp"] = package
     sys.modules[EXAMPLE_MODULE] = module
     saved_providers = providers.registered()
+    # Made from settings, not registered: put back by forgetting them (made again on use), as
+    # registering them again would keep them through a later page's override_settings.
+    made_from_settings = set(providers._made)
     saved_receivers = [(signal, list(signal.receivers)) for signal in _SIGNALS]
     try:
         yield module
@@ -78,11 +81,13 @@ def example_module() -> Iterator[types.ModuleType]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = previous
-        for name in providers.registered():
-            if name not in saved_providers:
+        for name, provider in providers.registered().items():
+            if saved_providers.get(name) is not provider:
                 providers.unregister(name)
+        current = providers.registered()
         for name, provider in saved_providers.items():
-            providers.register(name, provider)
+            if name not in made_from_settings and current.get(name) is not provider:
+                providers.register(name, provider)
         for signal, receivers in saved_receivers:
             with signal.lock:
                 signal.receivers[:] = receivers

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_blocks import ROOT, blocks_of, runnable
+from agentloop import providers
+from tests.doc_blocks import ROOT, blocks_of, example_module, runnable
 
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 
@@ -50,6 +51,21 @@ def test_blocks_of_skips_a_block_marked_no_run():
         ("skipped()\n", False),
         ("ran = 1\n", True),
     ]
+
+
+def test_a_provider_made_from_settings_before_a_page_follows_the_settings_after_it(settings):
+    # Pages share a worker process: one made from settings (by a test, or a background job
+    # still running after its page) must not outlive a later page's override_settings.
+    made = providers.get("offline")
+    with example_module():
+        pass
+
+    settings.AGENTLOOP = {
+        **settings.AGENTLOOP,
+        "PROVIDERS": {"offline": {"class": "agentloop.testing.OfflineProvider", "reply": "Hi."}},
+    }
+
+    assert providers.get("offline") is not made
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

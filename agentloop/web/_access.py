@@ -7,7 +7,8 @@ event stream and the admin share these rules.
 Each open stream (the event stream, a ``useChat`` stream or its resume) holds one of its
 user's ``EVENTS_STREAMS_PER_USER`` slots, taken by its view before anything is written
 (:func:`take_slot`; ``None`` at the cap: the view answers 429), kept alive while its bytes
-flow and given back when the response is closed or ends (:meth:`StreamSlot.serve`). A slot lasts
+flow and given back when the response is closed or ends (:func:`stream_slot`, the ``with``
+block a streaming view serves its response in). A slot lasts
 :func:`slot_seconds` without renewal, so a process that died holding some frees them by
 itself. With ``REDIS_URL`` the slots are counted in Redis (a sorted set per user scored by
 expiry, on Redis's clock), so the cap holds across every process of a deployment; without
@@ -20,7 +21,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -31,13 +34,14 @@ from ..conf import agentloop_settings, get_chat_model
 from ..process import redis_client
 
 __all__ = [
+    "OpenStream",
     "StreamSlot",
     "can_change_chat",
     "can_view_chat",
     "get_chat_for_change",
     "get_chat_for_view",
-    "holding_a_slot",
     "slot_seconds",
+    "stream_slot",
     "take_slot",
     "too_many_streams",
 ]
@@ -128,14 +132,9 @@ class StreamSlot:
         except Exception:  # the stream goes on; the slot may expire early
             logger.warning("Could not renew a live stream's slot", exc_info=True)
 
-    def serve(self, start: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-        """``start()``'s response with its content holding the slot until it ends or is
-        closed; a response that doesn't stream gives the slot back at once."""
-        try:
-            response = start()
-        except BaseException:
-            self.release()
-            raise
+    def hold(self, response: HttpResponseBase) -> HttpResponseBase:
+        """``response`` with its content holding the slot until it ends or is closed; a
+        response that doesn't stream gives the slot back at once."""
         if not isinstance(response, StreamingHttpResponse):
             self.release()
             return response
@@ -256,19 +255,33 @@ class _AsyncHeld(_Held):
         return chunk
 
 
-def holding_a_slot(
-    request: HttpRequest,
-    pk: Any,
-    start: Callable[[Any], HttpResponseBase],
-    *,
-    change: bool = False,
-) -> HttpResponseBase:
-    """``start(chat)``'s response for the chat ``pk``, holding one of the user's live stream
-    slots while it streams (docs/live-events.md). 429 when they have
-    ``EVENTS_STREAMS_PER_USER`` open already, before the chat is read or anything written;
-    then 404 unless this user may see the chat (with ``change``: change it)."""
+@dataclass
+class OpenStream:
+    """What :func:`stream_slot` gives its ``with`` block: the chat (None at the cap, when
+    ``response`` is the 429 already), and the response (an ``HttpResponseBase``) the block
+    sets."""
+
+    chat: Any
+    response: Any = None
+
+
+@contextmanager
+def stream_slot(request: HttpRequest, pk: Any, *, change: bool = False) -> Iterator[OpenStream]:
+    """A ``with`` block that serves the chat ``pk``'s stream holding one of the user's live
+    stream slots (docs/live-events.md): the block sets ``response``, whose content then holds
+    the slot until it ends or is closed (a response that doesn't stream, or an exception,
+    gives it back at once). At the cap (``EVENTS_STREAMS_PER_USER`` open already) ``chat`` is
+    None and ``response`` the 429, before the chat is read or anything written; then 404
+    unless this user may see the chat (with ``change``: change it)."""
     slot = take_slot(request.user.pk)
     if slot is None:
-        return too_many_streams()
+        yield OpenStream(None, too_many_streams())
+        return
     read = get_chat_for_change if change else get_chat_for_view
-    return slot.serve(lambda: start(read(request, pk)))
+    try:
+        opened = OpenStream(read(request, pk))
+        yield opened
+    except BaseException:
+        slot.release()
+        raise
+    opened.response = slot.hold(opened.response)

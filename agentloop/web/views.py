@@ -44,7 +44,7 @@ from ._access import (
     can_view_chat,
     get_chat_for_change,
     get_chat_for_view,
-    holding_a_slot,
+    stream_slot,
 )
 from ._ag_ui import (
     AgUiFollower,
@@ -233,9 +233,14 @@ async def chat_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     Resumes after ``Last-Event-ID`` (or ``?after=``). Async under ASGI: an open
     stream holds no thread; under WSGI the stream is a sync iterator on its thread.
     """
-    return await sync_to_async(holding_a_slot)(
-        request, pk, lambda chat: stream_response(request, chat)
-    )
+    return await sync_to_async(_chat_event_stream)(request, pk)
+
+
+def _chat_event_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
+    with stream_slot(request, pk) as opened:
+        if opened.chat is not None:
+            opened.response = stream_response(request, opened.chat)
+    return opened.response
 
 
 # -- useChat (the AI SDK's UI message stream protocol) ---------------------------------------
@@ -264,9 +269,10 @@ def _streamed_post(
     asked = parse(body)
     if asked.problem:
         return _refused(asked.problem, 400)
-    return holding_a_slot(
-        request, asked.chat_pk, lambda chat: start_run(request, chat, asked), change=True
-    )
+    with stream_slot(request, asked.chat_pk, change=True) as opened:
+        if opened.chat is not None:
+            opened.response = start_run(request, opened.chat, asked)
+    return opened.response
 
 
 def _add_message(chat: Any, text: str, waiting: str) -> HttpResponse | None:
@@ -327,7 +333,10 @@ def _start_run(request: HttpRequest, chat: Any, asked: ChatRequest) -> HttpRespo
 def usechat_stream(request: HttpRequest, pk: int) -> HttpResponseBase:
     """``useChat``'s resume (``GET {api}/{id}/stream``): 204 when no run is in flight,
     else the turn so far (from the database) and then the rest of it, live."""
-    return holding_a_slot(request, pk, lambda chat: _resume_run(request, chat))
+    with stream_slot(request, pk) as opened:
+        if opened.chat is not None:
+            opened.response = _resume_run(request, opened.chat)
+    return opened.response
 
 
 def _resume_run(request: HttpRequest, chat: Any) -> HttpResponseBase:
