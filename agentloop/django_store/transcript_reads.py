@@ -2,8 +2,7 @@
 
 Every step reads the whole transcript (``transcript_rows``): at hundreds of messages that
 read, and building its messages, is most of a step's client work. On PostgreSQL the process
-keeps the messages it last read of each chat (``KEPT_MESSAGES`` in all; a read hands out
-copies of them, so what a verb does to its messages stays in that verb), and its next read
+keeps the messages it last read of each chat (``KEPT_MESSAGES`` in all), and its next read
 of the chat is one statement that
 
 * checks, on the server, that the rows it keeps up to a key ``K`` are still exactly the
@@ -19,6 +18,14 @@ and what follows it is new. A tuple version can't come back once superseded: an 
 writes a new version under a new transaction id (or, in the same transaction, at a new
 ``ctid``, while the old version still holds its own), and keys are never reused. So the
 rows kept are only ever used while they are the rows the database has.
+
+The kept messages themselves are never handed out: a read hands out copies, so what a caller
+does to its messages can't reach the next read. A verb's read (``shared``, under the chat's
+lease) hands out again the copies the last one did, where each still equals the message kept
+(one comparison, several times cheaper than a copy): the engine changes no message it read,
+it makes new ones. A copy something changed is replaced by a new one; a read outside a verb
+(``shared`` False: ``Conversation.messages``) hands out copies of its own, as the plain read
+does.
 
 Elsewhere (SQLite, other backends, a message model whose key isn't an integer) the read is
 the plain ``SELECT`` of ``transcript_rows.transcript_query``.
@@ -47,11 +54,15 @@ _COLUMNS = len(MESSAGE_COLUMNS)
 @dataclass(frozen=True)
 class _Kept:
     """A chat's messages as last read (never handed out: a read hands out copies), and for
-    each, the number of joined rows up to and including it and the sum of their hashes."""
+    each, the number of joined rows up to and including it and the sum of their hashes.
+
+    ``handed`` holds, for each message, the copy the last verb's read handed out (None when
+    none may be handed out again: the read was not a verb's)."""
 
     messages: tuple[Message, ...]
     ends: tuple[int, ...]
     sums: tuple[int, ...]
+    handed: tuple[Message | None, ...]
 
 
 class _KeptMessages:
@@ -99,16 +110,18 @@ class TranscriptRead:
         self.sql = sql
         self.params = params
 
-    def messages(self, fetched: list[Any]) -> list[Message]:
-        """The transcript, from the rows the statement returned."""
+    def messages(self, fetched: list[Any], shared: bool = True) -> list[Message]:
+        """The transcript, from the rows the statement returned. ``shared``: for a verb,
+        which changes none of them (messages an earlier verb's read handed out may come
+        back, unchanged); else each message is the caller's own."""
         return messages_from_rows(self.reads.select.convert(fetched))
 
-    def run(self) -> list[Message]:
+    def run(self, shared: bool = True) -> list[Message]:
         """Run the statement on the chat's database: ``messages()`` of its rows."""
         with bound_cursor(self.reads.using) as cursor:
             cursor.execute(self.sql, self.params)
             fetched = cursor.fetchall()
-        return self.messages(fetched)
+        return self.messages(fetched, shared)
 
 
 class _IncrementalRead(TranscriptRead):
@@ -125,7 +138,7 @@ class _IncrementalRead(TranscriptRead):
         self._kept = kept
         self._until = until
 
-    def messages(self, fetched: list[Any]) -> list[Message]:
+    def messages(self, fetched: list[Any], shared: bool = True) -> list[Message]:
         # Every returned row ends with its hash, then the server's count and sum of the rows
         # kept (a row with no message at all when nothing comes after them).
         kept, until = self._kept, self._until
@@ -134,13 +147,17 @@ class _IncrementalRead(TranscriptRead):
         rows = [row for row in fetched if row[0] is not None]
         new = messages_from_rows(self.reads.select.convert([row[:_COLUMNS] for row in rows]))
         if kept is None:
-            messages, ends, sums = [], [], []
+            messages, ends, sums, handed = [], [], [], []
             count = total = 0
         else:
             messages = list(kept.messages[:until])
             ends, sums = list(kept.ends[:until]), list(kept.sums[:until])
+            handed = list(kept.handed[:until])
             count, total = (ends[-1], sums[-1]) if until else (0, 0)
-        handed = copied(messages)
+        if shared:
+            given = _handed_again(messages, handed)
+        else:
+            given = copied(messages)
         index = -1
         last_key: Any = None
         for row in rows:
@@ -156,9 +173,26 @@ class _IncrementalRead(TranscriptRead):
             sums.append(total)
         # The new messages are handed out; copies of them are kept.
         messages.extend(copied(new))
-        _KEPT.put(self.reads.key(self.chat_pk), _Kept(tuple(messages), tuple(ends), tuple(sums)))
-        handed.extend(new)
-        return handed
+        handed.extend(new if shared else [None] * len(new))
+        kept = _Kept(tuple(messages), tuple(ends), tuple(sums), tuple(handed))
+        _KEPT.put(self.reads.key(self.chat_pk), kept)
+        given.extend(new)
+        return given
+
+
+def _handed_again(kept: list[Message], handed: list[Message | None]) -> list[Message]:
+    """For a verb: the copies of ``kept`` handed out before that still equal them (``handed``
+    is updated with the new copies made for the others)."""
+    given: list[Message] = []
+    append = given.append
+    for index, message in enumerate(kept):
+        copy = handed[index]
+        # The values compared in one go, deeply (calls, JSON values, lists): any change made
+        # to the copy since shows. The cheap case spelled out: hundreds per read.
+        if copy is None or copy.__dict__ != message.__dict__:
+            copy = handed[index] = copied([message])[0]
+        append(copy)
+    return given
 
 
 def _kept_until(messages: tuple[Message, ...]) -> int:
