@@ -43,7 +43,7 @@ from django.db import connections
 
 from ..messages import Message
 from .sql import PreparedSelect, bound_cursor
-from .transcript_rows import MESSAGE_COLUMNS, copied, messages_from_rows
+from .transcript_rows import MESSAGE_COLUMNS, copied, messages_from_rows, trusted
 
 __all__ = ["KEPT_MESSAGES", "TranscriptRead", "TranscriptReads", "forget_kept_messages"]
 
@@ -195,8 +195,7 @@ def _handed_again(kept: list[Message], handed: list[Message]) -> list[Message]:
 
 _values = attrgetter("__dict__")
 #: in ``_Kept.handed``, for a message no read may hand out again: equal to no message.
-_NOT_HANDED = Message.model_construct()
-object.__setattr__(_NOT_HANDED, "__dict__", {})
+_NOT_HANDED = trusted(Message, {})
 
 
 def _kept_until(messages: tuple[Message, ...]) -> int:
