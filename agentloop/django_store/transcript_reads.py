@@ -119,9 +119,9 @@ class TranscriptRead:
         self.params = params
 
     def messages(self, fetched: list[Any], shared: bool = True) -> list[Message]:
-        """The transcript, from the rows the statement returned. ``shared``: for a verb,
-        which changes none of them (messages an earlier verb's read handed out may come
-        back, unchanged); else each message is the caller's own."""
+        """The transcript, from the rows the statement returned. ``shared``: for a verb (the
+        messages an earlier verb's read handed out may come back, where nothing changed
+        them since); else every message is the caller's own."""
         return messages_from_rows(self.reads.select.convert(fetched))
 
     def run(self, shared: bool = True) -> list[Message]:

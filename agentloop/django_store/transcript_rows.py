@@ -238,8 +238,8 @@ def kept_values(messages: list[Message]) -> list[dict[str, Any]]:
 
 def messages_from_values(kept: list[dict[str, Any]]) -> list[Message]:
     """Messages of values ``kept_values`` kept, each with values of its own. Several times
-    cheaper than building them from their rows again (no JSON to decode); spelled out in one
-    loop, as that one is."""
+    cheaper than building them from their rows again (no JSON to decode); made as
+    ``messages_from_rows`` makes them."""
     messages: list[Message] = []
     append = messages.append
     new, set_attribute, detached, fields = _new, _set_attribute, _detached, _ALL_MESSAGE_FIELDS
