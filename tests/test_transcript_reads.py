@@ -218,3 +218,20 @@ def test_what_a_provider_does_to_its_request_does_not_reach_the_next_step(user):
                     ["one", "answer 1", "two", "answer 2", "three"]]  # fmt: skip
     assert [m.content for m in chat.conversation.messages] == [
         "one", "answer 1", "two", "answer 2", "three", "answer 3"]  # fmt: skip
+
+
+class Uncomparable:
+    """A value that can't be compared (as a numpy array can't, in a condition)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("ambiguous")
+
+    __hash__ = object.__hash__
+
+
+def test_a_value_that_cant_be_compared_counts_as_a_change(chat):
+    first = read_as(chat, shared=True)
+    first[1].parsed = Uncomparable()
+    again = read_as(chat, shared=True)
+    assert again[1] is not first[1] and again[0] is first[0]
+    assert dumped(again) == dumped(fresh(chat))

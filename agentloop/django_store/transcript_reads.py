@@ -195,11 +195,20 @@ def _handed_again(kept: list[dict[str, Any]], handed: list[Message]) -> list[Mes
     # The values compared deeply (calls, JSON values, lists): any change made to a message
     # since shows. In one pass at C speed for the usual case, nothing changed (hundreds per
     # read).
-    if any(map(ne, map(_values, handed), kept)):
+    if _differ(map(_values, handed), kept):
         for index, values in enumerate(kept):
-            if handed[index].__dict__ != values:
+            if _differ((handed[index].__dict__,), (values,)):
                 handed[index] = messages_from_values([values])[0]
     return list(handed)
+
+
+def _differ(handed: Any, kept: Any) -> bool:
+    """Some values ``handed`` differ from those ``kept`` (a value a caller put in a message
+    that can't even be compared differs too)."""
+    try:
+        return any(map(ne, handed, kept))
+    except Exception:  # whatever it raised, the message is not as kept
+        return True
 
 
 _values = attrgetter("__dict__")
