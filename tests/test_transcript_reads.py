@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
+from agentloop import providers
 from agentloop.django_store.chat_row import transcript_read, transcript_select
 from agentloop.django_store.transcript_rows import messages_from_rows
 from agentloop.messages import Message as Msg
 from agentloop.models import Chat, Message, ToolCall
+from agentloop.testing import FunctionProvider
 
 pytestmark = [
     pytest.mark.django_db,
@@ -149,3 +151,87 @@ def test_what_a_verb_does_to_its_messages_does_not_reach_the_next_read(chat):
     again, sent = read(chat)
     assert sent == 2
     assert dumped(again) == before
+
+
+def read_as(chat: Any, shared: bool) -> list[Msg]:
+    """The transcript as a verb's read (``shared``) or another read builds it."""
+    reading = transcript_read(Chat, "default", chat.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(reading.sql, reading.params)
+        fetched = cursor.fetchall()
+    return reading.messages(fetched, shared=shared)
+
+
+def test_a_verbs_read_hands_out_the_unchanged_copies_again(chat):
+    first = read_as(chat, shared=True)
+    again = read_as(chat, shared=True)
+    # The 14 messages before the latest answer: the same copies; the last two read again.
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True] * 14 + [False] * 2
+    again[1].content = "changed in memory"
+    again[2].tool_calls[0].arguments["a"].append(2)  # a change deep inside counts too
+    third = read_as(chat, shared=True)
+    assert [a is b for a, b in zip(again, third, strict=True)] == (
+        [True] + [False] * 2 + [True] * 11 + [False] * 2
+    )
+    assert dumped(third) == dumped(fresh(chat))
+
+
+def test_a_read_outside_a_verb_hands_out_copies_of_its_own(chat):
+    verbs = read_as(chat, shared=True)
+    own = read_as(chat, shared=False)
+    assert not {id(message) for message in verbs} & {id(message) for message in own}
+    assert dumped(own) == dumped(verbs) == dumped(fresh(chat))
+    # ... and what it hands out is never handed out again.
+    Message.objects.create(chat=chat, role="user", content="one more")
+    own = read_as(chat, shared=False)
+    later = read_as(chat, shared=True)
+    assert not {id(message) for message in own} & {id(message) for message in later}
+    assert dumped(later) == dumped(fresh(chat))
+
+
+def test_conversation_messages_are_the_callers_own(chat):
+    first = chat.conversation.messages
+    again = chat.conversation.messages
+    assert not {id(message) for message in first} & {id(message) for message in again}
+    first[1].content = "changed in memory"
+    assert again[1].content == "question 0"
+
+
+def test_what_a_provider_does_to_its_request_does_not_reach_the_next_step(user):
+    seen: list[list[str]] = []
+
+    def answer(request: Any) -> str:
+        seen.append([message.content for message in request.messages])
+        for message in request.messages:
+            message.content = "changed by the provider"
+            message.provider_data["x"] = 1
+        return f"answer {len(seen)}"
+
+    providers.register("meddling", FunctionProvider(answer))
+    try:
+        chat = Chat.objects.create(model="meddling:test", owner=user)
+        for question in ("one", "two", "three"):
+            chat.ask(question)
+    finally:
+        providers.unregister("meddling")
+    assert seen == [["one"], ["one", "answer 1", "two"],
+                    ["one", "answer 1", "two", "answer 2", "three"]]  # fmt: skip
+    assert [m.content for m in chat.conversation.messages] == [
+        "one", "answer 1", "two", "answer 2", "three", "answer 3"]  # fmt: skip
+
+
+class Uncomparable:
+    """A value that can't be compared (as a numpy array can't, in a condition)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("ambiguous")
+
+    __hash__ = object.__hash__
+
+
+def test_a_value_that_cant_be_compared_counts_as_a_change(chat):
+    first = read_as(chat, shared=True)
+    first[1].parsed = Uncomparable()
+    again = read_as(chat, shared=True)
+    assert again[1] is not first[1] and again[0] is first[0]
+    assert dumped(again) == dumped(fresh(chat))

@@ -42,7 +42,9 @@ class Transcript(parts.Transcript, parts.Costs):
         messages = self.control.take_prefetched()
         if messages is None:
             read = self.row.transcript_read()
-            messages = retried(self.control.lease, self.row.db, read.run)
+            # A verb's read (under the lease) may share unchanged messages with the last one.
+            run = partial(read.run, shared=self.control.lease is not None)
+            messages = retried(self.control.lease, self.row.db, run)
         if self.control.lease is not None:
             self.control.saw_held(held_calls(messages))
         return messages

@@ -2,8 +2,7 @@
 
 Every step reads the whole transcript (``transcript_rows``): at hundreds of messages that
 read, and building its messages, is most of a step's client work. On PostgreSQL the process
-keeps the messages it last read of each chat (``KEPT_MESSAGES`` in all; a read hands out
-copies of them, so what a verb does to its messages stays in that verb), and its next read
+keeps the messages it last read of each chat (``KEPT_MESSAGES`` in all), and its next read
 of the chat is one statement that
 
 * checks, on the server, that the rows it keeps up to a key ``K`` are still exactly the
@@ -20,6 +19,14 @@ writes a new version under a new transaction id (or, in the same transaction, at
 ``ctid``, while the old version still holds its own), and keys are never reused. So the
 rows kept are only ever used while they are the rows the database has.
 
+The kept messages are kept as values and never handed out: a read hands out messages made
+of copies of them, so what a caller does to its messages can't reach the next read. A verb's
+read (``shared``, under the chat's lease) hands out again the messages the last verb's read
+did where their values still equal those kept (one deep comparison, several times cheaper
+than a copy); one something changed since is replaced by a new copy. A read outside a verb
+(``shared`` False: ``Conversation.messages``) hands out messages of its own, as the plain
+read does.
+
 Elsewhere (SQLite, other backends, a message model whose key isn't an integer) the read is
 the plain ``SELECT`` of ``transcript_rows.transcript_query``.
 """
@@ -29,13 +36,20 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import attrgetter, ne
 from typing import Any
 
 from django.db import connections
 
 from ..messages import Message
 from .sql import PreparedSelect, bound_cursor
-from .transcript_rows import MESSAGE_COLUMNS, copied, messages_from_rows
+from .transcript_rows import (
+    MESSAGE_COLUMNS,
+    kept_values,
+    messages_from_rows,
+    messages_from_values,
+    trusted,
+)
 
 __all__ = ["KEPT_MESSAGES", "TranscriptRead", "TranscriptReads", "forget_kept_messages"]
 
@@ -46,12 +60,17 @@ _COLUMNS = len(MESSAGE_COLUMNS)
 
 @dataclass(frozen=True)
 class _Kept:
-    """A chat's messages as last read (never handed out: a read hands out copies), and for
-    each, the number of joined rows up to and including it and the sum of their hashes."""
+    """A chat's messages as last read, as values (``kept_values``: never handed out, a read
+    hands out messages made of copies), and for each, the number of joined rows up to and
+    including it and the sum of their hashes.
 
-    messages: tuple[Message, ...]
+    ``handed`` holds, for each message, the one the last verb's read handed out
+    (``_NOT_HANDED`` when none may be handed out again: the read was not a verb's)."""
+
+    values: tuple[dict[str, Any], ...]
     ends: tuple[int, ...]
     sums: tuple[int, ...]
+    handed: tuple[Message, ...]
 
 
 class _KeptMessages:
@@ -71,14 +90,14 @@ class _KeptMessages:
         with self._lock:
             old = self._chats.pop(key, None)
             if old is not None:
-                self._count -= len(old.messages)
-            if len(kept.messages) > self.limit:
+                self._count -= len(old.values)
+            if len(kept.values) > self.limit:
                 return
             self._chats[key] = kept
-            self._count += len(kept.messages)
+            self._count += len(kept.values)
             while self._count > self.limit:
                 _, dropped = self._chats.popitem(last=False)
-                self._count -= len(dropped.messages)
+                self._count -= len(dropped.values)
 
     def clear(self) -> None:
         with self._lock:
@@ -99,33 +118,35 @@ class TranscriptRead:
         self.sql = sql
         self.params = params
 
-    def messages(self, fetched: list[Any]) -> list[Message]:
-        """The transcript, from the rows the statement returned."""
+    def messages(self, fetched: list[Any], shared: bool = True) -> list[Message]:
+        """The transcript, from the rows the statement returned. ``shared``: for a verb (the
+        messages an earlier verb's read handed out may come back, where nothing changed
+        them since); else every message is the caller's own."""
         return messages_from_rows(self.reads.select.convert(fetched))
 
-    def run(self) -> list[Message]:
+    def run(self, shared: bool = True) -> list[Message]:
         """Run the statement on the chat's database: ``messages()`` of its rows."""
         with bound_cursor(self.reads.using) as cursor:
             cursor.execute(self.sql, self.params)
             fetched = cursor.fetchall()
-        return self.messages(fetched)
+        return self.messages(fetched, shared)
 
 
 class _IncrementalRead(TranscriptRead):
     """A read that sends what it keeps of the chat and is answered with the rest."""
 
     def __init__(self, reads: TranscriptReads, chat_pk: Any, kept: _Kept | None) -> None:
-        until = 0 if kept is None else _kept_until(kept.messages)
+        until = 0 if kept is None else _kept_until(kept.values)
         if kept is None or until == 0:
             params = [chat_pk, 0, 0, 0, "0"]
         else:
-            last_key = kept.messages[until - 1].key
+            last_key = kept.values[until - 1]["key"]
             params = [chat_pk, last_key, last_key, kept.ends[until - 1], str(kept.sums[until - 1])]
         super().__init__(reads, chat_pk, reads.incremental_sql, params)
         self._kept = kept
         self._until = until
 
-    def messages(self, fetched: list[Any]) -> list[Message]:
+    def messages(self, fetched: list[Any], shared: bool = True) -> list[Message]:
         # Every returned row ends with its hash, then the server's count and sum of the rows
         # kept (a row with no message at all when nothing comes after them).
         kept, until = self._kept, self._until
@@ -134,13 +155,18 @@ class _IncrementalRead(TranscriptRead):
         rows = [row for row in fetched if row[0] is not None]
         new = messages_from_rows(self.reads.select.convert([row[:_COLUMNS] for row in rows]))
         if kept is None:
-            messages, ends, sums = [], [], []
+            values: list[dict[str, Any]] = []
+            ends, sums, handed = [], [], []
             count = total = 0
         else:
-            messages = list(kept.messages[:until])
+            values = list(kept.values[:until])
             ends, sums = list(kept.ends[:until]), list(kept.sums[:until])
+            handed = list(kept.handed[:until])
             count, total = (ends[-1], sums[-1]) if until else (0, 0)
-        handed = copied(messages)
+        if shared:
+            given = _handed_again(values, handed)
+        else:
+            given = messages_from_values(values)
         index = -1
         last_key: Any = None
         for row in rows:
@@ -154,18 +180,47 @@ class _IncrementalRead(TranscriptRead):
         if index >= 0:
             ends.append(count)
             sums.append(total)
-        # The new messages are handed out; copies of them are kept.
-        messages.extend(copied(new))
-        _KEPT.put(self.reads.key(self.chat_pk), _Kept(tuple(messages), tuple(ends), tuple(sums)))
-        handed.extend(new)
-        return handed
+        # The new messages are handed out; copies of their values are kept.
+        values.extend(kept_values(new))
+        handed.extend(new if shared else [_NOT_HANDED] * len(new))
+        kept = _Kept(tuple(values), tuple(ends), tuple(sums), tuple(handed))
+        _KEPT.put(self.reads.key(self.chat_pk), kept)
+        given.extend(new)
+        return given
 
 
-def _kept_until(messages: tuple[Message, ...]) -> int:
-    """How many of ``messages`` the next read checks rather than reads again: those before
-    the latest assistant message (whose calls change as its tools run)."""
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].role == "assistant":
+def _handed_again(kept: list[dict[str, Any]], handed: list[Message]) -> list[Message]:
+    """For a verb: the messages handed out before whose values still equal those ``kept``
+    (``handed`` is updated with the new messages made for the others)."""
+    # The values compared deeply (calls, JSON values, lists): any change made to a message
+    # since shows. In one pass at C speed for the usual case, nothing changed (hundreds per
+    # read).
+    if _differ(map(_values, handed), kept):
+        for index, values in enumerate(kept):
+            if _differ((handed[index].__dict__,), (values,)):
+                handed[index] = messages_from_values([values])[0]
+    return list(handed)
+
+
+def _differ(handed: Any, kept: Any) -> bool:
+    """Some values ``handed`` differ from those ``kept`` (a value a caller put in a message
+    that can't even be compared differs too)."""
+    try:
+        return any(map(ne, handed, kept))
+    except Exception:  # whatever it raised, the message is not as kept
+        return True
+
+
+_values = attrgetter("__dict__")
+#: in ``_Kept.handed``, for a message no read may hand out again: equal to no message.
+_NOT_HANDED = trusted(Message, {})
+
+
+def _kept_until(kept: tuple[dict[str, Any], ...]) -> int:
+    """How many of the messages ``kept`` the next read checks rather than reads again: those
+    before the latest assistant message (whose calls change as its tools run)."""
+    for index in range(len(kept) - 1, -1, -1):
+        if kept[index]["role"] == "assistant":
             return index
     return 0
 

@@ -18,9 +18,10 @@ from ..messages import GuardrailOutcome, Message, MessageStatus, ToolCall, ToolC
 __all__ = [
     "JSON_COLUMNS",
     "MESSAGE_COLUMNS",
-    "copied",
     "held_calls",
+    "kept_values",
     "messages_from_rows",
+    "messages_from_values",
     "transcript_query",
     "trusted",
 ]
@@ -218,46 +219,57 @@ def messages_from_rows(rows: list[Any]) -> list[Message]:
 
 #: every field of a message read back (its ``__pydantic_fields_set__``).
 _MESSAGE_FIELDS = frozenset(Message.model_fields)
-#: the fields set of the copies ``copied`` makes: one set for all of them (pydantic only
-#: ever adds a field name to it, and every name is in it already).
+#: the fields set of the messages ``messages_from_values`` makes: one set for all of them
+#: (pydantic only ever adds a field name to it, and every name is in it already).
 _ALL_MESSAGE_FIELDS = set(_MESSAGE_FIELDS)
 _ALL_CALL_FIELDS = set(ToolCall.model_fields)
 
 
-def copied(messages: list[Message]) -> list[Message]:
-    """Copies of ``messages`` (built by ``messages_from_rows``) that share nothing that can
-    be changed in place with them: their lists and JSON values are copies too.
+def kept_values(messages: list[Message]) -> list[dict[str, Any]]:
+    """The values of ``messages`` (built by ``messages_from_rows``, or by
+    ``messages_from_values``), sharing nothing that can be changed in place with them: their
+    lists, calls and JSON values are copies too.
 
-    For a store that keeps the messages it read: handing out copies, what a verb does to
-    its messages can't reach the kept ones. Several times cheaper than building them from
-    their rows again (no JSON to decode); spelled out in one loop, as that one is."""
-    copies: list[Message] = []
-    append = copies.append
-    new, set_attribute, thawed, fields = _new, _set_attribute, _thawed, _ALL_MESSAGE_FIELDS
-    for message in messages:
-        values = message.__dict__.copy()
-        calls = values["tool_calls"]
-        values["tool_calls"] = [_copied_call(call) for call in calls] if calls else []
-        data = values["provider_data"]
-        values["provider_data"] = thawed(data) if data else {}
-        if values["parsed"] is not None:
-            values["parsed"] = thawed(values["parsed"])
-        if values["recall"] is not None:
-            values["recall"] = thawed(values["recall"])
-        attachments, guardrails = values["attachments"], values["guardrails"]
-        values["attachments"] = (
-            [item.model_copy(deep=True) for item in attachments] if attachments else []
-        )
-        values["guardrails"] = (
-            [item.model_copy(deep=True) for item in guardrails] if guardrails else []
-        )
-        copy = new(Message)
-        set_attribute(copy, "__dict__", values)
-        set_attribute(copy, "__pydantic_fields_set__", fields)
-        set_attribute(copy, "__pydantic_extra__", None)
-        set_attribute(copy, "__pydantic_private__", None)
-        append(copy)
-    return copies
+    For a store that keeps the messages it read: what a verb does to its messages can't reach
+    the values kept, and a message's values compare equal to them (``__dict__``) until
+    something changes it. Kept as values, not messages: they are never handed out."""
+    return [_detached(message.__dict__) for message in messages]
+
+
+def messages_from_values(kept: list[dict[str, Any]]) -> list[Message]:
+    """Messages of values ``kept_values`` kept, each with values of its own. Several times
+    cheaper than building them from their rows again (no JSON to decode); made as
+    ``messages_from_rows`` makes them."""
+    messages: list[Message] = []
+    append = messages.append
+    new, set_attribute, detached, fields = _new, _set_attribute, _detached, _ALL_MESSAGE_FIELDS
+    for values in kept:
+        message = new(Message)
+        set_attribute(message, "__dict__", detached(values))
+        set_attribute(message, "__pydantic_fields_set__", fields)
+        set_attribute(message, "__pydantic_extra__", None)
+        set_attribute(message, "__pydantic_private__", None)
+        append(message)
+    return messages
+
+
+def _detached(message_values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a message's values sharing nothing that can be changed in place with them."""
+    values = message_values.copy()
+    calls = values["tool_calls"]
+    values["tool_calls"] = [_copied_call(call) for call in calls] if calls else []
+    data = values["provider_data"]
+    values["provider_data"] = _thawed(data) if data else {}
+    if values["parsed"] is not None:
+        values["parsed"] = _thawed(values["parsed"])
+    if values["recall"] is not None:
+        values["recall"] = _thawed(values["recall"])
+    attachments, guardrails = values["attachments"], values["guardrails"]
+    values["attachments"] = (
+        [item.model_copy(deep=True) for item in attachments] if attachments else []
+    )
+    values["guardrails"] = [item.model_copy(deep=True) for item in guardrails] if guardrails else []
+    return values
 
 
 def _copied_call(call: ToolCall) -> ToolCall:

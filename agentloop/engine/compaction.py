@@ -51,8 +51,12 @@ def _chars(messages: list[Message]) -> int:
         size += len(message.content) + len(message.thinking)
         if message.tool_calls:
             for call in message.tool_calls:
-                size += len(call.name) + len(json.dumps(call.arguments, default=str))
+                size += len(call.name) + len(_encode(call.arguments))
     return size
+
+
+#: ``json.dumps(value, default=str)`` without making an encoder for each call.
+_encode = json.JSONEncoder(default=str).encode
 
 
 def estimate_tokens(messages: list[Message], reported: tuple[Any, int] | None = None) -> int:
