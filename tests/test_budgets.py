@@ -405,3 +405,33 @@ def test_the_admin_shows_spend_against_budget_per_owner(priced, budgets, user, a
     row = Budget.objects.get(subject=owner_key(user))
     change = admin_client.get(f"/admin/agentloop/budget/{row.pk}/change/")
     assert change.status_code == 200 and "$0.022" in change.content.decode()
+
+
+def test_a_call_is_estimated_only_when_a_budget_or_a_rate_limit_counts_it(
+    priced, budgets, user, settings, monkeypatch
+):
+    from agentloop.engine import _model_calls
+
+    estimated = []
+    real = _model_calls.estimate_call
+    monkeypatch.setattr(
+        _model_calls, "estimate_call", lambda *args: estimated.append(args[1]) or real(*args)
+    )
+    priced.add("one", "two", "three")
+    chat = new_chat(user)
+    assert chat.conversation.store.budgets is None  # no AGENTLOOP["BUDGETS"]: no part
+    assert chat.ask("Hi").content == "one"
+    assert estimated == []  # nothing counts the call: the request isn't read for an estimate
+
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "RATE_LIMITS": {"priced": {"requests_per_minute": 1000}}}
+    chat = Chat.objects.get(pk=chat.pk)
+    assert chat.ask("Hi").content == "two"
+    assert len(estimated) == 1  # its buckets take the estimate
+
+    settings.AGENTLOOP = {k: v for k, v in settings.AGENTLOOP.items() if k != "RATE_LIMITS"}
+    budgets(cost_per_day="10")
+    chat = Chat.objects.get(pk=chat.pk)
+    assert chat.conversation.store.budgets is not None
+    assert chat.ask("Hi").content == "three"
+    assert len(estimated) == 2  # the budget reserves it
+    assert Usage.objects.filter(chat=chat).count() == 3

@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from ..budgets.enforcement import ChatBudgets
+from ..budgets.limits import budgets_on
 from ..engine import ChatStore
 from ..engine.rate_limiting import RateLimiter
 from ..memory import ChatMemories
@@ -61,7 +62,7 @@ class DjangoStore(ChatStore):
     edits: Edits
     forks: Edits
     tracing: ChatRow
-    budgets: ChatBudgets
+    budgets: ChatBudgets | None
     memory: ChatMemories
 
     def __init__(
@@ -81,13 +82,17 @@ class DjangoStore(ChatStore):
         self.cancel_notice = listen_locally(chat)
         self.row = ChatRow(chat)
         self.config = Config(self.row)
-        self.budgets = ChatBudgets(chat)
+        budgets = ChatBudgets(chat)
+        # The part is absent when no budget counts spend (AGENTLOOP["BUDGETS"] unset): the
+        # engine then makes no estimate of a call. The writes still tell ``budgets`` of
+        # usage and releases (it does nothing with them then).
+        self.budgets = budgets if budgets_on() else None
         self.runs = RunControl(
-            self.row, self.config, self.cancel_notice, send_next, self.budgets, send_job
+            self.row, self.config, self.cancel_notice, send_next, budgets, send_job
         )
-        self.transcript = self.costs = Transcript(self.row, self.runs, self.budgets)
+        self.transcript = self.costs = Transcript(self.row, self.runs, budgets)
         self.tool_calls = self.handoffs = self.transactions = ToolCalls(self.row, self.runs)
-        self.stopping = Stopping(self.row, self.runs, self.cancel_notice, self.budgets)
+        self.stopping = Stopping(self.row, self.runs, self.cancel_notice, budgets)
         self.inbox = Inbox(self.row, self.runs)
         self.edits = self.forks = Edits(self.row, self.runs)
         self.tracing = self.row

@@ -1,16 +1,16 @@
 """One model call: admitted, the request built, the provider asked (with retries), and the
 answer saved with its usage. ``Conversation.generate()`` and batches use it.
 
-Admission, before each attempt: the call is estimated (:mod:`.rate_limiting`), then takes
-from the rate-limit buckets of its provider and model, waiting in place in short slices, each
-looking at the run's cancel; a background step that would wait longer than
-``RATE_LIMIT_WAIT`` ends instead (``RateLimitWaiting``: its job is sent again when the limit
-has room). Last, the store reserves the estimate against the budgets of the chat's subjects
-(``store.budgets.reserve``); a budget with no room stops the turn (``BudgetExceededError``,
-the chat ``stopped`` with the reason), except a background step's chat finding every place of
-a chats-in-flight quota taken: it waits in line (``PlaceWaiting``: the chat stays queued, and
-its job is sent when a place frees). The usage row of the attempt settles the reservation to
-the exact cost.
+Admission, before each attempt (none when no rate limit and no budget counts the chat): the
+call is estimated (:mod:`.rate_limiting`), then takes from the rate-limit buckets of its
+provider and model, waiting in place in short slices, each looking at the run's cancel; a
+background step that would wait longer than ``RATE_LIMIT_WAIT`` ends instead
+(``RateLimitWaiting``: its job is sent again when the limit has room). Last, the store reserves
+the estimate against the budgets of the chat's subjects (``store.budgets.reserve``); a budget
+with no room stops the turn (``BudgetExceededError``, the chat ``stopped`` with the reason),
+except a background step's chat finding every place of a chats-in-flight quota taken: it waits
+in line (``PlaceWaiting``: the chat stays queued, and its job is sent when a place frees). The
+usage row of the attempt settles the reservation to the exact cost.
 
 The compaction call: deciding that a request is too big for the context window, asking a
 model for the summary (:mod:`.compaction` says what it covers), and saving it with its usage
@@ -72,7 +72,7 @@ from ._judging import ABANDONED, UNJUDGED, Guards, Judged, Judging, Verdict, unk
 from ._runs import Callbacks, Checkpoints
 from ._transcript_reading import counted_tool_results, next_move, turn_start
 from .compaction import window
-from .rate_limiting import CallEstimate, buckets_for, estimate_call
+from .rate_limiting import CallEstimate, RateLimiter, buckets_for, estimate_call
 from .store import ChatStore, Recalled, UsageRecord
 
 if TYPE_CHECKING:
@@ -105,10 +105,13 @@ class Admission:
     ) -> Effects[Any]:
         """Wait for the rate limits, then reserve the budget; the reservation (for the
         attempt's usage row), or None when no budget counts the chat."""
+        budgets = self.store.budgets
+        limiter = self.store.rate_limiter()
+        if budgets is None and limiter is None:
+            return None  # nothing counts the call: no estimate to make (it reads the request)
         estimate = estimate_call(provider, provider_name, request)
-        yield from self._pace(estimate, checkpoints)
+        yield from self._pace(limiter, estimate, checkpoints)
         try:
-            budgets = self.store.budgets
             # A background step's chat queues for a chats-in-flight place; a verb in-process
             # can't wait in line (its caller waits for it): it stops.
             return budgets.reserve(estimate, wait=self.store.runs.background) if budgets else None
@@ -120,8 +123,9 @@ class Admission:
             self._emit("stopped", exc.reason)
             raise
 
-    def _pace(self, estimate: CallEstimate, checkpoints: Checkpoints | None) -> Effects[None]:
-        limiter = self.store.rate_limiter()
+    def _pace(
+        self, limiter: RateLimiter | None, estimate: CallEstimate, checkpoints: Checkpoints | None
+    ) -> Effects[None]:
         buckets = buckets_for(estimate.provider, estimate.model, estimate.tokens)
         if limiter is None or not buckets:
             return
