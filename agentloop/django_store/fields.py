@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from django.db import models
@@ -145,6 +146,10 @@ _KINDS: dict[type[Any], int] = {
 _PLAIN_JSON = (models.JSONField, StorableJSONField)
 
 
+#: the kinds whose ``get_db_prep_save(None)`` is None itself.
+_NONE_AS_IS = frozenset((_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON))
+
+
 def _kind(field: Any) -> int:
     return _KINDS.get(type(field), _OTHER)
 
@@ -153,7 +158,7 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
     """``field.get_db_prep_save(value, connection)``."""
     kind_of_value = type(value)
     if value is None:
-        if kind in (_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON):
+        if kind in _NONE_AS_IS:
             return None  # each returns None as it is
         if kind == _INT:
             return connection.ops.adapt_integerfield_value(None, internal)
@@ -212,6 +217,13 @@ class Saving:
         self._specs = [
             (field, field.attname, _kind(field), field.get_internal_type()) for field in self.fields
         ]
+        # All the columns' values of an instance in one call (a tuple, for two or more).
+        attnames = [field.attname for field in self.fields]
+        self._read: Any = (
+            attrgetter(*attnames)
+            if len(attnames) > 1
+            else lambda instance: [getattr(instance, name) for name in attnames]
+        )
 
     def of(self, instance: Any, connection: Any) -> list[Any]:
         """Each field's value on ``instance``, prepared as ``get_db_prep_save`` would."""
@@ -223,25 +235,45 @@ class Saving:
     def of_marking_empty_json(self, instance: Any, connection: Any) -> list[Any]:
         """:meth:`of`, with :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY` for a plain JSON
         column holding ``{}`` or ``[]`` (most of a step's JSON values)."""
-        values = []
-        for field, attname, kind, internal in self._specs:
-            value = getattr(instance, attname)
-            if (kind == _JSON or kind == _STORABLE_JSON) and not value and field.encoder is None:
-                if type(value) is dict:
-                    values.append(EMPTY_OBJECT)
-                    continue
-                if type(value) is list:
-                    values.append(EMPTY_ARRAY)
-                    continue
-            values.append(_prepared(field, kind, internal, value, connection))
-        return values
+        return _prepared_row(self._specs, self._read(instance), connection, True)
 
     def values(self, values: Sequence[Any], connection: Any) -> list[Any]:
         """``values`` (one per field, in order), prepared."""
-        return [
-            _prepared(field, kind, internal, value, connection)
-            for (field, _, kind, internal), value in zip(self._specs, values, strict=True)
-        ]
+        return _prepared_row(self._specs, values, connection, False)
+
+
+def _prepared_row(
+    specs: list[tuple[Any, str, int, str]], row: Sequence[Any], connection: Any, mark: bool
+) -> list[Any]:
+    """Each of ``row``'s values prepared by ``_prepared``, the usual cases without its call
+    (a step prepares some fifty values); ``mark``: an empty JSON object or array of a plain
+    JSON column as :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY`."""
+    values: list[Any] = []
+    append = values.append
+    for (field, _, kind, internal), value in zip(specs, row, strict=True):
+        if value is None:
+            if kind in _NONE_AS_IS:
+                append(None)
+                continue
+        elif kind == _STORABLE_TEXT:
+            # ``storable_text`` returns ASCII text without a NUL as it is.
+            if type(value) is str and value.isascii() and "\x00" not in value:
+                append(value)
+                continue
+        elif kind == _JSON or kind == _STORABLE_JSON:
+            if mark and not value and field.encoder is None:
+                if type(value) is dict:
+                    append(EMPTY_OBJECT)
+                    continue
+                if type(value) is list:
+                    append(EMPTY_ARRAY)
+                    continue
+        elif kind == _BOOL or kind == _TEXT:
+            if type(value) is (bool if kind == _BOOL else str):
+                append(value)
+                continue
+        append(_prepared(field, kind, internal, value, connection))
+    return values
 
 
 def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[int, Any]:

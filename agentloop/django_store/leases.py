@@ -48,6 +48,7 @@ from django.utils import timezone
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
 from .fields import quick_json_converters
+from .instances import instances
 from .reconnect import CONNECTION_ERRORS, discard, unusable
 from .sql import PreparedUpdate, bound_cursor, recover_prepared
 from .waiting import mark_retried, release_connection
@@ -643,7 +644,7 @@ def claim(
     if claimed is None:
         return None
     lease, row, prefetched = claimed
-    chat = chat_model.from_db(using, lease_statements(chat_model, using).attnames, row)
+    chat = instances(chat_model).from_db(using, row)
     return lease, chat, prefetched
 
 

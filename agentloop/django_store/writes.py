@@ -60,10 +60,25 @@ class Values:
         return f"CAST(%s AS {sql_type})"
 
     def row(self, rows: _Rows, instance: Any) -> str:
-        add = self.add
+        """``instance``'s columns of ``rows``, each as :meth:`add` writes it (inline here:
+        a step writes some forty)."""
         prepared = rows.saving.of_marking_empty_json(instance, rows.connection)
-        pairs = zip(prepared, rows.types, strict=True)
-        return ", ".join([add(value, kind) for value, kind in pairs])
+        params = self.params
+        parts = []
+        for value, sql_type in zip(prepared, rows.types, strict=True):
+            kind = type(value)
+            if value is None:
+                parts.append(f"CAST(NULL AS {sql_type})")
+            elif kind is bool:
+                parts.append(f"CAST({'true' if value else 'false'} AS {sql_type})")
+            elif kind is str and value == "":
+                parts.append(f"CAST('' AS {sql_type})")
+            elif kind is EmptyJson:
+                parts.append(f"CAST({value.literal} AS {sql_type})")
+            else:
+                params.append(value)
+                parts.append(f"CAST(%s AS {sql_type})")
+        return ", ".join(parts)
 
 
 class _Rows:
