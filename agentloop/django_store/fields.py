@@ -116,9 +116,20 @@ def optional_link(
 
 
 # What a field of exactly one of these classes does with a value of the usual type.
-_TEXT, _BOOL, _FLOAT, _INT, _DATETIME, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON, _OTHER = (
-    range(10)
-)
+(
+    _TEXT,
+    _BOOL,
+    _FLOAT,
+    _INT,
+    _DATETIME,
+    _JSON,
+    _RELATED,
+    _STORABLE_TEXT,
+    _STORABLE_JSON,
+    _OTHER,
+    _AUTO,
+    _KEY,
+) = range(12)
 
 
 _KINDS: dict[type[Any], int] = {
@@ -134,8 +145,6 @@ _KINDS: dict[type[Any], int] = {
     models.PositiveBigIntegerField: _INT,
     models.DateTimeField: _DATETIME,
     models.JSONField: _JSON,
-    models.ForeignKey: _RELATED,
-    models.OneToOneField: _RELATED,
     StorableCharField: _STORABLE_TEXT,
     StorableTextField: _STORABLE_TEXT,
     StorableJSONField: _STORABLE_JSON,
@@ -147,11 +156,29 @@ _PLAIN_JSON = (models.JSONField, StorableJSONField)
 
 
 #: the kinds whose ``get_db_prep_save(None)`` is None itself.
-_NONE_AS_IS = frozenset((_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _STORABLE_TEXT, _STORABLE_JSON))
+_NONE_AS_IS = frozenset(
+    (_TEXT, _BOOL, _FLOAT, _JSON, _RELATED, _KEY, _STORABLE_TEXT, _STORABLE_JSON)
+)
+
+
+#: Django's own auto-increment keys: an int of theirs is prepared by the backend's
+#: ``validate_autopk_value`` alone (``AutoFieldMixin.get_db_prep_value``).
+_AUTO_FIELDS = (models.AutoField, models.BigAutoField, models.SmallAutoField)
 
 
 def _kind(field: Any) -> int:
-    return _KINDS.get(type(field), _OTHER)
+    kind = _KINDS.get(type(field))
+    if kind is not None:
+        return kind
+    if type(field) in _AUTO_FIELDS:
+        return _AUTO
+    if (
+        isinstance(field, models.ForeignKey)
+        and type(field).get_db_prep_save is models.ForeignKey.get_db_prep_save
+    ):
+        # Its own saving is the target's (None as None): a key of Django's own is _AUTO's.
+        return _KEY if type(field.target_field) in _AUTO_FIELDS else _RELATED
+    return _OTHER
 
 
 def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any) -> Any:
@@ -165,11 +192,15 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
         if kind == _DATETIME:
             return connection.ops.adapt_datetimefield_value(None)
     elif kind == _STORABLE_TEXT:  # first: most columns of agentloop's rows are these
-        if kind_of_value is str:
+        # A str's subclass too (a state's enum): Django's ``to_python`` keeps it as it is.
+        if kind_of_value is str or isinstance(value, str):
             return storable_text(value)
     elif kind == _TEXT:
-        if kind_of_value is str:
+        if kind_of_value is str or isinstance(value, str):
             return value
+    elif kind == _AUTO or kind == _KEY:
+        if kind_of_value is int:
+            return connection.ops.validate_autopk_value(value)
     elif kind == _BOOL:
         if kind_of_value is bool:
             return value
@@ -257,7 +288,11 @@ def _prepared_row(
                 continue
         elif kind == _STORABLE_TEXT:
             # ``storable_text`` returns ASCII text without a NUL as it is.
-            if type(value) is str and value.isascii() and "\x00" not in value:
+            if (
+                (type(value) is str or isinstance(value, str))
+                and value.isascii()
+                and "\x00" not in value
+            ):
                 append(value)
                 continue
         elif kind == _JSON or kind == _STORABLE_JSON:
@@ -268,8 +303,12 @@ def _prepared_row(
                 if type(value) is list:
                     append(EMPTY_ARRAY)
                     continue
-        elif kind == _BOOL or kind == _TEXT:
-            if type(value) is (bool if kind == _BOOL else str):
+        elif kind == _BOOL:
+            if type(value) is bool:
+                append(value)
+                continue
+        elif kind == _TEXT:
+            if type(value) is str or isinstance(value, str):
                 append(value)
                 continue
         append(_prepared(field, kind, internal, value, connection))

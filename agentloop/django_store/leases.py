@@ -272,16 +272,16 @@ class LeaseStatements:
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
             try:
-                row, prefetched = self._pipelined(using, update, params, prefetch)
+                row, prefetched = self._pipelined(using, connection, update, params, prefetch)
             except Exception as exc:
                 # The server lost a prepared statement (a pooler, a migration): the
                 # pipeline's one implicit transaction rolled back, so it runs again.
                 retry = recover_prepared(using, exc, connection.connection)
                 if not retry or connection.in_atomic_block:
                     raise
-                row, prefetched = self._pipelined(using, update, params, prefetch)
+                row, prefetched = self._pipelined(using, connection, update, params, prefetch)
         else:
-            with bound_cursor(using) as cursor:
+            with bound_cursor(using, connection) as cursor:
                 cursor.execute(update, params)
                 if self.returning:
                     row = cursor.fetchone()
@@ -305,10 +305,13 @@ class LeaseStatements:
 
     @staticmethod
     def _pipelined(
-        using: str, update: str, params: list[Any], prefetch: tuple[str, list[Any]]
+        using: str,
+        connection: Any,
+        update: str,
+        params: list[Any],
+        prefetch: tuple[str, list[Any]],
     ) -> tuple[Any, list[Any]]:
-        connection = connections[using]
-        with bound_cursor(using) as cursor, bound_cursor(using) as reader:
+        with bound_cursor(using, connection) as cursor, bound_cursor(using, connection) as reader:
             # Both statements go out before either answer is awaited: one round trip. Their
             # errors come at the pipeline's end, outside the cursors' translation.
             with connection.wrap_database_errors, connection.connection.pipeline():

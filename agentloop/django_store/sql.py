@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
@@ -33,42 +31,61 @@ __all__ = [
 logger = logging.getLogger("agentloop")
 
 
-@contextmanager
-def bound_cursor(using: str) -> Iterator[Any]:
+def bound_cursor(using: str, connection: Any = None) -> _BoundCursor:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
     server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
     prepare each statement on its second run on the connection, so PostgreSQL parses and
     plans it once per connection instead of once per job (Django's own statements follow
     the database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual
-    cursor. Its raw cursors are kept for the connection's next statements."""
-    connection = connections[using]
-    factory = _server_binding(connection)
-    if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
-        if using in _UNPREPARED:
-            _unprepare(connection)
+    cursor. Its raw cursors are kept for the connection's next statements. ``connection``:
+    ``connections[using]``, when the caller has it already."""
+    return _BoundCursor(using, connections[using] if connection is None else connection)
+
+
+class _BoundCursor:
+    """``bound_cursor``'s context manager (a class: a step opens a few of these, and a
+    generator's context manager costs twice the calls)."""
+
+    __slots__ = ("connection", "free", "plain", "raw", "using")
+
+    def __init__(self, using: str, connection: Any) -> None:
+        self.using = using
+        self.connection = connection
+        self.raw: Any = None
+        self.plain: Any = None
+
+    def __enter__(self) -> Any:
+        using, connection = self.using, self.connection
+        factory = _server_binding(connection)
+        if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
+            if using in _UNPREPARED:
+                _unprepare(connection)
+            else:
+                factory = _preparing(factory, using)
+        if factory is None:
+            self.plain = connection.cursor()
+            return self.plain.__enter__()
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        kept = _kept_cursors(connection)
+        free = self.free = kept.free.setdefault(factory, [])
+        if free:
+            raw = free.pop()
         else:
-            factory = _preparing(factory, using)
-    if factory is None:
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    kept = _kept_cursors(connection)
-    free = kept.free.setdefault(factory, [])
-    if free:
-        raw = free.pop()
-    else:
-        with connection.wrap_database_errors:
-            raw = kept.new(factory)
-    make = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-    try:
-        yield make(raw)
-    finally:
-        if not raw.closed:
-            free.append(raw)  # for the next statement (Django's wrapper would close it)
+            with connection.wrap_database_errors:
+                raw = kept.new(factory)
+        self.raw = raw
+        if connection.queries_logged:
+            return connection.make_debug_cursor(raw)
+        return connection.make_cursor(raw)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.plain is not None:
+            self.plain.__exit__(*exc_info)
+        elif not self.raw.closed:
+            self.free.append(self.raw)  # for the next statement (Django's wrapper would close it)
 
 
 class _KeptCursors:

@@ -266,8 +266,9 @@ def step_writes(row: ChatRow) -> StepWrites | None:
     return _WRITES[key]
 
 
-def run_statement(using: str, sql: str, params: list[Any]) -> list[Any]:
-    with bound_cursor(using) as cursor:
+def run_statement(using: str, sql: str, params: list[Any], connection: Any = None) -> list[Any]:
+    """``sql``'s rows (``connection``: ``connections[using]``, when the caller has it)."""
+    with bound_cursor(using, connection) as cursor:
         cursor.execute(sql, params)
         return list(cursor.fetchall())
 
