@@ -51,6 +51,7 @@ __all__ = [
     "StorableJSONField",
     "StorableTextField",
     "optional_link",
+    "converted",
     "quick_json_converters",
     "save_value",
 ]
@@ -221,6 +222,20 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
     return field.get_db_prep_save(value, connection)
 
 
+def _keeps_datetimes(ops: Any) -> bool:
+    """Whether ``ops.adapt_datetimefield_value`` is PostgreSQL's, which returns a value as
+    it is (noted in ``_KEEPS_DATETIMES`` by the class of ``ops``)."""
+    method = type(ops).adapt_datetimefield_value
+    keeps = _KEEPS_DATETIMES[type(ops)] = (
+        method.__module__ == "django.db.backends.postgresql.operations"
+        and method.__qualname__ == "DatabaseOperations.adapt_datetimefield_value"
+    )
+    return keeps
+
+
+_KEEPS_DATETIMES: dict[type[Any], bool] = {}
+
+
 def save_value(field: Any, value: Any, connection: Any) -> Any:
     """``field.get_db_prep_save(value, connection)`` for one value."""
     return _prepared(field, _kind(field), field.get_internal_type(), value, connection)
@@ -281,6 +296,8 @@ def _prepared_row(
     JSON column as :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY`."""
     values: list[Any] = []
     append = values.append
+    if type(connection.ops) not in _KEEPS_DATETIMES:
+        _keeps_datetimes(connection.ops)
     for (field, _, kind, internal), value in zip(specs, row, strict=True):
         if value is None:
             if kind in _NONE_AS_IS:
@@ -307,6 +324,15 @@ def _prepared_row(
             if type(value) is bool:
                 append(value)
                 continue
+        elif kind == _DATETIME:
+            # An aware datetime, to a backend whose adapter returns it as it is.
+            if (
+                type(value) is datetime
+                and value.utcoffset() is not None
+                and _KEEPS_DATETIMES.get(type(connection.ops)) is True
+            ):
+                append(value)
+                continue
         elif kind == _TEXT:
             if type(value) is str or isinstance(value, str):
                 append(value)
@@ -328,17 +354,49 @@ def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[
             and functions == [field.from_db_value]
         )
         quick[index] = (
-            ([_json_reader(field.from_db_value)], expression) if plain else (functions, expression)
+            ([_JsonReader(field.from_db_value)], expression) if plain else (functions, expression)
         )
     return quick
 
 
-def _json_reader(decode: Any) -> Any:
-    def read(value: Any, expression: Any, connection: Any) -> Any:
+class _JsonReader:
+    """A plain JSON column's converter: ``[]`` and ``{}`` decoded at once (in
+    :func:`converted` without a call), anything else by the field's own ``from_db_value``."""
+
+    __slots__ = ("decode",)
+
+    def __init__(self, decode: Any) -> None:
+        self.decode = decode
+
+    def __call__(self, value: Any, expression: Any, connection: Any) -> Any:
         if value == "[]":
             return []
         if value == "{}":
             return {}
-        return decode(value, expression, connection)
+        return self.decode(value, expression, connection)
 
-    return read
+
+def converted(
+    rows: Sequence[Sequence[Any]], converters: dict[int, tuple[list[Any], Any]], connection: Any
+) -> list[list[Any]]:
+    """``rows`` through ``converters`` as Django's ``SQLCompiler.apply_converters`` has them
+    (``connection``: the compiler's), the quick JSON columns' own without a call."""
+    steps = list(converters.items())
+    result = []
+    for row in rows:
+        row = list(row)
+        for position, (functions, expression) in steps:
+            value = row[position]
+            for function in functions:
+                if type(function) is _JsonReader:
+                    if value == "[]":
+                        value = []
+                    elif value == "{}":
+                        value = {}
+                    else:
+                        value = function.decode(value, expression, connection)
+                else:
+                    value = function(value, expression, connection)
+            row[position] = value
+        result.append(row)
+    return result

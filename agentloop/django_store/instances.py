@@ -70,7 +70,11 @@ class Instances:
         """``model(**values)``: ``values`` by attribute name (``chat_id``), or a related
         object by its field's name (``chat``)."""
         model = self.model
-        if not self.plain or _listened(model) or not values.keys() <= self._known:
+        if (
+            not self.plain
+            or (pre_init.receivers and _listened(model))
+            or not values.keys() <= self._known
+        ):
             return model(**values)
         instance = model.__new__(model)
         instance._state = ModelState()
@@ -92,18 +96,24 @@ class Instances:
         if related is not None:
             for name, value in related:
                 setattr(instance, name, value)
-        post_init.send(sender=model, instance=instance)
+        if post_init.receivers:  # (none: Django's send returns at once)
+            post_init.send(sender=model, instance=instance)
         return instance
 
     def from_db(self, db: str, values: Sequence[Any]) -> Any:
         """``model.from_db(db, attnames, values)`` for a row of every concrete column."""
         model = self.model
-        if not self.plain_from_db or _listened(model) or len(values) != len(self.attnames):
+        if (
+            not self.plain_from_db
+            or (pre_init.receivers and _listened(model))
+            or len(values) != len(self.attnames)
+        ):
             return model.from_db(db, self.attnames, values)
         instance = model.__new__(model)
         state = instance._state = ModelState()
         instance.__dict__.update(zip(self.attnames, values, strict=True))
-        post_init.send(sender=model, instance=instance)
+        if post_init.receivers:  # (none: Django's send returns at once)
+            post_init.send(sender=model, instance=instance)
         state.adding = False
         state.db = db
         return instance
@@ -111,7 +121,7 @@ class Instances:
 
 def _listened(model: Any) -> bool:
     # A pre_init receiver may change the arguments: Django's own constructor, then.
-    return bool(pre_init.receivers) and pre_init.has_listeners(model)
+    return pre_init.has_listeners(model)
 
 
 def _default(field: Any) -> Any:

@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
-from .fields import quick_json_converters
+from .fields import converted, quick_json_converters
 from .instances import instances
 from .reconnect import CONNECTION_ERRORS, discard, unusable
 from .sql import PreparedUpdate, bound_cursor, recover_prepared
@@ -254,13 +254,16 @@ class LeaseStatements:
         *,
         taking_over: str | None = None,
         in_flight: bool = False,
+        connection: Any = None,
     ) -> tuple[Any, list[Any] | None]:
         """The claimed row's values (converted), or None when the chat is held or missing;
         and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
         trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards).
         ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry;
-        ``in_flight`` (a job's claim): only a chat that is queued or running is taken."""
-        connection = connections[using]
+        ``in_flight`` (a job's claim): only a chat that is queued or running is taken;
+        ``connection``: ``connections[using]``, when the caller has it."""
+        if connection is None:
+            connection = connections[using]
         expiry, now = self.clock(seconds)
         params: list[Any] = [token, *expiry, *now, holder_id()]
         if state is not None:
@@ -293,7 +296,7 @@ class LeaseStatements:
         if row is None:
             return None, None
         if self.converters:
-            row = next(iter(self.compiler.apply_converters([row], self.converters)))
+            row = converted([row], self.converters, self.compiler.connection)[0]
         return row, prefetched
 
     def holder(self, using: str, pk: Any) -> tuple[str, str] | None:
@@ -535,7 +538,15 @@ def renewal(lease: Lease) -> tuple[str, list[Any]]:
 
 
 def _has_inbox(chat_model: Any) -> bool:
-    return any(field.name == "inbox" for field in chat_model._meta.concrete_fields)
+    found = _INBOXES.get(chat_model)
+    if found is None:
+        found = _INBOXES[chat_model] = any(
+            field.name == "inbox" for field in chat_model._meta.concrete_fields
+        )
+    return found
+
+
+_INBOXES: dict[Any, bool] = {}
 
 
 _RELEASES: dict[tuple[Any, ...], PreparedUpdate] = {}
@@ -580,9 +591,10 @@ def claim_row(
     token = secrets.token_hex(16)
     statement = lease_statements(chat_model, using)
     sent = time.monotonic()
+    connection = connections[using]  # this thread's (the same wrapper after a reconnect)
     row, prefetched = _claiming(
-        using, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
-                                     in_flight=in_flight)
+        using, connection, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
+                                                 in_flight=in_flight, connection=connection)
     )  # fmt: skip
     if row is None:
         held = statement.holder(using, chat_pk)
@@ -606,11 +618,11 @@ def claim_row(
             )
     lease = Lease(chat_model, chat_pk, token, seconds, using)
     lease.renewed_at = sent
-    lease.in_transaction = connections[using].in_atomic_block
+    lease.in_transaction = connection.in_atomic_block
     return lease, row, prefetched
 
 
-def _claiming(using: str, work: Any) -> Any:
+def _claiming(using: str, connection: Any, work: Any) -> Any:
     """The claim's ``work()``, on a connection the pool hands out without its health check
     (``CONN_HEALTH_CHECKS``: a round trip per check-out); when that connection turns out to
     be dropped (a server restart, a pooler's idle timeout), once more on a new one, checked.
@@ -618,13 +630,13 @@ def _claiming(using: str, work: Any) -> Any:
     before its answer was lost is found by it. A connection that can't be had at all (a pool
     timeout, a refused connection) raises at once, as before; inside a caller's transaction
     nothing is retried."""
-    if connections[using].in_atomic_block:
+    if connection.in_atomic_block:
         return work()
     outer = mark_retried(True)
     try:
         return work()
     except CONNECTION_ERRORS:
-        if connections[using].connection is None or not unusable(using):
+        if connection.connection is None or not unusable(using):
             raise  # never connected, or the statement failed, not the connection
         discard(using)
     finally:

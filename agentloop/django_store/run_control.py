@@ -260,7 +260,7 @@ class RunControl(RunClaim):
             fields, outcome = release_fields(self.row.chat, self.background, release, None)
             columns = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
             columns.update(fields)
-            names = tuple(sorted(name for name in columns if name != "state"))
+            names = tuple(sorted([name for name in columns if name != "state"]))
             guard = writes.release_sql(names)
             params = [*writes.release_params(names, columns), lease.chat_pk, lease.token]
             released = fields, outcome

@@ -17,7 +17,8 @@ from typing import Any
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .fields import Saving, quick_json_converters
+from .fields import Saving, converted, quick_json_converters
+from .instances import instances
 
 __all__ = [
     "PreparedInsert",
@@ -332,7 +333,7 @@ class PreparedSelect:
     def convert(self, rows: list[Any]) -> list[Any]:
         """Rows this statement returned (read here or elsewhere), through Django's converters."""
         if self.converters:
-            return list(self.compiler.apply_converters(rows, self.converters))
+            return converted(rows, self.converters, self.compiler.connection)
         return rows
 
 
@@ -361,7 +362,10 @@ def get_by_pk(model: Any, using: str, pk: Any) -> Any:
     rows = select.rows([value])
     if not rows:
         raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
-    return model.from_db(using, names, rows[0])
+    built = instances(model)
+    if names == built.attnames:  # every column: built without Django's per-field calls
+        return built.from_db(using, rows[0])
+    return model.from_db(using, names, rows[0])  # pragma: no cover - a deferred column
 
 
 class PreparedInsert:
@@ -463,6 +467,6 @@ class PreparedUpdate:
             raise ValueError(f"{len(self.fields)} values expected, not {len(values)}")
         params = self._saving.values([*values, *where], connection)
         params += list(guard)
-        with bound_cursor(using) as cursor:
+        with bound_cursor(using, connection) as cursor:
             cursor.execute(self._statement(connection), params)
             return int(cursor.rowcount)
