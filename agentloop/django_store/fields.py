@@ -296,11 +296,12 @@ def _prepared_row(
     JSON column as :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY`."""
     values: list[Any] = []
     append = values.append
-    if type(connection.ops) not in _KEEPS_DATETIMES:
-        _keeps_datetimes(connection.ops)
+    keeps = _KEEPS_DATETIMES.get(type(connection.ops))
+    if keeps is None:
+        keeps = _keeps_datetimes(connection.ops)
     for (field, _, kind, internal), value in zip(specs, row, strict=True):
         if value is None:
-            if kind in _NONE_AS_IS:
+            if kind in _NONE_AS_IS or (kind == _DATETIME and keeps):
                 append(None)
                 continue
         elif kind == _STORABLE_TEXT:
@@ -326,11 +327,7 @@ def _prepared_row(
                 continue
         elif kind == _DATETIME:
             # An aware datetime, to a backend whose adapter returns it as it is.
-            if (
-                type(value) is datetime
-                and value.utcoffset() is not None
-                and _KEEPS_DATETIMES.get(type(connection.ops)) is True
-            ):
+            if keeps and type(value) is datetime and value.utcoffset() is not None:
                 append(value)
                 continue
         elif kind == _TEXT:
