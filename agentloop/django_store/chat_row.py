@@ -153,8 +153,10 @@ class ChatRow(Tracing):
                 "attachments": [
                     attachment.model_dump(mode="json", exclude_none=True)
                     for attachment in message.attachments
-                ],
-                "guardrails": outcomes_json(message.guardrails),
+                ]
+                if message.attachments
+                else [],
+                "guardrails": outcomes_json(message.guardrails) if message.guardrails else [],
                 "recall": message.recall,
                 **extra,
             }

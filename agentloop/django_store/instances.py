@@ -58,47 +58,60 @@ class Instances:
         self.plain = plain
         #: the primary key's attribute name (``pk`` is not one of ``new``'s names).
         self.pk = meta.pk.attname
-        # (name, attname, related: passed as an object by name, default)
+        # (name, attname, related: may be passed as an object by name, default)
         self._specs = [
             (field.name, field.attname, field.is_relation, _default(field)) for field in fields
         ]
-        self._known = frozenset(field.attname for field in fields) | frozenset(
-            field.name for field in fields if field.is_relation
-        )
+        #: by the names ``new`` was given (in order): what to do (a ``_Plan``), or None for
+        #: Django's own constructor (a name not a column's, a key given both ways).
+        self._plans: dict[tuple[str, ...], _Plan | None] = {}
 
     def new(self, values: dict[str, Any]) -> Any:
         """``model(**values)``: ``values`` by attribute name (``chat_id``), or a related
         object by its field's name (``chat``)."""
         model = self.model
-        if (
-            not self.plain
-            or (pre_init.receivers and _listened(model))
-            or not values.keys() <= self._known
-        ):
+        names = tuple(values)
+        plan = self._plans.get(names, _MISSING)
+        if plan is _MISSING:
+            plan = self._plans[names] = self._plan(names)
+        if plan is None or (pre_init.receivers and _listened(model)):
             return model(**values)
         instance = model.__new__(model)
         instance._state = ModelState()
         loaded = instance.__dict__
-        related = None
-        for name, attname, is_relation, default in self._specs:
-            if is_relation and name in values:
-                if attname in values:
-                    return model(**values)  # both: as Django has it (nothing was done yet)
-                # Its descriptor sets the id and caches the object, as Django's __init__ does
-                # (and refuses one of the wrong model).
-                related = related or []
-                related.append((name, values[name]))
-                continue
-            value = values.get(attname, _MISSING)
-            if value is _MISSING:
-                value = None if default is None else default()
-            loaded[attname] = value
-        if related is not None:
-            for name, value in related:
-                setattr(instance, name, value)
+        for attname, default in plan.defaults:
+            loaded[attname] = None if default is None else default()
+        if plan.related:
+            loaded.update([item for item in values.items() if item[0] not in plan.related])
+            # Its descriptor sets the id and caches the object, as Django's __init__ does (and
+            # refuses one of the wrong model).
+            for name in plan.related:
+                setattr(instance, name, values[name])
+        else:
+            loaded.update(values)
         if post_init.receivers:  # (none: Django's send returns at once)
             post_init.send(sender=model, instance=instance)
         return instance
+
+    def _plan(self, names: tuple[str, ...]) -> _Plan | None:
+        if not self.plain:
+            return None
+        given = set(names)
+        related: list[str] = []
+        defaults: list[tuple[str, Any]] = []
+        for name, attname, is_relation, default in self._specs:
+            if is_relation and name in given:
+                if attname in given:
+                    return None  # both: as Django has it
+                related.append(name)
+                given.discard(name)
+            elif attname in given:
+                given.discard(attname)
+            else:
+                defaults.append((attname, default))
+        if given:
+            return None  # a property's or anything else's: Django's own constructor
+        return _Plan(tuple(related), defaults)
 
     def from_db(self, db: str, values: Sequence[Any]) -> Any:
         """``model.from_db(db, attnames, values)`` for a row of every concrete column."""
@@ -117,6 +130,17 @@ class Instances:
         state.adding = False
         state.db = db
         return instance
+
+
+class _Plan:
+    """How ``Instances.new`` builds an instance from one set of names: the related objects
+    passed by name (set through their descriptors) and the columns left to their default."""
+
+    __slots__ = ("defaults", "related")
+
+    def __init__(self, related: tuple[str, ...], defaults: list[tuple[str, Any]]) -> None:
+        self.related = frozenset(related)
+        self.defaults = defaults
 
 
 def _listened(model: Any) -> bool:

@@ -138,6 +138,10 @@ class StepWrites:
         ]
         self.finish_types = [_type(field, connection) for field in self.finish_fields]
         self._releases: dict[tuple[str, ...], str] = {}
+        #: an empty inbox, as the release compares it (prepared once: the same every time).
+        self._empty_inbox = (
+            save_value(chat_meta.get_field("inbox"), [], connection) if self.has_inbox else None
+        )
         self._release_saving: dict[tuple[str, ...], Saving] = {}
 
     # -- the guard: the chat row's conditional UPDATE ------------------------------------------
@@ -169,8 +173,7 @@ class StepWrites:
             saving = self._release_saving[names] = Saving([meta.get_field(n) for n in names])
         params = saving.values([values[name] for name in names], self.connection)
         if self.has_inbox:
-            inbox = meta.get_field("inbox")
-            params += [save_value(inbox, [], self.connection), values["state"], "queued"]
+            params += [self._empty_inbox, values["state"], "queued"]
         else:
             params.append(values["state"])
         return params
@@ -197,7 +200,7 @@ class StepWrites:
         select = "SELECT g.*, m.* FROM g CROSS JOIN m"
         if calls:
             aliases = ", ".join(f"f{index}" for index in range(len(c.fields)))
-            rows = ", ".join(f"({values.row(c, call)})" for call in calls)
+            rows = ", ".join([f"({values.row(c, call)})" for call in calls])
             parts.append(
                 f"c AS (INSERT INTO {c.table} ({c.columns}, {self.call_message}) "  # noqa: S608
                 f"SELECT v.*, m.{m.pk} FROM m CROSS JOIN (VALUES {rows}) AS v({aliases}) "
