@@ -13,7 +13,17 @@ import pytest
 from django.db import connection, models
 from django.utils.translation import gettext_lazy
 
-from agentloop.django_store.fields import EMPTY_ARRAY, EMPTY_OBJECT, EmptyJson, Saving, save_value
+from agentloop.django_store.fields import (
+    EMPTY_ARRAY,
+    EMPTY_OBJECT,
+    Casts,
+    EmptyJson,
+    RowConverters,
+    Saving,
+    quick_json_converters,
+    save_value,
+)
+from agentloop.django_store.writes import Values
 from agentloop.messages import MessageStatus
 from agentloop.models import Chat, Message, ToolCall, Usage
 
@@ -140,3 +150,47 @@ def test_a_row_prepares_each_value_as_the_field_itself_does(field):
                     assert value in ({}, []) and type(value) in (dict, list)
                 else:
                     assert comparable(ours) == theirs, value
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field", list(every_field()))
+def test_a_statement_writes_each_value_as_its_prepared_value(field):
+    # ``Saving.expressions`` (the usual cases inline) against the prepared values, each
+    # written as ``Values.add`` writes it: the same expressions, the same parameters.
+    casts = [Casts("T"), Casts("T")]
+    saving = Saving([field, field])
+    for value in [*SAMPLES, 12]:
+        row = type("Row", (), {field.attname: value})()
+        reference = Values()
+        try:
+            expected = [
+                reference.add(one, "T") for one in saving.of_marking_empty_json(row, connection)
+            ]
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                saving.expressions(row, connection, casts, [])
+            continue
+        params: list = []
+        assert saving.expressions(row, connection, casts, params) == expected, value
+        assert [comparable(one) for one in params] == [
+            comparable(one) for one in reference.params
+        ], value
+
+
+@pytest.mark.django_db
+def test_rows_are_converted_as_django_converts_them():
+    Chat.objects.create(
+        model="test:x", tools=["a"], headers={}, limits={"b": 1}, output_schema=None
+    )
+    Chat.objects.create(model="test:y")
+    queryset = Chat.objects.order_by("pk")
+    compiler = queryset.query.get_compiler(using="default")
+    compiler.setup_query()
+    fields = [selected[0] for selected in compiler.select]
+    with connection.cursor() as cursor:
+        cursor.execute(*compiler.as_sql())
+        rows = cursor.fetchall()
+    django_converters = compiler.get_converters(fields)
+    theirs = [list(row) for row in compiler.apply_converters(rows, django_converters)]
+    ours = RowConverters(quick_json_converters(django_converters)).rows(rows, connection)
+    assert ours == theirs

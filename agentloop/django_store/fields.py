@@ -43,6 +43,7 @@ from django.db.models.expressions import Col
 from ..storable_text import storable_json, storable_text
 
 __all__ = [
+    "Casts",
     "EMPTY_ARRAY",
     "EMPTY_OBJECT",
     "EmptyJson",
@@ -51,7 +52,7 @@ __all__ = [
     "StorableJSONField",
     "StorableTextField",
     "optional_link",
-    "converted",
+    "RowConverters",
     "quick_json_converters",
     "save_value",
 ]
@@ -287,6 +288,82 @@ class Saving:
         """``values`` (one per field, in order), prepared."""
         return _prepared_row(self._specs, values, connection, False)
 
+    def expressions(
+        self, instance: Any, connection: Any, casts: Sequence[Casts], params: list[Any]
+    ) -> list[str]:
+        """``instance``'s columns as a statement writes them, from each value as
+        :meth:`of_marking_empty_json` prepares it: a constant (NULL, a boolean, ``''``, an
+        empty JSON object or array of a plain JSON column) as the column's expression of it
+        in ``casts``; any other value as a parameter (appended to ``params``). The usual
+        cases take no call (a step writes some eighty values)."""
+        keeps = _KEEPS_DATETIMES.get(type(connection.ops))
+        if keeps is None:
+            keeps = _keeps_datetimes(connection.ops)
+        parts: list[str] = []
+        append = parts.append
+        add = params.append
+        rows = zip(self._specs, self._read(instance), casts, strict=True)
+        for (field, _, kind, internal), value, cast in rows:
+            if value is None:
+                if kind in _NONE_AS_IS or (kind == _DATETIME and keeps):
+                    append(cast.null)
+                    continue
+            elif kind == _STORABLE_TEXT or kind == _TEXT:
+                # Text as it is (``storable_text`` keeps ASCII text without a NUL).
+                if type(value) is str:
+                    if kind == _TEXT or (value.isascii() and "\x00" not in value):
+                        if value:
+                            add(value)
+                            append(cast.param)
+                        else:
+                            append(cast.empty)
+                        continue
+            elif kind == _JSON or kind == _STORABLE_JSON:
+                if not value and field.encoder is None:
+                    if type(value) is dict:
+                        append(cast.empty_object)
+                        continue
+                    if type(value) is list:
+                        append(cast.empty_array)
+                        continue
+            elif kind == _BOOL:
+                if type(value) is bool:
+                    append(cast.true if value else cast.false)
+                    continue
+            elif kind == _DATETIME:
+                # An aware datetime, to a backend whose adapter returns it as it is.
+                if keeps and type(value) is datetime and value.utcoffset() is not None:
+                    add(value)
+                    append(cast.param)
+                    continue
+            prepared = _prepared(field, kind, internal, value, connection)
+            if prepared is None:
+                append(cast.null)
+            elif type(prepared) is bool:
+                append(cast.true if prepared else cast.false)
+            elif type(prepared) is str and prepared == "":
+                append(cast.empty)
+            else:
+                add(prepared)
+                append(cast.param)
+        return parts
+
+
+class Casts:
+    """A column's value expressions in a statement (``Saving.expressions``): NULL, true,
+    false, ``''``, ``{}`` and ``[]`` as constants of its SQL type, and a parameter."""
+
+    __slots__ = ("empty", "empty_array", "empty_object", "false", "null", "param", "true")
+
+    def __init__(self, sql_type: str) -> None:
+        self.null = f"CAST(NULL AS {sql_type})"
+        self.true = f"CAST(true AS {sql_type})"
+        self.false = f"CAST(false AS {sql_type})"
+        self.empty = f"CAST('' AS {sql_type})"
+        self.empty_object = f"CAST({EMPTY_OBJECT.literal} AS {sql_type})"
+        self.empty_array = f"CAST({EMPTY_ARRAY.literal} AS {sql_type})"
+        self.param = f"CAST(%s AS {sql_type})"
+
 
 def _prepared_row(
     specs: list[tuple[Any, str, int, str]], row: Sequence[Any], connection: Any, mark: bool
@@ -357,8 +434,9 @@ def quick_json_converters(converters: dict[int, tuple[list[Any], Any]]) -> dict[
 
 
 class _JsonReader:
-    """A plain JSON column's converter: ``[]`` and ``{}`` decoded at once (in
-    :func:`converted` without a call), anything else by the field's own ``from_db_value``."""
+    """A plain JSON column's converter: ``[]`` and ``{}`` decoded at once (by
+    :class:`RowConverters` without a call), anything else by the field's own
+    ``from_db_value``."""
 
     __slots__ = ("decode",)
 
@@ -373,27 +451,41 @@ class _JsonReader:
         return self.decode(value, expression, connection)
 
 
-def converted(
-    rows: Sequence[Sequence[Any]], converters: dict[int, tuple[list[Any], Any]], connection: Any
-) -> list[list[Any]]:
-    """``rows`` through ``converters`` as Django's ``SQLCompiler.apply_converters`` has them
-    (``connection``: the compiler's), the quick JSON columns' own without a call."""
-    steps = list(converters.items())
-    result = []
-    for row in rows:
-        row = list(row)
-        for position, (functions, expression) in steps:
-            value = row[position]
-            for function in functions:
-                if type(function) is _JsonReader:
-                    if value == "[]":
-                        value = []
-                    elif value == "{}":
-                        value = {}
-                    else:
-                        value = function.decode(value, expression, connection)
+class RowConverters:
+    """A compiler's converters (after :func:`quick_json_converters`) applied to whole rows as
+    Django's ``SQLCompiler.apply_converters`` applies them; a quick JSON column's ``[]`` and
+    ``{}`` without a call, and the columns with no converter not looked at."""
+
+    def __init__(self, converters: dict[int, tuple[list[Any], Any]]) -> None:
+        self.converters = converters
+        #: (position, the field's own decoder, the column): the quick JSON columns.
+        self._json: list[tuple[int, Any, Any]] = []
+        #: (position, converters, the column): the others.
+        self._other: list[tuple[int, list[Any], Any]] = []
+        for position, (functions, expression) in converters.items():
+            if len(functions) == 1 and type(functions[0]) is _JsonReader:
+                self._json.append((position, functions[0].decode, expression))
+            else:
+                self._other.append((position, functions, expression))
+
+    def rows(self, rows: Sequence[Sequence[Any]], connection: Any) -> list[list[Any]]:
+        """``rows`` converted (``connection``: the compiler's), each a new list."""
+        result = []
+        json_columns, other = self._json, self._other
+        for row in rows:
+            row = list(row)
+            for position, decode, expression in json_columns:
+                value = row[position]
+                if value == "[]":
+                    row[position] = []
+                elif value == "{}":
+                    row[position] = {}
                 else:
+                    row[position] = decode(value, expression, connection)
+            for position, functions, expression in other:
+                value = row[position]
+                for function in functions:
                     value = function(value, expression, connection)
-            row[position] = value
-        result.append(row)
-    return result
+                row[position] = value
+            result.append(row)
+        return result

@@ -81,14 +81,12 @@ class Instances:
         loaded = instance.__dict__
         for attname, default in plan.defaults:
             loaded[attname] = None if default is None else default()
-        if plan.related:
-            loaded.update([item for item in values.items() if item[0] not in plan.related])
-            # Its descriptor sets the id and caches the object, as Django's __init__ does (and
-            # refuses one of the wrong model).
-            for name in plan.related:
-                setattr(instance, name, values[name])
-        else:
-            loaded.update(values)
+        loaded.update(values)
+        for name in plan.related:
+            # Not a column: its descriptor sets the key and caches the object, as Django's
+            # __init__ does (and refuses one of the wrong model).
+            del loaded[name]
+            setattr(instance, name, values[name])
         if post_init.receivers:  # (none: Django's send returns at once)
             post_init.send(sender=model, instance=instance)
         return instance
@@ -139,7 +137,7 @@ class _Plan:
     __slots__ = ("defaults", "related")
 
     def __init__(self, related: tuple[str, ...], defaults: list[tuple[str, Any]]) -> None:
-        self.related = frozenset(related)
+        self.related = related
         self.defaults = defaults
 
 

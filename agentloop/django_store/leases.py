@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
-from .fields import converted, quick_json_converters
+from .fields import RowConverters, quick_json_converters
 from .instances import instances
 from .reconnect import CONNECTION_ERRORS, discard, unusable
 from .sql import PreparedUpdate, bound_cursor, recover_prepared
@@ -148,6 +148,7 @@ class LeaseStatements:
         self.compiler.setup_query()
         columns = [selected[0] for selected in self.compiler.select]
         self.converters = quick_json_converters(self.compiler.get_converters(columns))
+        self.row_converters = RowConverters(self.converters)
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
         pk = self.pk = quote(meta.pk.column)
@@ -296,7 +297,7 @@ class LeaseStatements:
         if row is None:
             return None, None
         if self.converters:
-            row = converted([row], self.converters, self.compiler.connection)[0]
+            row = self.row_converters.rows([row], self.compiler.connection)[0]
         return row, prefetched
 
     def holder(self, using: str, pk: Any) -> tuple[str, str] | None:

@@ -14,10 +14,11 @@ import logging
 import threading
 from typing import Any
 
+from django.apps import apps
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .fields import Saving, converted, quick_json_converters
+from .fields import RowConverters, Saving, quick_json_converters
 from .instances import instances
 
 __all__ = [
@@ -80,13 +81,49 @@ class _BoundCursor:
         self.raw = raw
         if connection.queries_logged:
             return connection.make_debug_cursor(raw)
-        return connection.make_cursor(raw)
+        if connection.execute_wrappers or not apps.ready:
+            return connection.make_cursor(raw)
+        return _Direct(raw, connection)
 
     def __exit__(self, *exc_info: Any) -> None:
         if self.plain is not None:
             self.plain.__exit__(*exc_info)
         elif not self.raw.closed:
             self.free.append(self.raw)  # for the next statement (Django's wrapper would close it)
+
+
+class _Direct:
+    """What Django's ``CursorWrapper`` does for the statements run here when nothing is
+    logged and no ``execute_wrapper`` is installed (with either, Django's own wrappers run):
+    a broken transaction refused first, the driver's errors translated. Half the calls of
+    the wrapper, whose ``execute`` goes through three methods and every ``fetch`` through
+    ``__getattr__`` and a new closure."""
+
+    __slots__ = ("cursor", "db")
+
+    def __init__(self, cursor: Any, db: Any) -> None:
+        self.cursor = cursor
+        self.db = db
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        db = self.db
+        db.validate_no_broken_transaction()
+        with db.wrap_database_errors:
+            if params is None:
+                return self.cursor.execute(sql)
+            return self.cursor.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()  # type: ignore[no-any-return]
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount  # type: ignore[no-any-return]
 
 
 class _KeptCursors:
@@ -322,6 +359,7 @@ class PreparedSelect:
             ).items()
             if index not in raw_columns
         }
+        self._row_converters = RowConverters(self.converters)
 
     def rows(self, params: Any = None) -> list[Any]:
         """Run it (with ``params`` instead of the compiled ones, same order) and convert."""
@@ -333,7 +371,7 @@ class PreparedSelect:
     def convert(self, rows: list[Any]) -> list[Any]:
         """Rows this statement returned (read here or elsewhere), through Django's converters."""
         if self.converters:
-            return converted(rows, self.converters, self.compiler.connection)
+            return self._row_converters.rows(rows, self.compiler.connection)
         return rows
 
 

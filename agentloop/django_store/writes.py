@@ -18,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .chat_row import ChatRow
-from .fields import EmptyJson, Saving, save_value
+from .fields import Casts, EmptyJson, Saving, save_value
 from .reconnect import committed_message
 from .sql import bound_cursor
 
@@ -60,27 +60,10 @@ class Values:
         return f"CAST(%s AS {sql_type})"
 
     def row(self, rows: _Rows, instance: Any) -> str:
-        """``instance``'s columns of ``rows``, each as :meth:`add` writes it (inline here, its
-        expressions spelled out once per column: a step writes some forty)."""
-        prepared = rows.saving.of_marking_empty_json(instance, rows.connection)
-        params = self.params
-        parts = []
-        for value, (null, true, false, empty, param, sql_type) in zip(
-            prepared, rows.casts, strict=True
-        ):
-            kind = type(value)
-            if value is None:
-                parts.append(null)
-            elif kind is bool:
-                parts.append(true if value else false)
-            elif kind is str and value == "":
-                parts.append(empty)
-            elif kind is EmptyJson:
-                parts.append(f"CAST({value.literal} AS {sql_type})")
-            else:
-                params.append(value)
-                parts.append(param)
-        return ", ".join(parts)
+        """``instance``'s columns of ``rows``, each as :meth:`add` writes it."""
+        return ", ".join(
+            rows.saving.expressions(instance, rows.connection, rows.casts, self.params)
+        )
 
 
 class _Rows:
@@ -98,18 +81,8 @@ class _Rows:
         self.pk = quote(meta.pk.column)
         self.columns = ", ".join(quote(field.column) for field in self.fields)
         self.types = [_type(field, connection) for field in self.fields]
-        #: each column's value expressions: NULL, true, false, '', a parameter (and its type).
-        self.casts = [
-            (
-                f"CAST(NULL AS {sql_type})",
-                f"CAST(true AS {sql_type})",
-                f"CAST(false AS {sql_type})",
-                f"CAST('' AS {sql_type})",
-                f"CAST(%s AS {sql_type})",
-                sql_type,
-            )
-            for sql_type in self.types
-        ]
+        #: each column's value expressions (constants, a parameter).
+        self.casts = [Casts(sql_type) for sql_type in self.types]
         self.saving = Saving(self.fields)
         self.connection = connection
 
