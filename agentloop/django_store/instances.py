@@ -79,8 +79,9 @@ class Instances:
         instance = model.__new__(model)
         instance._state = ModelState()
         loaded = instance.__dict__
+        loaded.update(plan.constants)
         for attname, default in plan.defaults:
-            loaded[attname] = None if default is None else default()
+            loaded[attname] = default()
         loaded.update(values)
         for name in plan.related:
             # Not a column: its descriptor sets the key and caches the object, as Django's
@@ -134,9 +135,16 @@ class _Plan:
     """How ``Instances.new`` builds an instance from one set of names: the related objects
     passed by name (set through their descriptors) and the columns left to their default."""
 
-    __slots__ = ("defaults", "related")
+    __slots__ = ("constants", "defaults", "related")
 
     def __init__(self, related: tuple[str, ...], defaults: list[tuple[str, Any]]) -> None:
+        #: the defaults that are always the same object: None, and text's "" (``str()``).
+        self.constants = {
+            attname: None if default is None else ""
+            for attname, default in defaults
+            if default is None or default is str
+        }
+        defaults = [(name, default) for name, default in defaults if name not in self.constants]
         self.related = related
         self.defaults = defaults
 

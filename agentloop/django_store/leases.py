@@ -285,7 +285,7 @@ class LeaseStatements:
                     raise
                 row, prefetched = self._pipelined(using, connection, update, params, prefetch)
         else:
-            with bound_cursor(using, connection) as cursor:
+            with bound_cursor(using, connection, update) as cursor:
                 cursor.execute(update, params)
                 if self.returning:
                     row = cursor.fetchone()
@@ -315,7 +315,8 @@ class LeaseStatements:
         params: list[Any],
         prefetch: tuple[str, list[Any]],
     ) -> tuple[Any, list[Any]]:
-        with bound_cursor(using, connection) as cursor, bound_cursor(using, connection) as reader:
+        reading = bound_cursor(using, connection, prefetch[0])
+        with bound_cursor(using, connection, update) as cursor, reading as reader:
             # Both statements go out before either answer is awaited: one round trip. Their
             # errors come at the pipeline's end, outside the cursors' translation.
             with connection.wrap_database_errors, connection.connection.pipeline():

@@ -33,7 +33,7 @@ __all__ = [
 logger = logging.getLogger("agentloop")
 
 
-def bound_cursor(using: str, connection: Any = None) -> _BoundCursor:
+def bound_cursor(using: str, connection: Any = None, statement: str | None = None) -> _BoundCursor:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
     server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
@@ -41,19 +41,23 @@ def bound_cursor(using: str, connection: Any = None) -> _BoundCursor:
     plans it once per connection instead of once per job (Django's own statements follow
     the database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual
     cursor. Its raw cursors are kept for the connection's next statements. ``connection``:
-    ``connections[using]``, when the caller has it already."""
-    return _BoundCursor(using, connections[using] if connection is None else connection)
+    ``connections[using]``, when the caller has it already. ``statement``: the text (the
+    same object each time) the cursor runs, for the kept cursor that ran it last: psycopg
+    keeps a cursor's adapters set up for the statement it runs again, not for another."""
+    connection = connections[using] if connection is None else connection
+    return _BoundCursor(using, connection, statement)
 
 
 class _BoundCursor:
     """``bound_cursor``'s context manager (a class: a step opens a few of these, and a
     generator's context manager costs twice the calls)."""
 
-    __slots__ = ("connection", "free", "plain", "raw", "using")
+    __slots__ = ("connection", "free", "plain", "raw", "statement", "using")
 
-    def __init__(self, using: str, connection: Any) -> None:
+    def __init__(self, using: str, connection: Any, statement: str | None) -> None:
         self.using = using
         self.connection = connection
+        self.statement = statement
         self.raw: Any = None
         self.plain: Any = None
 
@@ -72,7 +76,13 @@ class _BoundCursor:
         connection.ensure_connection()
         connection.validate_thread_sharing()
         kept = _kept_cursors(connection)
-        free = self.free = kept.free.setdefault(factory, [])
+        key = factory if self.statement is None else (factory, self.statement)
+        free = kept.free.get(key)
+        if free is None:
+            if len(kept.free) >= _MOST_KEPT:  # one list for any other statement
+                key = factory
+            free = kept.free.setdefault(key, [])
+        self.free = free
         if free:
             raw = free.pop()
         else:
@@ -134,6 +144,7 @@ class _KeptCursors:
     def __init__(self, connection: Any) -> None:
         self.raw_connection = connection.connection
         self.timezone = connection.timezone
+        #: by cursor class, or by cursor class and statement (``bound_cursor``).
         self.free: dict[Any, list[Any]] = {}
         self.loader = _native_tz_loader(self.raw_connection, self.timezone)
         #: the statements run once on this connection: prepared from their second run.
@@ -189,6 +200,8 @@ def _native_tz_loader(raw_connection: Any, timezone: Any) -> Any:
 
 
 _FACTORIES: dict[str, Any] = {}
+#: the statements a connection keeps cursors for, each its own (``bound_cursor``).
+_MOST_KEPT = 32
 _TIMESTAMPTZ_OID = 1184
 
 
@@ -363,7 +376,7 @@ class PreparedSelect:
 
     def rows(self, params: Any = None) -> list[Any]:
         """Run it (with ``params`` instead of the compiled ones, same order) and convert."""
-        with bound_cursor(self.using) as cursor:
+        with bound_cursor(self.using, statement=self.sql) as cursor:
             cursor.execute(self.sql, self.params if params is None else params)
             rows = cursor.fetchall()
         return self.convert(rows)
@@ -505,6 +518,7 @@ class PreparedUpdate:
             raise ValueError(f"{len(self.fields)} values expected, not {len(values)}")
         params = self._saving.values([*values, *where], connection)
         params += list(guard)
-        with bound_cursor(using, connection) as cursor:
-            cursor.execute(self._statement(connection), params)
+        statement = self._statement(connection)
+        with bound_cursor(using, connection, statement) as cursor:
+            cursor.execute(statement, params)
             return int(cursor.rowcount)

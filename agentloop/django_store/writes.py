@@ -242,6 +242,9 @@ class StepWrites:
 
 
 _WRITES: dict[tuple[Any, str], StepWrites | None] = {}
+#: the statements run lately, each as one object (``run_statement``); at most this many.
+_TEXTS: dict[str, str] = {}
+_MOST_TEXTS = 64
 #: columns the guard returns ahead of the inserted rows' (the cancel flag or the state, and
 #: the halt reason).
 GUARD = 2
@@ -258,8 +261,14 @@ def step_writes(row: ChatRow) -> StepWrites | None:
 
 def run_statement(using: str, sql: str, params: list[Any], connection: Any = None) -> list[Any]:
     """``sql``'s rows (``connection``: ``connections[using]``, when the caller has it)."""
-    with bound_cursor(using, connection) as cursor:
-        cursor.execute(sql, params)
+    # The same text as the last time, as the same object: its kept cursor is set up for it.
+    known = _TEXTS.get(sql)
+    if known is None:
+        if len(_TEXTS) >= _MOST_TEXTS:
+            _TEXTS.clear()
+        known = _TEXTS[sql] = sql
+    with bound_cursor(using, connection, known) as cursor:
+        cursor.execute(known, params)
         return list(cursor.fetchall())
 
 
