@@ -38,6 +38,7 @@ from operator import attrgetter
 from typing import Any
 
 from django.db import models
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models.expressions import Col
 
 from ..storable_text import storable_json, storable_text
@@ -223,18 +224,23 @@ def _prepared(field: Any, kind: int, internal: str, value: Any, connection: Any)
     return field.get_db_prep_save(value, connection)
 
 
-def _keeps_datetimes(ops: Any) -> bool:
-    """Whether ``ops.adapt_datetimefield_value`` is PostgreSQL's, which returns a value as
-    it is (noted in ``_KEEPS_DATETIMES`` by the class of ``ops``)."""
-    method = type(ops).adapt_datetimefield_value
-    keeps = _KEEPS_DATETIMES[type(ops)] = (
-        method.__module__ == "django.db.backends.postgresql.operations"
-        and method.__qualname__ == "DatabaseOperations.adapt_datetimefield_value"
-    )
-    return keeps
+def _keeps(ops: Any) -> tuple[bool, bool]:
+    """Whether ``ops`` (a backend's operations) returns as it is an aware datetime
+    (``adapt_datetimefield_value``: PostgreSQL's) and an auto key's int
+    (``validate_autopk_value``: Django's own default); noted by the class of ``ops``."""
+    kind = type(ops)
+    found = _KEEPS.get(kind)
+    if found is None:
+        method = kind.adapt_datetimefield_value
+        found = _KEEPS[kind] = (
+            method.__module__ == "django.db.backends.postgresql.operations"
+            and method.__qualname__ == "DatabaseOperations.adapt_datetimefield_value",
+            kind.validate_autopk_value is BaseDatabaseOperations.validate_autopk_value,
+        )
+    return found
 
 
-_KEEPS_DATETIMES: dict[type[Any], bool] = {}
+_KEEPS: dict[type[Any], tuple[bool, bool]] = {}
 
 
 def save_value(field: Any, value: Any, connection: Any) -> Any:
@@ -296,9 +302,7 @@ class Saving:
         empty JSON object or array of a plain JSON column) as the column's expression of it
         in ``casts``; any other value as a parameter (appended to ``params``). The usual
         cases take no call (a step writes some eighty values)."""
-        keeps = _KEEPS_DATETIMES.get(type(connection.ops))
-        if keeps is None:
-            keeps = _keeps_datetimes(connection.ops)
+        keeps, keeps_keys = _KEEPS.get(type(connection.ops)) or _keeps(connection.ops)
         parts: list[str] = []
         append = parts.append
         add = params.append
@@ -309,7 +313,8 @@ class Saving:
                     append(cast.null)
                     continue
             elif kind == _STORABLE_TEXT or kind == _TEXT:
-                # Text as it is (``storable_text`` keeps ASCII text without a NUL).
+                # Text as it is (``storable_text`` keeps ASCII text without a NUL); a
+                # subclass's (a state's enum) too, as a parameter even when empty.
                 if type(value) is str:
                     if kind == _TEXT or (value.isascii() and "\x00" not in value):
                         if value:
@@ -318,6 +323,16 @@ class Saving:
                         else:
                             append(cast.empty)
                         continue
+                elif isinstance(value, str):
+                    if kind == _TEXT or (value.isascii() and "\x00" not in value):
+                        add(value)
+                        append(cast.param)
+                        continue
+            elif kind == _KEY or kind == _AUTO:
+                if keeps_keys and type(value) is int:
+                    add(value)
+                    append(cast.param)
+                    continue
             elif kind == _JSON or kind == _STORABLE_JSON:
                 if not value and field.encoder is None:
                     if type(value) is dict:
@@ -373,9 +388,7 @@ def _prepared_row(
     JSON column as :data:`EMPTY_OBJECT` or :data:`EMPTY_ARRAY`."""
     values: list[Any] = []
     append = values.append
-    keeps = _KEEPS_DATETIMES.get(type(connection.ops))
-    if keeps is None:
-        keeps = _keeps_datetimes(connection.ops)
+    keeps, keeps_keys = _KEEPS.get(type(connection.ops)) or _keeps(connection.ops)
     for (field, _, kind, internal), value in zip(specs, row, strict=True):
         if value is None:
             if kind in _NONE_AS_IS or (kind == _DATETIME and keeps):
@@ -405,6 +418,10 @@ def _prepared_row(
         elif kind == _DATETIME:
             # An aware datetime, to a backend whose adapter returns it as it is.
             if keeps and type(value) is datetime and value.utcoffset() is not None:
+                append(value)
+                continue
+        elif kind == _KEY or kind == _AUTO:
+            if keeps_keys and type(value) is int:
                 append(value)
                 continue
         elif kind == _TEXT:
