@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db.models import Model
 from django.db.models.base import ModelState
-from django.db.models.fields import Field, return_None
+from django.db.models.fields import Field, return_None  # type: ignore[attr-defined]
 from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
 from django.db.models.query_utils import DeferredAttribute
 from django.db.models.signals import post_init, pre_init

@@ -129,11 +129,11 @@ class _Direct:
 
     def fetchall(self) -> list[Any]:
         with self.db.wrap_database_errors:
-            return self.cursor.fetchall()  # type: ignore[no-any-return]
+            return self.cursor.fetchall()
 
     @property
     def rowcount(self) -> int:
-        return self.cursor.rowcount  # type: ignore[no-any-return]
+        return self.cursor.rowcount
 
 
 class _KeptCursors:
