@@ -493,6 +493,8 @@ class RowConverters:
             row = list(row)
             for position, decode, expression in json_columns:
                 value = row[position]
+                if value is None:
+                    continue  # Django's JSONField reads NULL as None
                 if value == "[]":
                     row[position] = []
                 elif value == "{}":

@@ -63,12 +63,17 @@ class _BoundCursor:
 
     def __enter__(self) -> Any:
         using, connection = self.using, self.connection
-        factory = _server_binding(connection)
-        if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
-            if using in _UNPREPARED:
-                _unprepare(connection)
-            else:
-                factory = _preparing(factory, using)
+        preparing = agentloop_settings.PREPARED_STATEMENTS
+        factory = None if using in _UNPREPARED else _CURSOR_CLASSES.get((using, preparing))
+        if factory is None:
+            factory = _server_binding(connection)
+            if factory is not None and preparing:
+                if using in _UNPREPARED:
+                    _unprepare(connection)
+                else:
+                    factory = _preparing(factory, using)
+            if factory is not None and using not in _UNPREPARED:
+                _CURSOR_CLASSES[using, preparing] = factory
         if factory is None:
             self.plain = connection.cursor()
             return self.plain.__enter__()
@@ -200,6 +205,8 @@ def _native_tz_loader(raw_connection: Any, timezone: Any) -> Any:
 
 
 _FACTORIES: dict[str, Any] = {}
+#: ``_BoundCursor``'s cursor class by database and ``PREPARED_STATEMENTS`` (where it has one).
+_CURSOR_CLASSES: dict[tuple[str, bool], Any] = {}
 #: the statements a connection keeps cursors for, each its own (``bound_cursor``).
 _MOST_KEPT = 32
 _TIMESTAMPTZ_OID = 1184
@@ -331,6 +338,8 @@ def _preparing(factory: Any, using: str) -> Any:
                     self.seen.add(query)
                     return super().execute(query, params, **{**kwargs, "prepare": False})
                 try:
+                    if not kwargs:  # as always here: no arguments of another's to pass on
+                        return super().execute(query, params, prepare=True)
                     return super().execute(query, params, **{**kwargs, "prepare": True})
                 except Exception as exc:
                     # In pipeline mode errors come at the sync: the caller handles those.
