@@ -10,6 +10,7 @@ from ..agents.subagents import has_children
 from ..engine import UsageRecord
 from ..engine.store import Tracing
 from ..messages import Message
+from .instances import instances
 from .sql import PreparedInsert, PreparedSelect, PreparedUpdate
 from .transcript_reads import TranscriptRead, TranscriptReads
 from .transcript_rows import JSON_COLUMNS, transcript_query
@@ -33,6 +34,10 @@ class _Models:
         self.message_model: Any = meta.get_field("messages").related_model
         self.tool_call_model: Any = meta.get_field("tool_calls").related_model
         self.usage_model: Any = meta.get_field("usage_records").related_model
+        #: their instances, built without Django's per-field calls (``instances``).
+        self.messages = instances(self.message_model)
+        self.tool_calls = instances(self.tool_call_model)
+        self.usages = instances(self.usage_model)
         self.has_children = has_children(chat_model)
         #: chats can wait in a provider batch (agentloop.models.Chat): that is a run too.
         self.has_batches = any(field.name == "batch_items" for field in meta.get_fields())
@@ -133,43 +138,50 @@ class ChatRow(Tracing):
 
     def message_row(self, message: Message, **extra: Any) -> Any:
         """A message model instance for ``message`` (not saved)."""
-        return self.models.message_model(
-            chat=self.saved(),
-            role=message.role,
-            content=message.content,
-            status=message.status,
-            is_error=message.is_error,
-            parsed=message.parsed,
-            model=message.model or "",
-            finish_reason=message.finish_reason or "",
-            thinking=message.thinking,
-            provider_data=message.provider_data,
-            attachments=[
-                attachment.model_dump(mode="json", exclude_none=True)
-                for attachment in message.attachments
-            ],
-            guardrails=outcomes_json(message.guardrails),
-            recall=message.recall,
-            **extra,
+        return self.models.messages.new(
+            {
+                "chat": self.saved(),
+                "role": message.role,
+                "content": message.content,
+                "status": message.status,
+                "is_error": message.is_error,
+                "parsed": message.parsed,
+                "model": message.model or "",
+                "finish_reason": message.finish_reason or "",
+                "thinking": message.thinking,
+                "provider_data": message.provider_data,
+                "attachments": [
+                    attachment.model_dump(mode="json", exclude_none=True)
+                    for attachment in message.attachments
+                ]
+                if message.attachments
+                else [],
+                "guardrails": outcomes_json(message.guardrails) if message.guardrails else [],
+                "recall": message.recall,
+                **extra,
+            }
         )
 
     def usage_row(self, usage: UsageRecord, message: Any = None) -> Any:
         """A usage model instance for ``usage`` (not saved)."""
-        return self.models.usage_model(
-            chat_id=self.chat.pk,
-            message=message,
-            owner_id=self.chat.owner_id,
-            provider=usage.provider,
-            model=usage.model,
-            status=usage.status,
-            input_tokens=usage.usage.input_tokens,
-            output_tokens=usage.usage.output_tokens,
-            cache_read_tokens=usage.usage.cache_read_tokens,
-            cache_write_tokens=usage.usage.cache_write_tokens,
-            reasoning_tokens=usage.usage.reasoning_tokens,
-            cost=usage.cost,
-            error=usage.error,
-            duration_ms=usage.duration_ms,
+        counts = usage.usage
+        return self.models.usages.new(
+            {
+                "chat_id": self.chat.pk,
+                "message": message,
+                "owner_id": self.chat.owner_id,
+                "provider": usage.provider,
+                "model": usage.model,
+                "status": usage.status,
+                "input_tokens": counts.input_tokens,
+                "output_tokens": counts.output_tokens,
+                "cache_read_tokens": counts.cache_read_tokens,
+                "cache_write_tokens": counts.cache_write_tokens,
+                "reasoning_tokens": counts.reasoning_tokens,
+                "cost": usage.cost,
+                "error": usage.error,
+                "duration_ms": usage.duration_ms,
+            }
         )
 
     # -- tracing: the chat's own columns -------------------------------------------------

@@ -47,7 +47,8 @@ from django.utils import timezone
 
 from ..conf import agentloop_settings
 from ..exceptions import LeaseLostError
-from .fields import quick_json_converters
+from .fields import RowConverters, quick_json_converters
+from .instances import instances
 from .reconnect import CONNECTION_ERRORS, discard, unusable
 from .sql import PreparedUpdate, bound_cursor, recover_prepared
 from .waiting import mark_retried, release_connection
@@ -147,6 +148,7 @@ class LeaseStatements:
         self.compiler.setup_query()
         columns = [selected[0] for selected in self.compiler.select]
         self.converters = quick_json_converters(self.compiler.get_converters(columns))
+        self.row_converters = RowConverters(self.converters)
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
         pk = self.pk = quote(meta.pk.column)
@@ -253,13 +255,16 @@ class LeaseStatements:
         *,
         taking_over: str | None = None,
         in_flight: bool = False,
+        connection: Any = None,
     ) -> tuple[Any, list[Any] | None]:
         """The claimed row's values (converted), or None when the chat is held or missing;
         and the rows of ``prefetch`` (a SELECT and its parameters), read in the same round
         trip on PostgreSQL (psycopg's pipeline mode), else None (read them afterwards).
         ``taking_over``: the token of a lease whose holder is gone, taken whatever its expiry;
-        ``in_flight`` (a job's claim): only a chat that is queued or running is taken."""
-        connection = connections[using]
+        ``in_flight`` (a job's claim): only a chat that is queued or running is taken;
+        ``connection``: ``connections[using]``, when the caller has it."""
+        if connection is None:
+            connection = connections[using]
         expiry, now = self.clock(seconds)
         params: list[Any] = [token, *expiry, *now, holder_id()]
         if state is not None:
@@ -271,16 +276,16 @@ class LeaseStatements:
         if prefetch is not None and self.pipelines:
             connection.ensure_connection()
             try:
-                row, prefetched = self._pipelined(using, update, params, prefetch)
+                row, prefetched = self._pipelined(using, connection, update, params, prefetch)
             except Exception as exc:
                 # The server lost a prepared statement (a pooler, a migration): the
                 # pipeline's one implicit transaction rolled back, so it runs again.
                 retry = recover_prepared(using, exc, connection.connection)
                 if not retry or connection.in_atomic_block:
                     raise
-                row, prefetched = self._pipelined(using, update, params, prefetch)
+                row, prefetched = self._pipelined(using, connection, update, params, prefetch)
         else:
-            with bound_cursor(using) as cursor:
+            with bound_cursor(using, connection, update) as cursor:
                 cursor.execute(update, params)
                 if self.returning:
                     row = cursor.fetchone()
@@ -292,7 +297,7 @@ class LeaseStatements:
         if row is None:
             return None, None
         if self.converters:
-            row = next(iter(self.compiler.apply_converters([row], self.converters)))
+            row = self.row_converters.rows([row], self.compiler.connection)[0]
         return row, prefetched
 
     def holder(self, using: str, pk: Any) -> tuple[str, str] | None:
@@ -304,10 +309,14 @@ class LeaseStatements:
 
     @staticmethod
     def _pipelined(
-        using: str, update: str, params: list[Any], prefetch: tuple[str, list[Any]]
+        using: str,
+        connection: Any,
+        update: str,
+        params: list[Any],
+        prefetch: tuple[str, list[Any]],
     ) -> tuple[Any, list[Any]]:
-        connection = connections[using]
-        with bound_cursor(using) as cursor, bound_cursor(using) as reader:
+        reading = bound_cursor(using, connection, prefetch[0])
+        with bound_cursor(using, connection, update) as cursor, reading as reader:
             # Both statements go out before either answer is awaited: one round trip. Their
             # errors come at the pipeline's end, outside the cursors' translation.
             with connection.wrap_database_errors, connection.connection.pipeline():
@@ -531,7 +540,15 @@ def renewal(lease: Lease) -> tuple[str, list[Any]]:
 
 
 def _has_inbox(chat_model: Any) -> bool:
-    return any(field.name == "inbox" for field in chat_model._meta.concrete_fields)
+    found = _INBOXES.get(chat_model)
+    if found is None:
+        found = _INBOXES[chat_model] = any(
+            field.name == "inbox" for field in chat_model._meta.concrete_fields
+        )
+    return found
+
+
+_INBOXES: dict[Any, bool] = {}
 
 
 _RELEASES: dict[tuple[Any, ...], PreparedUpdate] = {}
@@ -576,9 +593,10 @@ def claim_row(
     token = secrets.token_hex(16)
     statement = lease_statements(chat_model, using)
     sent = time.monotonic()
+    connection = connections[using]  # this thread's (the same wrapper after a reconnect)
     row, prefetched = _claiming(
-        using, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
-                                     in_flight=in_flight)
+        using, connection, lambda: statement.run(using, chat_pk, token, seconds, state, prefetch,
+                                                 in_flight=in_flight, connection=connection)
     )  # fmt: skip
     if row is None:
         held = statement.holder(using, chat_pk)
@@ -602,11 +620,11 @@ def claim_row(
             )
     lease = Lease(chat_model, chat_pk, token, seconds, using)
     lease.renewed_at = sent
-    lease.in_transaction = connections[using].in_atomic_block
+    lease.in_transaction = connection.in_atomic_block
     return lease, row, prefetched
 
 
-def _claiming(using: str, work: Any) -> Any:
+def _claiming(using: str, connection: Any, work: Any) -> Any:
     """The claim's ``work()``, on a connection the pool hands out without its health check
     (``CONN_HEALTH_CHECKS``: a round trip per check-out); when that connection turns out to
     be dropped (a server restart, a pooler's idle timeout), once more on a new one, checked.
@@ -614,13 +632,13 @@ def _claiming(using: str, work: Any) -> Any:
     before its answer was lost is found by it. A connection that can't be had at all (a pool
     timeout, a refused connection) raises at once, as before; inside a caller's transaction
     nothing is retried."""
-    if connections[using].in_atomic_block:
+    if connection.in_atomic_block:
         return work()
     outer = mark_retried(True)
     try:
         return work()
     except CONNECTION_ERRORS:
-        if connections[using].connection is None or not unusable(using):
+        if connection.connection is None or not unusable(using):
             raise  # never connected, or the statement failed, not the connection
         discard(using)
     finally:
@@ -643,7 +661,7 @@ def claim(
     if claimed is None:
         return None
     lease, row, prefetched = claimed
-    chat = chat_model.from_db(using, lease_statements(chat_model, using).attnames, row)
+    chat = instances(chat_model).from_db(using, row)
     return lease, chat, prefetched
 
 

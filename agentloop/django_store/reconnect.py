@@ -125,8 +125,9 @@ def retried(
     ``RESULT_OUTLASTS_LEASE`` seconds more, unless the lease was taken over."""
     wait = _FIRST_WAIT
     failed = False
+    connection = connections[using]  # this thread's: the same wrapper after a reconnect
     while True:
-        outer = mark_retried(lease is not None and not connections[using].in_atomic_block)
+        outer = mark_retried(lease is not None and not connection.in_atomic_block)
         try:
             if failed and landed is not None:
                 done = landed()
@@ -134,7 +135,7 @@ def retried(
                     return done
             return work()
         except CONNECTION_ERRORS as exc:
-            if lease is None or connections[using].in_atomic_block or not unusable(using):
+            if lease is None or connection.in_atomic_block or not unusable(using):
                 raise
             discard(using)
             failed = True

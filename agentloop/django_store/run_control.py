@@ -260,7 +260,7 @@ class RunControl(RunClaim):
             fields, outcome = release_fields(self.row.chat, self.background, release, None)
             columns = {"lease_token": "", "lease_expires_at": None, "updated_at": timezone.now()}
             columns.update(fields)
-            names = tuple(sorted(name for name in columns if name != "state"))
+            names = tuple(sorted([name for name in columns if name != "state"]))
             guard = writes.release_sql(names)
             params = [*writes.release_params(names, columns), lease.chat_pk, lease.token]
             released = fields, outcome
@@ -269,20 +269,21 @@ class RunControl(RunClaim):
         values = Values()
         sql = body(guard, values)
         sent = [time.monotonic()]  # when the try that wrote was sent (the renewal's base)
+        connection = connections[using]  # this thread's (the same wrapper after a reconnect)
         if self.in_tool_transaction:
             # A transactional tool's: a failed write fails all of it (it rolls back).
-            rows = run_statement(using, sql, params + values.params)
-        elif connections[using].in_atomic_block:
+            rows = run_statement(using, sql, params + values.params, connection)
+        elif connection.in_atomic_block:
             # Inside a caller's transaction: a failed write must not break it.
             with transaction.atomic(using=using):
-                rows = run_statement(using, sql, params + values.params)
+                rows = run_statement(using, sql, params + values.params, connection)
         else:  # one statement: its own transaction
 
             def run() -> list[Any]:
                 # A renewal tried again pushes the expiry out from now, not from the first try.
                 guard_params = params if released is not None else renewal(lease)[1]
                 sent[0] = time.monotonic()
-                return run_statement(using, sql, guard_params + values.params)
+                return run_statement(using, sql, guard_params + values.params, connection)
 
             def landed() -> list[Any] | None:
                 if record is None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
+from django.apps import apps
 from django.db import connections
 
 from ..conf import agentloop_settings
-from .fields import Saving, quick_json_converters
+from .fields import RowConverters, Saving, quick_json_converters
+from .instances import instances
 
 __all__ = [
     "PreparedInsert",
@@ -33,42 +33,112 @@ __all__ = [
 logger = logging.getLogger("agentloop")
 
 
-@contextmanager
-def bound_cursor(using: str) -> Iterator[Any]:
+def bound_cursor(using: str, connection: Any = None, statement: str | None = None) -> _BoundCursor:
     """A cursor for the statements every step runs, wrapped as Django wraps its own (logged,
     counted, errors translated). On PostgreSQL with psycopg 3 it binds parameters on the
     server and, with ``AGENTLOOP["PREPARED_STATEMENTS"]`` (the default), asks psycopg to
     prepare each statement on its second run on the connection, so PostgreSQL parses and
     plans it once per connection instead of once per job (Django's own statements follow
     the database's OPTIONS ``prepare_threshold``). Elsewhere, the connection's usual
-    cursor. Its raw cursors are kept for the connection's next statements."""
-    connection = connections[using]
-    factory = _server_binding(connection)
-    if factory is not None and agentloop_settings.PREPARED_STATEMENTS:
-        if using in _UNPREPARED:
-            _unprepare(connection)
+    cursor. Its raw cursors are kept for the connection's next statements. ``connection``:
+    ``connections[using]``, when the caller has it already. ``statement``: the text (the
+    same object each time) the cursor runs, for the kept cursor that ran it last: psycopg
+    keeps a cursor's adapters set up for the statement it runs again, not for another."""
+    connection = connections[using] if connection is None else connection
+    return _BoundCursor(using, connection, statement)
+
+
+class _BoundCursor:
+    """``bound_cursor``'s context manager (a class: a step opens a few of these, and a
+    generator's context manager costs twice the calls)."""
+
+    __slots__ = ("connection", "free", "plain", "raw", "statement", "using")
+
+    def __init__(self, using: str, connection: Any, statement: str | None) -> None:
+        self.using = using
+        self.connection = connection
+        self.statement = statement
+        self.raw: Any = None
+        self.plain: Any = None
+
+    def __enter__(self) -> Any:
+        using, connection = self.using, self.connection
+        preparing = agentloop_settings.PREPARED_STATEMENTS
+        factory = None if using in _UNPREPARED else _CURSOR_CLASSES.get((using, preparing))
+        if factory is None:
+            factory = _server_binding(connection)
+            if factory is not None and preparing:
+                if using in _UNPREPARED:
+                    _unprepare(connection)
+                else:
+                    factory = _preparing(factory, using)
+            if factory is not None and using not in _UNPREPARED:
+                _CURSOR_CLASSES[using, preparing] = factory
+        if factory is None:
+            self.plain = connection.cursor()
+            return self.plain.__enter__()
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        kept = _kept_cursors(connection)
+        key = factory if self.statement is None else (factory, self.statement)
+        free = kept.free.get(key)
+        if free is None:
+            if len(kept.free) >= _MOST_KEPT:  # one list for any other statement
+                key = factory
+            free = kept.free.setdefault(key, [])
+        self.free = free
+        if free:
+            raw = free.pop()
         else:
-            factory = _preparing(factory, using)
-    if factory is None:
-        with connection.cursor() as cursor:
-            yield cursor
-        return
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    kept = _kept_cursors(connection)
-    free = kept.free.setdefault(factory, [])
-    if free:
-        raw = free.pop()
-    else:
-        with connection.wrap_database_errors:
-            raw = kept.new(factory)
-    make = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-    try:
-        yield make(raw)
-    finally:
-        if not raw.closed:
-            free.append(raw)  # for the next statement (Django's wrapper would close it)
+            with connection.wrap_database_errors:
+                raw = kept.new(factory)
+        self.raw = raw
+        if connection.queries_logged:
+            return connection.make_debug_cursor(raw)
+        if connection.execute_wrappers or not apps.ready:
+            return connection.make_cursor(raw)
+        return _Direct(raw, connection)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.plain is not None:
+            self.plain.__exit__(*exc_info)
+        elif not self.raw.closed:
+            self.free.append(self.raw)  # for the next statement (Django's wrapper would close it)
+
+
+class _Direct:
+    """What Django's ``CursorWrapper`` does for the statements run here when nothing is
+    logged and no ``execute_wrapper`` is installed (with either, Django's own wrappers run):
+    a broken transaction refused first, the driver's errors translated. Half the calls of
+    the wrapper, whose ``execute`` goes through three methods and every ``fetch`` through
+    ``__getattr__`` and a new closure."""
+
+    __slots__ = ("cursor", "db")
+
+    def __init__(self, cursor: Any, db: Any) -> None:
+        self.cursor = cursor
+        self.db = db
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        db = self.db
+        db.validate_no_broken_transaction()
+        with db.wrap_database_errors:
+            if params is None:
+                return self.cursor.execute(sql)
+            return self.cursor.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
 
 
 class _KeptCursors:
@@ -79,6 +149,7 @@ class _KeptCursors:
     def __init__(self, connection: Any) -> None:
         self.raw_connection = connection.connection
         self.timezone = connection.timezone
+        #: by cursor class, or by cursor class and statement (``bound_cursor``).
         self.free: dict[Any, list[Any]] = {}
         self.loader = _native_tz_loader(self.raw_connection, self.timezone)
         #: the statements run once on this connection: prepared from their second run.
@@ -134,6 +205,10 @@ def _native_tz_loader(raw_connection: Any, timezone: Any) -> Any:
 
 
 _FACTORIES: dict[str, Any] = {}
+#: ``_BoundCursor``'s cursor class by database and ``PREPARED_STATEMENTS`` (where it has one).
+_CURSOR_CLASSES: dict[tuple[str, bool], Any] = {}
+#: the statements a connection keeps cursors for, each its own (``bound_cursor``).
+_MOST_KEPT = 32
 _TIMESTAMPTZ_OID = 1184
 
 
@@ -263,6 +338,8 @@ def _preparing(factory: Any, using: str) -> Any:
                     self.seen.add(query)
                     return super().execute(query, params, **{**kwargs, "prepare": False})
                 try:
+                    if not kwargs:  # as always here: no arguments of another's to pass on
+                        return super().execute(query, params, prepare=True)
                     return super().execute(query, params, **{**kwargs, "prepare": True})
                 except Exception as exc:
                     # In pipeline mode errors come at the sync: the caller handles those.
@@ -304,10 +381,11 @@ class PreparedSelect:
             ).items()
             if index not in raw_columns
         }
+        self._row_converters = RowConverters(self.converters)
 
     def rows(self, params: Any = None) -> list[Any]:
         """Run it (with ``params`` instead of the compiled ones, same order) and convert."""
-        with bound_cursor(self.using) as cursor:
+        with bound_cursor(self.using, statement=self.sql) as cursor:
             cursor.execute(self.sql, self.params if params is None else params)
             rows = cursor.fetchall()
         return self.convert(rows)
@@ -315,7 +393,7 @@ class PreparedSelect:
     def convert(self, rows: list[Any]) -> list[Any]:
         """Rows this statement returned (read here or elsewhere), through Django's converters."""
         if self.converters:
-            return list(self.compiler.apply_converters(rows, self.converters))
+            return self._row_converters.rows(rows, self.compiler.connection)
         return rows
 
 
@@ -344,7 +422,10 @@ def get_by_pk(model: Any, using: str, pk: Any) -> Any:
     rows = select.rows([value])
     if not rows:
         raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
-    return model.from_db(using, names, rows[0])
+    built = instances(model)
+    if names == built.attnames:  # every column: built without Django's per-field calls
+        return built.from_db(using, rows[0])
+    return model.from_db(using, names, rows[0])  # pragma: no cover - a deferred column
 
 
 class PreparedInsert:
@@ -446,6 +527,7 @@ class PreparedUpdate:
             raise ValueError(f"{len(self.fields)} values expected, not {len(values)}")
         params = self._saving.values([*values, *where], connection)
         params += list(guard)
-        with bound_cursor(using) as cursor:
-            cursor.execute(self._statement(connection), params)
+        statement = self._statement(connection)
+        with bound_cursor(using, connection, statement) as cursor:
+            cursor.execute(statement, params)
             return int(cursor.rowcount)

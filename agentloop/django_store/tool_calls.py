@@ -248,16 +248,19 @@ class ToolCalls(parts.ToolCalls, parts.Handoffs, parts.Transactions):
             ) from exc
 
     def native_tool_call(self, call: ToolCall) -> Any:
-        return self.models.tool_call_model(
-            pk=call.key,
-            chat_id=self.chat.pk,
-            call_id=call.id,
-            name=call.name,
-            arguments=call.arguments,
-            state=call.state,
-            wait_reason=call.wait_reason or "",
-            question=call.question or "",
-            decision=call.decision or "",
+        rows = self.models.tool_calls
+        return rows.new(
+            {
+                rows.pk: call.key,
+                "chat_id": self.chat.pk,
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "state": call.state,
+                "wait_reason": call.wait_reason or "",
+                "question": call.question or "",
+                "decision": call.decision or "",
+            }
         )
 
     def _save_result_at_once(

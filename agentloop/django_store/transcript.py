@@ -250,14 +250,18 @@ class Transcript(parts.Transcript, parts.Costs):
     ) -> Any:
         record = self.row.message_row(message)
         calls = message.tool_calls
+        new_call = self.models.tool_calls.new
+        chat_pk = self.chat.pk
         call_rows = [
-            self.models.tool_call_model(
-                chat_id=self.chat.pk,
-                call_id=call.id,
-                name=call.name,
-                arguments=call.arguments,
-                state=call.state,
-                provider_data=call.provider_data,
+            new_call(
+                {
+                    "chat_id": chat_pk,
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "state": call.state,
+                    "provider_data": call.provider_data,
+                }
             )
             for call in calls
         ]

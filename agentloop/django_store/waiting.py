@@ -42,6 +42,8 @@ def gives_back(connection: Any) -> bool:
 def release_connection(using: str) -> None:
     """Give ``using``'s connection of this thread back, when it has one, the setting says so,
     and no transaction is open on it (a caller's ``atomic()`` keeps its connection)."""
+    if agentloop_settings.RELEASE_CONNECTIONS == "auto" and not _pooled(using):
+        return  # known without this thread's connection (a step waits a few times)
     connection = connections[using]
     raw = connection.connection
     if raw is None or connection.in_atomic_block or not gives_back(connection):
@@ -52,6 +54,14 @@ def release_connection(using: str) -> None:
     if pool is not None:
         _next_out(pool, raw)
         _check_unless_retrying(pool)
+
+
+def _pooled(using: str) -> bool:
+    # The database's settings: the dict its connections hold as ``settings_dict``.
+    settings = connections.settings.get(using)
+    if settings is None:
+        return True  # not known here: as the connection says
+    return bool(settings.get("OPTIONS", {}).get("pool"))
 
 
 def _check_unless_retrying(pool: Any) -> None:

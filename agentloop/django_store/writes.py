@@ -18,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .chat_row import ChatRow
-from .fields import EmptyJson, Saving, save_value
+from .fields import Casts, EmptyJson, Saving, save_value
 from .reconnect import committed_message
 from .sql import bound_cursor
 
@@ -60,10 +60,10 @@ class Values:
         return f"CAST(%s AS {sql_type})"
 
     def row(self, rows: _Rows, instance: Any) -> str:
-        add = self.add
-        prepared = rows.saving.of_marking_empty_json(instance, rows.connection)
-        pairs = zip(prepared, rows.types, strict=True)
-        return ", ".join([add(value, kind) for value, kind in pairs])
+        """``instance``'s columns of ``rows``, each as :meth:`add` writes it."""
+        return ", ".join(
+            rows.saving.expressions(instance, rows.connection, rows.casts, self.params)
+        )
 
 
 class _Rows:
@@ -81,6 +81,8 @@ class _Rows:
         self.pk = quote(meta.pk.column)
         self.columns = ", ".join(quote(field.column) for field in self.fields)
         self.types = [_type(field, connection) for field in self.fields]
+        #: each column's value expressions (constants, a parameter).
+        self.casts = [Casts(sql_type) for sql_type in self.types]
         self.saving = Saving(self.fields)
         self.connection = connection
 
@@ -109,6 +111,10 @@ class StepWrites:
         ]
         self.finish_types = [_type(field, connection) for field in self.finish_fields]
         self._releases: dict[tuple[str, ...], str] = {}
+        #: an empty inbox, as the release compares it (prepared once: the same every time).
+        self._empty_inbox = (
+            save_value(chat_meta.get_field("inbox"), [], connection) if self.has_inbox else None
+        )
         self._release_saving: dict[tuple[str, ...], Saving] = {}
 
     # -- the guard: the chat row's conditional UPDATE ------------------------------------------
@@ -140,8 +146,7 @@ class StepWrites:
             saving = self._release_saving[names] = Saving([meta.get_field(n) for n in names])
         params = saving.values([values[name] for name in names], self.connection)
         if self.has_inbox:
-            inbox = meta.get_field("inbox")
-            params += [save_value(inbox, [], self.connection), values["state"], "queued"]
+            params += [self._empty_inbox, values["state"], "queued"]
         else:
             params.append(values["state"])
         return params
@@ -168,7 +173,7 @@ class StepWrites:
         select = "SELECT g.*, m.* FROM g CROSS JOIN m"
         if calls:
             aliases = ", ".join(f"f{index}" for index in range(len(c.fields)))
-            rows = ", ".join(f"({values.row(c, call)})" for call in calls)
+            rows = ", ".join([f"({values.row(c, call)})" for call in calls])
             parts.append(
                 f"c AS (INSERT INTO {c.table} ({c.columns}, {self.call_message}) "  # noqa: S608
                 f"SELECT v.*, m.{m.pk} FROM m CROSS JOIN (VALUES {rows}) AS v({aliases}) "
@@ -237,6 +242,9 @@ class StepWrites:
 
 
 _WRITES: dict[tuple[Any, str], StepWrites | None] = {}
+#: the statements run lately, each as one object (``run_statement``); at most this many.
+_TEXTS: dict[str, str] = {}
+_MOST_TEXTS = 64
 #: columns the guard returns ahead of the inserted rows' (the cancel flag or the state, and
 #: the halt reason).
 GUARD = 2
@@ -251,9 +259,16 @@ def step_writes(row: ChatRow) -> StepWrites | None:
     return _WRITES[key]
 
 
-def run_statement(using: str, sql: str, params: list[Any]) -> list[Any]:
-    with bound_cursor(using) as cursor:
-        cursor.execute(sql, params)
+def run_statement(using: str, sql: str, params: list[Any], connection: Any = None) -> list[Any]:
+    """``sql``'s rows (``connection``: ``connections[using]``, when the caller has it)."""
+    # The same text as the last time, as the same object: its kept cursor is set up for it.
+    known = _TEXTS.get(sql)
+    if known is None:
+        if len(_TEXTS) >= _MOST_TEXTS:
+            _TEXTS.clear()
+        known = _TEXTS[sql] = sql
+    with bound_cursor(using, connection, known) as cursor:
+        cursor.execute(known, params)
         return list(cursor.fetchall())
 
 
