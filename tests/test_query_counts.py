@@ -249,3 +249,26 @@ def test_live_events_cost_no_statement(user, scripted, settings, redis_events, v
     payload = events.message_payload(answer)  # read from the database
     assert len(payload["tool_calls"]) == 2
     assert [event["data"] for event in sent if event["type"] == "message"][-1] == payload
+
+
+def test_a_tracer_that_replaces_djangos_cursor_execute_sees_every_statement_of_a_step(
+    user, scripted, monkeypatch
+):
+    # Sentry's Django integration replaces CursorWrapper.execute to see each statement: the
+    # store's own quicker path must step aside for it (counted without Django's query log).
+    from django.db.backends.utils import CursorWrapper
+
+    seen = []
+    django_execute = CursorWrapper.execute
+
+    def traced(self, sql, params=None):
+        seen.append(sql)
+        return django_execute(self, sql, params)
+
+    chat = make_chat(user, 10)
+    validate = text_answer(chat, scripted)
+    monkeypatch.setattr(CursorWrapper, "execute", traced)
+    chat.generate()
+    assert validate()
+    step = seen[: len(seen) - 1]  # the check's own query last
+    assert len(step) == GENERATE_TEXT_QUERIES, step

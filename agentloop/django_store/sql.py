@@ -16,6 +16,7 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connections
+from django.db.backends.utils import CursorWrapper
 
 from ..conf import agentloop_settings
 from .fields import RowConverters, Saving, quick_json_converters
@@ -96,7 +97,11 @@ class _BoundCursor:
         self.raw = raw
         if connection.queries_logged:
             return connection.make_debug_cursor(raw)
-        if connection.execute_wrappers or not apps.ready:
+        if (
+            connection.execute_wrappers
+            or not apps.ready
+            or getattr(CursorWrapper.execute, "__code__", None) is not _DJANGO_EXECUTE
+        ):
             return connection.make_cursor(raw)
         return _Direct(raw, connection)
 
@@ -105,6 +110,19 @@ class _BoundCursor:
             self.plain.__exit__(*exc_info)
         elif not self.raw.closed:
             self.free.append(self.raw)  # for the next statement (Django's wrapper would close it)
+
+
+def _django_execute() -> Any:
+    code = CursorWrapper.execute.__code__
+    own = code.co_filename.replace("\\", "/").endswith("django/db/backends/utils.py")
+    return code if own else None
+
+
+#: Django's own ``CursorWrapper.execute``: an error tracker or tracer that replaces it (Sentry's
+#: Django integration does, to see every statement) must see these statements too, so
+#: ``_Direct`` serves only while it is Django's (checked at each statement: one may patch
+#: it after this module is imported; one that patched it before leaves this None).
+_DJANGO_EXECUTE = _django_execute()
 
 
 class _Direct:
