@@ -423,7 +423,8 @@ def test_a_call_is_estimated_only_when_a_budget_or_a_rate_limit_counts_it(
     assert chat.ask("Hi").content == "one"
     assert estimated == []  # nothing counts the call: the request isn't read for an estimate
 
-    settings.AGENTLOOP = {**settings.AGENTLOOP, "RATE_LIMITS": {"priced": {"requests_per_minute": 1000}}}
+    limits = {"priced": {"requests_per_minute": 1000}}
+    settings.AGENTLOOP = {**settings.AGENTLOOP, "RATE_LIMITS": limits}
     chat = Chat.objects.get(pk=chat.pk)
     assert chat.ask("Hi").content == "two"
     assert len(estimated) == 1  # its buckets take the estimate

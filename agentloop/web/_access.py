@@ -118,11 +118,11 @@ class StreamSlot:
         self.token = token
         self.seconds = seconds
         self.renewed_at = time.monotonic()
-        self.released = False
+        self.freed = False
 
     def due(self) -> bool:
         """Whether a third of the slot's life has passed since it was taken or renewed."""
-        return not self.released and time.monotonic() - self.renewed_at >= self.seconds / 3
+        return not self.freed and time.monotonic() - self.renewed_at >= self.seconds / 3
 
     def renew(self) -> None:
         """Keep the slot another :func:`slot_seconds` (never refused: the stream is open)."""
@@ -136,7 +136,7 @@ class StreamSlot:
         """``response`` with its content holding the slot until it ends or is closed; a
         response that doesn't stream gives the slot back at once."""
         if not isinstance(response, StreamingHttpResponse):
-            self.release()
+            self.free()
             return response
         content: Any = response.streaming_content
         held: Any = (
@@ -147,11 +147,11 @@ class StreamSlot:
         response.streaming_content = held
         return response
 
-    def release(self) -> None:
+    def free(self) -> None:
         """Give the slot back (once; a failure is logged: the slot then expires)."""
-        if self.released:
+        if self.freed:
             return
-        self.released = True
+        self.freed = True
         try:
             url = redis_client.redis_url()
             if url is None:
@@ -190,7 +190,7 @@ def take_slot(user_pk: Any) -> StreamSlot | None:
     cap = agentloop_settings.EVENTS_STREAMS_PER_USER
     slot = StreamSlot(str(user_pk), uuid.uuid4().hex, slot_seconds())
     if cap is None:
-        slot.released = True  # nothing to renew or give back
+        slot.freed = True  # nothing to renew or give back
         return slot
     return slot if _claim(slot.user, slot.token, cap, slot.seconds) else None
 
@@ -215,14 +215,14 @@ class _Held:
         self.slot = slot
 
     def close(self) -> None:
-        self.slot.release()
+        self.slot.free()
         close = getattr(self.content, "close", None)
         if close is not None:
             close()
 
     def __del__(self) -> None:
         # A server that drops the response without closing it: the slot goes with it.
-        self.slot.release()
+        self.slot.free()
 
 
 class _SyncHeld(_Held):
@@ -233,7 +233,7 @@ class _SyncHeld(_Held):
         try:
             chunk: bytes = next(self.content)
         except BaseException:
-            self.slot.release()
+            self.slot.free()
             raise
         if self.slot.due():
             self.slot.renew()
@@ -248,7 +248,7 @@ class _AsyncHeld(_Held):
         try:
             chunk: bytes = await anext(self.content)
         except BaseException:
-            await sync_to_async(self.slot.release, thread_sensitive=False)()
+            await sync_to_async(self.slot.free, thread_sensitive=False)()
             raise
         if self.slot.due():
             await sync_to_async(self.slot.renew, thread_sensitive=False)()
@@ -282,6 +282,6 @@ def stream_slot(request: HttpRequest, pk: Any, *, change: bool = False) -> Itera
         opened = OpenStream(read(request, pk))
         yield opened
     except BaseException:
-        slot.release()
+        slot.free()
         raise
     opened.response = slot.hold(opened.response)
