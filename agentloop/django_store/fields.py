@@ -297,69 +297,27 @@ class Saving:
     def expressions(
         self, instance: Any, connection: Any, casts: Sequence[Casts], params: list[Any]
     ) -> list[str]:
-        """``instance``'s columns as a statement writes them, from each value as
+        """``instance``'s columns as a statement writes them, each value as
         :meth:`of_marking_empty_json` prepares it: a constant (NULL, a boolean, ``''``, an
-        empty JSON object or array of a plain JSON column) as the column's expression of it
-        in ``casts``; any other value as a parameter (appended to ``params``). The usual
-        cases take no call (a step writes some eighty values)."""
-        keeps, keeps_keys = _KEEPS.get(type(connection.ops)) or _keeps(connection.ops)
+        empty JSON object or array) as its column's expression of it in ``casts``, any other
+        value as a parameter (appended to ``params``)."""
         parts: list[str] = []
         append = parts.append
-        add = params.append
-        rows = zip(self._specs, self._read(instance), casts, strict=True)
-        for (field, _, kind, internal), value, cast in rows:
+        prepared = self.of_marking_empty_json(instance, connection)
+        for value, cast in zip(prepared, casts, strict=True):
+            kind = type(value)
             if value is None:
-                if kind in _NONE_AS_IS or (kind == _DATETIME and keeps):
-                    append(cast.null)
-                    continue
-            elif kind == _STORABLE_TEXT or kind == _TEXT:
-                # Text as it is (``storable_text`` keeps ASCII text without a NUL); a
-                # subclass's (a state's enum) too, as a parameter even when empty.
-                if type(value) is str:
-                    if kind == _TEXT or (value.isascii() and "\x00" not in value):
-                        if value:
-                            add(value)
-                            append(cast.param)
-                        else:
-                            append(cast.empty)
-                        continue
-                elif isinstance(value, str):
-                    if kind == _TEXT or (value.isascii() and "\x00" not in value):
-                        add(value)
-                        append(cast.param)
-                        continue
-            elif kind == _KEY or kind == _AUTO:
-                if keeps_keys and type(value) is int:
-                    add(value)
-                    append(cast.param)
-                    continue
-            elif kind == _JSON or kind == _STORABLE_JSON:
-                if not value and field.encoder is None:
-                    if type(value) is dict:
-                        append(cast.empty_object)
-                        continue
-                    if type(value) is list:
-                        append(cast.empty_array)
-                        continue
-            elif kind == _BOOL:
-                if type(value) is bool:
-                    append(cast.true if value else cast.false)
-                    continue
-            elif kind == _DATETIME:
-                # An aware datetime, to a backend whose adapter returns it as it is.
-                if keeps and type(value) is datetime and value.utcoffset() is not None:
-                    add(value)
-                    append(cast.param)
-                    continue
-            prepared = _prepared(field, kind, internal, value, connection)
-            if prepared is None:
                 append(cast.null)
-            elif type(prepared) is bool:
-                append(cast.true if prepared else cast.false)
-            elif type(prepared) is str and prepared == "":
+            elif kind is bool:
+                append(cast.true if value else cast.false)
+            elif kind is str and not value:
                 append(cast.empty)
+            elif value is EMPTY_OBJECT:
+                append(cast.empty_object)
+            elif value is EMPTY_ARRAY:
+                append(cast.empty_array)
             else:
-                add(prepared)
+                params.append(value)
                 append(cast.param)
         return parts
 
